@@ -1,0 +1,65 @@
+"""Engine configuration: the knobs of vLLM's scheduler and engine that the reference models honour.
+
+Where it sits: part of a workload (replay), stamped into every trace's metadata (traces).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from specreplay.traces.errors import InputError
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_batched_tokens: int = 40  # token budget of one schedule() call
+    max_num_seqs: int = 16  # most running requests
+    num_spec_tokens: int = 3  # k: draft slots per decoding request
+    async_scheduling: bool = True  # AsyncScheduler, two batches in flight; else Scheduler, one
+    block_size: int = 16  # tokens per KV block
+    num_blocks: int = 1000  # KV blocks in the cache
+    max_model_len: int = 512
+    long_prefill_token_threshold: int = 0  # 0: off
+    vocab_size: int = 512
+    num_lookahead_tokens: int = 0  # extra KV slots per allocation (EAGLE-style drafters)
+
+    @property
+    def depth(self) -> int:
+        """Batches in flight: the engine's batch_queue_size."""
+        return 2 if self.async_scheduling else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "config") -> "EngineConfig":
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise InputError(f"{where}: unknown engine setting {unknown[0]!r}; known: {', '.join(known)}")
+        values: dict[str, Any] = {}
+        for name, value in data.items():
+            want = bool if known[name].type in ("bool", bool) else int
+            if want is bool and not isinstance(value, bool):
+                raise InputError(f"{where}: {name} must be true or false, got {value!r}")
+            if want is int and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InputError(f"{where}: {name} must be an integer, got {value!r}")
+            values[name] = value
+        config = cls(**values)
+        config.validate(where)
+        return config
+
+    def validate(self, where: str = "config") -> None:
+        positive = ("max_num_batched_tokens", "max_num_seqs", "block_size", "num_blocks",
+                    "max_model_len", "vocab_size")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise InputError(f"{where}: {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("num_spec_tokens", "long_prefill_token_threshold", "num_lookahead_tokens"):
+            if getattr(self, name) < 0:
+                raise InputError(f"{where}: {name} must be >= 0, got {getattr(self, name)}")
+        if self.num_spec_tokens > 16:
+            raise InputError(f"{where}: num_spec_tokens {self.num_spec_tokens} is above 16")
+        if self.vocab_size > 1 << 20 or self.max_model_len > 1 << 20 or self.num_blocks > 1 << 22:
+            raise InputError(f"{where}: vocab_size, max_model_len or num_blocks is unreasonably large")

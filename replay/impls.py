@@ -1,0 +1,135 @@
+"""Implementations under test: a registry of scheduler + runner + executor combinations.
+
+Where it sits: replay. `record`, `replay` and `gate` resolve `--impl NAME` here. A name from a
+trace resolves only through this registry; `module:attr` (loaded only when the user passes it on
+the command line) may name an `Implementation`, a `Scheduler` subclass or a `GPUModelRunner`
+subclass.
+
+Built-ins:
+  upstream      vLLM 0.32.0 behaviour
+  pr30796       the worker drops the draft slots of a request re-entering the batch, editing the
+                SchedulerOutput in place (which the in-process executor shares with the scheduler)
+  pr30796-copy  the same edit on the worker's private copy (multiprocess executor)
+  sched-clear   the scheduler clears the all -1 draft placeholders of running requests it did not
+                schedule (the fix proposed in PRs #37629 / #46899)
+  noclamp       the runner of vLLM <= 0.22: no clamp, a -1 draft slot reaches the embedding
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from specreplay.replay.config import EngineConfig
+from specreplay.replay.messages import SchedulerOutput
+from specreplay.replay.scheduler import AsyncScheduler, Scheduler
+from specreplay.traces.errors import InputError
+
+if TYPE_CHECKING:
+    from specreplay.replay.oracle import Oracle
+    from specreplay.replay.runner import GPUModelRunner
+
+EXECUTORS = ("inproc", "multiproc")
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One scheduler/runner pairing and how the scheduler output reaches the worker.
+
+    executor: "inproc" hands the worker the scheduler's own SchedulerOutput object (vLLM's
+    in-process executor); "multiproc" hands it a private copy, as serialising to a worker
+    process does.
+    """
+
+    name: str
+    description: str
+    scheduler: type[Scheduler] | None = None  # None: Scheduler (sync) / AsyncScheduler (async)
+    runner: type | None = None  # None: GPUModelRunner
+    executor: str = "inproc"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def make_scheduler(self, config: EngineConfig) -> Scheduler:
+        if self.scheduler is not None:
+            return self.scheduler(config)
+        return AsyncScheduler(config) if config.async_scheduling else Scheduler(config)
+
+    def make_runner(self, config: EngineConfig, oracle: "Oracle", device: str) -> "GPUModelRunner":
+        from specreplay.replay.runner import GPUModelRunner
+
+        return (self.runner or GPUModelRunner)(config, oracle, device)
+
+    def deliver(self, out: SchedulerOutput) -> SchedulerOutput:
+        """How the scheduler output reaches the worker (the engine's hook)."""
+        return out if self.executor == "inproc" else out.private_copy()
+
+    def describe(self, config: EngineConfig) -> dict[str, Any]:
+        sched = self.scheduler or (AsyncScheduler if config.async_scheduling else Scheduler)
+        runner = self.runner.__name__ if self.runner else "GPUModelRunner"
+        return {"name": self.name, "scheduler": f"{sched.__module__}.{sched.__qualname__}",
+                "runner": runner, "executor": self.executor, "models": "vllm 0.32.0"}
+
+
+def _builtin() -> dict[str, Implementation]:
+    from specreplay.replay import variants
+
+    items = [
+        Implementation("upstream", "vLLM 0.32.0 behaviour (AsyncScheduler + V1 GPUModelRunner)"),
+        Implementation("pr30796", "worker drops draft slots of re-entering requests, editing the shared SchedulerOutput",
+                       runner=variants.DropReentryDraftsRunner),
+        Implementation("pr30796-copy", "the pr30796 edit on a private copy of the SchedulerOutput (multiprocess executor)",
+                       runner=variants.DropReentryDraftsRunner, executor="multiproc"),
+        Implementation("sched-clear", "scheduler clears all -1 draft placeholders of running requests it did not schedule",
+                       scheduler=variants.ClearStalePlaceholdersScheduler),
+        Implementation("noclamp", "runner of vLLM <= 0.22: no input clamp, a -1 draft reaches the embedding",
+                       runner=variants.NoClampRunner),
+    ]
+    return {impl.name: impl for impl in items}
+
+
+def registry() -> dict[str, Implementation]:
+    return _builtin()
+
+
+def resolve(name: str, *, allow_import: bool, executor: str | None = None) -> Implementation:
+    """A registry name, or (only with allow_import, i.e. typed by the user) `module:attr`."""
+    impls = registry()
+    if name in impls:
+        impl = impls[name]
+    elif ":" in name and allow_import:
+        impl = _load(name)
+    elif ":" in name:
+        raise InputError(f"implementation {name!r} from a trace is not in the registry; pass it "
+                         "with --impl yourself to load outside code")
+    else:
+        raise InputError(f"unknown implementation {name!r}; known: {', '.join(impls)} "
+                         "(or module:attr); see `specreplay impls`")
+    if executor is not None:
+        if executor not in EXECUTORS:
+            raise InputError(f"unknown executor {executor!r}; use inproc or multiproc")
+        impl = replace(impl, executor=executor)
+    return impl
+
+
+def _load(spec: str) -> Implementation:
+    from specreplay.replay.runner import GPUModelRunner
+
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module may fail in any way; say so in one line
+        raise InputError(f"cannot import {module_name!r} for --impl {spec}: {type(exc).__name__}: {exc}") from None
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise InputError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if isinstance(obj, Implementation):
+        return replace(obj, name=spec) if obj.name != spec else obj
+    if isinstance(obj, type) and issubclass(obj, Implementation):
+        return obj(name=spec, description=obj.__doc__ or spec)
+    if isinstance(obj, type) and issubclass(obj, Scheduler):
+        return Implementation(spec, (obj.__doc__ or "user scheduler").strip().splitlines()[0], scheduler=obj)
+    if isinstance(obj, type) and issubclass(obj, GPUModelRunner):
+        return Implementation(spec, (obj.__doc__ or "user runner").strip().splitlines()[0], runner=obj)
+    raise InputError(f"{spec} is a {type(obj).__name__}; expected an Implementation, or a subclass of "
+                     "specreplay.replay.scheduler.Scheduler or specreplay.replay.runner.GPUModelRunner")

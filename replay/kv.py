@@ -1,0 +1,46 @@
+"""KV block accounting on the scheduler side: a free-block queue and per-request block lists.
+
+Where it sits: replay, scheduler side. `allocate_slots` failing is what drives preemption;
+the block ids reach the worker in `SchedulerOutput` and decide where its KV writes land.
+Modelled on vLLM 0.32.0's KVCacheManager for one full-attention group without prefix caching:
+block 0 is the reserved null block, allocation takes from the head of the free queue, and a
+freed request's blocks go back to the tail in reverse order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.free: deque[int] = deque(range(1, num_blocks))  # block 0: vLLM's null block
+        self.blocks: dict[str, list[int]] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    def allocate_slots(self, request_id: str, num_computed_tokens: int, num_new_tokens: int,
+                       num_lookahead_tokens: int = 0) -> list[int] | None:
+        """Blocks for `num_new_tokens` more tokens after `num_computed_tokens`, or None if the
+        pool cannot cover them (the caller then preempts)."""
+        owned = self.blocks.setdefault(request_id, [])
+        need_tokens = min(num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        need = -(-need_tokens // self.block_size) - len(owned)
+        if need <= 0:
+            return []
+        if need > len(self.free):
+            return None
+        new = [self.free.popleft() for _ in range(need)]
+        owned.extend(new)
+        return new
+
+    def release(self, request_id: str) -> None:
+        owned = self.blocks.pop(request_id, [])
+        self.free.extend(reversed(owned))
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return list(self.blocks.get(request_id, ()))

@@ -1,0 +1,84 @@
+"""The tiny deterministic target model and the seeded drafter.
+
+Where it sits: replay. The runner calls `TargetModel.forward` on torch tensors; the engine and
+the checker's ground truth use `expected_tokens`, the same function in plain integers.
+
+The model's next token depends only on (request, position, input token):
+
+    next(r, p, t) = (31 * t + 17 * p + h(r)) mod V
+
+so a request's true token sequence is fixed by its prompt whatever the scheduling, and a wrong
+input token (a -1 clamped to 0, a stale draft) yields a wrong output that the checker sees.
+The drafter proposes, for position q, the true token when the acceptance rule says "accept" at
+(r, q) and the true token + 1 otherwise; the rule depends on (seed, r, q) only, never on timing.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import TYPE_CHECKING
+
+from specreplay.replay.workload import RequestSpec, Workload
+
+if TYPE_CHECKING:
+    import torch
+
+_MUL_TOKEN = 31
+_MUL_POS = 17
+_MASK31 = (1 << 31) - 1
+
+
+def request_hash(seed: int, request_id: str) -> int:
+    return zlib.crc32(f"{seed}/{request_id}".encode()) & _MASK31
+
+
+def prompt_tokens(seed: int, request_id: str, length: int, vocab: int) -> list[int]:
+    h = request_hash(seed, request_id)
+    return [(h * 7 + i * 13 + 5) % vocab for i in range(length)]
+
+
+def next_token(h: int, position: int, token: int, vocab: int) -> int:
+    """The target model's greedy token at position + 1, given `token` at `position`."""
+    return (_MUL_TOKEN * token + _MUL_POS * position + h) % vocab
+
+
+def expected_tokens(seed: int, spec: RequestSpec, vocab: int, extra: int) -> list[int]:
+    """Prompt followed by the true outputs: `prompt_len + max_tokens + extra` tokens."""
+    h = request_hash(seed, spec.request_id)
+    seq = prompt_tokens(seed, spec.request_id, spec.prompt_len, vocab)
+    total = spec.prompt_len + spec.max_tokens + extra
+    while len(seq) < total:
+        seq.append(next_token(h, len(seq) - 1, seq[-1], vocab))
+    return seq
+
+
+def draft_is_correct(workload: Workload, spec: RequestSpec, position: int) -> bool:
+    """Does the drafter propose the true token for `position` of this request?"""
+    kind, p = workload.acceptance_for(spec)
+    if kind == "all":
+        return True
+    if kind == "none":
+        return False
+    if kind == "alternate":
+        return position % 2 == 0
+    draw = zlib.crc32(f"accept/{workload.seed}/{spec.request_id}/{position}".encode()) & 0xFFFFFF
+    return draw < p * 0x1000000
+
+
+class TargetModel:
+    """Embedding lookup plus the next-token rule, on the runner's device."""
+
+    def __init__(self, vocab_size: int, device: "torch.device") -> None:
+        import torch
+
+        self.vocab_size = vocab_size
+        # The embedding table maps id -> id, so the lookup is real (and fails on a negative id,
+        # as the GPU kernel does) but carries no weights to learn.
+        self.embedding = torch.arange(vocab_size, dtype=torch.int64, device=device)
+
+    def forward(self, input_ids: "torch.Tensor", positions: "torch.Tensor",
+                hashes: "torch.Tensor") -> "torch.Tensor":
+        """Greedy next token for every input position. `input_ids` must be >= 0: the caller checks
+        (a negative id on CUDA is a device-side assert that poisons the whole context)."""
+        emb = self.embedding[input_ids]
+        return (_MUL_TOKEN * emb + _MUL_POS * positions + hashes) % self.vocab_size

@@ -1,0 +1,165 @@
+"""The recorder: both views of every step, appended column by column, then one Arrow table.
+
+Where it sits: **record** -> traces -> replay -> diff. The engine calls `record_schedule` at
+E1(m), `record_worker` at E3(m) and `record_apply` at E4(j); `table()` builds the trace table in
+`specreplay.traces.schema` order. Values go straight into per-column lists (no per-row objects),
+and `record_apply` patches the rows of an earlier step in place by index.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from specreplay.replay.messages import SchedulerOutput
+from specreplay.replay.oracle import Oracle
+from specreplay.replay.request import Request, Status
+from specreplay.replay.runner import WorkerView
+from specreplay.replay.scheduler import ApplyReport, Scheduler
+from specreplay.traces import schema
+
+
+class Recorder:
+    def __init__(self, oracle: Oracle) -> None:
+        self.oracle = oracle
+        self.cols: dict[str, list] = {name: [] for name in schema.COLUMN_NAMES}
+        self.rows_of_step: dict[int, dict[str, int]] = {}  # steps whose output is not yet applied
+        self.known: dict[str, Request] = {}  # every request ever added, finished ones included
+        self.prev_scheduled: set[str] = set()
+        self._pre: list[tuple] = []
+
+    def add_request(self, req: Request) -> None:
+        self.known[req.request_id] = req
+
+    # ------------------------------------------------------------------ E1(m)
+    def snapshot(self, sched: Scheduler) -> None:
+        """Pre values of every live request, taken right before schedule()."""
+        self._pre = [
+            (req, req.num_computed_tokens, req.num_output_placeholders, req.num_tokens,
+             req.num_output_tokens, len(req.spec_token_ids),
+             bool(req.spec_token_ids) and all(t == -1 for t in req.spec_token_ids))
+            for req in sched.requests.values()
+        ]
+
+    def record_schedule(self, out: SchedulerOutput, sched: Scheduler) -> None:
+        c = self.cols
+        step = out.step
+        index: dict[str, int] = {}
+        new_ids = {d.req_id for d in out.scheduled_new_reqs}
+        resumed = out.scheduled_cached_reqs.resumed_req_ids
+        preempted = {rid for rid, why in sched.skip_reasons.items() if why == "preempted"}
+        announced = out.finished_req_ids
+        rows = list(self._pre)
+        live = {item[0].request_id for item in rows}
+        for rid in sorted(announced - live, key=lambda r: self.known[r].order if r in self.known else 0):
+            req = self.known.get(rid)
+            if req is not None:
+                rows.append((req, req.num_computed_tokens, req.num_output_placeholders, req.num_tokens,
+                             req.num_output_tokens, len(req.spec_token_ids), False))
+        for req, pre_c, pre_p, pre_t, pre_out, spec_len, spec_ph in rows:
+            rid = req.request_id
+            n = out.num_scheduled_tokens.get(rid, 0)
+            if n:
+                kind = ("new" if rid in new_ids else "resumed" if rid in resumed
+                        else "cached" if rid in self.prev_scheduled else "reentering")
+                skip = ""
+            else:
+                kind = "unscheduled"
+                if req.status.finished:
+                    skip = "finished"
+                elif rid in sched.skip_reasons:
+                    skip = sched.skip_reasons[rid]
+                elif req.status == Status.RUNNING:
+                    skip = "budget"
+                else:
+                    skip = "waiting"
+            status = "finished" if req.status.finished else req.status.value
+            index[rid] = len(c["step"])
+            c["step"].append(step)
+            c["request_id"].append(rid)
+            c["step_total_scheduled_tokens"].append(out.total_num_scheduled_tokens)
+            c["sched_status"].append(status)
+            c["sched_kind"].append(kind)
+            c["sched_skip"].append(skip)
+            c["sched_num_scheduled_tokens"].append(n)
+            c["sched_num_draft_slots"].append(len(out.scheduled_spec_decode_tokens.get(rid, ())))
+            c["sched_num_computed_tokens"].append(pre_c)
+            c["sched_num_output_placeholders"].append(pre_p)
+            c["sched_num_tokens"].append(pre_t)
+            c["sched_num_output_tokens"].append(pre_out)
+            c["sched_num_prompt_tokens"].append(req.num_prompt_tokens)
+            c["sched_spec_len"].append(spec_len)
+            c["sched_spec_placeholders"].append(spec_ph)
+            c["sched_is_prefill_chunk"].append(bool(n) and req.is_prefill_chunk)
+            c["sched_finished_announced"].append(rid in announced)
+            c["sched_preempted"].append(rid in preempted)
+            for name in _APPLY_COLUMNS + _WORKER_COLUMNS + _TRUTH_COLUMNS:
+                c[name].append(None)
+        self.rows_of_step[step] = index
+        self.prev_scheduled = set(out.num_scheduled_tokens)
+
+    # ------------------------------------------------------------------ E2(m) / E3(m)
+    def record_worker(self, step: int, view: WorkerView) -> None:
+        c = self.cols
+        index = self.rows_of_step[step]
+        for i, rid in enumerate(view.req_ids):
+            at = index.get(rid)
+            if at is None:
+                continue  # the worker ran a request the scheduler did not list: X1 will see it
+            c["worker_row"][at] = view.row[i]
+            c["worker_num_scheduled_tokens"][at] = view.num_scheduled[i]
+            c["worker_num_draft_slots"][at] = view.num_drafts[i]
+            c["worker_num_computed_tokens"][at] = view.num_computed[i]
+            c["worker_first_position"][at] = view.first_position[i]
+            c["worker_correction"][at] = view.correction[i]
+            c["worker_in_prev_map"][at] = view.in_prev_map[i]
+            c["worker_cached_drafts"][at] = view.cached_drafts[i]
+            c["worker_draft_ids"][at] = view.draft_ids[i]
+            c["worker_negative_inputs"][at] = view.negative_inputs[i]
+            c["worker_num_accepted"][at] = view.accepted[i]
+            c["worker_num_emitted"][at] = view.emitted[i]
+            c["worker_num_output_tokens"][at] = view.num_output_tokens[i]
+            c["worker_edited_output"][at] = view.edited[i]
+            c["truth_num_computed_tokens"][at] = view.truth_before[i]
+            c["truth_kv_after"][at] = view.truth_after[i]
+            c["truth_kv_ok"][at] = view.kv_ok[i]
+        for rid, (valid, ok) in view.idle_truth.items():
+            at = index.get(rid)
+            if at is not None:
+                c["truth_num_computed_tokens"][at] = valid
+                c["truth_kv_after"][at] = valid
+                c["truth_kv_ok"][at] = ok
+
+    # ------------------------------------------------------------------ E4(j)
+    def record_apply(self, step: int, reports: dict[str, ApplyReport], apply_step: int) -> None:
+        c = self.cols
+        index = self.rows_of_step.pop(step, {})
+        for rid, report in reports.items():
+            at = index.get(rid)
+            if at is None:
+                continue
+            req = self.known[rid]
+            first = req.num_output_tokens - len(report.tokens)
+            c["apply_step"][at] = apply_step
+            c["apply_num_draft_slots"][at] = report.num_draft_slots
+            c["apply_num_rejected"][at] = report.num_rejected
+            c["apply_num_tokens"][at] = len(report.tokens)
+            c["apply_token_mismatches"][at] = self.oracle.mismatches(rid, first, report.tokens)
+            c["apply_num_computed_tokens"][at] = report.num_computed_tokens
+            c["apply_num_output_placeholders"][at] = report.num_output_placeholders
+            c["apply_finish_reason"][at] = report.finish_reason
+
+    # ------------------------------------------------------------------ the table
+    def table(self) -> pa.Table:
+        arrays = []
+        for field in schema.SCHEMA_FIELDS:
+            values = self.cols[field.name]
+            if pa.types.is_dictionary(field.type):
+                arrays.append(pa.array(values, type=pa.string()).dictionary_encode().cast(field.type))
+            else:
+                arrays.append(pa.array(values, type=field.type))
+        return pa.Table.from_arrays(arrays, schema=schema.SCHEMA)
+
+
+_APPLY_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("apply_"))
+_WORKER_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("worker_"))
+_TRUTH_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("truth_"))

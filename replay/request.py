@@ -1,0 +1,74 @@
+"""The scheduler's per-request state, modelled on vLLM 0.32.0's `vllm/v1/request.py`.
+
+Where it sits: replay, scheduler side. The recorder reads these fields into the `sched_*`
+columns; nothing on the worker side ever sees this object.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_LENGTH = "length"
+    FINISHED_STOPPED = "stop"
+    FINISHED_ABORTED = "aborted"
+
+    @property
+    def finished(self) -> bool:
+        return self in (Status.FINISHED_LENGTH, Status.FINISHED_STOPPED, Status.FINISHED_ABORTED)
+
+
+class Request:
+    """Scheduler-side request. Counter names and meanings are vLLM's."""
+
+    __slots__ = (
+        "request_id", "prompt_token_ids", "max_tokens", "stop_at", "all_token_ids",
+        "num_prompt_tokens", "num_computed_tokens", "num_output_placeholders", "spec_token_ids",
+        "status", "is_prefill_chunk", "num_preemptions", "num_in_flight_tokens",
+        "num_stale_output_tokens", "drop_stale_output", "order",
+    )
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
+                 stop_at: int | None = None, order: int = 0) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.max_tokens = max_tokens
+        self.stop_at = stop_at  # the output count at which the sampled token is a stop token
+        self.all_token_ids: list[int] = list(prompt_token_ids)  # prompt + applied outputs only
+        self.num_computed_tokens = 0  # C: computed or scheduled in flight (optimistic for drafts)
+        self.num_output_placeholders = 0  # P: in-flight outputs not yet applied, drafts included
+        self.spec_token_ids: list[int] = []  # drafts to book next time; [-1]*k under async
+        self.status = Status.WAITING
+        self.is_prefill_chunk = False
+        self.num_preemptions = 0
+        # vLLM 0.32 stale-output tracking (B++): tokens scheduled and not yet applied, and the
+        # share of them that predates the last preemption.
+        self.num_in_flight_tokens = 0
+        self.num_stale_output_tokens = 0
+        self.drop_stale_output = False
+        self.order = order  # arrival order: the recorder's row order
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.all_token_ids) + len(self.spec_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens:]
+
+    def __repr__(self) -> str:  # for debugging the tool itself
+        return (f"Request({self.request_id!r}, {self.status.value}, C={self.num_computed_tokens}, "
+                f"P={self.num_output_placeholders}, T={self.num_tokens}, spec={len(self.spec_token_ids)})")

@@ -1,0 +1,146 @@
+"""The trace schema: one explicit pyarrow schema for every specreplay trace.
+
+Where it sits: record -> **traces** -> replay -> diff. The recorder (`specreplay.replay.recorder`)
+fills these columns, the writer stamps the metadata, the reader validates files against this
+schema, and the checker and the trace diff read nothing else.
+
+One row = one request at one engine step (one `schedule()` call). A request has a row at every
+step from its arrival until the step that announces it finished (`sched_finished_announced`).
+Column prefixes say which side wrote the value:
+
+- `sched_` the scheduler view at E1(m), values as copied into `S_m` ("pre" values);
+- `apply_` what `update_from_output(S_m)` did when the engine applied this step's output later;
+- `worker_` the GPU runner's view at E2(m)/E3(m);
+- `truth_` ground truth kept by the reference runner's KV cache (what the GPU really holds).
+
+Counter names are vLLM's so a trace lines up with the engine. Nulls mean "not applicable"
+(for example `worker_*` of a request that is not in the worker's batch at that step).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+#: Status of the request in the scheduler after `schedule()` of this step.
+STATUSES = ("waiting", "running", "preempted", "finished")
+#: How the request appears in `S_m`.
+#: new: first scheduling (NewRequestData); cached: scheduled, also scheduled at m-1;
+#: reentering: scheduled, running, but not scheduled at m-1; resumed: back from PREEMPTED;
+#: unscheduled: not in `S_m` at all.
+KINDS = ("new", "cached", "reentering", "resumed", "unscheduled")
+#: Why a live request got no tokens at this step ("" when it was scheduled).
+#: budget: the running loop stopped (budget 0) before reaching it; max_tokens: skipped by the
+#: max-tokens rule; no_tokens: visited but its demand was 0; preempted: preempted for KV blocks
+#: in this step; waiting: in the waiting queue and not admitted; finished: finished before m.
+SKIPS = ("", "budget", "max_tokens", "no_tokens", "preempted", "waiting", "finished")
+#: Why `update_from_output` finished the request ("" when it did not).
+FINISH_REASONS = ("", "length", "stop", "aborted")
+
+_ENUM = pa.dictionary(pa.int8(), pa.string())
+
+# (name, type, nullable, one-line description). The README's column table is generated from
+# this list (`specreplay schema`), so the description is the documentation.
+COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
+    ("step", pa.int32(), False, "engine step m, 1-based: one schedule() call"),
+    ("request_id", pa.string(), False, "vLLM request id"),
+    ("step_total_scheduled_tokens", pa.int32(), False,
+     "scheduler: S_m.total_num_scheduled_tokens (same on every row of the step)"),
+    # ---- scheduler view at E1(m) ----
+    ("sched_status", _ENUM, False, f"scheduler: status after schedule(), one of {STATUSES}"),
+    ("sched_kind", _ENUM, False, f"scheduler: how the request appears in S_m, one of {KINDS}"),
+    ("sched_skip", _ENUM, False, f"scheduler: why it got no tokens, one of {SKIPS}"),
+    ("sched_num_scheduled_tokens", pa.int32(), False,
+     "scheduler: num_scheduled_tokens[r] in S_m, draft slots included (tokens)"),
+    ("sched_num_draft_slots", pa.int16(), False,
+     "scheduler: len(scheduled_spec_decode_tokens[r]) in S_m (tokens)"),
+    ("sched_num_computed_tokens", pa.int32(), False,
+     "scheduler: Request.num_computed_tokens before this step's advance (tokens)"),
+    ("sched_num_output_placeholders", pa.int32(), False,
+     "scheduler: Request.num_output_placeholders before this step's advance (tokens)"),
+    ("sched_num_tokens", pa.int32(), False, "scheduler: Request.num_tokens = prompt + applied outputs"),
+    ("sched_num_output_tokens", pa.int32(), False, "scheduler: applied output tokens"),
+    ("sched_num_prompt_tokens", pa.int32(), False, "scheduler: prompt length (tokens)"),
+    ("sched_spec_len", pa.int16(), False,
+     "scheduler: len(Request.spec_token_ids) when schedule() started (draft slots it may book)"),
+    ("sched_spec_placeholders", pa.bool_(), False,
+     "scheduler: spec_token_ids was a non-empty list of -1 placeholders when schedule() started"),
+    ("sched_is_prefill_chunk", pa.bool_(), False,
+     "scheduler: after schedule(), C < num_tokens + P (this step samples nothing)"),
+    ("sched_finished_announced", pa.bool_(), False, "scheduler: request_id is in S_m.finished_req_ids"),
+    ("sched_preempted", pa.bool_(), False, "scheduler: preempted during this schedule() call"),
+    # ---- what update_from_output(S_m) did, filled in when it ran ----
+    ("apply_step", pa.int32(), True, "engine step whose iteration applied S_m's output (null: never)"),
+    ("apply_num_draft_slots", pa.int16(), True,
+     "scheduler: len(scheduled_spec_decode_tokens[r]) as update_from_output read it back (tokens)"),
+    ("apply_num_rejected", pa.int16(), True, "scheduler: rejected drafts it subtracted from C and P"),
+    ("apply_num_tokens", pa.int16(), True, "scheduler: output tokens appended (after stop truncation)"),
+    ("apply_token_mismatches", pa.int16(), True,
+     "truth: appended tokens that differ from the request's expected token sequence"),
+    ("apply_num_computed_tokens", pa.int32(), True, "scheduler: num_computed_tokens after the apply"),
+    ("apply_num_output_placeholders", pa.int32(), True,
+     "scheduler: num_output_placeholders after the apply"),
+    ("apply_finish_reason", _ENUM, True, f"scheduler: finish caused by the apply, one of {FINISH_REASONS}"),
+    # ---- worker view at E2(m) / E3(m) ----
+    ("worker_row", pa.int16(), True, "worker: persistent-batch row after condense (null: not in batch)"),
+    ("worker_num_scheduled_tokens", pa.int32(), True,
+     "worker: tokens it executed for r (differs from the scheduler's if it edited S_m)"),
+    ("worker_num_draft_slots", pa.int16(), True, "worker: draft slots it verified for r"),
+    ("worker_num_computed_tokens", pa.int32(), True,
+     "worker: CachedRequestState.num_computed_tokens after its correction (first position written)"),
+    ("worker_first_position", pa.int32(), True,
+     "worker: position of r's first token this step (the device-side corrected value it writes KV at)"),
+    ("worker_correction", pa.int16(), True, "worker: rejected drafts of m-1 it subtracted (tokens)"),
+    ("worker_in_prev_map", pa.bool_(), True, "worker: r in prev_req_id_to_index after the removals"),
+    ("worker_cached_drafts", pa.int16(), True,
+     "worker: drafts cached for r from the previous step (0: no scatter source row)"),
+    ("worker_draft_ids", pa.list_(pa.int32()), True,
+     "worker: draft ids fed to the model for r (before any clamp)"),
+    ("worker_negative_inputs", pa.int16(), True, "worker: input ids < 0 for r before any clamp"),
+    ("worker_num_accepted", pa.int16(), True, "worker: drafts accepted by the rejection sampler"),
+    ("worker_num_emitted", pa.int16(), True, "worker: tokens emitted, 1 + accepted, 0 if discarded"),
+    ("worker_num_output_tokens", pa.int32(), True, "worker: len(output_token_ids) after _update_states"),
+    ("worker_edited_output", pa.bool_(), True, "worker: it changed r's entries in the SchedulerOutput"),
+    # ---- ground truth of the reference runner ----
+    ("truth_num_computed_tokens", pa.int32(), True,
+     "truth: tokens of r whose KV is valid at the start of the step (K_r(m))"),
+    ("truth_kv_after", pa.int32(), True, "truth: valid KV tokens of r after the step"),
+    ("truth_kv_ok", pa.bool_(), True,
+     "truth: every valid KV position of r holds its expected token and nothing was skipped"),
+)
+
+SCHEMA_FIELDS = [pa.field(name, typ, nullable=nullable) for name, typ, nullable, _ in COLUMNS]
+SCHEMA = pa.schema(SCHEMA_FIELDS)
+COLUMN_NAMES = tuple(name for name, *_ in COLUMNS)
+DESCRIPTIONS = {name: doc for name, _, _, doc in COLUMNS}
+
+#: Allowed values of the enum columns, checked by the reader.
+ENUMS = {
+    "sched_status": STATUSES,
+    "sched_kind": KINDS,
+    "sched_skip": SKIPS,
+    "apply_finish_reason": FINISH_REASONS,
+}
+
+# Key/value metadata keys (all values are UTF-8 JSON or plain text).
+META_SCHEMA_VERSION = b"specreplay.schema_version"
+META_VERSION = b"specreplay.version"
+META_WORKLOAD = b"specreplay.workload"  # JSON: the workload, enough to replay it
+META_CONFIG = b"specreplay.config"  # JSON: engine config
+META_IMPL = b"specreplay.impl"  # JSON: implementation name, scheduler/runner classes, executor
+META_SEED = b"specreplay.seed"
+META_OUTCOME = b"specreplay.outcome"  # JSON: completed | crashed (step, message) | step_limit
+META_DEVICE = b"specreplay.device"
+#: Metadata that legitimately differs between two recordings of the same run; kept out of
+#: content comparisons.
+META_VOLATILE = b"specreplay.volatile"  # JSON: created_at, host, torch version
+
+
+def markdown_table() -> str:
+    """The column reference as a markdown table (README and `specreplay schema`)."""
+    lines = ["| column | type | null | meaning |", "| --- | --- | --- | --- |"]
+    for name, typ, nullable, doc in COLUMNS:
+        shown = "enum" if pa.types.is_dictionary(typ) else str(typ)
+        lines.append(f"| `{name}` | {shown} | {'yes' if nullable else 'no'} | {doc} |")
+    return "\n".join(lines)

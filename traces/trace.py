@@ -1,0 +1,75 @@
+"""The in-memory trace: a pyarrow table in the one schema plus its decoded metadata.
+
+Where it sits: record -> **traces** -> replay -> diff. The recorder builds a `Trace`, the writer
+stores it, the reader returns it, the checker and the diff consume it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from specreplay.traces import schema
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("specreplay")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "0.0.0+source"
+
+
+@dataclass
+class Trace:
+    """A recorded run: one row per (step, request), see `schema.COLUMNS`."""
+
+    table: pa.Table
+    workload: dict[str, Any]
+    config: dict[str, Any]
+    impl: dict[str, Any]
+    outcome: dict[str, Any]
+    seed: int = 0
+    device: str = "cpu"
+    version: str = field(default_factory=package_version)
+    schema_version: int = schema.SCHEMA_VERSION
+    volatile: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def impl_name(self) -> str:
+        return str(self.impl.get("name", "?"))
+
+    @property
+    def num_steps(self) -> int:
+        if self.table.num_rows == 0:
+            return 0
+        return int(pa.compute.max(self.table["step"]).as_py())
+
+    def metadata(self) -> dict[bytes, bytes]:
+        """Key/value metadata as stored in the Parquet file."""
+        def js(value: Any) -> bytes:
+            return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+        return {
+            schema.META_SCHEMA_VERSION: str(self.schema_version).encode(),
+            schema.META_VERSION: self.version.encode(),
+            schema.META_WORKLOAD: js(self.workload),
+            schema.META_CONFIG: js(self.config),
+            schema.META_IMPL: js(self.impl),
+            schema.META_SEED: str(self.seed).encode(),
+            schema.META_OUTCOME: js(self.outcome),
+            schema.META_DEVICE: self.device.encode(),
+            schema.META_VOLATILE: js(self.volatile),
+        }
+
+    def content_equals(self, other: "Trace") -> bool:
+        """Same rows and same non-volatile metadata (creation time, host and device are ignored)."""
+        mine = {k: v for k, v in self.metadata().items()
+                if k not in (schema.META_VOLATILE, schema.META_DEVICE)}
+        theirs = {k: v for k, v in other.metadata().items()
+                  if k not in (schema.META_VOLATILE, schema.META_DEVICE)}
+        return mine == theirs and self.table.equals(other.table)
