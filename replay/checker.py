@@ -211,8 +211,10 @@ def check_computed_tokens(rows: TraceRows) -> Iterator[Finding]:
             if not rows.scheduled(i) or c["worker_num_computed_tokens"][i] is None:
                 continue
             truth = c["truth_num_computed_tokens"][i]
-            pending = sum((c["apply_num_rejected"][j] or 0) for j in rows.in_flight(idx, i))
-            settled = c["sched_num_computed_tokens"][i] - pending
+            flying = rows.in_flight(idx, i)
+            if any(c["apply_num_rejected"][j] is None for j in flying):
+                continue  # an in-flight output never applied (aborted, finished, crash): unknown
+            settled = c["sched_num_computed_tokens"][i] - sum(c["apply_num_rejected"][j] for j in flying)
             worker = c["worker_num_computed_tokens"][i]
             position = c["worker_first_position"][i]
             step = c["step"][i]

@@ -54,6 +54,7 @@ def run_workload(workload: Workload, impl: Implementation, device: str = "cpu",
             continue
         if sched.has_requests():
             step += 1
+            sched.step = step - 1  # the engine numbers steps (idle gaps included); schedule() adds 1
             rec.snapshot(sched)
             out = sched.schedule()
             rec.record_schedule(out, sched)

@@ -50,7 +50,9 @@ class Implementation:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def make_scheduler(self, config: EngineConfig) -> Scheduler:
-        if self.scheduler is not None:
+        # An AsyncScheduler variant changes async behaviour only; in sync mode the plain
+        # Scheduler runs (there are no placeholders to treat differently).
+        if self.scheduler is not None and (config.async_scheduling or not issubclass(self.scheduler, AsyncScheduler)):
             return self.scheduler(config)
         return AsyncScheduler(config) if config.async_scheduling else Scheduler(config)
 
@@ -64,7 +66,7 @@ class Implementation:
         return out if self.executor == "inproc" else out.private_copy()
 
     def describe(self, config: EngineConfig) -> dict[str, Any]:
-        sched = self.scheduler or (AsyncScheduler if config.async_scheduling else Scheduler)
+        sched = type(self.make_scheduler(config))
         runner = self.runner.__name__ if self.runner else "GPUModelRunner"
         return {"name": self.name, "scheduler": f"{sched.__module__}.{sched.__qualname__}",
                 "runner": runner, "executor": self.executor, "models": "vllm 0.32.0"}

@@ -232,6 +232,7 @@ class GPUModelRunner:
         new_blocks = cached.new_block_ids[i]
         if rid in cached.resumed_req_ids:
             st.block_ids = list(new_blocks)
+            self.truth[rid] = 0  # its old blocks were freed at preemption: nothing valid remains
         else:
             st.block_ids.extend(new_blocks)
         if row is None:
