@@ -40,9 +40,9 @@ def random_workload(seed: int = 0) -> Workload:
     rng = random.Random(seed)
     block_size = rng.choice((4, 8, 16))
     k = rng.choice((0, 1, 2, 3, 3, 3, 4))
-    budget = rng.choice((16, 24, 32, 40, 48, 64))
+    budget = rng.choice((12, 16, 24, 32, 40, 64))
     max_model_len = 256
-    num_requests = rng.randint(4, 20)
+    num_requests = rng.randint(6, 24)
     requests = []
     longest = 0
     for i in range(num_requests):

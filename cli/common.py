@@ -1,0 +1,78 @@
+"""Shared CLI pieces: error translation, shared options, consoles, progress.
+
+Where it sits: cli. Library functions raise `InputError`; `handle_errors` turns it into one line
+on stderr and exit code 2. Rendering to a console happens here and in cli/render.py only.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import click
+
+from specreplay.traces.errors import InputError
+
+EXIT_OK, EXIT_FINDINGS, EXIT_INPUT = 0, 1, 2
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Bad input -> `error: ...` and exit 2, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except InputError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_INPUT)
+
+    return wrapper
+
+
+def console(stderr: bool = False):
+    from rich.console import Console
+
+    width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else None
+    return Console(stderr=stderr, width=width, no_color="NO_COLOR" in os.environ, highlight=False)
+
+
+format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+                             show_default=True, help="Output format.")
+fail_on_option = click.option("--fail-on", type=click.Choice(["error", "warning", "never"]), default="error",
+                              show_default=True, help="Exit 1 when findings at or above this severity exist.")
+device_option = click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+                             help="Where the reference runner's tensors live.")
+executor_option = click.option("--executor", type=click.Choice(["inproc", "multiproc"]), default=None,
+                               help="How the SchedulerOutput reaches the worker: the shared object (inproc) or a "
+                                    "private copy (multiproc). Default: the implementation's own.")
+
+
+def check_device(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("--device cuda: CUDA is not available on this machine; use --device cpu")
+
+
+@contextmanager
+def progress(label: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A rich progress bar on a terminal (stderr), nothing when piped."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("step {task.completed}"),
+                  TimeElapsedColumn(), console=console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            if done % 16 == 0:
+                bar.update(task, completed=done)
+
+        yield update

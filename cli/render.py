@@ -1,0 +1,102 @@
+"""Rendering of findings, stories and trace summaries with rich (terminal) or JSON.
+
+Where it sits: the last stage of diff. Takes data (findings, traces) and prints; computes nothing
+that a library function could return.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from typing import Any
+
+from rich.table import Table
+
+from specreplay.replay.findings import Finding, verdict
+from specreplay.traces.trace import Trace
+
+EXAMPLES_PER_CODE = 3
+
+
+def findings_json(findings: list[Finding], extra: dict[str, Any] | None = None, verdict_text: str | None = None) -> str:
+    doc: dict[str, Any] = {"verdict": verdict_text or verdict(findings),
+                           "findings": [f.to_dict() for f in findings]}
+    if extra:
+        doc.update(extra)
+    return json.dumps(doc, indent=2, default=str)
+
+
+def findings_lines(findings: list[Finding]) -> list[str]:
+    """A handful of examples per code, then a count of the rest; one finding per line."""
+    lines: list[str] = []
+    by_code: dict[str, list[Finding]] = defaultdict(list)
+    for f in findings:
+        by_code[f.code].append(f)
+    for code, items in sorted(by_code.items(), key=lambda kv: (kv[1][0].step, kv[0])):
+        for f in items[:EXAMPLES_PER_CODE]:
+            req = f.request_id if f.request_id is not None else "-"
+            lines.append(f"  {f.severity:7} {f.code}  step {f.step}  request {req}  {f.field}: "
+                         f"scheduler {_v(f.scheduler)} / worker {_v(f.worker)}")
+            lines.append(f"          {f.message}")
+        if len(items) > EXAMPLES_PER_CODE:
+            lines.append(f"          ... and {len(items) - EXAMPLES_PER_CODE} more {code}")
+    return lines
+
+
+def _v(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+STORY_COLUMNS = (
+    ("step", "m"), ("sched_kind", "kind"), ("sched_skip", "skip"), ("sched_num_scheduled_tokens", "n"),
+    ("sched_num_draft_slots", "k"), ("sched_num_computed_tokens", "C"), ("sched_num_output_placeholders", "P"),
+    ("sched_num_tokens", "T"), ("worker_in_prev_map", "pm"), ("worker_cached_drafts", "dr"),
+    ("worker_num_computed_tokens", "wC"), ("worker_num_accepted", "acc"), ("truth_num_computed_tokens", "KV"),
+)
+
+
+def story_table(trace: Trace, request_id: str, upto_step: int, steps_before: int = 8) -> Table:
+    """The request's rows over the steps up to a finding: what each side did."""
+    from rich import box
+
+    table = Table(title=f"request {request_id!r} up to step {upto_step} (C P T: scheduler before the step; pm: in the "
+                        "worker's prev map; dr: drafts cached for it; wC: worker after correction; KV: valid in cache)",
+                  title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for _, label in STORY_COLUMNS:
+        table.add_column(label, justify="right", no_wrap=True)
+    steps = trace.table["step"].to_pylist()
+    rids = trace.table["request_id"].to_pylist()
+    rows = [i for i, (s, r) in enumerate(zip(steps, rids)) if r == request_id and s <= upto_step][-steps_before:]
+    cols = {name: trace.table[name].to_pylist() for name, _ in STORY_COLUMNS}
+    for i in rows:
+        table.add_row(*[_SHORT.get(cols[name][i], _cell(cols[name][i])) if name in ("sched_kind", "sched_skip")
+                        else _cell(cols[name][i]) for name, _ in STORY_COLUMNS])
+    return table
+
+
+_SHORT = {"unscheduled": "-", "reentering": "REENTRY", "cached": "cached", "budget": "budget",
+          "max_tokens": "maxtok", "no_tokens": "notok", "preempted": "preempt", "waiting": "wait",
+          "finished": "done", "resumed": "resume", "": ""}
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "."
+    if value is True:
+        return "y"
+    if value is False:
+        return "n"
+    return str(value)
+
+
+def code_counts(findings: list[Finding]) -> str:
+    counts = Counter(f.code for f in findings)
+    return ", ".join(f"{code} x{n}" for code, n in sorted(counts.items()))
+
+
+def trace_header(trace: Trace, path: str) -> str:
+    cfg = trace.config
+    return (f"{path}: {trace.workload.get('name', '?')} via {trace.impl_name} "
+            f"({'async' if cfg.get('async_scheduling') else 'sync'}, budget {cfg.get('max_num_batched_tokens')}, "
+            f"k={cfg.get('num_spec_tokens')}), {trace.num_steps} steps, {trace.table.num_rows} rows, "
+            f"outcome {trace.outcome.get('status')}")
