@@ -168,21 +168,22 @@ def check_budget(rows: TraceRows) -> Iterator[Finding]:
     budget = rows.config.get("max_num_batched_tokens", 1 << 30)
     max_len = rows.config.get("max_model_len", 1 << 30)
     totals: dict[int, int] = {}
-    first_row: dict[int, int] = {}
     for i in range(rows.num_rows):
         s = c["step"][i]
         totals[s] = totals.get(s, 0) + c["sched_num_scheduled_tokens"][i]
-        first_row.setdefault(s, i)
         n = c["sched_num_scheduled_tokens"][i]
         if n and c["sched_num_computed_tokens"][i] + n > max_len - 1 + 1:
             yield _f(rows, "S6-token-budget", i, "num_scheduled_tokens", n, max_len - c["sched_num_computed_tokens"][i] - 1,
                      f"schedules past max_model_len {max_len}")
-    for s, total in totals.items():
-        i = first_row[s]
+    reported: set[int] = set()
+    for i in range(rows.num_rows):
+        s = c["step"][i]
         declared = c["step_total_scheduled_tokens"][i]
-        if total != declared or declared > budget:
-            yield Finding("S6-token-budget", "error", s, None, "total_num_scheduled_tokens", declared, total,
-                          f"total_num_scheduled_tokens is {declared}; the requests add up to {total}; budget {budget}")
+        if s not in reported and (declared != totals[s] or declared > budget):
+            reported.add(s)
+            yield Finding("S6-token-budget", "error", s, None, "total_num_scheduled_tokens", declared, totals[s],
+                          f"total_num_scheduled_tokens is {declared}; the requests add up to {totals[s]}; "
+                          f"budget {budget}")
 
 
 def check_draft_slot_count(rows: TraceRows) -> Iterator[Finding]:

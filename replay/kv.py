@@ -38,6 +38,12 @@ class BlockPool:
         owned.extend(new)
         return new
 
+    def fits(self, request_id: str, num_tokens: int) -> bool:
+        """Would `num_tokens` in all fit? (vLLM's scheduler_reserve_full_isl admission check.)"""
+        held = len(self.blocks.get(request_id, ()))
+        need = -(-min(num_tokens, self.max_model_len) // self.block_size) - held
+        return need <= len(self.free)
+
     def release(self, request_id: str) -> None:
         owned = self.blocks.pop(request_id, [])
         self.free.extend(reversed(owned))

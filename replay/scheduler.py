@@ -208,6 +208,10 @@ class Scheduler:
             if 0 < threshold < n:
                 n = threshold
             n = min(n, plan.budget)
+            # vLLM 0.32 admits a waiting request only if its whole sequence fits in the free
+            # blocks (scheduler_reserve_full_isl, on by default), not just this chunk.
+            if not self.kv.fits(req.request_id, req.num_tokens):
+                break
             new = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n,
                                          self.config.num_lookahead_tokens)
             if new is None:

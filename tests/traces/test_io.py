@@ -1,0 +1,87 @@
+"""Schema round trip and the reader's validation of broken files."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from specreplay.traces import schema
+from specreplay.traces.errors import TraceError
+from specreplay.traces.io import read_trace, write_trace
+
+
+def test_round_trip_keeps_rows_and_metadata(tmp_path, reentry_traces):
+    trace = reentry_traces["upstream"]
+    path = write_trace(trace, tmp_path / "t.parquet")
+    back = read_trace(path)
+    assert back.content_equals(trace)
+    assert back.table.schema.equals(schema.SCHEMA)
+    assert back.workload == trace.workload and back.impl["name"] == "upstream"
+
+
+def test_readable_without_specreplay(tmp_path, reentry_traces):
+    import pandas as pd
+
+    path = write_trace(reentry_traces["upstream"], tmp_path / "t.parquet")
+    df = pd.read_parquet(path)
+    assert list(df.columns) == list(schema.COLUMN_NAMES) and len(df) == reentry_traces["upstream"].table.num_rows
+
+
+def _broken(tmp_path, reentry_traces, mutate) -> str:
+    path = write_trace(reentry_traces["upstream"], tmp_path / "ok.parquet")
+    table = pq.read_table(path)
+    table = mutate(table)
+    out = tmp_path / "bad.parquet"
+    pq.write_table(table, out)
+    return str(out)
+
+
+def _meta(table, **changes):
+    meta = dict(table.schema.metadata)
+    meta.update({k.encode(): v.encode() for k, v in changes.items()})
+    return table.replace_schema_metadata(meta)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda t: t.drop_columns(["worker_row"]), "missing columns: worker_row"),
+    (lambda t: t.append_column("extra", pa.array([1] * t.num_rows)), "unexpected columns: extra"),
+    (lambda t: t.set_column(t.schema.get_field_index("step"), "step", t["step"].cast(pa.float64())), "mistyped: step"),
+    (lambda t: _meta(t, **{"specreplay.schema_version": "99"}), "newer than this specreplay reads"),
+    (lambda t: t.replace_schema_metadata({}), "without specreplay metadata"),
+    (lambda t: _meta(t, **{"specreplay.workload": "{nope"}), "not valid JSON"),
+    (lambda t: t.set_column(t.schema.get_field_index("sched_num_tokens"), "sched_num_tokens",
+                            pa.array([-5] * t.num_rows, pa.int32())), "expected a count >= 0"),
+    (lambda t: t.set_column(t.schema.get_field_index("sched_kind"), "sched_kind",
+                            pa.array(["bogus"] * t.num_rows).dictionary_encode().cast(pa.dictionary(pa.int8(), pa.string()))),
+     "unknown value 'bogus'"),
+    (lambda t: t.take(list(reversed(range(t.num_rows)))), "not in step order"),
+    (lambda t: pa.concat_tables([t, t.slice(0, 1)]).sort_by("step"), "duplicate (step, request_id)"),
+])
+def test_reader_rejects_broken_traces_with_one_line(tmp_path, reentry_traces, mutate, message):
+    path = _broken(tmp_path, reentry_traces, mutate)
+    with pytest.raises(TraceError) as err:
+        read_trace(path)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_reader_rejects_non_parquet_and_truncated_files(tmp_path, reentry_traces):
+    junk = tmp_path / "junk.parquet"
+    junk.write_text("hello")
+    with pytest.raises(TraceError, match="not a readable Parquet file"):
+        read_trace(junk)
+    good = write_trace(reentry_traces["upstream"], tmp_path / "good.parquet")
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(TraceError, match="Parquet"):
+        read_trace(cut)
+    with pytest.raises(TraceError, match="no such file"):
+        read_trace(tmp_path / "missing.parquet")
+
+
+def test_markdown_table_documents_every_column():
+    text = schema.markdown_table()
+    assert all(f"`{name}`" in text for name in schema.COLUMN_NAMES)
+    assert json.dumps(schema.ENUMS)
