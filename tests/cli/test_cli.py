@@ -1,0 +1,162 @@
+"""CLI: the four variants on reentry (table and JSON), exit codes, bad-input messages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specreplay.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("traces")
+    runner = CliRunner()
+    paths = {}
+    for impl in ("upstream", "pr30796", "pr30796-copy", "sched-clear"):
+        path = root / f"{impl}.parquet"
+        result = runner.invoke(main, ["record", "--scenario", "reentry", "--impl", impl, "-o", str(path)])
+        assert result.exit_code == 0, result.output
+        assert f"wrote {path}" in result.output
+        paths[impl] = path
+    return paths
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("impl, exit_code, verdict", [
+    ("upstream", 0, "wasteful"), ("pr30796", 1, "diverged"), ("pr30796-copy", 1, "diverged"), ("sched-clear", 0, "ok")])
+def test_diff_json_verdicts_and_exit_codes(recorded, impl, exit_code, verdict):
+    result = run("diff", recorded[impl], "--format", "json")
+    assert result.exit_code == exit_code
+    doc = json.loads(result.output)
+    assert doc["verdict"] == verdict
+    for f in doc["findings"]:
+        assert set(f) == {"code", "severity", "step", "request_id", "field", "scheduler", "worker", "message"}
+    if impl == "upstream":
+        assert {(f["code"], f["step"], f["request_id"]) for f in doc["findings"]} == {
+            ("S5-draft-provenance", 4, "10"), ("X5-placeholder-drafts", 4, "10")}
+
+
+def test_fail_on_thresholds(recorded):
+    assert run("diff", recorded["upstream"], "--fail-on", "warning").exit_code == 1
+    assert run("diff", recorded["pr30796"], "--fail-on", "never").exit_code == 0
+
+
+def test_table_output_names_the_first_divergence_and_tells_the_story(recorded):
+    result = run("diff", recorded["pr30796"])
+    assert result.exit_code == 1
+    assert "verdict: diverged" in result.output
+    assert "first divergence: step 4, request '10'" in result.output
+    assert "REENTRY" in result.output and "budget" in result.output
+
+
+def test_two_trace_diff(recorded):
+    same = run("diff", recorded["upstream"], recorded["upstream"])
+    assert same.exit_code == 0 and "verdict: same" in same.output
+    differ = run("diff", recorded["upstream"], recorded["sched-clear"], "--format", "json")
+    assert differ.exit_code == 1
+    doc = json.loads(differ.output)
+    assert doc["verdict"] == "differ"
+    first = doc["findings"][0]
+    assert (first["step"], first["request_id"], first["field"]) == (3, "10", "sched_spec_len")
+
+
+def test_replay_through_another_implementation(recorded, tmp_path):
+    out = tmp_path / "fixed.parquet"
+    result = run("replay", recorded["upstream"], "--impl", "sched-clear", "-o", out)
+    assert result.exit_code == 0 and "check: ok" in result.output
+    assert run("diff", out, recorded["sched-clear"]).exit_code == 0
+
+
+def test_listing_commands():
+    assert "reentry" in run("scenarios").output
+    listing = run("impls").output
+    assert all(name in listing for name in ("upstream", "pr30796", "pr30796-copy", "sched-clear"))
+    assert "S5-draft-provenance" in run("codes").output
+    assert "`worker_num_computed_tokens`" in run("schema").output
+
+
+def test_info(recorded):
+    result = run("info", recorded["upstream"], "--format", "json")
+    assert result.exit_code == 0 and json.loads(result.output)["impl"]["name"] == "upstream"
+
+
+def assert_bad_input(result, text):
+    assert result.exit_code == 2, result.output
+    assert text in result.output
+    assert "Traceback" not in result.output
+    assert result.output.strip().count("\n") == 0
+
+
+def test_bad_inputs_exit_2_with_one_line(tmp_path, recorded):
+    junk = tmp_path / "junk.parquet"
+    junk.write_text("not parquet")
+    assert_bad_input(run("diff", junk), "not a readable Parquet file")
+    assert_bad_input(run("diff", tmp_path / "nope.parquet"), "no such file")
+    assert_bad_input(run("info", junk), "not a readable Parquet file")
+    assert_bad_input(run("replay", junk, "-o", tmp_path / "x.parquet"), "not a readable Parquet file")
+    assert_bad_input(run("record", "--scenario", "nope", "-o", tmp_path / "x.parquet"), "unknown scenario")
+    assert_bad_input(run("record", "--scenario", "reentry", "--impl", "nope", "-o", tmp_path / "x.parquet"),
+                     "unknown implementation")
+    assert_bad_input(run("record", "--scenario", "reentry", "--impl", "no_such_mod:X", "-o", tmp_path / "x.parquet"),
+                     "cannot import")
+    assert_bad_input(run("record", "-o", tmp_path / "x.parquet"), "exactly one of")
+    bad = tmp_path / "w.toml"
+    bad.write_text("requests = [ { id = 'a', prompt_len = -3 } ]")
+    assert_bad_input(run("record", "--workload", bad, "-o", tmp_path / "x.parquet"), "prompt_len: must be >= 1")
+    bad.write_text("this is = not toml [")
+    assert_bad_input(run("record", "--workload", bad, "-o", tmp_path / "x.parquet"), "not valid TOML")
+    bad_json = tmp_path / "w.json"
+    bad_json.write_text(json.dumps({"requests": [{"id": "a"}], "config": {"max_num_seqs": "many"}}))
+    assert_bad_input(run("record", "--workload", bad_json, "-o", tmp_path / "x.parquet"), "max_num_seqs must be an integer")
+    assert_bad_input(run("diff", recorded["upstream"], recorded["upstream"], recorded["upstream"]), "one or two traces")
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_failed_record_keeps_an_existing_trace(tmp_path, recorded):
+    target = tmp_path / "keep.parquet"
+    target.write_bytes(recorded["upstream"].read_bytes())
+    before = target.read_bytes()
+    assert run("record", "--scenario", "nope", "-o", target).exit_code == 2
+    assert target.read_bytes() == before
+
+
+def test_workload_file_round_trip(tmp_path):
+    wl = tmp_path / "mine.toml"
+    wl.write_text("""
+name = "mine"
+seed = 3
+acceptance = "random:0.5"
+[config]
+max_num_batched_tokens = 24
+num_spec_tokens = 2
+[[requests]]
+id = "a"
+prompt_len = 30
+max_tokens = 8
+[[requests]]
+id = "b"
+arrival_step = 2
+prompt_len = 4
+max_tokens = 12
+abort_step = 6
+""")
+    out = tmp_path / "mine.parquet"
+    result = run("record", "--workload", wl, "-o", out)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(run("info", out, "--format", "json").output)
+    assert doc["config"]["max_num_batched_tokens"] == 24 and doc["requests"] == 2
+
+
+def test_cuda_without_gpu_is_bad_input(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert_bad_input(run("record", "--scenario", "reentry", "--device", "cuda", "-o", tmp_path / "x.parquet"),
+                     "CUDA is not available")
