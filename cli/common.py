@@ -17,6 +17,7 @@ import click
 from specreplay.traces.errors import InputError
 
 EXIT_OK, EXIT_FINDINGS, EXIT_INPUT = 0, 1, 2
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

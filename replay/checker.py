@@ -388,5 +388,15 @@ def check_trace(trace: Trace) -> list[Finding]:
             continue
         seen_checks.add(inv.check)
         findings.extend(inv.check(rows))
-    findings.sort(key=lambda f: (f.step, f.request_id or "", f.code))
+    findings.sort(key=lambda f: (f.step, f.request_id or "", _RANK.get(f.code, len(_RANK)), f.code))
     return findings
+
+
+# Within one step and request, the finding that explains the others comes first: an edited
+# output, then the two views disagreeing, then what follows from it (KV, placeholders, tokens).
+_RANK = {code: i for i, code in enumerate((
+    "X5-negative-input-id", "S5-draft-provenance", "X10-scheduler-output-mutated", "X11-executed-other-work",
+    "X2-sched-worker-computed", "S3-scheduler-computed-tokens", "X2-worker-kv-position",
+    "X2-worker-position-mismatch", "S2-placeholder-count", "S4-decode-identity", "S1-placeholders-nonnegative",
+    "X3-output-length", "X1-batch-membership", "S7-draft-slot-count", "S6-token-budget", "X5-placeholder-drafts",
+    "K1-kv-content", "T1-wrong-token"))}

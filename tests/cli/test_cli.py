@@ -160,3 +160,38 @@ def test_cuda_without_gpu_is_bad_input(tmp_path):
         pytest.skip("this machine has CUDA")
     assert_bad_input(run("record", "--scenario", "reentry", "--device", "cuda", "-o", tmp_path / "x.parquet"),
                      "CUDA is not available")
+
+
+def test_same_trace_across_processes_and_hash_seeds(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from specreplay.traces.io import read_trace
+
+    paths = []
+    for seed in ("1", "2"):
+        path = tmp_path / f"r{seed}.parquet"
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-m", "specreplay.cli", "record", "--scenario", "random", "--seed", "5",
+                        "-o", str(path)], check=True, env=env, capture_output=True)
+        paths.append(path)
+    assert read_trace(paths[0]).content_equals(read_trace(paths[1]))
+
+
+def test_compare_reports_each_variant(tmp_path):
+    result = run("compare", "--scenario", "reentry", "-o", tmp_path, "--format", "json")
+    assert result.exit_code == 0, result.output
+    verdicts = {r["impl"]: r["verdict"] for r in json.loads(result.output)["results"]}
+    assert verdicts == {"upstream": "wasteful", "pr30796": "diverged", "pr30796-copy": "diverged", "sched-clear": "ok"}
+
+
+def test_help_and_diff_do_not_import_torch(tmp_path, recorded):
+    import subprocess
+    import sys
+
+    code = ("import sys; from specreplay.cli.main import main\n"
+            "try:\n    main([%r, %r, '--format', 'json'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)") % ("diff", str(recorded["upstream"]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("False")

@@ -1,0 +1,88 @@
+"""`specreplay diff`: one trace against its own views and ground truth, or two traces against each other.
+
+Where it sits: cli over traces -> **diff**. Calls `replay.checker.check_trace` or
+`replay.tracediff.diff_traces`, renders findings, and sets the exit code from `--fail-on`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from specreplay.cli.common import CONTEXT, EXIT_FINDINGS, EXIT_OK, console, fail_on_option, format_option, handle_errors
+from specreplay.traces.errors import InputError
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("traces", nargs=-1, required=True, type=click.Path(path_type=Path))
+@format_option
+@fail_on_option
+@click.option("--story/--no-story", default=True, show_default=True, help="Show the first finding's request story.")
+@handle_errors
+def diff(traces, fmt, fail_on, story) -> None:
+    """One trace: scheduler view against worker view and ground truth.
+    Two traces: the first step, request and field where they part.
+
+    Exit 0: nothing at or above --fail-on; 1: findings; 2: bad input.
+
+    \b
+    Example:
+      specreplay diff pr30796.parquet
+      specreplay diff upstream.parquet sched-clear.parquet --format json
+    """
+    from specreplay.cli.render import code_counts, findings_json, findings_lines, story_table, trace_header
+    from specreplay.replay.findings import fails, verdict
+    from specreplay.traces.io import read_trace
+
+    if len(traces) > 2:
+        raise InputError(f"diff takes one or two traces, got {len(traces)}")
+    loaded = [read_trace(p) for p in traces]
+    out = console()
+    if len(loaded) == 1:
+        from specreplay.replay.checker import check_trace
+
+        trace = loaded[0]
+        findings = check_trace(trace)
+        if fmt == "json":
+            click.echo(findings_json(findings, {"trace": str(traces[0]), "impl": trace.impl_name}))
+        else:
+            out.print(trace_header(trace, str(traces[0])))
+            if not findings:
+                out.print("verdict: ok - the scheduler view, the worker view and the KV cache agree at every step")
+            else:
+                first = next((f for f in findings if f.severity == "error"), findings[0])
+                out.print(f"verdict: {verdict(findings)} - {len(findings)} findings ({code_counts(findings)})")
+                out.print(f"first divergence: step {first.step}, request {first.request_id!r}, {first.field}: "
+                          f"{first.message}")
+                for line in findings_lines(findings):
+                    out.print(line, soft_wrap=True)
+                if story and first.request_id is not None:
+                    out.print(story_table(trace, first.request_id, first.step))
+        sys.exit(EXIT_FINDINGS if fails(findings, fail_on) else EXIT_OK)
+    from specreplay.replay.tracediff import diff_traces
+
+    result = diff_traces(*loaded)
+    if fmt == "json":
+        click.echo(findings_json(result.findings, {"a": str(traces[0]), "b": str(traces[1]),
+                                                   "differing_rows_per_field": dict(result.fields),
+                                                   "rows_only_in_a": result.only_a, "rows_only_in_b": result.only_b},
+                                 verdict_text="same" if result.same else "differ"))
+    else:
+        out.print(trace_header(loaded[0], "A " + str(traces[0])))
+        out.print(trace_header(loaded[1], "B " + str(traces[1])))
+        if result.same:
+            out.print(f"verdict: same - {result.rows_compared} rows compared, no difference")
+        else:
+            f = result.first
+            out.print(f"verdict: differ - first at step {f.step}, request {f.request_id!r}, field {f.field}: "
+                      f"{f.scheduler!r} in A, {f.worker!r} in B")
+            out.print("first difference per field (scheduler = A, worker = B):")
+            for line in findings_lines(result.findings):
+                out.print(line, soft_wrap=True)
+            summary = ", ".join(f"{name} x{n}" for name, n in result.fields.most_common())
+            out.print(f"differing rows per field: {summary}")
+    sys.exit(EXIT_FINDINGS if (not result.same and fail_on != "never") else EXIT_OK)
+
+

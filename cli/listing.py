@@ -1,0 +1,100 @@
+"""`specreplay info`, `scenarios`, `impls`, `codes`, `schema`: what a trace holds and what the tool knows.
+
+Where it sits: cli, beside the main path; read-only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from specreplay.cli.common import CONTEXT, console, format_option, handle_errors
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("trace_path", type=click.Path(path_type=Path))
+@format_option
+@handle_errors
+def info(trace_path, fmt) -> None:
+    """What a trace holds: workload, config, implementation, outcome, size.
+
+    \b
+    Example:
+      specreplay info reentry.parquet
+    """
+    import json
+
+    from specreplay.cli.render import trace_header
+    from specreplay.traces.io import read_trace
+
+    trace = read_trace(trace_path)
+    doc = {"path": str(trace_path), "schema_version": trace.schema_version, "specreplay_version": trace.version,
+           "impl": trace.impl, "config": trace.config, "outcome": trace.outcome, "seed": trace.seed,
+           "device": trace.device, "steps": trace.num_steps, "rows": trace.table.num_rows,
+           "requests": len(trace.workload.get("requests", [])), "bytes": trace_path.stat().st_size,
+           "volatile": trace.volatile}
+    if fmt == "json":
+        click.echo(json.dumps(doc, indent=2))
+        return
+    out = console()
+    out.print(trace_header(trace, str(trace_path)))
+    for key in ("schema_version", "specreplay_version", "impl", "config", "outcome", "seed", "device",
+                "requests", "bytes", "volatile"):
+        out.print(f"  {key}: {doc[key]}")
+
+
+@click.command(context_settings=CONTEXT)
+def scenarios() -> None:
+    """List the built-in scenarios.
+
+    \b
+    Example:
+      specreplay record --scenario random --seed 7 -o random7.parquet
+    """
+    from specreplay.replay.scenarios import SCENARIOS
+
+    for s in SCENARIOS.values():
+        click.echo(f"{s.name:14} {s.summary}")
+
+
+@click.command(context_settings=CONTEXT)
+def impls() -> None:
+    """List the registered implementations (also: any module:attr of your own).
+
+    \b
+    Example:
+      specreplay record --scenario reentry --impl mypkg.fix:MyScheduler -o mine.parquet
+    """
+    from specreplay.replay.impls import registry
+
+    for impl in registry().values():
+        click.echo(f"{impl.name:14} [{impl.executor}] {impl.description}")
+
+
+@click.command(context_settings=CONTEXT)
+def codes() -> None:
+    """List the checker's finding codes with severity and statement.
+
+    \b
+    Example:
+      specreplay codes
+    """
+    from specreplay.replay.checker import all_codes
+
+    for code, severity, statement, source in all_codes():
+        click.echo(f"{code:30} {severity:8} {statement} [{source}]")
+
+
+@click.command(context_settings=CONTEXT)
+def schema() -> None:
+    """Print the trace schema as a markdown table.
+
+    \b
+    Example:
+      specreplay schema > docs/schema.md
+    """
+    from specreplay.traces import schema as trace_schema
+
+    click.echo(f"Trace schema v{trace_schema.SCHEMA_VERSION}\n")
+    click.echo(trace_schema.markdown_table())

@@ -1,0 +1,168 @@
+"""`specreplay record`, `replay` and `compare`: run workloads through implementations into traces.
+
+Where it sits: cli over **record** -> traces. Each command builds a workload (scenario, file, or a
+trace's metadata), runs it with `replay.engine.run_workload`, writes the trace, and prints a
+one-line check summary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from specreplay.cli.common import CONTEXT, check_device, console, device_option, executor_option, handle_errors, progress
+from specreplay.traces.errors import InputError
+
+
+def _run(workload, impl_name: str, executor: str | None, device: str, output: Path, allow_import: bool):
+    from specreplay.replay.engine import run_workload
+    from specreplay.replay.impls import resolve
+    from specreplay.traces.io import write_trace
+
+    impl = resolve(impl_name, allow_import=allow_import, executor=executor)
+    check_device(device)
+    if output.exists() and output.is_dir():
+        raise InputError(f"{output}: is a directory; -o takes a file path like out.parquet")
+    with progress(f"{workload.name} via {impl.name}") as update:
+        trace = run_workload(workload, impl, device=device, progress=update)
+    write_trace(trace, output)
+    return trace
+
+
+def _workload(scenario: str | None, workload_file: Path | None, seed: int):
+    from specreplay.replay.scenarios import build_scenario
+    from specreplay.replay.workload import load_workload
+
+    if (scenario is None) == (workload_file is None):
+        raise InputError("give exactly one of --scenario NAME or --workload FILE")
+    return build_scenario(scenario, seed) if scenario else load_workload(workload_file)
+
+
+def _summary(trace, output: Path) -> None:
+    from specreplay.cli.render import code_counts
+    from specreplay.replay.checker import check_trace
+    from specreplay.replay.findings import verdict
+
+    findings = check_trace(trace)
+    line = (f"wrote {output}: {trace.num_steps} steps, {trace.table.num_rows} rows, outcome "
+            f"{trace.outcome.get('status')}; check: {verdict(findings)}")
+    if findings:
+        line += f" ({code_counts(findings)}); see `specreplay diff {output}`"
+    click.echo(line)
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--scenario", help="A built-in scenario (see `specreplay scenarios`).")
+@click.option("--workload", "workload_file", type=click.Path(path_type=Path), help="A workload file (TOML or JSON).")
+@click.option("--impl", "impl_name", default="upstream", show_default=True,
+              help="Implementation: a name from `specreplay impls`, or module:attr.")
+@executor_option
+@device_option
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for the scenario's workload.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Trace file to write (.parquet).")
+@handle_errors
+def record(scenario, workload_file, impl_name, executor, device, seed, output) -> None:
+    """Run a workload through an implementation and record both views to a Parquet trace.
+
+    \b
+    Example:
+      specreplay record --scenario reentry --impl pr30796 -o pr30796.parquet
+    """
+    workload = _workload(scenario, workload_file, seed)
+    trace = _run(workload, impl_name, executor, device, output, allow_import=True)
+    _summary(trace, output)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("trace_path", type=click.Path(path_type=Path))
+@click.option("--impl", "impl_name", default=None, help="Implementation to replay through (default: the trace's own).")
+@executor_option
+@device_option
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Trace file to write.")
+@handle_errors
+def replay(trace_path, impl_name, executor, device, output) -> None:
+    """Replay a recorded trace's workload and outcomes through another implementation.
+
+    \b
+    Example:
+      specreplay replay reentry.parquet --impl sched-clear -o fixed.parquet
+    """
+    from specreplay.replay.workload import Workload
+    from specreplay.traces.io import read_trace
+
+    source = read_trace(trace_path)
+    workload = Workload.from_dict(source.workload, f"{trace_path}: workload metadata")
+    name = impl_name or source.impl_name
+    trace = _run(workload, name, executor, device, output, allow_import=impl_name is not None)
+    _summary(trace, output)
+
+
+
+
+DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--scenario", help="A built-in scenario (see `specreplay scenarios`).")
+@click.option("--workload", "workload_file", type=click.Path(path_type=Path), help="A workload file (TOML or JSON).")
+@click.option("--impls", "impl_names", default=",".join(DEFAULT_COMPARE), show_default=True,
+              help="Comma-separated implementations to record side by side.")
+@device_option
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for the scenario's workload.")
+@click.option("-o", "--output-dir", type=click.Path(path_type=Path), default=Path("specreplay-traces"),
+              show_default=True, help="Folder for the traces, one per implementation.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@handle_errors
+def compare(scenario, workload_file, impl_names, device, seed, output_dir, fmt) -> None:
+    """Record one workload under several implementations and show each one's verdict side by side.
+
+    Exit 0 whatever the verdicts (it is a report); 2 on bad input. `specreplay diff TRACE` shows
+    the findings of one of them in full.
+
+    \b
+    Example:
+      specreplay compare --scenario reentry
+      specreplay compare --scenario random --seed 7 --impls upstream,sched-clear
+    """
+    import json
+
+    from rich.table import Table
+
+    from specreplay.replay.checker import check_trace
+    from specreplay.replay.findings import verdict
+
+    workload = _workload(scenario, workload_file, seed)
+    names = [n.strip() for n in impl_names.split(",") if n.strip()]
+    if not names:
+        raise InputError("--impls: give at least one implementation name")
+    if output_dir.exists() and not output_dir.is_dir():
+        raise InputError(f"{output_dir}: exists and is not a folder")
+    rows = []
+    for name in names:
+        path = output_dir / f"{workload.name}-{name.replace(':', '_').replace('/', '_')}.parquet"
+        trace = _run(workload, name, None, device, path, allow_import=True)
+        findings = check_trace(trace)
+        first = next((f for f in findings if f.severity == "error"), findings[0] if findings else None)
+        rows.append({"impl": name, "executor": trace.impl.get("executor"), "verdict": verdict(findings),
+                     "errors": sum(f.severity == "error" for f in findings),
+                     "warnings": sum(f.severity == "warning" for f in findings),
+                     "first": None if first is None else first.to_dict(), "trace": str(path),
+                     "outcome": trace.outcome.get("status")})
+    if fmt == "json":
+        click.echo(json.dumps({"workload": workload.name, "results": rows}, indent=2, default=str))
+        return
+    table = Table(title=f"{workload.name}: {len(workload.requests)} requests, "
+                        f"{'async' if workload.config.async_scheduling else 'sync'}, "
+                        f"budget {workload.config.max_num_batched_tokens}, k={workload.config.num_spec_tokens}",
+                  title_justify="left")
+    for column in ("impl", "verdict", "errors", "warnings", "first finding", "trace"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        f = row["first"]
+        first = "-" if f is None else f"step {f['step']} req {f['request_id']} {f['code']}"
+        table.add_row(row["impl"], row["verdict"] + ("" if row["outcome"] == "completed" else f" ({row['outcome']})"),
+                      str(row["errors"]), str(row["warnings"]), first, row["trace"])
+    out = console()
+    out.print(table)
+    out.print("details: specreplay diff TRACE   (exit 1 when it finds errors)")
