@@ -336,8 +336,12 @@ def check_crash(rows: TraceRows) -> Iterator[Finding]:
     marker = "request '"
     if marker in message:
         rid = message.split(marker, 1)[1].split("'", 1)[0]
-    yield Finding("X5-negative-input-id", "error", rows.crash_step, rid, "input_ids", None, -1,
-                  f"{message}: on a GPU a device-side assert, the engine dies")
+    if rows.trace.outcome.get("kind", "negative-input-id") == "negative-input-id":
+        yield Finding("X5-negative-input-id", "error", rows.crash_step, rid, "input_ids", None, -1,
+                      f"{message}: on a GPU a device-side assert, the engine dies")
+    else:
+        yield Finding("E1-engine-crash", "error", rows.crash_step, rid, "scheduler_output", None, None,
+                      f"the engine dies at step {rows.crash_step}: {message}")
 
 
 INVARIANTS: tuple[Invariant, ...] = (
@@ -356,6 +360,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("T1-wrong-token", "error", "applied tokens equal the expected sequence", "ground truth", check_tokens),
     Invariant("K1-kv-content", "error", "valid KV positions hold the expected tokens", "ground truth", check_kv_truth),
     Invariant("X5-negative-input-id", "error", "no negative id reaches the embedding", "INV-X5", check_crash),
+    Invariant("E1-engine-crash", "error", "the worker can execute every SchedulerOutput", "engine", check_crash),
 )
 
 #: Codes produced by `check_computed_tokens` besides S3 (documented in `specreplay codes`).
@@ -395,7 +400,7 @@ def check_trace(trace: Trace) -> list[Finding]:
 # Within one step and request, the finding that explains the others comes first: an edited
 # output, then the two views disagreeing, then what follows from it (KV, placeholders, tokens).
 _RANK = {code: i for i, code in enumerate((
-    "X5-negative-input-id", "S5-draft-provenance", "X10-scheduler-output-mutated", "X11-executed-other-work",
+    "X5-negative-input-id", "E1-engine-crash", "S5-draft-provenance", "X10-scheduler-output-mutated", "X11-executed-other-work",
     "X2-sched-worker-computed", "S3-scheduler-computed-tokens", "X2-worker-kv-position",
     "X2-worker-position-mismatch", "S2-placeholder-count", "S4-decode-identity", "S1-placeholders-nonnegative",
     "X3-output-length", "X1-batch-membership", "S7-draft-slot-count", "S6-token-budget", "X5-placeholder-drafts",

@@ -28,7 +28,7 @@ ProgressFn = Callable[[int, int], None]  # (steps done, max steps)
 def run_workload(workload: Workload, impl: Implementation, device: str = "cpu",
                  progress: ProgressFn | None = None) -> Trace:
     """Run `workload` through `impl` and return the recorded trace."""
-    from specreplay.replay.runner import NegativeInputIdError  # torch is imported here, not at CLI start
+    from specreplay.replay.runner import EngineCrash  # torch is imported here, not at CLI start
 
     config = workload.config
     oracle = Oracle(workload)
@@ -60,8 +60,8 @@ def run_workload(workload: Workload, impl: Implementation, device: str = "cpu",
             rec.record_schedule(out, sched)
             try:
                 result = runner.execute_model(impl.deliver(out))
-            except NegativeInputIdError as exc:
-                outcome = {"status": "crashed", "step": step, "message": str(exc)}
+            except EngineCrash as exc:
+                outcome = {"status": "crashed", "step": step, "kind": exc.kind, "message": str(exc)}
                 break
             rec.record_worker(step, runner.view)
             queue.appendleft((out, result))

@@ -36,9 +36,23 @@ from specreplay.replay.model import TargetModel
 from specreplay.replay.oracle import Oracle
 
 
-class NegativeInputIdError(RuntimeError):
-    """A negative token id reached the embedding lookup: on a GPU, a device-side assert that
-    kills the engine. The engine records it as a crash at this step."""
+class EngineCrash(RuntimeError):
+    """Something the real engine would die on. The engine loop records it as the run's outcome
+    (`crashed`, with the step and this message) and stops; the checker reports it."""
+
+    kind = "engine-crash"
+
+
+class NegativeInputIdError(EngineCrash):
+    """A negative token id reached the embedding lookup: on a GPU, a device-side assert."""
+
+    kind = "negative-input-id"
+
+
+class MalformedSchedulerOutput(EngineCrash):
+    """The SchedulerOutput cannot be executed (more draft slots than scheduled tokens)."""
+
+    kind = "malformed-scheduler-output"
 
 
 @dataclass
@@ -288,6 +302,9 @@ class GPUModelRunner:
         for x, rid in enumerate(rows):
             n = out.num_scheduled_tokens[rid]
             d = len(out.scheduled_spec_decode_tokens.get(rid, ()))
+            if d >= n:
+                raise MalformedSchedulerOutput(
+                    f"request {rid!r} has {d} draft slots inside {n} scheduled tokens at step {out.step}")
             cpu_start = self.batch.num_computed_tokens_cpu[x]
             prev_row = prev_map.get(rid, -1) if self.use_async else -1
             start = cpu_start

@@ -1,0 +1,114 @@
+"""`specreplay gate`: the CI regression gate over a corpus of golden traces.
+
+Where it sits: cli over the whole path, for many traces at once. Calls `replay.gate.run_gate`
+(or `update_goldens` with --update) and renders with `cli/gate_reports.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from specreplay.cli.common import CONTEXT, EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, console, device_option, executor_option, handle_errors
+from specreplay.traces.errors import InputError
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--impl", "impl_name", default=None,
+              help="Implementation under test (default: each golden's own). A registry name or module:attr.")
+@executor_option
+@device_option
+@click.option("--fail-on", type=click.Choice(["error", "warning", "never"]), default="error", show_default=True,
+              help="Invariant findings at or above this severity fail a trace.")
+@click.option("--allow-changed", is_flag=True, help="Behaviour that differs from the golden does not fail the gate.")
+@click.option("--update", is_flag=True, help="Rewrite the goldens from the implementation under test.")
+@click.option("--junit", "junit_file", type=click.Path(path_type=Path), help="Write JUnit XML here.")
+@click.option("--github", is_flag=True, help="Print GitHub workflow annotations; write $GITHUB_STEP_SUMMARY if set.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--jobs", type=click.IntRange(1, 64), default=1, show_default=True, help="Replay in N processes.")
+@handle_errors
+def gate(paths, impl_name, executor, device, fail_on, allow_changed, update, junit_file, github, fmt, jobs) -> None:
+    """Replay golden traces (files or folders; default: the shipped corpus) through an
+    implementation, check every invariant, and compare with the golden.
+
+    Per trace: pass; fail (findings at or above --fail-on); changed (differs from the golden, no
+    failing finding); error (unreadable golden, unknown implementation). Exit 0 when all pass,
+    1 on any fail or changed (changed allowed with --allow-changed), 2 on any error or bad usage.
+
+    \b
+    Example:
+      specreplay gate --impl sched-clear --allow-changed --junit gate.xml
+      specreplay gate goldens/ --impl mypkg.sched:Fixed --jobs 2
+    """
+    from specreplay.cli.common import check_device
+    from specreplay.replay.gate import GateOptions, corpus_dir, run_gate, update_goldens
+
+    check_device(device)
+    options = GateOptions(impl=impl_name, executor=executor, fail_on=fail_on, device=device)
+    targets = list(paths) or [corpus_dir()]
+    if update:
+        _print_updates(update_goldens(targets, options))
+        return
+    results = run_gate(targets, options, jobs=jobs)
+    _report(results, fmt, junit_file, github)
+    outcome = {r.result for r in results}
+    if "error" in outcome:
+        sys.exit(EXIT_INPUT)
+    if "fail" in outcome or ("changed" in outcome and not allow_changed):
+        sys.exit(EXIT_FINDINGS)
+    sys.exit(EXIT_OK)
+
+
+def _report(results, fmt: str, junit_file: Path | None, github: bool) -> None:
+    from specreplay.cli import gate_reports
+
+    if junit_file is not None:
+        try:
+            junit_file.write_text(gate_reports.junit_xml(results))
+        except OSError as exc:
+            raise InputError(f"--junit {junit_file}: cannot write ({exc.strerror or exc})") from None
+    if github:
+        for line in gate_reports.github_annotations(results):
+            click.echo(line)
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary:
+            with open(summary, "a", encoding="utf-8") as fh:
+                fh.write(gate_reports.markdown_summary(results))
+    if fmt == "json":
+        click.echo(gate_reports.gate_json(results))
+        return
+    from rich.table import Table
+
+    c = gate_reports.counts(results)
+    table = Table(title=f"specreplay gate: {len(results)} traces, {c['pass']} pass, {c['fail']} fail, "
+                        f"{c['changed']} changed, {c['error']} error", title_justify="left")
+    for column in ("trace", "impl", "result", "findings", "first finding / why"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        first = r.first
+        why = r.message if r.result in ("error", "changed") or first is None else \
+            f"step {first.step} req {first.request_id} {first.code}"
+        if r.notes:
+            why += "  [" + "; ".join(r.notes) + "]"
+        errors = sum(f.severity == "error" for f in r.findings)
+        warnings = len(r.findings) - errors
+        table.add_row(Path(r.path).name, r.impl, r.result, f"{errors} err, {warnings} warn", why)
+    console().print(table)
+
+
+def _print_updates(updates) -> None:
+    for u in updates:
+        if u.status == "error":
+            click.echo(f"error   {u.path}: {u.message}")
+        elif u.status == "unchanged":
+            click.echo(f"same    {u.path}")
+        else:
+            what = u.message or (f"first change at step {u.first.step}, request {u.first.request_id}, {u.first.field}; "
+                                 + ", ".join(f"{k} x{v}" for k, v in sorted(u.changed_fields.items())))
+            click.echo(f"updated {u.path}: {what}")
+    if any(u.status == "error" for u in updates):
+        sys.exit(EXIT_INPUT)

@@ -1,0 +1,115 @@
+"""Gate reports for CI systems: JUnit XML, GitHub workflow annotations and step summary, JSON.
+
+Where it sits: cli, the rendering end of `specreplay gate`; takes `GateResult`s, returns text.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+from specreplay.replay.gate import GateResult
+
+ANNOTATIONS_PER_KIND = 10
+SUMMARY_LIMIT = 200_000  # bytes; GitHub accepts 1 MiB per step summary
+
+
+def counts(results: list[GateResult]) -> Counter:
+    return Counter(r.result for r in results)
+
+
+def junit_xml(results: list[GateResult]) -> str:
+    """One testcase per trace, and one per finding code inside it."""
+    suite = ET.Element("testsuite", name="specreplay-gate")
+    tests = failures = errors = 0
+    for r in results:
+        name = Path(r.path).name
+        case = ET.SubElement(suite, "testcase", classname="specreplay.gate", name=name)
+        tests += 1
+        if r.result == "error":
+            errors += 1
+            ET.SubElement(case, "error", message=r.message, type="error").text = r.message
+        elif r.result in ("fail", "changed"):
+            failures += 1
+            body = r.message + ("\n" + "\n".join(r.notes) if r.notes else "")
+            ET.SubElement(case, "failure", message=r.message, type=r.result).text = body
+        for code, items in _by_code(r).items():
+            sub = ET.SubElement(suite, "testcase", classname=f"specreplay.gate.{name}", name=code)
+            tests += 1
+            first = items[0]
+            kind = "failure" if first.severity == "error" else "skipped"
+            if kind == "failure":
+                failures += 1
+            text = "\n".join(f"step {f.step} request {f.request_id}: {f.message}" for f in items[:20])
+            if len(items) > 20:
+                text += f"\n... and {len(items) - 20} more"
+            ET.SubElement(sub, kind, message=f"{len(items)} x {code}: {first.message}").text = text
+    suite.set("tests", str(tests))
+    suite.set("failures", str(failures))
+    suite.set("errors", str(errors))
+    suite.set("skipped", str(sum(1 for c in suite.iter("skipped"))))
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+def _by_code(r: GateResult) -> dict:
+    out: dict = {}
+    for f in r.findings:
+        out.setdefault(f.code, []).append(f)
+    return out
+
+
+def github_annotations(results: list[GateResult]) -> list[str]:
+    """Workflow commands: at most 10 per kind, the rest counted in one notice."""
+    lines: list[str] = []
+    emitted: Counter = Counter()
+    dropped: Counter = Counter()
+    for r in results:
+        kind = {"fail": "error", "error": "error", "changed": "warning"}.get(r.result)
+        if kind is None:
+            continue
+        if emitted[kind] >= ANNOTATIONS_PER_KIND:
+            dropped[kind] += 1
+            continue
+        emitted[kind] += 1
+        title = f"specreplay gate: {r.result}"
+        lines.append(f"::{kind} file={_escape_property(r.path)},title={_escape_property(title)}::{_escape(r.message)}")
+    for kind, n in sorted(dropped.items()):
+        lines.append(f"::notice title=specreplay gate::{n} more {kind} annotations not shown")
+    return lines
+
+
+def _escape(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def markdown_summary(results: list[GateResult]) -> str:
+    c = counts(results)
+    lines = ["## specreplay gate", "",
+             f"{len(results)} traces: {c['pass']} pass, {c['fail']} fail, {c['changed']} changed, {c['error']} error", "",
+             "| trace | result | first finding |", "| --- | --- | --- |"]
+    size = sum(len(line) + 1 for line in lines)
+    for i, r in enumerate(results):
+        first = r.first
+        cell = "-" if first is None else f"step {first.step} req {first.request_id} `{first.code}`"
+        if r.result == "error":
+            cell = r.message
+        line = f"| {Path(r.path).name} | {r.result} | {cell.replace('|', '/')} |"
+        if size + len(line) > SUMMARY_LIMIT:
+            lines.append(f"| ... {len(results) - i} more traces | | |")
+            break
+        lines.append(line)
+        size += len(line) + 1
+    return "\n".join(lines) + "\n"
+
+
+def gate_json(results: list[GateResult]) -> str:
+    c = counts(results)
+    return json.dumps({"counts": {k: c[k] for k in ("pass", "fail", "changed", "error")},
+                       "results": [r.to_dict() for r in results]}, indent=2, default=str)

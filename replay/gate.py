@@ -1,0 +1,168 @@
+"""The regression gate: replay each golden trace through an implementation, check it, compare it.
+
+Where it sits: traces -> replay -> **diff**, over a corpus. `run_gate` returns one `GateResult`
+per golden (pass, fail, changed or error) and never prints; `cli/gate.py` renders the results
+(table, JSON, JUnit XML, GitHub annotations). `update_goldens` rewrites goldens from the current
+implementation and says what changed.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specreplay.replay.findings import Finding, fails
+from specreplay.traces.errors import InputError
+
+RESULTS = ("pass", "fail", "changed", "error")
+
+
+def corpus_dir() -> Path:
+    """The starter corpus shipped with the package."""
+    return Path(__file__).resolve().parent / "corpus"
+
+
+def collect(paths: list[Path]) -> list[Path]:
+    """Trace files named directly, and the *.parquet files of named folders (sorted)."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found.extend(sorted(p for p in path.glob("*.parquet") if p.is_file()))
+        elif path.exists():
+            found.append(path)
+        else:
+            raise InputError(f"{path}: no such trace file or folder")
+    if not found:
+        raise InputError("no traces to gate: " + ", ".join(str(p) for p in paths) + " hold no *.parquet files")
+    return found
+
+
+@dataclass
+class GateResult:
+    path: str
+    result: str  # pass | fail | changed | error
+    impl: str = ""
+    golden_impl: str = ""
+    findings: list[Finding] = field(default_factory=list)  # invariant findings of the new trace
+    changes: list[Finding] = field(default_factory=list)  # first difference per field, golden vs new
+    changed_fields: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # fingerprint mismatches and the like
+    message: str = ""  # one line: why, for fail / changed / error
+
+    @property
+    def first(self) -> Finding | None:
+        pool = self.findings or self.changes
+        return next((f for f in pool if f.severity == "error"), pool[0] if pool else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["findings"] = [f.to_dict() for f in self.findings]
+        doc["changes"] = [f.to_dict() for f in self.changes]
+        return doc
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    impl: str | None = None  # None: each golden's own implementation (registry names only)
+    executor: str | None = None
+    fail_on: str = "error"
+    device: str = "cpu"
+
+
+def fingerprint(trace) -> dict[str, Any]:
+    """What made a trace: engine, implementation, config, specreplay version."""
+    return {"engine": trace.impl.get("models", "?"), "impl": trace.impl_name,
+            "executor": trace.impl.get("executor"), "config": trace.config, "specreplay": trace.version}
+
+
+def gate_one(path: str, options: GateOptions) -> GateResult:
+    """Replay one golden through the implementation under test. Never raises for bad input."""
+    from specreplay.replay.checker import check_trace
+    from specreplay.replay.engine import run_workload
+    from specreplay.replay.impls import resolve
+    from specreplay.replay.tracediff import diff_traces
+    from specreplay.replay.workload import Workload
+    from specreplay.traces.io import read_trace
+    from specreplay.traces.trace import package_version
+
+    try:
+        golden = read_trace(path)
+        workload = Workload.from_dict(golden.workload, f"{path}: workload metadata")
+        impl = resolve(options.impl or golden.impl_name, allow_import=options.impl is not None,
+                       executor=options.executor)
+        trace = run_workload(workload, impl, device=options.device)
+    except InputError as exc:
+        return GateResult(path, "error", impl=options.impl or "", message=str(exc))
+    result = GateResult(path, "pass", impl=impl.name, golden_impl=golden.impl_name)
+    made_by = fingerprint(golden)
+    if made_by["impl"] != impl.name:
+        result.notes.append(f"golden made by {made_by['impl']}, gating {impl.name}")
+    if made_by["executor"] != trace.impl.get("executor"):
+        result.notes.append(f"golden made with the {made_by['executor']} executor, gating {trace.impl.get('executor')}")
+    if made_by["specreplay"] != package_version():
+        result.notes.append(f"golden made by specreplay {made_by['specreplay']}, this is {package_version()}")
+    result.findings = check_trace(trace)
+    diff = diff_traces(golden, trace)
+    result.changes = diff.findings
+    result.changed_fields = dict(diff.fields)
+    if fails(result.findings, options.fail_on):
+        result.result = "fail"
+        first = result.first
+        result.message = f"{first.code} at step {first.step}, request {first.request_id}: {first.message}"
+    elif not diff.same:
+        result.result = "changed"
+        f = diff.first
+        result.message = (f"behaviour differs from the golden from step {f.step}, request {f.request_id}, "
+                          f"{f.field}: {f.scheduler!r} in the golden, {f.worker!r} now")
+    return result
+
+
+def run_gate(paths: list[Path], options: GateOptions, jobs: int = 1) -> list[GateResult]:
+    """Gate every trace under `paths`; results in path order whatever `jobs` is."""
+    files = [str(p) for p in collect(paths)]
+    if jobs <= 1 or len(files) == 1:
+        return [gate_one(f, options) for f in files]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(files), os.cpu_count() or 1)) as pool:
+        return list(pool.map(gate_one, files, [options] * len(files)))
+
+
+@dataclass
+class UpdateResult:
+    path: str
+    status: str  # unchanged | updated | error
+    changed_fields: dict[str, int] = field(default_factory=dict)
+    first: Finding | None = None
+    message: str = ""
+
+
+def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult]:
+    """Re-record each golden from the implementation under test and write it in place."""
+    from specreplay.replay.engine import run_workload
+    from specreplay.replay.impls import resolve
+    from specreplay.replay.tracediff import diff_traces
+    from specreplay.replay.workload import Workload
+    from specreplay.traces.io import read_trace, write_trace
+
+    out: list[UpdateResult] = []
+    for path in collect(paths):
+        try:
+            golden = read_trace(path)
+            workload = Workload.from_dict(golden.workload, f"{path}: workload metadata")
+            impl = resolve(options.impl or golden.impl_name, allow_import=options.impl is not None,
+                           executor=options.executor)
+            trace = run_workload(workload, impl, device=options.device)
+        except InputError as exc:
+            out.append(UpdateResult(str(path), "error", message=str(exc)))
+            continue
+        diff = diff_traces(golden, trace)
+        same_meta = golden.content_equals(trace)
+        if diff.same and same_meta:
+            out.append(UpdateResult(str(path), "unchanged"))
+            continue
+        write_trace(trace, path)
+        out.append(UpdateResult(str(path), "updated", dict(diff.fields), diff.first,
+                                "metadata only (implementation, version or config stamp)" if diff.same else ""))
+    return out
