@@ -25,18 +25,23 @@ def _run(workload, impl_name: str, executor: str | None, device: str, output: Pa
     if output.exists() and output.is_dir():
         raise InputError(f"{output}: is a directory; -o takes a file path like out.parquet")
     with progress(f"{workload.name} via {impl.name}") as update:
-        trace = run_workload(workload, impl, device=device, progress=update)
+        trace = run_workload(workload, impl, device=device, progress=update)  # user-code errors: InputError
     write_trace(trace, output)
     return trace
 
 
-def _workload(scenario: str | None, workload_file: Path | None, seed: int):
+def _workload(scenario: str | None, workload_file: Path | None, seed: int | None):
+    from dataclasses import replace
+
     from specreplay.replay.scenarios import build_scenario
     from specreplay.replay.workload import load_workload
 
     if (scenario is None) == (workload_file is None):
         raise InputError("give exactly one of --scenario NAME or --workload FILE")
-    return build_scenario(scenario, seed) if scenario else load_workload(workload_file)
+    if scenario:
+        return build_scenario(scenario, seed or 0)
+    workload = load_workload(workload_file)
+    return workload if seed is None else replace(workload, seed=seed)
 
 
 def _summary(trace, output: Path) -> None:
@@ -59,7 +64,8 @@ def _summary(trace, output: Path) -> None:
               help="Implementation: a name from `specreplay impls`, or module:attr.")
 @executor_option
 @device_option
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for the scenario's workload.")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Seed of the workload: a scenario's (default 0), or overriding a workload file's.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Trace file to write (.parquet).")
 @handle_errors
 def record(scenario, workload_file, impl_name, executor, device, seed, output) -> None:
@@ -109,7 +115,8 @@ DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
 @click.option("--impls", "impl_names", default=",".join(DEFAULT_COMPARE), show_default=True,
               help="Comma-separated implementations to record side by side.")
 @device_option
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for the scenario's workload.")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Seed of the workload: a scenario's (default 0), or overriding a workload file's.")
 @click.option("-o", "--output-dir", type=click.Path(path_type=Path), default=Path("specreplay-traces"),
               show_default=True, help="Folder for the traces, one per implementation.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)

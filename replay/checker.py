@@ -24,7 +24,7 @@ _NEEDED = (
     "sched_num_scheduled_tokens", "sched_num_draft_slots", "sched_num_computed_tokens",
     "sched_num_output_placeholders", "sched_num_tokens", "sched_num_output_tokens",
     "sched_spec_len", "sched_is_prefill_chunk", "sched_preempted", "apply_step",
-    "apply_num_draft_slots", "apply_num_rejected", "apply_num_tokens", "apply_token_mismatches",
+    "apply_num_scheduled_tokens", "apply_num_draft_slots", "apply_num_rejected", "apply_num_tokens", "apply_token_mismatches",
     "apply_num_output_placeholders", "worker_row", "worker_num_scheduled_tokens",
     "worker_num_draft_slots", "worker_num_computed_tokens", "worker_first_position",
     "worker_cached_drafts", "worker_draft_ids", "worker_num_output_tokens", "worker_num_emitted",
@@ -172,7 +172,7 @@ def check_budget(rows: TraceRows) -> Iterator[Finding]:
         s = c["step"][i]
         totals[s] = totals.get(s, 0) + c["sched_num_scheduled_tokens"][i]
         n = c["sched_num_scheduled_tokens"][i]
-        if n and c["sched_num_computed_tokens"][i] + n > max_len - 1 + 1:
+        if n and c["sched_num_computed_tokens"][i] + n > max_len - 1:
             yield _f(rows, "S6-token-budget", i, "num_scheduled_tokens", n, max_len - c["sched_num_computed_tokens"][i] - 1,
                      f"schedules past max_model_len {max_len}")
     reported: set[int] = set()
@@ -188,13 +188,16 @@ def check_budget(rows: TraceRows) -> Iterator[Finding]:
 
 def check_draft_slot_count(rows: TraceRows) -> Iterator[Finding]:
     c = rows.col
+    width = rows.config.get("num_spec_tokens", 0)
     for i in range(rows.num_rows):
         n = c["sched_num_scheduled_tokens"][i]
         if not n:
             continue
         k = c["sched_num_draft_slots"][i]
         if c["sched_kind"][i] in ("new", "resumed"):
-            expected = 0
+            # Only drafts from the waiting path: vLLM pads a 1-token admission to 1 + k tokens.
+            need = c["sched_num_tokens"][i] - c["sched_num_computed_tokens"][i]
+            expected = width if (width and need == 1 and n == 1 + width) else 0
         else:
             room = n + c["sched_num_computed_tokens"][i] - c["sched_num_tokens"][i] - c["sched_num_output_placeholders"][i]
             expected = max(0, min(c["sched_spec_len"][i], room))
@@ -285,12 +288,14 @@ def check_executed_work(rows: TraceRows) -> Iterator[Finding]:
 def check_output_mutated(rows: TraceRows) -> Iterator[Finding]:
     c = rows.col
     for i in range(rows.num_rows):
-        applied = c["apply_num_draft_slots"][i]
-        if applied is not None and applied != c["sched_num_draft_slots"][i]:
-            yield _f(rows, "X10-scheduler-output-mutated", i, "scheduled_spec_decode_tokens",
-                     c["sched_num_draft_slots"][i], applied,
-                     f"update_from_output read {applied} draft slots back from the SchedulerOutput that was built "
-                     f"with {c['sched_num_draft_slots'][i]}: the worker edited the scheduler's own object")
+        slots, n = c["apply_num_draft_slots"][i], c["apply_num_scheduled_tokens"][i]
+        if slots is None:
+            continue
+        built = (c["sched_num_scheduled_tokens"][i], c["sched_num_draft_slots"][i])
+        if (n, slots) != built:
+            yield _f(rows, "X10-scheduler-output-mutated", i, "scheduled_spec_decode_tokens", built[1], slots,
+                     f"update_from_output read {n} tokens with {slots} draft slots back from the SchedulerOutput "
+                     f"that was built with {built[0]} and {built[1]}: the worker edited the scheduler's own object")
 
 
 def check_draft_inputs(rows: TraceRows) -> Iterator[Finding]:
@@ -328,6 +333,18 @@ def check_kv_truth(rows: TraceRows) -> Iterator[Finding]:
                 break
 
 
+def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
+    outcome = rows.trace.outcome
+    if outcome.get("status") != "step_limit":
+        return
+    c = rows.col
+    unfinished = sorted(rid for rid, idx in rows.by_request.items() if c["sched_status"][idx[-1]] != "finished")
+    yield Finding("E2-run-incomplete", "error", outcome.get("step", 0), unfinished[0] if unfinished else None,
+                  "outcome", "step_limit", len(unfinished),
+                  f"the run hit the step limit with {len(unfinished)} requests unfinished "
+                  f"({', '.join(unfinished[:5])}{'...' if len(unfinished) > 5 else ''}): livelock or starvation")
+
+
 def check_crash(rows: TraceRows) -> Iterator[Finding]:
     if rows.crash_step is None:
         return
@@ -359,12 +376,13 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("X11-executed-other-work", "warning", "the worker executes what the scheduler booked", "INV-X10", check_executed_work),
     Invariant("T1-wrong-token", "error", "applied tokens equal the expected sequence", "ground truth", check_tokens),
     Invariant("K1-kv-content", "error", "valid KV positions hold the expected tokens", "ground truth", check_kv_truth),
-    Invariant("X5-negative-input-id", "error", "no negative id reaches the embedding", "INV-X5", check_crash),
-    Invariant("E1-engine-crash", "error", "the worker can execute every SchedulerOutput", "engine", check_crash),
+    Invariant("E1-engine-crash", "error", "the engine does not die (asserts, unexecutable outputs)", "engine", check_crash),
+    Invariant("E2-run-incomplete", "error", "every request finishes within the step limit", "engine", check_run_completes),
 )
 
-#: Codes produced by `check_computed_tokens` besides S3 (documented in `specreplay codes`).
+#: Codes some checks produce besides their own (documented in `specreplay codes`).
 EXTRA_CODES = (
+    ("X5-negative-input-id", "error", "no negative id reaches the embedding", "INV-X5"),
     ("X2-sched-worker-computed", "error", "worker C = scheduler C minus rejections of m-1", "INV-X2"),
     ("X2-worker-kv-position", "error", "the worker writes from the first position not yet in its KV", "INV-X2"),
     ("X2-worker-position-mismatch", "error", "CPU num_computed_tokens = device position", "INV-X2 (design B)"),
@@ -386,12 +404,8 @@ def all_codes() -> list[tuple[str, str, str, str]]:
 def check_trace(trace: Trace) -> list[Finding]:
     """Every invariant over the whole trace; findings sorted by step, request, code."""
     rows = TraceRows(trace)
-    seen_checks = set()
     findings: list[Finding] = []
     for inv in INVARIANTS:
-        if inv.check in seen_checks:
-            continue
-        seen_checks.add(inv.check)
         findings.extend(inv.check(rows))
     findings.sort(key=lambda f: (f.step, f.request_id or "", _RANK.get(f.code, len(_RANK)), f.code))
     return findings
@@ -400,7 +414,7 @@ def check_trace(trace: Trace) -> list[Finding]:
 # Within one step and request, the finding that explains the others comes first: an edited
 # output, then the two views disagreeing, then what follows from it (KV, placeholders, tokens).
 _RANK = {code: i for i, code in enumerate((
-    "X5-negative-input-id", "E1-engine-crash", "S5-draft-provenance", "X10-scheduler-output-mutated", "X11-executed-other-work",
+    "X5-negative-input-id", "E1-engine-crash", "E2-run-incomplete", "S5-draft-provenance", "X10-scheduler-output-mutated", "X11-executed-other-work",
     "X2-sched-worker-computed", "S3-scheduler-computed-tokens", "X2-worker-kv-position",
     "X2-worker-position-mismatch", "S2-placeholder-count", "S4-decode-identity", "S1-placeholders-nonnegative",
     "X3-output-length", "X1-batch-membership", "S7-draft-slot-count", "S6-token-budget", "X5-placeholder-drafts",

@@ -61,5 +61,8 @@ class EngineConfig:
                 raise InputError(f"{where}: {name} must be >= 0, got {getattr(self, name)}")
         if self.num_spec_tokens > 16:
             raise InputError(f"{where}: num_spec_tokens {self.num_spec_tokens} is above 16")
-        if self.vocab_size > 1 << 20 or self.max_model_len > 1 << 20 or self.num_blocks > 1 << 22:
-            raise InputError(f"{where}: vocab_size, max_model_len or num_blocks is unreasonably large")
+        if self.vocab_size > 1 << 20 or self.max_model_len > 1 << 20 or self.block_size > 1 << 12:
+            raise InputError(f"{where}: vocab_size, max_model_len or block_size is unreasonably large")
+        if self.num_blocks * self.block_size > 1 << 24:
+            raise InputError(f"{where}: num_blocks * block_size = {self.num_blocks * self.block_size} KV slots; "
+                             f"the reference runner holds at most {1 << 24}")

@@ -16,10 +16,12 @@ from collections import defaultdict, deque
 from typing import Callable
 
 from specreplay.replay.impls import Implementation
+from specreplay.replay.messages import EngineCrash
 from specreplay.replay.oracle import Oracle
 from specreplay.replay.recorder import Recorder
 from specreplay.replay.request import Request
 from specreplay.replay.workload import Workload
+from specreplay.traces.errors import InputError
 from specreplay.traces.trace import Trace
 
 ProgressFn = Callable[[int, int], None]  # (steps done, max steps)
@@ -27,8 +29,19 @@ ProgressFn = Callable[[int, int], None]  # (steps done, max steps)
 
 def run_workload(workload: Workload, impl: Implementation, device: str = "cpu",
                  progress: ProgressFn | None = None) -> Trace:
-    """Run `workload` through `impl` and return the recorded trace."""
-    from specreplay.replay.runner import EngineCrash  # torch is imported here, not at CLI start
+    """Run `workload` through `impl` and return the recorded trace. An exception raised inside
+    outside code (a `module:attr` implementation) becomes one InputError line naming it."""
+    if not impl.user_code:
+        return _run(workload, impl, device, progress)
+    try:
+        return _run(workload, impl, device, progress)
+    except InputError:
+        raise
+    except Exception as exc:  # the user's scheduler or runner failed: say where, no traceback
+        raise InputError(f"implementation {impl.name} raised {type(exc).__name__}: {exc}") from None
+
+
+def _run(workload: Workload, impl: Implementation, device: str, progress: ProgressFn | None) -> Trace:
 
     config = workload.config
     oracle = Oracle(workload)
@@ -71,7 +84,8 @@ def run_workload(workload: Workload, impl: Implementation, device: str = "cpu",
             if out.total_num_scheduled_tokens > 0 and len(queue) < config.depth:
                 continue
         while aborts and aborts[0][0] <= step:
-            sched.finish_requests([aborts.pop(0)[1]])
+            for rid in sched.finish_requests([aborts.pop(0)[1]]):
+                rec.record_abort(step, rid)
         done, result = queue.pop()
         reports = sched.update_from_output(done, result)
         rec.record_apply(done.step, reports, step)

@@ -18,7 +18,7 @@ Built-ins:
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from specreplay.replay.config import EngineConfig
@@ -47,11 +47,14 @@ class Implementation:
     scheduler: type[Scheduler] | None = None  # None: Scheduler (sync) / AsyncScheduler (async)
     runner: type | None = None  # None: GPUModelRunner
     executor: str = "inproc"
-    extra: dict[str, Any] = field(default_factory=dict)
+    user_code: bool = False  # loaded from module:attr: its exceptions are reported, not raised
 
     def make_scheduler(self, config: EngineConfig) -> Scheduler:
         # An AsyncScheduler variant changes async behaviour only; in sync mode the plain
         # Scheduler runs (there are no placeholders to treat differently).
+        if self.scheduler is not None and config.async_scheduling and not issubclass(self.scheduler, AsyncScheduler):
+            raise InputError(f"{self.name}: {self.scheduler.__name__} is a synchronous Scheduler but the workload uses "
+                             "async scheduling; subclass AsyncScheduler or set async_scheduling = false")
         if self.scheduler is not None and (config.async_scheduling or not issubclass(self.scheduler, AsyncScheduler)):
             return self.scheduler(config)
         return AsyncScheduler(config) if config.async_scheduling else Scheduler(config)
@@ -113,6 +116,11 @@ def resolve(name: str, *, allow_import: bool, executor: str | None = None) -> Im
     return impl
 
 
+def _summary(obj: type, default: str) -> str:
+    doc = (obj.__doc__ or "").strip()
+    return doc.splitlines()[0] if doc else default
+
+
 def _load(spec: str) -> Implementation:
     from specreplay.replay.runner import GPUModelRunner
 
@@ -126,12 +134,12 @@ def _load(spec: str) -> Implementation:
     except AttributeError:
         raise InputError(f"module {module_name!r} has no attribute {attr!r}") from None
     if isinstance(obj, Implementation):
-        return replace(obj, name=spec) if obj.name != spec else obj
+        return replace(obj, name=spec, user_code=True)
     if isinstance(obj, type) and issubclass(obj, Implementation):
-        return obj(name=spec, description=obj.__doc__ or spec)
+        return obj(name=spec, description=_summary(obj, spec), user_code=True)
     if isinstance(obj, type) and issubclass(obj, Scheduler):
-        return Implementation(spec, (obj.__doc__ or "user scheduler").strip().splitlines()[0], scheduler=obj)
+        return Implementation(spec, _summary(obj, "user scheduler"), scheduler=obj, user_code=True)
     if isinstance(obj, type) and issubclass(obj, GPUModelRunner):
-        return Implementation(spec, (obj.__doc__ or "user runner").strip().splitlines()[0], runner=obj)
+        return Implementation(spec, _summary(obj, "user runner"), runner=obj, user_code=True)
     raise InputError(f"{spec} is a {type(obj).__name__}; expected an Implementation, or a subclass of "
                      "specreplay.replay.scheduler.Scheduler or specreplay.replay.runner.GPUModelRunner")

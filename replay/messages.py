@@ -56,4 +56,10 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]] = field(default_factory=list)
 
 
-EMPTY_OUTPUT = ModelRunnerOutput()
+
+class EngineCrash(RuntimeError):
+    """Something the real engine would die on (an assert, a device-side assert). The engine loop
+    records it as the run's outcome (`crashed`, with the step and this message) and stops; the
+    checker reports it."""
+
+    kind = "engine-crash"

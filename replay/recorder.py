@@ -140,6 +140,7 @@ class Recorder:
             req = self.known[rid]
             first = req.num_output_tokens - len(report.tokens)
             c["apply_step"][at] = apply_step
+            c["apply_num_scheduled_tokens"][at] = report.num_scheduled_tokens
             c["apply_num_draft_slots"][at] = report.num_draft_slots
             c["apply_num_rejected"][at] = report.num_rejected
             c["apply_num_tokens"][at] = len(report.tokens)
@@ -147,6 +148,12 @@ class Recorder:
             c["apply_num_computed_tokens"][at] = report.num_computed_tokens
             c["apply_num_output_placeholders"][at] = report.num_output_placeholders
             c["apply_finish_reason"][at] = report.finish_reason
+
+    def record_abort(self, step: int, rid: str) -> None:
+        """An abort applied in step `step`'s iteration: marked on that step's row."""
+        at = self.rows_of_step.get(step, {}).get(rid)
+        if at is not None:
+            self.cols["apply_finish_reason"][at] = "aborted"
 
     # ------------------------------------------------------------------ the table
     def table(self) -> pa.Table:

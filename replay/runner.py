@@ -31,16 +31,9 @@ import torch
 
 from specreplay.replay.config import EngineConfig
 from specreplay.replay.input_batch import CachedRequestState, InputBatch
-from specreplay.replay.messages import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from specreplay.replay.messages import EngineCrash, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from specreplay.replay.model import TargetModel
 from specreplay.replay.oracle import Oracle
-
-
-class EngineCrash(RuntimeError):
-    """Something the real engine would die on. The engine loop records it as the run's outcome
-    (`crashed`, with the step and this message) and stops; the checker reports it."""
-
-    kind = "engine-crash"
 
 
 class NegativeInputIdError(EngineCrash):
@@ -96,6 +89,7 @@ class PreparedInputs:
     draft_ids: list[list[int]]  # what the rejection sampler gets as drafts (before the clamp)
     negatives: list[int]
     discarded: list[bool]  # non-final prefill chunk rows: they sample nothing
+    seq_lens: list[int]  # optimistic: the CPU num_computed_tokens (before correction) + n
 
 
 class GPUModelRunner:
@@ -131,12 +125,15 @@ class GPUModelRunner:
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
         self.view = view = WorkerView()
         self.edited: set[str] = set()
+        self._output_len_at_update: dict[str, int] = {}
         self.remove_finished(out)
         self.remove_unscheduled(out)
+        # After the removals: who has a scatter source row from the previous step.
+        prev_map_now = dict(self.batch.prev_req_id_to_index)
+        width = self.draft_token_ids.shape[1] if (self.use_async and self.draft_token_ids is not None) else 0
         to_add = [self.add_new_request(data) for data in out.scheduled_new_reqs]
         self.prev_num_draft_tokens = [0] * len(self.prev_num_draft_tokens)
         deferred: list[tuple[str, int]] = []
-        prev_map_now = dict(self.batch.prev_req_id_to_index)
         for i, rid in enumerate(out.scheduled_cached_reqs.req_ids):
             state = self.update_cached_request(out, i, rid, deferred)
             if state is not None:
@@ -154,8 +151,10 @@ class GPUModelRunner:
             return ModelRunnerOutput()
         rows = [rid for rid in self.batch.req_ids if rid is not None]
         inputs = self.prepare_input_ids(out, rows)
-        corrections = self.apply_deferred_corrections(deferred)
         targets = self.model.forward(inputs.input_ids, inputs.positions, self._hashes(inputs))
+        # Design B: the CPU correction runs once the forward is launched (its positions came
+        # from the device-side corrected values in prepare_input_ids).
+        corrections = self.apply_deferred_corrections(deferred)
         truth_before = [self.truth.get(rid, 0) for rid in rows]
         self.write_kv(inputs)
         emitted, accepted, discarded = self.rejection_sample(inputs, targets)
@@ -170,8 +169,8 @@ class GPUModelRunner:
             view.num_drafts.append(inputs.num_drafts[x])
             view.num_computed.append(st.num_computed_tokens)
             view.correction.append(corrections.get(rid, 0))
-            view.in_prev_map.append(rid in prev_map_now and rid in self._prev_map_after_removals)
-            view.cached_drafts.append(self._cached_drafts.get(rid, 0))
+            view.in_prev_map.append(rid in prev_map_now)
+            view.cached_drafts.append(width if rid in prev_map_now else 0)
             view.draft_ids.append(inputs.draft_ids[x])
             view.negative_inputs.append(inputs.negatives[x])
             view.accepted.append(None if discarded[x] else accepted[x])
@@ -203,12 +202,6 @@ class GPUModelRunner:
         scheduled = set(out.num_scheduled_tokens) - resumed
         for rid in [r for r in self.batch.req_id_to_index if r not in scheduled]:
             self.batch.remove_request(rid)
-        self._prev_map_after_removals = dict(self.batch.prev_req_id_to_index)
-        self._output_len_at_update = {}
-        self._cached_drafts = {
-            rid: (self.draft_token_ids.shape[1] if self.draft_token_ids is not None else 0)
-            for rid in self._prev_map_after_removals
-        } if self.use_async else {}
 
     def add_new_request(self, data: NewRequestData) -> CachedRequestState:
         state = CachedRequestState(data.req_id, list(data.prompt_token_ids), list(data.block_ids),
@@ -292,6 +285,7 @@ class GPUModelRunner:
     def prepare_input_ids(self, out: SchedulerOutput, rows: list[str]) -> PreparedInputs:
         starts, ns, ds, cu, flat, positions = [], [], [], [], [], []
         discarded: list[bool] = []
+        seq_lens: list[int] = []
         scatter_at: list[int] = []
         scatter_src: list[int] = []
         draft_at: list[int] = []
@@ -312,7 +306,9 @@ class GPUModelRunner:
                 # The GPU kernel: true start of m-1 plus its valid count is the true start of m.
                 start = self.prev_starts[prev_row] + self.valid_sampled_token_count[prev_row]
             tokens = self.batch.token_ids[x][cpu_start:cpu_start + n]
-            tokens = tokens + [0] * (n - len(tokens))  # beyond the buffer: zero-initialised memory
+            # Past the row's known tokens the real buffer holds whatever an earlier row left there;
+            # the reference pads with 0 so the run stays deterministic.
+            tokens = tokens + [0] * (n - len(tokens))
             flat.extend(tokens)
             positions.extend(range(start, start + n))
             total += n
@@ -325,6 +321,7 @@ class GPUModelRunner:
                         draft_src.append(prev_row * width + j)
             # vLLM's discard mask: the step ends before the worker's known tokens do.
             discarded.append(cpu_start + n < self.requests[rid].num_tokens)
+            seq_lens.append(cpu_start + n)
             starts.append(start)
             ns.append(n)
             ds.append(d)
@@ -352,7 +349,7 @@ class GPUModelRunner:
                 raise NegativeInputIdError(
                     f"input id -1 reached the embedding for request {bad!r} at step {out.step}")
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
-        return PreparedInputs(rows, starts, ns, ds, cu, ids, pos, draft_ids, negatives, discarded)
+        return PreparedInputs(rows, starts, ns, ds, cu, ids, pos, draft_ids, negatives, discarded, seq_lens)
 
     def _hashes(self, inputs: PreparedInputs) -> torch.Tensor:
         per_token: list[int] = []
@@ -443,10 +440,13 @@ class GPUModelRunner:
 
     def propose_drafts(self, inputs: PreparedInputs, emitted: list[list[int]], discarded: list[bool]) -> None:
         """The drafter proposes k tokens after each row's last emitted token, from the seeded
-        acceptance rule (schedule-independent). Discarded rows get zeros."""
+        acceptance rule (schedule-independent). Discarded rows get zeros, and so does every row
+        when the longest optimistic sequence plus k does not fit the drafter's max length
+        (vLLM's `_input_fits_in_drafter`): the drafter is skipped for the whole batch."""
         proposals: list[list[int]] = []
+        fits = max(inputs.seq_lens, default=0) + self.k <= self.config.max_model_len
         for x, rid in enumerate(inputs.rows):
-            if discarded[x] or not self.k:
+            if discarded[x] or not self.k or not fits:
                 proposals.append([0] * self.k)
                 continue
             last_position = inputs.starts[x] + inputs.num_scheduled[x] - inputs.num_drafts[x] - 1 + len(emitted[x])

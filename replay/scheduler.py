@@ -5,6 +5,7 @@ Where it sits: replay, scheduler side. The engine loop calls `schedule()`, hands
 classes and override the hooks below (documented in the README, "Writing an implementation").
 
 Hooks, in the order a step uses them:
+  schedule_running(plan)                                the running-queue visit
   running_demand(req, budget, threshold) -> (n, skip)   tokens to give a running request
   allocate_or_preempt(req, n, plan) -> bool             KV blocks, preempting from the tail
   preempt_request(req)                                  what preemption resets
@@ -28,7 +29,8 @@ from dataclasses import dataclass, field
 
 from specreplay.replay.config import EngineConfig
 from specreplay.replay.kv import BlockPool
-from specreplay.replay.messages import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from specreplay.replay.messages import (CachedRequestData, EngineCrash, ModelRunnerOutput, NewRequestData,
+                                        SchedulerOutput)
 from specreplay.replay.request import Request, Status
 
 
@@ -37,6 +39,8 @@ class StepPlan:
     """What one `schedule()` call has decided so far."""
 
     budget: int
+    threshold: int = 0  # long_prefill_token_threshold in force this step
+    prefill_scheduled: bool = False  # a running request scheduled this step is mid-prefill
     num_scheduled: dict[str, int] = field(default_factory=dict)
     spec: dict[str, list[int]] = field(default_factory=dict)
     new_blocks: dict[str, list[int]] = field(default_factory=dict)
@@ -50,6 +54,7 @@ class StepPlan:
 class ApplyReport:
     """What `update_from_output` did to one request (the recorder's `apply_*` columns)."""
 
+    num_scheduled_tokens: int  # as read back from the SchedulerOutput
     num_draft_slots: int
     num_rejected: int
     tokens: tuple[int, ...]
@@ -85,8 +90,10 @@ class Scheduler:
     def has_requests(self) -> bool:
         return bool(self.running or self.waiting)
 
-    def finish_requests(self, request_ids: list[str], status: Status = Status.FINISHED_ABORTED) -> None:
-        """Abort (or otherwise finish) requests from outside update_from_output."""
+    def finish_requests(self, request_ids: list[str], status: Status = Status.FINISHED_ABORTED) -> list[str]:
+        """Abort (or otherwise finish) requests from outside update_from_output; returns the ids
+        that were live and are now finished."""
+        done = []
         for rid in request_ids:
             req = self.requests.get(rid)
             if req is None or req.status.finished:
@@ -96,6 +103,8 @@ class Scheduler:
             else:
                 self.waiting.remove(req)
             self._free(req, status)
+            done.append(rid)
+        return done
 
     def _free(self, req: Request, status: Status) -> None:
         req.status = status
@@ -107,7 +116,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         self.step += 1
         self.skip_reasons = {}
-        plan = StepPlan(budget=self.config.max_num_batched_tokens)
+        plan = StepPlan(budget=self.config.max_num_batched_tokens, threshold=self.long_prefill_threshold())
         self.schedule_running(plan)
         if not plan.preempted:
             self.admit_waiting(plan)
@@ -121,12 +130,11 @@ class Scheduler:
         return self.config.long_prefill_token_threshold if eligible > 1 else 0
 
     def schedule_running(self, plan: StepPlan) -> None:
-        threshold = self.long_prefill_threshold()
         i = 0
         # The loop stops as soon as the budget is 0: later requests are not even visited.
         while i < len(self.running) and plan.budget > 0:
             req = self.running[i]
-            n, skip = self.running_demand(req, plan.budget, threshold)
+            n, skip = self.running_demand(req, plan.budget, plan.threshold)
             if n <= 0:
                 self.skip_reasons[req.request_id] = skip
                 i += 1
@@ -134,6 +142,7 @@ class Scheduler:
             if not self.allocate_or_preempt(req, n, plan):
                 break
             plan.running.append(req)
+            plan.prefill_scheduled |= req.is_prefill_chunk
             plan.num_scheduled[req.request_id] = n
             plan.budget -= n
             i += 1
@@ -193,7 +202,6 @@ class Scheduler:
         return list(slots)
 
     def admit_waiting(self, plan: StepPlan) -> None:
-        threshold = self.long_prefill_threshold()
         skipped: list[Request] = []
         while plan.budget > 0 and self.waiting:
             if len(self.running) >= self.config.max_num_seqs:
@@ -204,10 +212,17 @@ class Scheduler:
                 # would deliver it out of order. Try again next step.
                 skipped.append(self.waiting.popleft())
                 continue
-            n = req.num_tokens - req.num_computed_tokens
-            if 0 < threshold < n:
-                n = threshold
+            need = req.num_tokens - req.num_computed_tokens
+            padded = self.pad_to_draft_width(req, need, plan)
+            if padded is None:
+                break  # the padded step does not fit the budget: vLLM prefers not to schedule
+            n = padded
+            if 0 < plan.threshold < n:
+                n = plan.threshold
             n = min(n, plan.budget)
+            if padded != need and n != padded:
+                raise EngineCrash(f"scheduler assert: request {req.request_id!r} padded to {padded} tokens "
+                                  f"for spec decode but cut to {n} (long_prefill_token_threshold)")
             # vLLM 0.32 admits a waiting request only if its whole sequence fits in the free
             # blocks (scheduler_reserve_full_isl, on by default), not just this chunk.
             if not self.kv.fits(req.request_id, req.num_tokens):
@@ -223,7 +238,19 @@ class Scheduler:
             plan.num_scheduled[req.request_id] = n
             plan.budget -= n
             req.status = Status.RUNNING
+            if padded != need:
+                plan.spec[req.request_id] = [-1] * self.k  # the padding's placeholder drafts
         self.waiting.extendleft(reversed(skipped))
+
+    def pad_to_draft_width(self, req: Request, n: int, plan: StepPlan) -> int | None:
+        """vLLM 0.32 pads an admission that needs exactly 1 token to 1 + k tokens (k placeholder
+        drafts) so the step keeps a uniform spec-decode shape, when no running request scheduled
+        in this step is mid-prefill. None: the padded step does not fit the budget."""
+        if not (self.k and n == 1 and not plan.prefill_scheduled and (plan.running or req.num_computed_tokens > 0)):
+            return n
+        if req.num_computed_tokens + 1 + self.k + 1 > self.config.max_model_len:
+            return n
+        return 1 + self.k if 1 + self.k <= plan.budget else None
 
     def make_output(self, plan: StepPlan) -> SchedulerOutput:
         cached = CachedRequestData()
@@ -296,7 +323,7 @@ class Scheduler:
                 generated, finish = self.append_output(req, generated, stale)
                 if finish:
                     stopped.append(req)
-            reports[rid] = ApplyReport(len(slots or ()), rejected, tuple(generated), finish,
+            reports[rid] = ApplyReport(n, len(slots or ()), rejected, tuple(generated), finish,
                                        req.num_computed_tokens, req.num_output_placeholders)
         for req in stopped:
             if req.status == Status.RUNNING:

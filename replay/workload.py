@@ -185,9 +185,14 @@ def _request(raw: Any, where: str, config: EngineConfig) -> RequestSpec:
     if spec.prompt_len + spec.max_tokens > config.max_model_len:
         raise InputError(f"{where}: prompt_len + max_tokens = {spec.prompt_len + spec.max_tokens} "
                          f"exceeds max_model_len {config.max_model_len}")
-    blocks_needed = -(-(spec.prompt_len + spec.max_tokens + config.num_spec_tokens) // config.block_size)
-    if blocks_needed > config.num_blocks:
-        raise InputError(f"{where}: needs {blocks_needed} KV blocks alone, the cache has {config.num_blocks}")
+    # Block 0 is vLLM's null block; a request must fit alone (drafts and lookahead included) or
+    # it can never be admitted, or preempts itself forever.
+    longest = min(spec.prompt_len + spec.max_tokens + config.num_spec_tokens + config.num_lookahead_tokens,
+                  config.max_model_len)
+    blocks_needed = -(-longest // config.block_size)
+    if blocks_needed > config.num_blocks - 1:
+        raise InputError(f"{where}: needs {blocks_needed} KV blocks alone, the cache has {config.num_blocks - 1} "
+                         f"usable (num_blocks {config.num_blocks}, block 0 reserved)")
     return spec
 
 

@@ -27,7 +27,7 @@ from specreplay.traces.trace import Trace
 _NON_NEGATIVE = (
     "step_total_scheduled_tokens", "sched_num_scheduled_tokens", "sched_num_draft_slots",
     "sched_num_tokens", "sched_num_output_tokens", "sched_num_prompt_tokens", "sched_spec_len",
-    "apply_num_draft_slots", "apply_num_tokens", "apply_token_mismatches",
+    "apply_num_scheduled_tokens", "apply_num_draft_slots", "apply_num_tokens", "apply_token_mismatches",
     "worker_num_scheduled_tokens", "worker_num_draft_slots", "worker_cached_drafts",
     "worker_num_accepted", "worker_num_emitted", "worker_num_output_tokens", "worker_row",
     "worker_first_position",
@@ -35,6 +35,14 @@ _NON_NEGATIVE = (
 )
 
 ROW_GROUP_SIZE = 1 << 17
+
+#: Columns filled together: in any row they are all null or all set.
+_GROUPS = {
+    "worker": tuple(n for n in schema.COLUMN_NAMES if n.startswith("worker_") and n != "worker_num_accepted"),
+    "apply": tuple(n for n in schema.COLUMN_NAMES if n.startswith("apply_") and n != "apply_finish_reason"),
+    "truth": tuple(n for n in schema.COLUMN_NAMES if n.startswith("truth_")),
+}
+_OUTCOMES = ("completed", "crashed", "step_limit")
 
 
 def write_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
@@ -48,6 +56,9 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
     try:
         pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP_SIZE,
                        use_dictionary=True, write_statistics=True)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a trace is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -81,12 +92,16 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     except (pa.ArrowException, ValueError) as exc:
         raise TraceError(f"{where}: columns do not match schema v{schema.SCHEMA_VERSION} ({_short(exc)})") from None
     validate_values(table, where)
+    config = _json(where, meta, schema.META_CONFIG)
+    outcome = _json(where, meta, schema.META_OUTCOME)
+    impl = _json(where, meta, schema.META_IMPL)
+    _check_metadata(where, config, outcome, impl)
     return Trace(
         table=table,
         workload=_json(where, meta, schema.META_WORKLOAD),
-        config=_json(where, meta, schema.META_CONFIG),
-        impl=_json(where, meta, schema.META_IMPL),
-        outcome=_json(where, meta, schema.META_OUTCOME),
+        config=config,
+        impl=impl,
+        outcome=outcome,
         seed=_int(where, meta, schema.META_SEED),
         device=meta.get(schema.META_DEVICE, b"cpu").decode(errors="replace"),
         version=meta.get(schema.META_VERSION, b"?").decode(errors="replace"),
@@ -162,6 +177,15 @@ def validate_values(table: pa.Table, where: str) -> None:
                              f"expected one of {', '.join(repr(a) for a in allowed)}")
     if table.num_rows == 0:
         return
+    drafts = table["worker_draft_ids"].combine_chunks()
+    if pc.list_flatten(drafts).null_count:
+        raise TraceError(f"{where}: column worker_draft_ids holds null draft ids")
+    for group, names in _GROUPS.items():
+        nulls = [table[n].is_null() for n in names]
+        for name, mask in zip(names[1:], nulls[1:]):
+            if not pc.all(pc.equal(mask, nulls[0])).as_py():
+                raise TraceError(f"{where}: column {name} is null where {names[0]} is not (or the reverse); "
+                                 f"the {group} columns of a row are filled together")
     steps = table["step"]
     if pc.min(steps).as_py() < 1:
         raise TraceError(f"{where}: column step holds {pc.min(steps).as_py()}, steps start at 1")
@@ -171,6 +195,27 @@ def validate_values(table: pa.Table, where: str) -> None:
     keys = pc.binary_join_element_wise(pc.cast(steps, pa.string()), table["request_id"], "\x00")
     if len(pc.unique(keys)) != table.num_rows:
         raise TraceError(f"{where}: duplicate (step, request_id) rows; the trace is damaged")
+
+
+def _check_metadata(where: str, config: dict[str, Any], outcome: dict[str, Any], impl: dict[str, Any]) -> None:
+    from specreplay.replay.config import EngineConfig
+    from specreplay.traces.errors import InputError
+
+    try:
+        EngineConfig.from_dict(config, "config")
+    except InputError as exc:
+        raise TraceError(f"{where}: metadata {exc}") from None
+    status = outcome.get("status")
+    if status not in _OUTCOMES:
+        raise TraceError(f"{where}: metadata outcome status {status!r} is not one of {', '.join(_OUTCOMES)}")
+    if status != "completed":
+        step = outcome.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise TraceError(f"{where}: metadata outcome step {step!r} is not a step number")
+    if not isinstance(outcome.get("message", ""), str):
+        raise TraceError(f"{where}: metadata outcome message is not text")
+    if not isinstance(impl.get("name"), str) or not impl["name"]:
+        raise TraceError(f"{where}: metadata impl has no implementation name")
 
 
 def _json(where: str, meta: dict[bytes, bytes], key: bytes, required: bool = True) -> dict[str, Any]:

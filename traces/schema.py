@@ -72,6 +72,8 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
     ("sched_preempted", pa.bool_(), False, "scheduler: preempted during this schedule() call"),
     # ---- what update_from_output(S_m) did, filled in when it ran ----
     ("apply_step", pa.int32(), True, "engine step whose iteration applied S_m's output (null: never)"),
+    ("apply_num_scheduled_tokens", pa.int32(), True,
+     "scheduler: num_scheduled_tokens[r] as update_from_output read it back (tokens)"),
     ("apply_num_draft_slots", pa.int16(), True,
      "scheduler: len(scheduled_spec_decode_tokens[r]) as update_from_output read it back (tokens)"),
     ("apply_num_rejected", pa.int16(), True, "scheduler: rejected drafts it subtracted from C and P"),

@@ -195,3 +195,28 @@ def test_help_and_diff_do_not_import_torch(tmp_path, recorded):
             "print('torch' in sys.modules)") % ("diff", str(recorded["upstream"]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("False")
+
+
+def test_user_implementation_errors_are_one_line(tmp_path, monkeypatch):
+    (tmp_path / "userimpls.py").write_text(
+        "from specreplay.replay.scheduler import AsyncScheduler, Scheduler\n"
+        "class Boom(AsyncScheduler):\n"
+        "    def schedule(self):\n"
+        "        raise KeyError('user bug')\n"
+        "class Plain(Scheduler):\n"
+        "    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "x.parquet"
+    assert_bad_input(run("record", "--scenario", "reentry", "--impl", "userimpls:Boom", "-o", out),
+                     "implementation userimpls:Boom raised KeyError")
+    assert_bad_input(run("record", "--scenario", "reentry", "--impl", "userimpls:Plain", "-o", out),
+                     "synchronous Scheduler but the workload uses async scheduling")
+
+
+def test_seed_overrides_a_workload_file_and_must_be_non_negative(tmp_path):
+    wl = tmp_path / "w.json"
+    wl.write_text(json.dumps({"requests": [{"id": "a", "prompt_len": 4, "max_tokens": 4}], "seed": 1}))
+    out = tmp_path / "w.parquet"
+    assert run("record", "--workload", wl, "--seed", 77, "-o", out).exit_code == 0
+    assert json.loads(run("info", out, "--format", "json").output)["seed"] == 77
+    assert run("record", "--scenario", "reentry", "--seed", -5, "-o", out).exit_code == 2

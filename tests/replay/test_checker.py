@@ -82,3 +82,24 @@ def test_pr30796_breaks_the_counters_of_request_10(reentry_traces):
 def test_pr30796_copy_leaves_the_worker_ahead_of_its_kv(reentry_traces):
     errors = {f.code for f in check_trace(reentry_traces["pr30796-copy"]) if f.severity == "error"}
     assert "X2-sched-worker-computed" in errors and "X10-scheduler-output-mutated" not in errors
+
+
+def test_a_run_that_hits_the_step_limit_is_an_error():
+    from specreplay.replay.engine import run_workload
+    from specreplay.replay.impls import resolve
+    from specreplay.replay.scenarios import reentry
+
+    trace = run_workload(dataclasses.replace(reentry(), max_steps=3), resolve("upstream", allow_import=False))
+    assert trace.outcome == {"status": "step_limit", "step": 3}
+    found = [f for f in check_trace(trace) if f.code == "E2-run-incomplete"]
+    assert found and found[0].severity == "error" and found[0].worker == 11
+
+
+def test_malformed_scheduler_output_is_an_engine_crash():
+    from specreplay.replay.engine import run_workload
+    from specreplay.replay.impls import resolve
+    from specreplay.replay.scenarios import reentry_sync
+
+    trace = run_workload(reentry_sync(), resolve("pr30796", allow_import=False))
+    assert trace.outcome["status"] == "crashed" and trace.outcome["kind"] == "malformed-scheduler-output"
+    assert "E1-engine-crash" in codes(trace)

@@ -57,3 +57,24 @@ def test_decode_rows_are_corrected_by_the_rejections_of_the_previous_step():
         assert row.worker_correction == before.worker_num_draft_slots - before.worker_num_accepted
         assert row.worker_num_computed_tokens == row.truth_num_computed_tokens
     assert (df.apply_token_mismatches.fillna(0) == 0).all()
+
+
+def test_drafter_is_skipped_for_the_whole_batch_near_max_model_len():
+    """vLLM caches zero drafts for every row once the longest optimistic sequence plus k no
+    longer fits the drafter (max_model_len here)."""
+    from specreplay.replay.config import EngineConfig
+    from specreplay.replay.engine import run_workload
+    from specreplay.replay.impls import resolve
+    from specreplay.replay.workload import RequestSpec, Workload
+
+    w = Workload((RequestSpec("0", 1, 40, 24), RequestSpec("1", 1, 3, 40)),
+                 EngineConfig(max_model_len=64, num_spec_tokens=3), acceptance="all")
+    df = run_workload(w, resolve("upstream", allow_import=False)).table.to_pandas()
+    one = df[(df.request_id == "1") & (df.sched_num_draft_slots > 0)].set_index("step")
+    longest = df[df.worker_row.notna()].groupby("step").apply(
+        lambda g: (g.sched_num_computed_tokens + g.sched_num_scheduled_tokens).max())
+    skipped = [m for m in one.index if longest.get(m - 1, 0) + 3 > 64]
+    assert skipped, "the workload must reach the drafter limit"
+    for m in skipped:
+        assert one.loc[m].worker_num_accepted == 0 and list(one.loc[m].worker_draft_ids) == [0, 0, 0]
+    assert (one.drop(index=skipped).worker_num_accepted == 3).all()

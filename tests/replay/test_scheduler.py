@@ -167,3 +167,21 @@ def test_reentry_matches_real_vllm_0_32_async_and_sync():
     got, _ = steps(reentry_sync())
     assert _per_step(got, 5) == {1: d(range(11), 3, 0), 2: d(range(10), 4, 3), 3: d(range(1, 11), 4, 3),
                                  4: d(range(1, 11), 4, 3), 5: d([10], 4, 3)}
+
+
+def test_one_token_admission_is_padded_to_the_draft_width_like_real_vllm():
+    """Real vLLM 0.32 (same harness): a 1-token prompt admitted next to a decoding request gets
+    1 + k tokens with k placeholder drafts: `#3 nsched={0-1:4} spec={0-1:3} new=[1]`."""
+    w = Workload((RequestSpec("0", 1, 3, 12), RequestSpec("1", 3, 1, 5)), EngineConfig(num_spec_tokens=3))
+    got, df = steps(w)
+    assert got[3] == {"0": (4, 3), "1": (4, 3)}
+    row = df[(df.step == 3) & (df.request_id == "1")].iloc[0]
+    assert row.sched_kind == "new" and row.worker_num_accepted == 0 and row.apply_num_rejected == 3
+
+
+def test_aborts_are_marked_on_the_row_of_their_step():
+    w = Workload((RequestSpec("a", 1, 4, 30, abort_step=5), RequestSpec("b", 1, 4, 30)), EngineConfig(num_spec_tokens=2))
+    _, df = steps(w)
+    aborted = df[df.apply_finish_reason == "aborted"]
+    assert list(zip(aborted.step, aborted.request_id)) == [(5, "a")]
+    assert df[(df.request_id == "a") & (df.step == 6)].iloc[0].sched_finished_announced

@@ -85,3 +85,37 @@ def test_markdown_table_documents_every_column():
     text = schema.markdown_table()
     assert all(f"`{name}`" in text for name in schema.COLUMN_NAMES)
     assert json.dumps(schema.ENUMS)
+
+
+@pytest.mark.parametrize("key, change, message", [
+    ("specreplay.config", {"max_num_batched_tokens": "x"}, "max_num_batched_tokens must be an integer"),
+    ("specreplay.outcome", {"status": "exploded"}, "outcome status 'exploded'"),
+    ("specreplay.outcome", {"status": "crashed", "step": "x"}, "outcome step 'x'"),
+    ("specreplay.impl", {"name": 5}, "no implementation name"),
+])
+def test_reader_validates_metadata_contents(tmp_path, reentry_traces, key, change, message):
+    def mutate(t):
+        meta = dict(t.schema.metadata)
+        doc = json.loads(meta[key.encode()])
+        doc.update(change)
+        meta[key.encode()] = json.dumps(doc).encode()
+        return t.replace_schema_metadata(meta)
+
+    with pytest.raises(TraceError, match=message):
+        read_trace(_broken(tmp_path, reentry_traces, mutate))
+
+
+def test_reader_rejects_half_filled_column_groups(tmp_path, reentry_traces):
+    def null_position(t):
+        i = t.schema.get_field_index("worker_first_position")
+        values = t["worker_first_position"].to_pylist()
+        values[values.index(next(v for v in values if v is not None))] = None
+        return t.set_column(i, "worker_first_position", pa.array(values, pa.int32()))
+
+    with pytest.raises(TraceError, match="filled together"):
+        read_trace(_broken(tmp_path, reentry_traces, null_position))
+
+
+def test_written_traces_are_world_readable(tmp_path, reentry_traces):
+    path = write_trace(reentry_traces["upstream"], tmp_path / "t.parquet")
+    assert path.stat().st_mode & 0o044 == 0o044
