@@ -47,6 +47,10 @@ fail_on_option = click.option("--fail-on", type=click.Choice(["error", "warning"
                               show_default=True, help="Exit 1 when findings at or above this severity exist.")
 device_option = click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
                              help="Where the reference runner's tensors live.")
+engine_option = click.option(
+    "--engine", type=click.Choice(["reference", "vllm-scheduler"]), default=None,
+    help="Scheduler engine: specreplay's reference model of vLLM 0.32.0, or the installed vLLM's real "
+         "scheduler (with the reference runner). Default: reference (replay, gate: the trace's own).")
 executor_option = click.option("--executor", type=click.Choice(["inproc", "multiproc"]), default=None,
                                help="How the SchedulerOutput reaches the worker: the shared object (inproc) or a "
                                     "private copy (multiproc). Default: the implementation's own.")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from specreplay.cli.common import CONTEXT, EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, console, device_option, executor_option, handle_errors
+from specreplay.cli.common import (CONTEXT, EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, console, device_option,
+                                   engine_option, executor_option, handle_errors)
 from specreplay.traces.errors import InputError
 
 
@@ -20,6 +21,7 @@ from specreplay.traces.errors import InputError
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--impl", "impl_name", default=None,
               help="Implementation under test (default: each golden's own). A registry name or module:attr.")
+@engine_option
 @executor_option
 @device_option
 @click.option("--fail-on", type=click.Choice(["error", "warning", "never"]), default="error", show_default=True,
@@ -31,7 +33,7 @@ from specreplay.traces.errors import InputError
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--jobs", type=click.IntRange(1, 64), default=1, show_default=True, help="Replay in N processes.")
 @handle_errors
-def gate(paths, impl_name, executor, device, fail_on, allow_changed, update, junit_file, github, fmt, jobs) -> None:
+def gate(paths, impl_name, engine, executor, device, fail_on, allow_changed, update, junit_file, github, fmt, jobs) -> None:
     """Replay golden traces (files or folders; default: the shipped corpus) through an
     implementation, check every invariant, and compare with the golden.
 
@@ -48,7 +50,7 @@ def gate(paths, impl_name, executor, device, fail_on, allow_changed, update, jun
     from specreplay.replay.gate import GateOptions, corpus_dir, run_gate, update_goldens
 
     check_device(device)
-    options = GateOptions(impl=impl_name, executor=executor, fail_on=fail_on, device=device)
+    options = GateOptions(impl=impl_name, executor=executor, fail_on=fail_on, device=device, engine=engine)
     targets = list(paths) or [corpus_dir()]
     if update:
         _print_updates(update_goldens(targets, options))

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import click
 
-from specreplay.cli.common import CONTEXT, check_device, console, device_option, executor_option, handle_errors, progress
+from specreplay.cli.common import (CONTEXT, check_device, console, device_option, engine_option, executor_option,
+                                   handle_errors, progress)
 from specreplay.traces.errors import InputError
 
 
-def _run(workload, impl_name: str, executor: str | None, device: str, output: Path, allow_import: bool):
+def _run(workload, impl_name: str, executor: str | None, device: str, output: Path, allow_import: bool,
+         engine: str = "reference"):
     from specreplay.replay.engine import run_workload
     from specreplay.replay.impls import resolve
     from specreplay.traces.io import write_trace
@@ -25,7 +27,7 @@ def _run(workload, impl_name: str, executor: str | None, device: str, output: Pa
     if output.exists() and output.is_dir():
         raise InputError(f"{output}: is a directory; -o takes a file path like out.parquet")
     with progress(f"{workload.name} via {impl.name}") as update:
-        trace = run_workload(workload, impl, device=device, progress=update)  # user-code errors: InputError
+        trace = run_workload(workload, impl, device=device, progress=update, engine=engine)
     write_trace(trace, output)
     return trace
 
@@ -62,13 +64,14 @@ def _summary(trace, output: Path) -> None:
 @click.option("--workload", "workload_file", type=click.Path(path_type=Path), help="A workload file (TOML or JSON).")
 @click.option("--impl", "impl_name", default="upstream", show_default=True,
               help="Implementation: a name from `specreplay impls`, or module:attr.")
+@engine_option
 @executor_option
 @device_option
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Seed of the workload: a scenario's (default 0), or overriding a workload file's.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Trace file to write (.parquet).")
 @handle_errors
-def record(scenario, workload_file, impl_name, executor, device, seed, output) -> None:
+def record(scenario, workload_file, impl_name, engine, executor, device, seed, output) -> None:
     """Run a workload through an implementation and record both views to a Parquet trace.
 
     \b
@@ -76,18 +79,19 @@ def record(scenario, workload_file, impl_name, executor, device, seed, output) -
       specreplay record --scenario reentry --impl pr30796 -o pr30796.parquet
     """
     workload = _workload(scenario, workload_file, seed)
-    trace = _run(workload, impl_name, executor, device, output, allow_import=True)
+    trace = _run(workload, impl_name, executor, device, output, allow_import=True, engine=engine or "reference")
     _summary(trace, output)
 
 
 @click.command(context_settings=CONTEXT)
 @click.argument("trace_path", type=click.Path(path_type=Path))
 @click.option("--impl", "impl_name", default=None, help="Implementation to replay through (default: the trace's own).")
+@engine_option
 @executor_option
 @device_option
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Trace file to write.")
 @handle_errors
-def replay(trace_path, impl_name, executor, device, output) -> None:
+def replay(trace_path, impl_name, engine, executor, device, output) -> None:
     """Replay a recorded trace's workload and outcomes through another implementation.
 
     \b
@@ -100,7 +104,8 @@ def replay(trace_path, impl_name, executor, device, output) -> None:
     source = read_trace(trace_path)
     workload = Workload.from_dict(source.workload, f"{trace_path}: workload metadata")
     name = impl_name or source.impl_name
-    trace = _run(workload, name, executor, device, output, allow_import=impl_name is not None)
+    trace = _run(workload, name, executor, device, output, allow_import=impl_name is not None,
+                 engine=engine or source.impl.get("engine", "reference"))
     _summary(trace, output)
 
 
@@ -114,6 +119,7 @@ DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
 @click.option("--workload", "workload_file", type=click.Path(path_type=Path), help="A workload file (TOML or JSON).")
 @click.option("--impls", "impl_names", default=",".join(DEFAULT_COMPARE), show_default=True,
               help="Comma-separated implementations to record side by side.")
+@engine_option
 @device_option
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Seed of the workload: a scenario's (default 0), or overriding a workload file's.")
@@ -121,7 +127,7 @@ DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
               show_default=True, help="Folder for the traces, one per implementation.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @handle_errors
-def compare(scenario, workload_file, impl_names, device, seed, output_dir, fmt) -> None:
+def compare(scenario, workload_file, impl_names, engine, device, seed, output_dir, fmt) -> None:
     """Record one workload under several implementations and show each one's verdict side by side.
 
     Exit 0 whatever the verdicts (it is a report); 2 on bad input. `specreplay diff TRACE` shows
@@ -148,7 +154,7 @@ def compare(scenario, workload_file, impl_names, device, seed, output_dir, fmt) 
     rows = []
     for name in names:
         path = output_dir / f"{workload.name}-{name.replace(':', '_').replace('/', '_')}.parquet"
-        trace = _run(workload, name, None, device, path, allow_import=True)
+        trace = _run(workload, name, None, device, path, allow_import=True, engine=engine or "reference")
         findings = check_trace(trace)
         first = next((f for f in findings if f.severity == "error"), findings[0] if findings else None)
         rows.append({"impl": name, "executor": trace.impl.get("executor"), "verdict": verdict(findings),

@@ -59,6 +59,9 @@ class EngineConfig:
         for name in ("num_spec_tokens", "long_prefill_token_threshold", "num_lookahead_tokens"):
             if getattr(self, name) < 0:
                 raise InputError(f"{where}: {name} must be >= 0, got {getattr(self, name)}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise InputError(f"{where}: max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                             f"max_num_seqs ({self.max_num_seqs}), as vLLM requires")
         if self.num_spec_tokens > 16:
             raise InputError(f"{where}: num_spec_tokens {self.num_spec_tokens} is above 16")
         if self.vocab_size > 1 << 20 or self.max_model_len > 1 << 20 or self.block_size > 1 << 12:

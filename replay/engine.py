@@ -28,24 +28,25 @@ ProgressFn = Callable[[int, int], None]  # (steps done, max steps)
 
 
 def run_workload(workload: Workload, impl: Implementation, device: str = "cpu",
-                 progress: ProgressFn | None = None) -> Trace:
+                 progress: ProgressFn | None = None, engine: str = "reference") -> Trace:
     """Run `workload` through `impl` and return the recorded trace. An exception raised inside
     outside code (a `module:attr` implementation) becomes one InputError line naming it."""
     if not impl.user_code:
-        return _run(workload, impl, device, progress)
+        return _run(workload, impl, device, progress, engine)
     try:
-        return _run(workload, impl, device, progress)
+        return _run(workload, impl, device, progress, engine)
     except InputError:
         raise
     except Exception as exc:  # the user's scheduler or runner failed: say where, no traceback
         raise InputError(f"implementation {impl.name} raised {type(exc).__name__}: {exc}") from None
 
 
-def _run(workload: Workload, impl: Implementation, device: str, progress: ProgressFn | None) -> Trace:
+def _run(workload: Workload, impl: Implementation, device: str, progress: ProgressFn | None,
+         engine: str) -> Trace:
 
     config = workload.config
     oracle = Oracle(workload)
-    sched = impl.make_scheduler(config)
+    sched = impl.make_scheduler(config, engine)
     runner = impl.make_runner(config, oracle, device)
     rec = Recorder(oracle)
     arrivals: dict[int, list] = defaultdict(list)
@@ -55,50 +56,52 @@ def _run(workload: Workload, impl: Implementation, device: str, progress: Progre
     queue: deque = deque()
     outcome: dict = {"status": "completed"}
     step = 0
-    while True:
-        for order, spec in arrivals.pop(step + 1, ()):
-            req = Request(spec.request_id, oracle.prompt(spec.request_id), spec.max_tokens, spec.stop_at, order)
-            sched.add_request(req)
-            rec.add_request(req)
-        if not sched.has_requests() and not queue:
-            if not arrivals:
-                break
-            step = min(arrivals) - 1  # idle engine: nothing to schedule until the next arrival
-            continue
-        if sched.has_requests():
-            step += 1
-            sched.step = step - 1  # the engine numbers steps (idle gaps included); schedule() adds 1
-            rec.snapshot(sched)
-            out = sched.schedule()
-            rec.record_schedule(out, sched)
-            try:
-                result = runner.execute_model(impl.deliver(out))
-            except EngineCrash as exc:
-                outcome = {"status": "crashed", "step": step, "kind": exc.kind, "message": str(exc)}
-                break
-            rec.record_worker(step, runner.view)
-            queue.appendleft((out, result))
-            if progress is not None:
-                progress(step, workload.max_steps)
-            # Keep a batch in flight: async returns here until the queue holds two batches.
-            if out.total_num_scheduled_tokens > 0 and len(queue) < config.depth:
+    try:
+        while True:
+            for order, spec in arrivals.pop(step + 1, ()):
+                req = Request(spec.request_id, oracle.prompt(spec.request_id), spec.max_tokens,
+                              oracle.stop_token(spec.request_id), order)
+                rec.add_request(sched.add_request(req))
+            if not sched.has_requests() and not queue:
+                if not arrivals:
+                    break
+                step = min(arrivals) - 1  # idle engine: nothing to schedule until the next arrival
                 continue
-        while aborts and aborts[0][0] <= step:
-            for rid in sched.finish_requests([aborts.pop(0)[1]]):
-                rec.record_abort(step, rid)
-        done, result = queue.pop()
-        reports = sched.update_from_output(done, result)
-        rec.record_apply(done.step, reports, step)
-        if not sched.is_async and config.num_spec_tokens:
-            sched.update_draft_token_ids(*runner.take_draft_token_ids())
-        if step >= workload.max_steps:
-            outcome = {"status": "step_limit", "step": step}
-            break
+            if sched.has_requests():
+                step += 1
+                sched.step = step - 1  # the engine numbers steps (idle gaps included); schedule() adds 1
+                rec.snapshot(sched)
+                out = sched.schedule()
+                rec.record_schedule(out, sched)
+                delivered = impl.deliver(out)
+                result = runner.execute_model(delivered)
+                if delivered is out and hasattr(sched, "share_edits"):
+                    sched.share_edits(out)  # the real scheduler reads back what the worker edited
+                rec.record_worker(step, runner.view)
+                queue.appendleft((out, result))
+                if progress is not None:
+                    progress(step, workload.max_steps)
+                # Keep a batch in flight: async returns here until the queue holds two batches.
+                if out.total_num_scheduled_tokens > 0 and len(queue) < config.depth:
+                    continue
+            while aborts and aborts[0][0] <= step:
+                for rid in sched.finish_requests([aborts.pop(0)[1]]):
+                    rec.record_abort(step, rid)
+            done, result = queue.pop()
+            reports = sched.update_from_output(done, result)
+            rec.record_apply(done.step, reports, step)
+            if not sched.is_async and config.num_spec_tokens:
+                sched.update_draft_token_ids(*runner.take_draft_token_ids())
+            if step >= workload.max_steps:
+                outcome = {"status": "step_limit", "step": step}
+                break
+    except EngineCrash as exc:  # an assert in the scheduler, or the worker unable to run a step
+        outcome = {"status": "crashed", "step": step, "kind": exc.kind, "message": str(exc)}
     return Trace(
         table=rec.table(),
         workload=workload.to_dict(),
         config=config.to_dict(),
-        impl=impl.describe(config),
+        impl=impl.describe(sched, engine),
         outcome=outcome,
         seed=workload.seed,
         device=device,

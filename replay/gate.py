@@ -70,11 +70,13 @@ class GateOptions:
     executor: str | None = None
     fail_on: str = "error"
     device: str = "cpu"
+    engine: str | None = None  # None: each golden's own
 
 
 def fingerprint(trace) -> dict[str, Any]:
     """What made a trace: engine, implementation, config, specreplay version."""
-    return {"engine": trace.impl.get("models", "?"), "impl": trace.impl_name,
+    return {"engine": trace.impl.get("engine", "reference"), "models": trace.impl.get("models", "?"),
+            "impl": trace.impl_name,
             "executor": trace.impl.get("executor"), "config": trace.config, "specreplay": trace.version}
 
 
@@ -93,13 +95,16 @@ def gate_one(path: str, options: GateOptions) -> GateResult:
         workload = Workload.from_dict(golden.workload, f"{path}: workload metadata")
         impl = resolve(options.impl or golden.impl_name, allow_import=options.impl is not None,
                        executor=options.executor)
-        trace = run_workload(workload, impl, device=options.device)
+        trace = run_workload(workload, impl, device=options.device,
+                             engine=options.engine or golden.impl.get("engine", "reference"))
     except InputError as exc:
         return GateResult(path, "error", impl=options.impl or "", message=str(exc))
     result = GateResult(path, "pass", impl=impl.name, golden_impl=golden.impl_name)
     made_by = fingerprint(golden)
     if made_by["impl"] != impl.name:
         result.notes.append(f"golden made by {made_by['impl']}, gating {impl.name}")
+    if made_by["engine"] != trace.impl.get("engine"):
+        result.notes.append(f"golden made on the {made_by['engine']} engine, gating on {trace.impl.get('engine')}")
     if made_by["executor"] != trace.impl.get("executor"):
         result.notes.append(f"golden made with the {made_by['executor']} executor, gating {trace.impl.get('executor')}")
     if made_by["specreplay"] != package_version():
@@ -153,7 +158,8 @@ def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult
             workload = Workload.from_dict(golden.workload, f"{path}: workload metadata")
             impl = resolve(options.impl or golden.impl_name, allow_import=options.impl is not None,
                            executor=options.executor)
-            trace = run_workload(workload, impl, device=options.device)
+            trace = run_workload(workload, impl, device=options.device,
+                                 engine=options.engine or golden.impl.get("engine", "reference"))
         except InputError as exc:
             out.append(UpdateResult(str(path), "error", message=str(exc)))
             continue

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from specreplay.replay.config import EngineConfig
 from specreplay.replay.messages import SchedulerOutput
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from specreplay.replay.runner import GPUModelRunner
 
 EXECUTORS = ("inproc", "multiproc")
+#: reference: specreplay's models of vLLM 0.32.0; vllm-scheduler: the installed vLLM's real
+#: Scheduler / AsyncScheduler with the reference runner.
+ENGINES = ("reference", "vllm-scheduler")
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,15 @@ class Implementation:
     runner: type | None = None  # None: GPUModelRunner
     executor: str = "inproc"
     user_code: bool = False  # loaded from module:attr: its exceptions are reported, not raised
+    # The same variant on the real vLLM: takes the real (Async)Scheduler class, returns the
+    # variant's subclass of it. None with `scheduler` set: the variant has no real-code form.
+    real_scheduler: Callable[[type], type] | None = None
 
-    def make_scheduler(self, config: EngineConfig) -> Scheduler:
+    def make_scheduler(self, config: EngineConfig, engine: str = "reference") -> Any:
+        if engine == "vllm-scheduler":
+            return self._make_vllm_scheduler(config)
+        if engine != "reference":
+            raise InputError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
         # An AsyncScheduler variant changes async behaviour only; in sync mode the plain
         # Scheduler runs (there are no placeholders to treat differently).
         if self.scheduler is not None and config.async_scheduling and not issubclass(self.scheduler, AsyncScheduler):
@@ -58,6 +68,19 @@ class Implementation:
         if self.scheduler is not None and (config.async_scheduling or not issubclass(self.scheduler, AsyncScheduler)):
             return self.scheduler(config)
         return AsyncScheduler(config) if config.async_scheduling else Scheduler(config)
+
+    def _make_vllm_scheduler(self, config: EngineConfig) -> Any:
+        from specreplay.replay.vllm_scheduler import VllmSchedulerAdapter, real_scheduler_class
+
+        if self.scheduler is not None and self.real_scheduler is None:
+            raise InputError(f"{self.name} changes the reference scheduler only; it has no form for "
+                             "--engine vllm-scheduler (give it a real_scheduler, see the README)")
+        base = real_scheduler_class(config.async_scheduling)
+        cls = base
+        if self.real_scheduler is not None and (config.async_scheduling or self.scheduler is None
+                                                or not issubclass(self.scheduler, AsyncScheduler)):
+            cls = self.real_scheduler(base)
+        return VllmSchedulerAdapter(config, cls)
 
     def make_runner(self, config: EngineConfig, oracle: "Oracle", device: str) -> "GPUModelRunner":
         from specreplay.replay.runner import GPUModelRunner
@@ -68,11 +91,18 @@ class Implementation:
         """How the scheduler output reaches the worker (the engine's hook)."""
         return out if self.executor == "inproc" else out.private_copy()
 
-    def describe(self, config: EngineConfig) -> dict[str, Any]:
-        sched = type(self.make_scheduler(config))
+    def describe(self, scheduler: Any, engine: str = "reference") -> dict[str, Any]:
+        """What made a trace: stamped into its metadata."""
+        cls = type(getattr(scheduler, "real", scheduler))
         runner = self.runner.__name__ if self.runner else "GPUModelRunner"
-        return {"name": self.name, "scheduler": f"{sched.__module__}.{sched.__qualname__}",
-                "runner": runner, "executor": self.executor, "models": "vllm 0.32.0"}
+        if engine == "vllm-scheduler":
+            import vllm
+
+            version = f"vllm {vllm.__version__}"
+        else:
+            version = "specreplay reference of vllm 0.32.0"
+        return {"name": self.name, "scheduler": f"{cls.__module__}.{cls.__qualname__}", "runner": runner,
+                "executor": self.executor, "engine": engine, "models": version}
 
 
 def _builtin() -> dict[str, Implementation]:
@@ -85,7 +115,8 @@ def _builtin() -> dict[str, Implementation]:
         Implementation("pr30796-copy", "the pr30796 edit on a private copy of the SchedulerOutput (multiprocess executor)",
                        runner=variants.DropReentryDraftsRunner, executor="multiproc"),
         Implementation("sched-clear", "scheduler clears all -1 draft placeholders of running requests it did not schedule",
-                       scheduler=variants.ClearStalePlaceholdersScheduler),
+                       scheduler=variants.ClearStalePlaceholdersScheduler,
+                       real_scheduler=variants.clear_stale_placeholders_on),
         Implementation("noclamp", "runner of vLLM <= 0.22: no input clamp, a -1 draft reaches the embedding",
                        runner=variants.NoClampRunner),
     ]

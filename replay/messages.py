@@ -63,3 +63,8 @@ class EngineCrash(RuntimeError):
     checker reports it."""
 
     kind = "engine-crash"
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind

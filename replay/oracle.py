@@ -42,6 +42,15 @@ class Oracle:
             seq.append(model.next_token(h, len(seq) - 1, seq[-1], self.vocab))
         return seq[position]
 
+    def stop_token(self, rid: str) -> int | None:
+        """The stop token id of a request with `stop_at = N`: its expected N-th output token. Like
+        vLLM's stop_token_ids, the request stops at the first output equal to it (which can come
+        before the N-th output when that token id also occurs earlier)."""
+        spec = self.specs[rid]
+        if spec.stop_at is None:
+            return None
+        return self.token_at(rid, spec.prompt_len + spec.stop_at - 1)
+
     def drafts(self, rid: str, first_position: int, k: int) -> list[int]:
         spec = self.specs[rid]
         out = []

@@ -26,19 +26,19 @@ class Request:
     """Scheduler-side request. Counter names and meanings are vLLM's."""
 
     __slots__ = (
-        "request_id", "prompt_token_ids", "max_tokens", "stop_at", "all_token_ids",
+        "request_id", "prompt_token_ids", "max_tokens", "stop_token_id", "all_token_ids",
         "num_prompt_tokens", "num_computed_tokens", "num_output_placeholders", "spec_token_ids",
         "status", "is_prefill_chunk", "num_preemptions", "num_in_flight_tokens",
         "num_stale_output_tokens", "drop_stale_output", "order",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
-                 stop_at: int | None = None, order: int = 0) -> None:
+                 stop_token_id: int | None = None, order: int = 0) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_tokens = max_tokens
-        self.stop_at = stop_at  # the output count at which the sampled token is a stop token
+        self.stop_token_id = stop_token_id  # SamplingParams.stop_token_ids: finish on this token
         self.all_token_ids: list[int] = list(prompt_token_ids)  # prompt + applied outputs only
         self.num_computed_tokens = 0  # C: computed or scheduled in flight (optimistic for drafts)
         self.num_output_placeholders = 0  # P: in-flight outputs not yet applied, drafts included

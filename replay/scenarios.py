@@ -60,7 +60,7 @@ def random_workload(seed: int = 0) -> Workload:
     # Between one long request's worth of blocks and plenty: the low end forces preemption.
     num_blocks = 1 + rng.choice((per_request + 2, 2 * per_request, 4 * per_request, 64 * per_request))
     config = EngineConfig(
-        max_num_batched_tokens=budget, max_num_seqs=rng.choice((4, 8, 16, 32)), num_spec_tokens=k,
+        max_num_batched_tokens=budget, max_num_seqs=min(budget, rng.choice((4, 8, 16, 32))), num_spec_tokens=k,
         async_scheduling=rng.random() < 0.8, block_size=block_size, num_blocks=num_blocks,
         max_model_len=max_model_len,
         long_prefill_token_threshold=rng.choice((0, 0, 0, 8, 16)),

@@ -83,9 +83,11 @@ class Scheduler:
         self.skip_reasons: dict[str, str] = {}
 
     # ---------------------------------------------------------------- requests in and out
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request) -> Request:
+        """Queue a new request; returns the object the scheduler tracks (the recorder reads it)."""
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        return request
 
     def has_requests(self) -> bool:
         return bool(self.running or self.waiting)
@@ -220,9 +222,6 @@ class Scheduler:
             if 0 < plan.threshold < n:
                 n = plan.threshold
             n = min(n, plan.budget)
-            if padded != need and n != padded:
-                raise EngineCrash(f"scheduler assert: request {req.request_id!r} padded to {padded} tokens "
-                                  f"for spec decode but cut to {n} (long_prefill_token_threshold)")
             # vLLM 0.32 admits a waiting request only if its whole sequence fits in the free
             # blocks (scheduler_reserve_full_isl, on by default), not just this chunk.
             if not self.kv.fits(req.request_id, req.num_tokens):
@@ -231,6 +230,10 @@ class Scheduler:
                                          self.config.num_lookahead_tokens)
             if new is None:
                 break
+            if padded != need and n != padded:  # vLLM asserts this only once the blocks are allocated
+                raise EngineCrash(f"scheduler assert: request {req.request_id!r} padded to {padded} tokens "
+                                  f"for spec decode but cut to {n} (long_prefill_token_threshold)",
+                                  kind="scheduler-assert")
             self.waiting.popleft()
             self.running.append(req)
             (plan.new if req.status == Status.WAITING else plan.resumed).append(req)
@@ -339,7 +342,7 @@ class Scheduler:
         finish = ""
         for count, token in enumerate(tokens, 1):
             req.all_token_ids.append(token)
-            if req.stop_at is not None and req.num_output_tokens == req.stop_at:
+            if req.stop_token_id is not None and token == req.stop_token_id:
                 finish = "stop"
             elif req.num_tokens >= self.config.max_model_len or req.num_output_tokens >= req.max_tokens:
                 finish = "length"
@@ -381,4 +384,7 @@ class AsyncScheduler(Scheduler):
         # Placeholders were zeroed at preemption; a stale delivery must not decrement them.
         if not stale:
             req.num_output_placeholders -= len(tokens)
+            if req.num_output_placeholders < 0:  # vLLM asserts here and EngineCore dies
+                raise EngineCrash(f"scheduler assert: request {req.request_id!r} num_output_placeholders "
+                                  f"{req.num_output_placeholders} < 0", kind="scheduler-assert")
         return tokens, finish

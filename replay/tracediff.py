@@ -63,7 +63,8 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
                 if c not in first_per_field:
                     first_per_field[c] = Finding("D1-trace-differs", "error", key[0], key[1], c, va, vb,
                                                  f"{c}: {va!r} in A, {vb!r} in B")
-    if a.outcome != b.outcome:
+    # Messages may be worded differently by different engines; status, step and kind must agree.
+    if _outcome_key(a) != _outcome_key(b):
         out.fields["(outcome)"] += 1
         first_per_field["(outcome)"] = Finding("D1-trace-differs", "error", max(a.num_steps, b.num_steps), None,
                                                "(outcome)", a.outcome.get("status"), b.outcome.get("status"),
@@ -71,6 +72,10 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
     out.findings = sorted(first_per_field.values(), key=lambda f: (f.step, schema.COLUMN_NAMES.index(f.field)
                                                                     if f.field in schema.COLUMN_NAMES else 99))
     return out
+
+
+def _outcome_key(trace: Trace) -> tuple:
+    return tuple(trace.outcome.get(k) for k in ("status", "step", "kind"))
 
 
 def _rows(trace: Trace) -> dict[tuple[int, str], int]:

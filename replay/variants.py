@@ -36,6 +36,22 @@ class ClearStalePlaceholdersScheduler(AsyncScheduler):
                 req.spec_token_ids = []
 
 
+def clear_stale_placeholders_on(real_cls: type) -> type:
+    """sched-clear on the real vLLM: a subclass of its (Async)Scheduler that clears, after
+    `_update_after_schedule`, the all -1 spec lists of running requests it did not schedule."""
+
+    class ClearStalePlaceholders(real_cls):  # type: ignore[misc, valid-type]
+        def _update_after_schedule(self, scheduler_output):
+            super()._update_after_schedule(scheduler_output)
+            for req in self.running:
+                if req.request_id not in scheduler_output.num_scheduled_tokens and req.spec_token_ids \
+                        and all(t == -1 for t in req.spec_token_ids):
+                    req.spec_token_ids = []
+
+    ClearStalePlaceholders.__qualname__ = f"ClearStalePlaceholders({real_cls.__name__})"
+    return ClearStalePlaceholders
+
+
 class NoClampRunner(GPUModelRunner):
     """vLLM <= 0.22: no clamp before the embedding; a -1 placeholder draft crashes the engine."""
 

@@ -17,7 +17,8 @@ File format (TOML or JSON, same keys)::
     prompt_len = 3
     max_tokens = 12
     abort_step = 5           # optional: aborted before the apply of that step
-    stop_at = 4              # optional: its 4th output token is a stop token (finish "stop")
+    stop_at = 4              # optional: its expected 4th output token is a stop token id (finish
+                             # "stop" at the first output equal to it, as vLLM's stop_token_ids)
     acceptance = "none"      # optional: per-request override
 """
 

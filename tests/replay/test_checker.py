@@ -103,3 +103,22 @@ def test_malformed_scheduler_output_is_an_engine_crash():
     trace = run_workload(reentry_sync(), resolve("pr30796", allow_import=False))
     assert trace.outcome["status"] == "crashed" and trace.outcome["kind"] == "malformed-scheduler-output"
     assert "E1-engine-crash" in codes(trace)
+
+
+def test_padded_admission_cut_by_the_long_prefill_threshold_is_vllms_assert():
+    """Real vLLM 0.32 asserts (scheduler.py, `num_new_tokens == 1 + num_spec_tokens`) when a
+    1-token admission padded to 1 + k is then cut by a smaller long_prefill_token_threshold;
+    the reference reproduces the crash and the checker reports it."""
+    from specreplay.replay.engine import run_workload
+    from specreplay.replay.impls import resolve
+    from specreplay.replay.workload import Workload
+
+    w = Workload.from_dict({"config": {"max_num_batched_tokens": 16, "max_num_seqs": 2, "num_spec_tokens": 4,
+                                       "async_scheduling": False, "block_size": 4, "num_blocks": 4,
+                                       "long_prefill_token_threshold": 4},
+                            "requests": [{"id": "1", "prompt_len": 2, "max_tokens": 2},
+                                         {"id": "2", "prompt_len": 2, "max_tokens": 1},
+                                         {"id": "3", "prompt_len": 1, "max_tokens": 1}]})
+    trace = run_workload(w, resolve("upstream", allow_import=False))
+    assert (trace.outcome["status"], trace.outcome["step"], trace.outcome["kind"]) == ("crashed", 2, "scheduler-assert")
+    assert "E1-engine-crash" in codes(trace)

@@ -31,10 +31,12 @@ def workloads(draw) -> Workload:
             acceptance=draw(st.sampled_from([None, "all", "none", "alternate", "random:0.5"]))))
     per = -(-longest // block_size)
     config = EngineConfig(
-        max_num_batched_tokens=draw(st.integers(8, 64)), max_num_seqs=draw(st.integers(1, 16)),
+        max_num_batched_tokens=draw(st.integers(16, 64)), max_num_seqs=draw(st.integers(1, 16)),
         num_spec_tokens=k, async_scheduling=draw(st.booleans()), block_size=block_size,
         num_blocks=1 + draw(st.integers(per, 6 * per)), max_model_len=256,
-        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 4, 16])))
+        # A threshold below 1 + k with a 1-token admission trips a real vLLM 0.32 assert
+        # (test_checker covers it); keep the property about correct runs.
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 8, 16])))
     return Workload(tuple(requests), config, seed=draw(st.integers(0, 1000)),
                     acceptance=draw(st.sampled_from(["all", "none", "alternate", "random:0.6"])), max_steps=600)
 

