@@ -34,8 +34,11 @@ INSTALL_HINT = ("pip install torch==2.13.0 && echo 'torch==2.13.0+cpu' > /tmp/c.
 
 def load_vllm() -> Any:
     """Import vllm, or say in one line how to install the supported version."""
+    import logging
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.getLogger("vllm").setLevel(logging.ERROR)  # its config warnings are noise here
     try:
         import vllm
     except ImportError:
@@ -44,6 +47,7 @@ def load_vllm() -> Any:
     except Exception as exc:  # a broken install (e.g. a CUDA torchvision) fails at import
         raise InputError(f"vllm is installed but does not import ({type(exc).__name__}: {exc}); "
                          "reinstall it: " + INSTALL_HINT) from None
+    logging.getLogger("vllm").setLevel(logging.ERROR)
     version = getattr(vllm, "__version__", "?").split("+")[0]
     if version not in SUPPORTED_VERSIONS:
         raise InputError(f"vllm {version} is installed; --engine vllm-scheduler supports "
