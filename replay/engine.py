@@ -43,68 +43,95 @@ def run_workload(workload: Workload, impl: Implementation, device: str = "cpu",
 
 def _run(workload: Workload, impl: Implementation, device: str, progress: ProgressFn | None,
          engine: str) -> Trace:
-
-    config = workload.config
-    oracle = Oracle(workload)
-    sched = impl.make_scheduler(config, engine)
-    runner = impl.make_runner(config, oracle, device)
-    rec = Recorder(oracle)
-    arrivals: dict[int, list] = defaultdict(list)
-    for order, spec in enumerate(workload.requests):
-        arrivals[spec.arrival_step].append((order, spec))
-    aborts = sorted((spec.abort_step, spec.request_id) for spec in workload.requests if spec.abort_step)
-    queue: deque = deque()
-    outcome: dict = {"status": "completed"}
-    step = 0
+    loop = EngineLoop(workload, impl, device, engine)
     try:
-        while True:
-            for order, spec in arrivals.pop(step + 1, ()):
-                req = Request(spec.request_id, oracle.prompt(spec.request_id), spec.max_tokens,
-                              oracle.stop_token(spec.request_id), order)
-                rec.add_request(sched.add_request(req))
-            if not sched.has_requests() and not queue:
-                if not arrivals:
-                    break
-                step = min(arrivals) - 1  # idle engine: nothing to schedule until the next arrival
-                continue
-            if sched.has_requests():
-                step += 1
-                sched.step = step - 1  # the engine numbers steps (idle gaps included); schedule() adds 1
-                rec.snapshot(sched)
-                out = sched.schedule()
-                rec.record_schedule(out, sched)
-                delivered = impl.deliver(out)
-                result = runner.execute_model(delivered)
-                if delivered is out and hasattr(sched, "share_edits"):
-                    sched.share_edits(out)  # the real scheduler reads back what the worker edited
-                rec.record_worker(step, runner.view)
-                queue.appendleft((out, result))
-                if progress is not None:
-                    progress(step, workload.max_steps)
-                # Keep a batch in flight: async returns here until the queue holds two batches.
-                if out.total_num_scheduled_tokens > 0 and len(queue) < config.depth:
-                    continue
-            while aborts and aborts[0][0] <= step:
-                for rid in sched.finish_requests([aborts.pop(0)[1]]):
-                    rec.record_abort(step, rid)
-            done, result = queue.pop()
-            reports = sched.update_from_output(done, result)
-            rec.record_apply(done.step, reports, step)
-            if not sched.is_async and config.num_spec_tokens:
-                sched.update_draft_token_ids(*runner.take_draft_token_ids())
-            if step >= workload.max_steps:
-                outcome = {"status": "step_limit", "step": step}
-                break
+        while loop.step():
+            if progress is not None and loop.step_no:
+                progress(loop.step_no, workload.max_steps)
     except EngineCrash as exc:  # an assert in the scheduler, or the worker unable to run a step
-        outcome = {"status": "crashed", "step": step, "kind": exc.kind, "message": str(exc)}
-    return Trace(
-        table=rec.table(),
-        workload=workload.to_dict(),
-        config=config.to_dict(),
-        impl=impl.describe(sched, engine),
-        outcome=outcome,
-        seed=workload.seed,
-        device=device,
-        volatile={"created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                  "host": platform.node(), "python": platform.python_version()},
-    )
+        loop.outcome = {"status": "crashed", "step": loop.step_no, "kind": exc.kind, "message": str(exc)}
+    return loop.trace()
+
+
+class EngineLoop:
+    """One run: the scheduler, the runner, the batch queue and the recorder."""
+
+    def __init__(self, workload: Workload, impl: Implementation, device: str, engine: str) -> None:
+        self.workload = workload
+        self.config = workload.config
+        self.impl = impl
+        self.engine = engine
+        self.device = device
+        self.oracle = Oracle(workload)
+        self.sched = impl.make_scheduler(self.config, engine)
+        self.runner = impl.make_runner(self.config, self.oracle, device)
+        self.rec = Recorder(self.oracle)
+        self.arrivals: dict[int, list] = defaultdict(list)
+        for order, spec in enumerate(workload.requests):
+            self.arrivals[spec.arrival_step].append((order, spec))
+        self.aborts = sorted((s.abort_step, s.request_id) for s in workload.requests if s.abort_step)
+        self.queue: deque = deque()  # (SchedulerOutput, ModelRunnerOutput), newest first
+        self.outcome: dict = {"status": "completed"}
+        self.step_no = 0
+
+    def step(self) -> bool:
+        """One engine iteration, as vLLM's step_with_batch_queue orders it. False when done."""
+        self.admit_arrivals()
+        if not self.sched.has_requests() and not self.queue:
+            if not self.arrivals:
+                return False
+            self.step_no = min(self.arrivals) - 1  # idle engine: nothing to do until the next arrival
+            return True
+        if self.sched.has_requests():
+            out = self.schedule_and_execute()
+            # Keep a batch in flight: async returns here until the queue holds two batches.
+            if out.total_num_scheduled_tokens > 0 and len(self.queue) < self.config.depth:
+                return True
+        self.apply_aborts()
+        done, result = self.queue.pop()
+        self.rec.record_apply(done.step, self.sched.update_from_output(done, result), self.step_no)
+        if not self.sched.is_async and self.config.num_spec_tokens:
+            self.sched.update_draft_token_ids(*self.runner.take_draft_token_ids())
+        if self.step_no >= self.workload.max_steps:
+            self.outcome = {"status": "step_limit", "step": self.step_no}
+            return False
+        return True
+
+    def admit_arrivals(self) -> None:
+        for order, spec in self.arrivals.pop(self.step_no + 1, ()):
+            req = Request(spec.request_id, self.oracle.prompt(spec.request_id), spec.max_tokens,
+                          self.oracle.stop_token(spec.request_id), order)
+            self.rec.add_request(self.sched.add_request(req))
+
+    def schedule_and_execute(self):
+        self.step_no += 1
+        self.sched.step = self.step_no - 1  # the engine numbers steps (idle gaps included)
+        self.rec.snapshot(self.sched)
+        out = self.sched.schedule()
+        self.rec.record_schedule(out, self.sched)
+        delivered = self.impl.deliver(out)
+        result = self.runner.execute_model(delivered)
+        if delivered is out and hasattr(self.sched, "share_edits"):
+            self.sched.share_edits(out)  # the real scheduler reads back what the worker edited
+        self.rec.record_worker(self.step_no, self.runner.view)
+        self.queue.appendleft((out, result))
+        return out
+
+    def apply_aborts(self) -> None:
+        """Aborts that arrived by this step land before the oldest batch is applied."""
+        while self.aborts and self.aborts[0][0] <= self.step_no:
+            for rid in self.sched.finish_requests([self.aborts.pop(0)[1]]):
+                self.rec.record_abort(self.step_no, rid)
+
+    def trace(self) -> Trace:
+        return Trace(
+            table=self.rec.table(),
+            workload=self.workload.to_dict(),
+            config=self.config.to_dict(),
+            impl=self.impl.describe(self.sched, self.engine),
+            outcome=self.outcome,
+            seed=self.workload.seed,
+            device=self.device,
+            volatile={"created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                      "host": platform.node(), "python": platform.python_version()},
+        )
