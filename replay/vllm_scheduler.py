@@ -73,13 +73,13 @@ _STATUS = {
 class RealRequestView:
     """A real vLLM `Request` seen through the reference `Request`'s attribute names."""
 
-    __slots__ = ("real", "order")
+    __slots__ = ("real", "order", "request_id")
 
-    def __init__(self, real: Any, order: int) -> None:
+    def __init__(self, real: Any, order: int, request_id: str | None = None) -> None:
         self.real = real
         self.order = order
+        self.request_id = request_id or real.request_id  # the workload's id (vLLM may add a suffix)
 
-    request_id = property(lambda self: self.real.request_id)
     num_computed_tokens = property(lambda self: self.real.num_computed_tokens)
     num_output_placeholders = property(lambda self: self.real.num_output_placeholders)
     num_tokens = property(lambda self: self.real.num_tokens)
@@ -97,7 +97,7 @@ class RealRequestView:
         return _STATUS[name]
 
 
-def _tiny_model_dir(config: EngineConfig) -> str:
+def tiny_model_dir(config: EngineConfig) -> str:
     """A llama-style config.json only: ModelConfig reads it, nothing loads weights."""
     folder = tempfile.mkdtemp(prefix="specreplay-tiny-")
     doc = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
@@ -127,6 +127,106 @@ def _asserting(fn: Any, *args: Any) -> Any:
         raise EngineCrash(f"scheduler assert in vllm: {exc or 'assertion failed'}", kind="scheduler-assert") from None
 
 
+class RealSchedulerView:
+    """Reads a real vLLM scheduler the way the recorder reads the reference one: request views
+    under the workload's ids, skip reasons, `SchedulerOutput`s converted to specreplay's message,
+    and what `update_from_output` did as `ApplyReport`s. Used by the `vllm-scheduler` engine and
+    by the live-engine recorder (replay/vllm_live.py)."""
+
+    def __init__(self, real: Any, config: EngineConfig, external_id: Any = None) -> None:
+        self.real = real
+        self.config = config
+        self.ext = external_id or (lambda rid: rid)
+        self.requests: dict[str, RealRequestView] = {}
+        self.skip_reasons: dict[str, str] = {}
+        self._pre: dict[str, _Pre] = {}
+        self._running: list[Any] = []
+
+    def track(self, real_request: Any, order: int) -> RealRequestView:
+        view = RealRequestView(real_request, order, self.ext(real_request.request_id))
+        self.requests[view.request_id] = view
+        return view
+
+    def forget_finished(self) -> None:
+        for rid in [r for r, v in self.requests.items() if v.real.is_finished()]:
+            del self.requests[rid]
+
+    def before_schedule(self) -> None:
+        self._running = list(self.real.running)
+        self._pre = {r.request_id: _Pre(r.num_computed_tokens, r.num_output_placeholders, r.num_tokens,
+                                        r.num_output_tokens) for r in self._running}
+
+    def after_schedule(self, so: Any, step: int) -> SchedulerOutput:
+        self.skip_reasons = self._skips(so)
+        return self._convert(so, step)
+
+    def _skips(self, so: Any) -> dict[str, str]:
+        """Why running requests got no tokens. The real loop says nothing, so replay its visit:
+        it stops once the budget is spent; a visited request was skipped by the max-tokens rule
+        or had nothing to schedule."""
+        skips = {self.ext(rid): "preempted" for rid in (so.preempted_req_ids or ())}
+        budget = self.config.max_num_batched_tokens
+        for r in self._running:
+            rid = self.ext(r.request_id)
+            n = so.num_scheduled_tokens.get(r.request_id, 0)
+            if rid in skips:
+                continue
+            if n:
+                budget -= n
+            elif budget > 0:
+                v = self._pre[r.request_id]
+                rule = v.p > 0 and v.c + 2 - v.p >= r.num_prompt_tokens + r.max_tokens
+                skips[rid] = "max_tokens" if rule else "no_tokens"
+        return skips
+
+    def _convert(self, so: Any, step: int) -> SchedulerOutput:
+        x = self.ext
+        c = so.scheduled_cached_reqs
+        cached = CachedRequestData(
+            req_ids=[x(r) for r in c.req_ids], resumed_req_ids={x(r) for r in c.resumed_req_ids},
+            new_block_ids=[list(b[0]) if b else [] for b in c.new_block_ids],
+            num_computed_tokens=list(c.num_computed_tokens), num_output_tokens=list(c.num_output_tokens),
+            all_token_ids={x(r): list(t) for r, t in c.all_token_ids.items()})
+        new = [NewRequestData(x(d.req_id), list(d.prompt_token_ids or ()), list(d.block_ids[0]), d.num_computed_tokens)
+               for d in so.scheduled_new_reqs]
+        return SchedulerOutput(
+            step=step, scheduled_new_reqs=new, scheduled_cached_reqs=cached,
+            num_scheduled_tokens={x(r): n for r, n in so.num_scheduled_tokens.items()},
+            total_num_scheduled_tokens=so.total_num_scheduled_tokens,
+            scheduled_spec_decode_tokens={x(r): list(t) for r, t in so.scheduled_spec_decode_tokens.items()},
+            finished_req_ids={x(r) for r in so.finished_req_ids},
+            preempted_req_ids={x(r) for r in (so.preempted_req_ids or ())},
+            num_spec_tokens_to_schedule=so.num_spec_tokens_to_schedule)
+
+    def before_update(self, so: Any, model_output: Any) -> dict[str, tuple[Any, _Pre, int]]:
+        """Snapshot before update_from_output, which truncates the output's token lists in place.
+        `model_output`: the real ModelRunnerOutput the scheduler is given (internal ids)."""
+        index = model_output.req_id_to_index or {}
+        sampled = model_output.sampled_token_ids or []
+        before = {}
+        for rid in so.num_scheduled_tokens:
+            view = self.requests.get(self.ext(rid))
+            if view is not None and not view.real.is_finished():
+                r = view.real
+                i = index.get(rid)
+                generated = len(sampled[i]) if i is not None and i < len(sampled) else 0
+                before[rid] = (r, _Pre(r.num_computed_tokens, r.num_output_placeholders, r.num_tokens,
+                                       r.num_output_tokens), generated)
+        return before
+
+    def after_update(self, so: Any, before: dict[str, tuple[Any, _Pre, int]]) -> dict[str, ApplyReport]:
+        reports: dict[str, ApplyReport] = {}
+        for rid, (r, was, generated) in before.items():
+            slots = len(so.scheduled_spec_decode_tokens.get(rid, ()))
+            rejected = slots - (generated - 1) if slots and generated else 0
+            appended = tuple(r.output_token_ids[was.n_out:])
+            finish = {"FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "stop"}.get(r.status.name, "")
+            reports[self.ext(rid)] = ApplyReport(so.num_scheduled_tokens[rid], slots, rejected, appended, finish,
+                                                 r.num_computed_tokens, r.num_output_placeholders)
+        self.forget_finished()
+        return reports
+
+
 class VllmSchedulerAdapter:
     """The real vLLM scheduler behind the reference scheduler's interface."""
 
@@ -144,7 +244,7 @@ class VllmSchedulerAdapter:
         self.k = config.num_spec_tokens
         self.is_async = config.async_scheduling
         try:
-            model = ModelConfig(model=_tiny_model_dir(config), dtype="float32", skip_tokenizer_init=True,
+            model = ModelConfig(model=tiny_model_dir(config), dtype="float32", skip_tokenizer_init=True,
                                 max_model_len=config.max_model_len)
             sched = SchedulerConfig(max_num_batched_tokens=config.max_num_batched_tokens,
                                     max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
@@ -152,13 +252,8 @@ class VllmSchedulerAdapter:
                                     async_scheduling=config.async_scheduling,
                                     long_prefill_token_threshold=config.long_prefill_token_threshold)
             cache = CacheConfig(block_size=config.block_size, enable_prefix_caching=False)
-            spec = None
-            if self.k:
-                # ngram_gpu is the async-capable drafter without lookahead slots, like the reference.
-                spec = SpeculativeConfig(method="ngram_gpu" if config.async_scheduling else "ngram",
-                                         num_speculative_tokens=self.k, prompt_lookup_min=1, prompt_lookup_max=3)
             vllm_config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
-                                     speculative_config=spec)
+                                     speculative_config=speculative_config(config, SpeculativeConfig))
         except (ValueError, TypeError) as exc:
             raise InputError(f"vllm rejects this engine config: {' '.join(str(exc).split())[:200]}") from None
         cache.num_gpu_blocks = config.num_blocks
@@ -171,25 +266,27 @@ class VllmSchedulerAdapter:
                         block_size=config.block_size, log_stats=False)
         init_none_hash(hash)
         self._hasher = get_request_block_hasher(config.block_size, hash)
-        self.requests: dict[str, RealRequestView] = {}
-        self.skip_reasons: dict[str, str] = {}
+        self.view = RealSchedulerView(self.real, config)
         self.step = 0
         self._outputs: dict[int, Any] = {}  # our step -> the real SchedulerOutput
 
+    @property
+    def requests(self) -> dict[str, RealRequestView]:
+        return self.view.requests
+
+    @property
+    def skip_reasons(self) -> dict[str, str]:
+        return self.view.skip_reasons
+
     # ---------------------------------------------------------------- requests
     def add_request(self, req: Request) -> RealRequestView:
-        from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request as VllmRequest
 
-        stop = [req.stop_token_id] if req.stop_token_id is not None else None
-        params = SamplingParams(ignore_eos=True, max_tokens=req.max_tokens, stop_token_ids=stop, temperature=0.0,
-                                detokenize=False)
         real = VllmRequest(request_id=req.request_id, prompt_token_ids=list(req.prompt_token_ids),
-                           sampling_params=params, pooling_params=None, block_hasher=self._hasher)
+                           sampling_params=sampling_params(req.max_tokens, req.stop_token_id),
+                           pooling_params=None, block_hasher=self._hasher)
         self.real.add_request(real)
-        view = RealRequestView(real, req.order)
-        self.requests[req.request_id] = view
-        return view
+        return self.view.track(real, req.order)
 
     def has_requests(self) -> bool:
         return self.real.get_num_unfinished_requests() > 0
@@ -200,59 +297,16 @@ class VllmSchedulerAdapter:
         live = [r for r in request_ids if r in self.requests and not self.requests[r].real.is_finished()]
         if live:
             self.real.finish_requests(live, RequestStatus.FINISHED_ABORTED)
-        self._forget_finished()
+        self.view.forget_finished()
         return live
-
-    def _forget_finished(self) -> None:
-        for rid in [r for r, v in self.requests.items() if v.real.is_finished()]:
-            del self.requests[rid]
 
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
         self.step += 1
-        running = list(self.real.running)
-        pre = {r.request_id: _Pre(r.num_computed_tokens, r.num_output_placeholders, r.num_tokens,
-                                  r.num_output_tokens) for r in running}
+        self.view.before_schedule()
         so = _asserting(self.real.schedule)
         self._outputs[self.step] = so
-        self.skip_reasons = self._skips(running, pre, so)
-        return self._convert(so)
-
-    def _skips(self, running: list[Any], pre: dict[str, _Pre], so: Any) -> dict[str, str]:
-        """Why running requests got no tokens. The real loop says nothing, so replay its visit:
-        it stops once the budget is spent; a visited request was skipped by the max-tokens rule
-        or had nothing to schedule."""
-        skips = {rid: "preempted" for rid in (so.preempted_req_ids or ())}
-        budget = self.config.max_num_batched_tokens
-        for r in running:
-            rid = r.request_id
-            n = so.num_scheduled_tokens.get(rid, 0)
-            if rid in skips:
-                continue
-            if n:
-                budget -= n
-            elif budget > 0:
-                v = pre[rid]
-                rule = v.p > 0 and v.c + 2 - v.p >= r.num_prompt_tokens + r.max_tokens
-                skips[rid] = "max_tokens" if rule else "no_tokens"
-        return skips
-
-    def _convert(self, so: Any) -> SchedulerOutput:
-        c = so.scheduled_cached_reqs
-        cached = CachedRequestData(
-            req_ids=list(c.req_ids), resumed_req_ids=set(c.resumed_req_ids),
-            new_block_ids=[list(b[0]) if b else [] for b in c.new_block_ids],
-            num_computed_tokens=list(c.num_computed_tokens), num_output_tokens=list(c.num_output_tokens),
-            all_token_ids={r: list(t) for r, t in c.all_token_ids.items()})
-        new = [NewRequestData(d.req_id, list(d.prompt_token_ids), list(d.block_ids[0]), d.num_computed_tokens)
-               for d in so.scheduled_new_reqs]
-        return SchedulerOutput(
-            step=self.step, scheduled_new_reqs=new, scheduled_cached_reqs=cached,
-            num_scheduled_tokens=dict(so.num_scheduled_tokens),
-            total_num_scheduled_tokens=so.total_num_scheduled_tokens,
-            scheduled_spec_decode_tokens={r: list(t) for r, t in so.scheduled_spec_decode_tokens.items()},
-            finished_req_ids=set(so.finished_req_ids), preempted_req_ids=set(so.preempted_req_ids or ()),
-            num_spec_tokens_to_schedule=so.num_spec_tokens_to_schedule)
+        return self.view.after_schedule(so, self.step)
 
     def share_edits(self, out: SchedulerOutput) -> None:
         """In-process executor: the worker edited the object the scheduler will read back. Put the
@@ -269,29 +323,12 @@ class VllmSchedulerAdapter:
         from vllm.v1.outputs import ModelRunnerOutput as VllmModelRunnerOutput
 
         so = self._outputs.pop(out.step)
-        before: dict[str, tuple[Any, _Pre]] = {}
-        for rid in so.num_scheduled_tokens:
-            view = self.requests.get(rid)
-            if view is not None and not view.real.is_finished():
-                r = view.real
-                before[rid] = (r, _Pre(r.num_computed_tokens, r.num_output_placeholders, r.num_tokens,
-                                       r.num_output_tokens))
         real_out = VllmModelRunnerOutput(req_ids=list(model_output.req_ids),
                                          req_id_to_index=dict(model_output.req_id_to_index),
                                          sampled_token_ids=[list(t) for t in model_output.sampled_token_ids])
+        before = self.view.before_update(so, real_out)
         _asserting(self.real.update_from_output, so, real_out)
-        reports: dict[str, ApplyReport] = {}
-        for rid, (r, was) in before.items():
-            index = model_output.req_id_to_index.get(rid)
-            generated = model_output.sampled_token_ids[index] if index is not None else []
-            slots = len(so.scheduled_spec_decode_tokens.get(rid, ()))
-            rejected = slots - (len(generated) - 1) if slots and generated else 0
-            appended = tuple(r.output_token_ids[was.n_out:])
-            finish = {"FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "stop"}.get(r.status.name, "")
-            reports[rid] = ApplyReport(so.num_scheduled_tokens[rid], slots, rejected, appended, finish,
-                                       r.num_computed_tokens, r.num_output_placeholders)
-        self._forget_finished()
-        return reports
+        return self.view.after_update(so, before)
 
     def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
         from vllm.v1.outputs import DraftTokenIds
@@ -301,3 +338,20 @@ class VllmSchedulerAdapter:
     @property
     def running(self) -> list[RealRequestView]:
         return [self.requests[r.request_id] for r in self.real.running if r.request_id in self.requests]
+
+
+def sampling_params(max_tokens: int, stop_token_id: int | None) -> Any:
+    from vllm.sampling_params import SamplingParams
+
+    stop = [stop_token_id] if stop_token_id is not None else None
+    return SamplingParams(ignore_eos=True, max_tokens=max_tokens, stop_token_ids=stop, temperature=0.0,
+                          detokenize=False)
+
+
+def speculative_config(config: EngineConfig, cls: Any = None) -> Any:
+    """ngram_gpu (async) / ngram (sync): drafters without lookahead slots, like the reference."""
+    if not config.num_spec_tokens:
+        return None
+    doc = {"method": "ngram_gpu" if config.async_scheduling else "ngram",
+           "num_speculative_tokens": config.num_spec_tokens, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    return cls(**doc) if cls is not None else doc
