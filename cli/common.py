@@ -48,9 +48,11 @@ fail_on_option = click.option("--fail-on", type=click.Choice(["error", "warning"
 device_option = click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
                              help="Where the reference runner's tensors live.")
 engine_option = click.option(
-    "--engine", type=click.Choice(["reference", "vllm-scheduler"]), default=None,
-    help="Scheduler engine: specreplay's reference model of vLLM 0.32.0, or the installed vLLM's real "
-         "scheduler (with the reference runner). Default: reference (replay, gate: the trace's own).")
+    "--engine", type=click.Choice(["reference", "vllm-scheduler", "vllm"]), default=None,
+    help="reference: specreplay's models of vLLM 0.32.0; vllm-scheduler: the installed vLLM's real "
+         "scheduler with the reference runner; vllm: a live tiny vLLM engine, real scheduler and real "
+         "model runner (--executor multiproc: engine core in its own process). Default: reference "
+         "(replay, gate: the trace's own).")
 executor_option = click.option("--executor", type=click.Choice(["inproc", "multiproc"]), default=None,
                                help="How the SchedulerOutput reaches the worker: the shared object (inproc) or a "
                                     "private copy (multiproc). Default: the implementation's own.")

@@ -31,6 +31,10 @@ def run_workload(workload: Workload, impl: Implementation, device: str = "cpu",
                  progress: ProgressFn | None = None, engine: str = "reference") -> Trace:
     """Run `workload` through `impl` and return the recorded trace. An exception raised inside
     outside code (a `module:attr` implementation) becomes one InputError line naming it."""
+    if engine == "vllm":
+        from specreplay.replay.live_engine import run_live
+
+        return run_live(workload, impl, device)
     if not impl.user_code:
         return _run(workload, impl, device, progress, engine)
     try:

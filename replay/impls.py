@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 EXECUTORS = ("inproc", "multiproc")
 #: reference: specreplay's models of vLLM 0.32.0; vllm-scheduler: the installed vLLM's real
 #: Scheduler / AsyncScheduler with the reference runner.
-ENGINES = ("reference", "vllm-scheduler")
+ENGINES = ("reference", "vllm-scheduler", "vllm")  # vllm: a live engine, see replay/live_engine.py
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from specreplay.traces import schema
 
 
 class Recorder:
-    def __init__(self, oracle: Oracle) -> None:
+    def __init__(self, oracle: Oracle | None) -> None:
+        """`oracle`: the workload's expected tokens, or None (a live engine: no ground truth)."""
         self.oracle = oracle
         self.cols: dict[str, list] = {name: [] for name in schema.COLUMN_NAMES}
         self.rows_of_step: dict[int, dict[str, int]] = {}  # steps whose output is not yet applied
@@ -130,13 +131,16 @@ class Recorder:
                 c["truth_kv_ok"][at] = ok
 
     # ------------------------------------------------------------------ E4(j)
-    def record_apply(self, step: int, reports: dict[str, ApplyReport], apply_step: int) -> None:
+    def record_apply(self, step: int, reports: dict[str, ApplyReport], apply_step: int) -> list[int]:
+        """Fill the apply columns of step `step`'s rows; returns the row indexes it filled."""
         c = self.cols
         index = self.rows_of_step.pop(step, {})
+        filled = []
         for rid, report in reports.items():
             at = index.get(rid)
             if at is None:
                 continue
+            filled.append(at)
             req = self.known[rid]
             first = req.num_output_tokens - len(report.tokens)
             c["apply_step"][at] = apply_step
@@ -144,16 +148,19 @@ class Recorder:
             c["apply_num_draft_slots"][at] = report.num_draft_slots
             c["apply_num_rejected"][at] = report.num_rejected
             c["apply_num_tokens"][at] = len(report.tokens)
-            c["apply_token_mismatches"][at] = self.oracle.mismatches(rid, first, report.tokens)
+            c["apply_token_mismatches"][at] = (None if self.oracle is None
+                                               else self.oracle.mismatches(rid, first, report.tokens))
             c["apply_num_computed_tokens"][at] = report.num_computed_tokens
             c["apply_num_output_placeholders"][at] = report.num_output_placeholders
             c["apply_finish_reason"][at] = report.finish_reason
+        return filled
 
-    def record_abort(self, step: int, rid: str) -> None:
-        """An abort applied in step `step`'s iteration: marked on that step's row."""
+    def record_abort(self, step: int, rid: str) -> int | None:
+        """An abort applied in step `step`'s iteration: marked on that step's row (returned)."""
         at = self.rows_of_step.get(step, {}).get(rid)
         if at is not None:
             self.cols["apply_finish_reason"][at] = "aborted"
+        return at
 
     # ------------------------------------------------------------------ the table
     def table(self) -> pa.Table:

@@ -39,7 +39,9 @@ ROW_GROUP_SIZE = 1 << 17
 #: Columns filled together: in any row they are all null or all set.
 _GROUPS = {
     "worker": tuple(n for n in schema.COLUMN_NAMES if n.startswith("worker_") and n != "worker_num_accepted"),
-    "apply": tuple(n for n in schema.COLUMN_NAMES if n.startswith("apply_") and n != "apply_finish_reason"),
+    # apply_token_mismatches needs ground truth: null in a live engine's trace.
+    "apply": tuple(n for n in schema.COLUMN_NAMES if n.startswith("apply_")
+                   and n not in ("apply_finish_reason", "apply_token_mismatches")),
     "truth": tuple(n for n in schema.COLUMN_NAMES if n.startswith("truth_")),
 }
 _OUTCOMES = ("completed", "crashed", "step_limit")
