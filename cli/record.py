@@ -17,7 +17,7 @@ from specreplay.traces.errors import InputError
 
 
 def _run(workload, impl_name: str, executor: str | None, device: str, output: Path, allow_import: bool,
-         engine: str = "reference"):
+         engine: str = "reference", model: str | None = None):
     from specreplay.replay.engine import run_workload
     from specreplay.replay.impls import resolve
     from specreplay.traces.io import write_trace
@@ -27,7 +27,7 @@ def _run(workload, impl_name: str, executor: str | None, device: str, output: Pa
     if output.exists() and output.is_dir():
         raise InputError(f"{output}: is a directory; -o takes a file path like out.parquet")
     with progress(f"{workload.name} via {impl.name}") as update:
-        trace = run_workload(workload, impl, device=device, progress=update, engine=engine)
+        trace = run_workload(workload, impl, device=device, progress=update, engine=engine, model=model)
     write_trace(trace, output)
     return trace
 
@@ -69,9 +69,11 @@ def _summary(trace, output: Path) -> None:
 @device_option
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Seed of the workload: a scenario's (default 0), or overriding a workload file's.")
+@click.option("--model", default=None, help="--engine vllm: a model with real weights (folder or hub name); "
+              "default: a tiny dummy-weight model written on the fly.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Trace file to write (.parquet).")
 @handle_errors
-def record(scenario, workload_file, impl_name, engine, executor, device, seed, output) -> None:
+def record(scenario, workload_file, impl_name, engine, executor, device, seed, model, output) -> None:
     """Run a workload through an implementation and record both views to a Parquet trace.
 
     \b
@@ -79,7 +81,8 @@ def record(scenario, workload_file, impl_name, engine, executor, device, seed, o
       specreplay record --scenario reentry --impl pr30796 -o pr30796.parquet
     """
     workload = _workload(scenario, workload_file, seed)
-    trace = _run(workload, impl_name, executor, device, output, allow_import=True, engine=engine or "reference")
+    trace = _run(workload, impl_name, executor, device, output, allow_import=True, engine=engine or "reference",
+                 model=model)
     _summary(trace, output)
 
 

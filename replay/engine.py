@@ -28,13 +28,15 @@ ProgressFn = Callable[[int, int], None]  # (steps done, max steps)
 
 
 def run_workload(workload: Workload, impl: Implementation, device: str = "cpu",
-                 progress: ProgressFn | None = None, engine: str = "reference") -> Trace:
+                 progress: ProgressFn | None = None, engine: str = "reference", model: str | None = None) -> Trace:
     """Run `workload` through `impl` and return the recorded trace. An exception raised inside
     outside code (a `module:attr` implementation) becomes one InputError line naming it."""
     if engine == "vllm":
         from specreplay.replay.live_engine import run_live
 
-        return run_live(workload, impl, device)
+        return run_live(workload, impl, device, model)
+    if model is not None:
+        raise InputError("--model is for --engine vllm (a live engine); the other engines run the reference model")
     if not impl.user_code:
         return _run(workload, impl, device, progress, engine)
     try:

@@ -25,7 +25,8 @@ from specreplay.traces.errors import InputError
 from specreplay.traces.trace import Trace
 
 
-def run_live(workload: Workload, impl: Implementation, device: str = "cpu") -> Trace:
+def run_live(workload: Workload, impl: Implementation, device: str = "cpu", model: str | None = None) -> Trace:
+    """`model`: a model folder or hub name with real weights; None: the tiny dummy-weight model."""
     from specreplay.replay.vllm_scheduler import load_vllm, sampling_params, speculative_config, tiny_model_dir
 
     if impl.name not in vllm_live.LIVE_IMPLS:
@@ -55,8 +56,10 @@ def run_live(workload: Workload, impl: Implementation, device: str = "cpu") -> T
     try:
         vllm_live.register()  # this process; vLLM loads the same entry point in the ones it starts
         try:
+            weights = ({"model": tiny_model_dir(config), "load_format": "dummy", "dtype": "float32"} if model is None
+                       else {"model": model, "dtype": "auto"})
             llm = vllm.LLM(
-                model=tiny_model_dir(config), load_format="dummy", skip_tokenizer_init=True, dtype="float32",
+                **weights, skip_tokenizer_init=True,
                 max_model_len=config.max_model_len, max_num_batched_tokens=config.max_num_batched_tokens,
                 max_num_seqs=config.max_num_seqs, block_size=config.block_size,
                 num_gpu_blocks_override=config.num_blocks, enable_prefix_caching=False,
@@ -82,6 +85,7 @@ def run_live(workload: Workload, impl: Implementation, device: str = "cpu") -> T
     impl_doc = {"name": impl.name, "engine": "vllm", "executor": impl.executor,
                 "scheduler": "AsyncScheduler" if config.async_scheduling else "Scheduler",
                 "runner": "GPUModelRunner (live)", "models": f"vllm {vllm.__version__}",
+                "model": model or "tiny dummy-weight llama (written on the fly)",
                 "drafter": "ngram_gpu" if config.async_scheduling else "ngram",
                 "patches": list(vllm_live.CPU_PATCHES) if on_cpu else []}
     return Trace(table=vllm_live.rows_to_table(rows), workload=workload.to_dict(), config=config.to_dict(),
