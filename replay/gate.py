@@ -80,23 +80,30 @@ def fingerprint(trace) -> dict[str, Any]:
             "executor": trace.impl.get("executor"), "config": trace.config, "specreplay": trace.version}
 
 
+def replay_golden(path: str | Path, options: GateOptions):
+    """Read a golden and run its workload through the implementation under test (default: the
+    golden's own, by registry name only) on its engine. Returns (golden, impl, new trace)."""
+    from specreplay.replay.engine import run_workload
+    from specreplay.replay.impls import resolve
+    from specreplay.replay.workload import Workload
+    from specreplay.traces.io import read_trace
+
+    golden = read_trace(path)
+    workload = Workload.from_dict(golden.workload, f"{path}: workload metadata")
+    impl = resolve(options.impl or golden.impl_name, allow_import=options.impl is not None, executor=options.executor)
+    trace = run_workload(workload, impl, device=options.device,
+                         engine=options.engine or golden.impl.get("engine", "reference"))
+    return golden, impl, trace
+
+
 def gate_one(path: str, options: GateOptions) -> GateResult:
     """Replay one golden through the implementation under test. Never raises for bad input."""
     from specreplay.replay.checker import check_trace
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
     from specreplay.replay.tracediff import diff_traces
-    from specreplay.replay.workload import Workload
-    from specreplay.traces.io import read_trace
     from specreplay.traces.trace import package_version
 
     try:
-        golden = read_trace(path)
-        workload = Workload.from_dict(golden.workload, f"{path}: workload metadata")
-        impl = resolve(options.impl or golden.impl_name, allow_import=options.impl is not None,
-                       executor=options.executor)
-        trace = run_workload(workload, impl, device=options.device,
-                             engine=options.engine or golden.impl.get("engine", "reference"))
+        golden, impl, trace = replay_golden(path, options)
     except InputError as exc:
         return GateResult(path, "error", impl=options.impl or "", message=str(exc))
     result = GateResult(path, "pass", impl=impl.name, golden_impl=golden.impl_name)
@@ -145,21 +152,13 @@ class UpdateResult:
 
 def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult]:
     """Re-record each golden from the implementation under test and write it in place."""
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
     from specreplay.replay.tracediff import diff_traces
-    from specreplay.replay.workload import Workload
-    from specreplay.traces.io import read_trace, write_trace
+    from specreplay.traces.io import write_trace
 
     out: list[UpdateResult] = []
     for path in collect(paths):
         try:
-            golden = read_trace(path)
-            workload = Workload.from_dict(golden.workload, f"{path}: workload metadata")
-            impl = resolve(options.impl or golden.impl_name, allow_import=options.impl is not None,
-                           executor=options.executor)
-            trace = run_workload(workload, impl, device=options.device,
-                                 engine=options.engine or golden.impl.get("engine", "reference"))
+            golden, _, trace = replay_golden(path, options)
         except InputError as exc:
             out.append(UpdateResult(str(path), "error", message=str(exc)))
             continue

@@ -111,14 +111,8 @@ def test_padded_admission_cut_by_the_long_prefill_threshold_is_vllms_assert():
     the reference reproduces the crash and the checker reports it."""
     from specreplay.replay.engine import run_workload
     from specreplay.replay.impls import resolve
-    from specreplay.replay.workload import Workload
+    from tests.conftest import padded_admission_cut_by_threshold
 
-    w = Workload.from_dict({"config": {"max_num_batched_tokens": 16, "max_num_seqs": 2, "num_spec_tokens": 4,
-                                       "async_scheduling": False, "block_size": 4, "num_blocks": 4,
-                                       "long_prefill_token_threshold": 4},
-                            "requests": [{"id": "1", "prompt_len": 2, "max_tokens": 2},
-                                         {"id": "2", "prompt_len": 2, "max_tokens": 1},
-                                         {"id": "3", "prompt_len": 1, "max_tokens": 1}]})
-    trace = run_workload(w, resolve("upstream", allow_import=False))
+    trace = run_workload(padded_admission_cut_by_threshold(), resolve("upstream", allow_import=False))
     assert (trace.outcome["status"], trace.outcome["step"], trace.outcome["kind"]) == ("crashed", 2, "scheduler-assert")
     assert "E1-engine-crash" in codes(trace)

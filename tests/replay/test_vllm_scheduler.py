@@ -66,15 +66,9 @@ def test_random_workloads_are_identical_on_the_real_scheduler():
 
 
 def test_a_real_vllm_assert_is_a_crash_on_both_engines():
-    from specreplay.replay.workload import Workload
+    from tests.conftest import padded_admission_cut_by_threshold
 
-    w = Workload.from_dict({"config": {"max_num_batched_tokens": 16, "max_num_seqs": 2, "num_spec_tokens": 4,
-                                       "async_scheduling": False, "block_size": 4, "num_blocks": 4,
-                                       "long_prefill_token_threshold": 4},
-                            "requests": [{"id": "1", "prompt_len": 2, "max_tokens": 2},
-                                         {"id": "2", "prompt_len": 2, "max_tokens": 1},
-                                         {"id": "3", "prompt_len": 1, "max_tokens": 1}]})
-    ref, real = both(w)
+    ref, real = both(padded_admission_cut_by_threshold())
     assert diff_traces(ref, real).same
     assert real.outcome["kind"] == "scheduler-assert"
 
