@@ -64,21 +64,36 @@ class TraceRows:
 
     def in_flight(self, rows: list[int], upto: int) -> list[int]:
         """Rows of one request's earlier steps whose output was not applied when schedule() of
-        row `upto`'s step ran, and that were not superseded by a preemption since."""
+        row `upto`'s step ran, and that were not superseded by a preemption since. `rows` are
+        the request's row indexes in step order and `upto` is one of them. With at most two
+        batches in flight only the last few steps can qualify, so the scan looks back
+        `LOOKBACK` steps (constant work per row, not the request's whole history)."""
         c = self.col
         step = c["step"][upto]
-        last_preempt = max((c["step"][j] for j in rows if c["step"][j] <= step and c["sched_preempted"][j]), default=0)
         out = []
-        for j in rows:
+        k = self._position(rows, upto) - 1
+        while k >= 0:
+            j = rows[k]
             sj = c["step"][j]
-            if sj >= step:
+            if sj < step - LOOKBACK or c["sched_preempted"][j]:
                 break
-            if sj < last_preempt or c["sched_num_scheduled_tokens"][j] == 0:
-                continue
             applied = c["apply_step"][j]
-            if applied is None or applied >= step:
+            if c["sched_num_scheduled_tokens"][j] and (applied is None or applied >= step):
                 out.append(j)
+            k -= 1
+        out.reverse()
         return out
+
+    def _position(self, rows: list[int], row: int) -> int:
+        # rows is sorted (row indexes grow with steps): bisect instead of list.index
+        from bisect import bisect_left
+
+        return bisect_left(rows, row)
+
+
+#: How many steps back an unapplied output can be in flight (two batches, plus slack for
+#: empty steps, which the engine pops without a forward).
+LOOKBACK = 4
 
 
 def _f(rows: TraceRows, code: str, i: int, field: str, sched, worker, message: str) -> Finding:

@@ -43,6 +43,8 @@ CPU_PATCHES = ("torch.zeros drops pin_memory (no pinned allocator on CPU)",
                "CpuPlatform.check_and_update_config keeps async_scheduling on")
 
 _SUFFIX = re.compile(r"^(.*)-[0-9a-f]{8}$")
+#: What a schedule event carries: the keys and the scheduler view (the rest comes as patches).
+_SCHEDULE_COLUMNS = [n for n in schema.COLUMN_NAMES if not n.startswith(("apply_", "worker_", "truth_"))]
 
 
 def external_id(internal: str) -> str:
@@ -54,10 +56,12 @@ def external_id(internal: str) -> str:
 class _Sink:
     def __init__(self, folder: str, role: str) -> None:
         self.path = os.path.join(folder, f"{role}-{os.getpid()}-{id(self)}.jsonl")
+        self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, event: dict[str, Any]) -> None:
-        with open(self.path, "a", encoding="utf-8") as fh:  # one line, flushed: a crash loses nothing before
-            fh.write(json.dumps(event, separators=(",", ":")) + "\n")
+        # One line per event, flushed: a process that dies loses nothing it wrote before.
+        self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
+        self._file.flush()
 
 
 # ====================================================================== scheduler side
@@ -105,9 +109,9 @@ class CoreTap:
             so._specreplay_step = self.step  # travels with the object (pickled) to the workers
             start = len(self.rec.cols["step"])
             self.rec.record_schedule(self.view.after_schedule(so, self.step), self.view)
-            rows = [[self.rec.cols[name][i] for name in schema.COLUMN_NAMES]
-                    for i in range(start, len(self.rec.cols["step"]))]
-            self.sink.write({"e": "rows", "rows": rows})
+            cols = self.rec.cols
+            self.sink.write({"e": "rows", "names": _SCHEDULE_COLUMNS, "rows": [
+                [cols[name][i] for name in _SCHEDULE_COLUMNS] for i in range(start, len(cols["step"]))]})
             return so
 
         @functools.wraps(update)
@@ -366,7 +370,7 @@ def merge_parts(folder: str) -> list[dict[str, Any]]:
                     continue  # a line cut by a dying process
                 if event.get("e") == "rows":
                     for values in event["rows"]:
-                        row = dict(zip(schema.COLUMN_NAMES, values))
+                        row = dict(zip(event["names"], values))
                         key = (row["step"], row["request_id"])
                         rows[key] = row
                         order.append(key)

@@ -34,7 +34,7 @@ _NON_NEGATIVE = (
     "truth_num_computed_tokens", "truth_kv_after",
 )
 
-ROW_GROUP_SIZE = 1 << 17
+ROW_GROUP_SIZE = 1 << 20  # large groups compress best (about 4 bytes a request-step)
 
 #: Columns filled together: in any row they are all null or all set.
 _GROUPS = {

