@@ -18,7 +18,7 @@ from __future__ import annotations
 import zlib
 from typing import TYPE_CHECKING
 
-from specreplay.replay.workload import RequestSpec, Workload
+from specreplay.replay.workload import RequestSpec
 
 if TYPE_CHECKING:
     import torch
@@ -52,16 +52,16 @@ def expected_tokens(seed: int, spec: RequestSpec, vocab: int, extra: int) -> lis
     return seq
 
 
-def draft_is_correct(workload: Workload, spec: RequestSpec, position: int) -> bool:
-    """Does the drafter propose the true token for `position` of this request?"""
-    kind, p = workload.acceptance_for(spec)
+def draft_is_correct(kind: str, p: float, seed: int, request_id: str, position: int) -> bool:
+    """Does the drafter propose the true token for `position` of this request, under the
+    acceptance rule (kind, p) of the workload?"""
     if kind == "all":
         return True
     if kind == "none":
         return False
     if kind == "alternate":
         return position % 2 == 0
-    draw = zlib.crc32(f"accept/{workload.seed}/{spec.request_id}/{position}".encode()) & 0xFFFFFF
+    draw = zlib.crc32(f"accept/{seed}/{request_id}/{position}".encode()) & 0xFFFFFF
     return draw < p * 0x1000000
 
 

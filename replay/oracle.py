@@ -18,6 +18,7 @@ class Oracle:
         self.specs: dict[str, RequestSpec] = {spec.request_id: spec for spec in workload.requests}
         self._hash = {rid: model.request_hash(workload.seed, rid) for rid in self.specs}
         self._expected: dict[str, list[int]] = {}
+        self._acceptance = {rid: workload.acceptance_for(spec) for rid, spec in self.specs.items()}
 
     def hash(self, rid: str) -> int:
         return self._hash[rid]
@@ -52,11 +53,12 @@ class Oracle:
         return self.token_at(rid, spec.prompt_len + spec.stop_at - 1)
 
     def drafts(self, rid: str, first_position: int, k: int) -> list[int]:
-        spec = self.specs[rid]
+        kind, p = self._acceptance[rid]
         out = []
         for q in range(first_position, first_position + k):
             true = self.token_at(rid, q)
-            out.append(true if model.draft_is_correct(self.workload, spec, q) else (true + 1) % self.vocab)
+            correct = model.draft_is_correct(kind, p, self.workload.seed, rid, q)
+            out.append(true if correct else (true + 1) % self.vocab)
         return out
 
     def mismatches(self, rid: str, first_output_index: int, tokens: tuple[int, ...] | list[int]) -> int:

@@ -387,18 +387,18 @@ class GPUModelRunner:
         num_rows = len(inputs.rows)
         width = max(inputs.num_drafts, default=0)
         dev = self.device
-        slot_index = torch.empty((num_rows, width + 1), dtype=torch.int64)
-        drafts = torch.full((num_rows, max(width, 1)), -1, dtype=torch.int64)
         discarded = inputs.discarded
+        # Built as host lists and copied once: one tensor per step, not one per row.
+        slots: list[list[int]] = []
+        padded: list[list[int]] = []
         for x in range(num_rows):
             d = inputs.num_drafts[x]
             last = inputs.cu[x] - 1
             first = last - d
-            slot_index[x] = torch.tensor([min(first + j, last) for j in range(width + 1)])
-            if d:
-                drafts[x, :d] = torch.tensor(inputs.draft_ids[x])
-        slot_index = slot_index.to(dev)
-        drafts = drafts.to(dev)
+            slots.append([min(first + j, last) for j in range(width + 1)])
+            padded.append(inputs.draft_ids[x] + [-1] * (max(width, 1) - d))
+        slot_index = torch.tensor(slots, dtype=torch.int64, device=dev).reshape(num_rows, width + 1)
+        drafts = torch.tensor(padded, dtype=torch.int64, device=dev).reshape(num_rows, max(width, 1))
         target = targets[slot_index]  # [rows, width + 1]
         if width:
             valid = torch.arange(width, device=dev)[None, :] < torch.tensor(inputs.num_drafts, device=dev)[:, None]
