@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-SEVERITIES = ("error", "warning")
-FAIL_ON = ("error", "warning", "never")
 
 
 @dataclass(frozen=True)

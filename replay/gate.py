@@ -17,7 +17,6 @@ from typing import Any
 from specreplay.replay.findings import Finding, fails
 from specreplay.traces.errors import InputError
 
-RESULTS = ("pass", "fail", "changed", "error")
 
 
 def corpus_dir() -> Path:

@@ -60,14 +60,18 @@ class Implementation:
             return self._make_vllm_scheduler(config)
         if engine != "reference":
             raise InputError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
-        # An AsyncScheduler variant changes async behaviour only; in sync mode the plain
-        # Scheduler runs (there are no placeholders to treat differently).
         if self.scheduler is not None and config.async_scheduling and not issubclass(self.scheduler, AsyncScheduler):
             raise InputError(f"{self.name}: {self.scheduler.__name__} is a synchronous Scheduler but the workload uses "
                              "async scheduling; subclass AsyncScheduler or set async_scheduling = false")
-        if self.scheduler is not None and (config.async_scheduling or not issubclass(self.scheduler, AsyncScheduler)):
+        if self._variant_applies(config):
             return self.scheduler(config)
         return AsyncScheduler(config) if config.async_scheduling else Scheduler(config)
+
+    def _variant_applies(self, config: EngineConfig) -> bool:
+        """An AsyncScheduler variant changes async behaviour only; in sync mode the plain
+        Scheduler runs (there are no placeholders to treat differently)."""
+        return self.scheduler is not None and (config.async_scheduling
+                                               or not issubclass(self.scheduler, AsyncScheduler))
 
     def _make_vllm_scheduler(self, config: EngineConfig) -> Any:
         from specreplay.replay.vllm_scheduler import VllmSchedulerAdapter, real_scheduler_class
@@ -75,11 +79,9 @@ class Implementation:
         if self.scheduler is not None and self.real_scheduler is None:
             raise InputError(f"{self.name} changes the reference scheduler only; it has no form for "
                              "--engine vllm-scheduler (give it a real_scheduler, see the README)")
-        base = real_scheduler_class(config.async_scheduling)
-        cls = base
-        if self.real_scheduler is not None and (config.async_scheduling or self.scheduler is None
-                                                or not issubclass(self.scheduler, AsyncScheduler)):
-            cls = self.real_scheduler(base)
+        cls = real_scheduler_class(config.async_scheduling)
+        if self.real_scheduler is not None and self._variant_applies(config):
+            cls = self.real_scheduler(cls)
         return VllmSchedulerAdapter(config, cls)
 
     def make_runner(self, config: EngineConfig, oracle: "Oracle", device: str) -> "GPUModelRunner":

@@ -25,7 +25,6 @@ subtracts prev_num_draft_len - a = 2 and writes from K + 1, the first position n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -479,6 +478,3 @@ class GPUModelRunner:
             del tokens[end:]
             tokens.extend(new)
             self.batch.num_tokens_no_spec[x] = end + len(new)
-
-    def describe(self) -> dict[str, Any]:
-        return {"runner": type(self).__name__, "clamps_negative_ids": self.clamps_negative_ids}

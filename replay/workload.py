@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +78,6 @@ class Workload:
 
     def acceptance_for(self, spec: RequestSpec) -> tuple[str, float]:
         return parse_acceptance(spec.acceptance or self.acceptance)
-
-    def with_config(self, **changes: Any) -> "Workload":
-        return replace(self, config=replace(self.config, **changes))
 
     def to_dict(self) -> dict[str, Any]:
         requests = []
@@ -197,8 +194,4 @@ def _request(raw: Any, where: str, config: EngineConfig) -> RequestSpec:
     return spec
 
 
-def workload_json(workload: Workload) -> str:
-    return json.dumps(workload.to_dict(), indent=2, sort_keys=False)
-
-
-__all__ = ["RequestSpec", "Workload", "load_workload", "parse_acceptance", "workload_json"]
+__all__ = ["RequestSpec", "Workload", "load_workload", "parse_acceptance"]
