@@ -17,7 +17,8 @@ from specreplay.cli.common import CONTEXT, console, format_option, handle_errors
 @format_option
 @handle_errors
 def info(trace_path, fmt) -> None:
-    """What a trace holds: workload, config, implementation, outcome, size.
+    """What a trace holds: workload, config, implementation, outcome, size. Every row group is
+    read and validated on the way (one at a time: memory stays bounded).
 
     \b
     Example:
@@ -26,13 +27,16 @@ def info(trace_path, fmt) -> None:
     import json
 
     from specreplay.cli.render import trace_header
-    from specreplay.traces.io import read_trace
+    from specreplay.traces.io import open_trace
 
-    trace = read_trace(trace_path)
+    trace = open_trace(trace_path)
+    seen: set[str] = set()
+    for batch in trace.batches(columns=("request_id",)):
+        seen.update(batch.column("request_id").unique().to_pylist())
     doc = {"path": str(trace_path), "schema_version": trace.schema_version, "specreplay_version": trace.version,
            "impl": trace.impl, "config": trace.config, "outcome": trace.outcome, "seed": trace.seed,
-           "device": trace.device, "steps": trace.num_steps, "rows": trace.table.num_rows,
-           "requests": len(trace.workload.get("requests", [])), "bytes": trace_path.stat().st_size,
+           "device": trace.device, "steps": trace.num_steps, "rows": trace.num_rows,
+           "requests": len(seen), "bytes": trace_path.stat().st_size,
            "volatile": trace.volatile}
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))

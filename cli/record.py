@@ -52,7 +52,7 @@ def _summary(trace, output: Path) -> None:
     from specreplay.replay.findings import verdict
 
     findings = check_trace(trace)
-    line = (f"wrote {output}: {trace.num_steps} steps, {trace.table.num_rows} rows, outcome "
+    line = (f"wrote {output}: {trace.num_steps} steps, {trace.num_rows} rows, outcome "
             f"{trace.outcome.get('status')}; check: {verdict(findings)}")
     if findings:
         line += f" ({code_counts(findings)}); see `specreplay diff {output}`"
@@ -102,9 +102,9 @@ def replay(trace_path, impl_name, engine, executor, device, output) -> None:
       specreplay replay reentry.parquet --impl sched-clear -o fixed.parquet
     """
     from specreplay.replay.workload import Workload
-    from specreplay.traces.io import read_trace
+    from specreplay.traces.io import open_trace
 
-    source = read_trace(trace_path)
+    source = open_trace(trace_path)  # the workload is in the metadata: no rows are needed
     workload = Workload.from_dict(source.workload, f"{trace_path}: workload metadata")
     name = impl_name or source.impl_name
     trace = _run(workload, name, executor, device, output, allow_import=impl_name is not None,

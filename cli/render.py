@@ -10,6 +10,7 @@ import json
 from collections import Counter, defaultdict
 from typing import Any
 
+import pyarrow as pa
 from rich.table import Table
 
 from specreplay.replay.findings import Finding, verdict
@@ -55,8 +56,9 @@ STORY_COLUMNS = (
 )
 
 
-def story_table(trace: Trace, request_id: str, upto_step: int, steps_before: int = 8) -> Table:
-    """The request's rows over the steps up to a finding: what each side did."""
+def story_table(rows: pa.Table, request_id: str, upto_step: int, steps_before: int = 8) -> Table:
+    """The request's rows over the steps up to a finding: what each side did. `rows` holds at
+    least those rows (`TraceFile.rows_of`, or a whole trace's table)."""
     from rich import box
 
     table = Table(title=f"request {request_id!r} up to step {upto_step} (C P T: scheduler before the step; pm: in the "
@@ -64,11 +66,11 @@ def story_table(trace: Trace, request_id: str, upto_step: int, steps_before: int
                   title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     for _, label in STORY_COLUMNS:
         table.add_column(label, justify="right", no_wrap=True)
-    steps = trace.table["step"].to_pylist()
-    rids = trace.table["request_id"].to_pylist()
-    rows = [i for i, (s, r) in enumerate(zip(steps, rids)) if r == request_id and s <= upto_step][-steps_before:]
-    cols = {name: trace.table[name].to_pylist() for name, _ in STORY_COLUMNS}
-    for i in rows:
+    steps = rows["step"].to_pylist()
+    rids = rows["request_id"].to_pylist()
+    shown = [i for i, (s, r) in enumerate(zip(steps, rids)) if r == request_id and s <= upto_step][-steps_before:]
+    cols = {name: rows[name].to_pylist() for name, _ in STORY_COLUMNS}
+    for i in shown:
         table.add_row(*[_SHORT.get(cols[name][i], _cell(cols[name][i])) if name in ("sched_kind", "sched_skip")
                         else _cell(cols[name][i]) for name, _ in STORY_COLUMNS])
     return table
@@ -98,5 +100,5 @@ def trace_header(trace: Trace, path: str) -> str:
     cfg = trace.config
     return (f"{path}: {trace.workload.get('name', '?')} via {trace.impl_name} "
             f"({'async' if cfg.get('async_scheduling') else 'sync'}, budget {cfg.get('max_num_batched_tokens')}, "
-            f"k={cfg.get('num_spec_tokens')}), {trace.num_steps} steps, {trace.table.num_rows} rows, "
+            f"k={cfg.get('num_spec_tokens')}), {trace.num_steps} steps, {trace.num_rows} rows, "
             f"outcome {trace.outcome.get('status')}")

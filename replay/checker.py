@@ -1,35 +1,73 @@
 """The invariant checker: scheduler view against worker view and ground truth, from a trace alone.
 
-Where it sits: traces -> replay -> **diff**. `check_trace` reads only the trace's table and
-metadata, so it works on any trace, whatever recorded it. Each invariant is one function below
-with a stable code, a severity and the reference section it comes from
-(../shared/reference/vllm-async-spec-state.md, section 4.2). A violated invariant of the
-implementation under test is a finding, never an exception.
+Where it sits: traces -> replay -> **diff**. The checker reads only a trace's rows and metadata, so
+it works on any trace, whatever recorded it. Each invariant below has a stable code, a severity and
+the reference section it comes from (../shared/reference/vllm-async-spec-state.md, section 4.2).
+A violated invariant of the implementation under test is a finding, never an exception.
 
 Severity: error = the views or the ground truth disagree, a token is lost, duplicated or wrong,
 or a negative id reaches the model; warning = work is wasted (draft slots verified with nothing
 behind them, tokens executed that the scheduler did not book).
+
+How it runs: rows stream in batches (a trace's row groups), are cut at step boundaries, and each
+chunk is checked with vectorised numpy over its columns. What an invariant needs from earlier
+steps is carried between chunks: the rows of the last `LOOKBACK` steps (the outputs that can still
+be in flight) and a few per-request values (the decode state, the last status, which codes already
+fired). So memory is bounded by the row group size, not the trace. The row-by-row statement of
+every invariant lives in tests/replay/rowwise_checker.py, and a test holds the two to the same
+findings on every scenario, implementation and many mutated traces.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from specreplay.replay.findings import Finding
+from specreplay.traces import schema
 from specreplay.traces.trace import Trace
+from specreplay.traces.validate import enum_codes
 
-_NEEDED = (
+#: How many steps back an unapplied output can be in flight (two batches, plus slack for
+#: empty steps, which the engine pops without a forward).
+LOOKBACK = 4
+
+#: The columns the checker reads.
+NEEDED = (
     "step", "request_id", "step_total_scheduled_tokens", "sched_status", "sched_kind",
     "sched_num_scheduled_tokens", "sched_num_draft_slots", "sched_num_computed_tokens",
     "sched_num_output_placeholders", "sched_num_tokens", "sched_num_output_tokens",
     "sched_spec_len", "sched_is_prefill_chunk", "sched_preempted", "apply_step",
-    "apply_num_scheduled_tokens", "apply_num_draft_slots", "apply_num_rejected", "apply_num_tokens", "apply_token_mismatches",
-    "apply_num_output_placeholders", "worker_row", "worker_num_scheduled_tokens",
+    "apply_num_scheduled_tokens", "apply_num_draft_slots", "apply_num_rejected", "apply_num_tokens",
+    "apply_token_mismatches", "apply_num_output_placeholders", "worker_row", "worker_num_scheduled_tokens",
     "worker_num_draft_slots", "worker_num_computed_tokens", "worker_first_position",
-    "worker_cached_drafts", "worker_draft_ids", "worker_num_output_tokens", "worker_num_emitted",
-    "worker_in_prev_map", "truth_num_computed_tokens", "truth_kv_ok",
+    "worker_cached_drafts", "worker_draft_ids", "worker_num_output_tokens",
+    "truth_num_computed_tokens", "truth_kv_ok",
 )
+
+RUNNING, PREEMPTED, WAITING, FINISHED = (schema.STATUSES.index(s) for s in ("running", "preempted", "waiting", "finished"))
+NEW, RESUMED, UNSCHEDULED = (schema.KINDS.index(k) for k in ("new", "resumed", "unscheduled"))
+
+# (short name, column, value for null, keep a null mask)
+_INTS = (
+    ("total", "step_total_scheduled_tokens", 0, False), ("n", "sched_num_scheduled_tokens", 0, False),
+    ("k", "sched_num_draft_slots", 0, False), ("C", "sched_num_computed_tokens", 0, False),
+    ("P", "sched_num_output_placeholders", 0, False), ("T", "sched_num_tokens", 0, False),
+    ("out", "sched_num_output_tokens", 0, False), ("spec", "sched_spec_len", 0, False),
+    ("apply_step", "apply_step", -1, True), ("apply_n", "apply_num_scheduled_tokens", -1, False),
+    ("apply_k", "apply_num_draft_slots", -1, True), ("apply_rej", "apply_num_rejected", 0, True),
+    ("apply_tokens", "apply_num_tokens", 0, False), ("apply_mism", "apply_token_mismatches", 0, False),
+    ("apply_P", "apply_num_output_placeholders", 0, True), ("w_row", "worker_row", -1, True),
+    ("w_n", "worker_num_scheduled_tokens", -1, True), ("w_k", "worker_num_draft_slots", -1, False),
+    ("w_C", "worker_num_computed_tokens", 0, True), ("w_pos", "worker_first_position", 0, False),
+    ("w_cached", "worker_cached_drafts", 0, False), ("w_out", "worker_num_output_tokens", 0, True),
+    ("truth", "truth_num_computed_tokens", 0, True),
+)
+_BOOLS = (("chunk", "sched_is_prefill_chunk"), ("preempted", "sched_preempted"))
 
 
 @dataclass(frozen=True)
@@ -38,344 +76,432 @@ class Invariant:
     severity: str
     statement: str
     source: str
-    check: Callable[["TraceRows"], Iterator[Finding]]
+    check: Callable[["Frame", "Checker"], Iterable[Finding]]
 
 
-class TraceRows:
-    """Column lists of a trace plus per-request row indexes in step order."""
+class Frame:
+    """One chunk of rows as numpy columns: the carried context rows (history only, the last
+    LOOKBACK steps before the chunk) followed by the chunk's own rows (`own`), in step order.
+    `lags[L]` is each row's L-th earlier row of the same request (-1: none in the frame) and
+    `flying[L]` says whether that row's output was still in flight when this row's step was
+    scheduled (not applied yet, not cut off by a preemption or by LOOKBACK)."""
 
-    def __init__(self, trace: Trace) -> None:
-        table = trace.table
-        self.trace = trace
-        self.config = trace.config
-        self.col = {name: table[name].to_pylist() for name in _NEEDED}
-        self.num_rows = table.num_rows
-        self.by_request: dict[str, list[int]] = {}
-        for i, rid in enumerate(self.col["request_id"]):
-            self.by_request.setdefault(rid, []).append(i)
-        self.is_async = bool(self.config.get("async_scheduling", True))
-        self.crash_step = trace.outcome.get("step") if trace.outcome.get("status") == "crashed" else None
+    def __init__(self, cols: dict[str, np.ndarray], num_context: int) -> None:
+        self.c = cols
+        size = len(cols["step"])
+        self.size = size
+        self.own = np.arange(size) >= num_context
+        self.num_context = num_context
+        order = np.argsort(_dense(cols["req"]), kind="stable")  # per request, rows stay in step order
+        prev = np.full(size, -1, dtype=np.int64)
+        same = cols["req"][order[1:]] == cols["req"][order[:-1]]
+        prev[order[1:][same]] = order[:-1][same]
+        self.order = order
+        step = cols["step"]
+        self.lags: list[np.ndarray] = []
+        self.flying: list[np.ndarray] = []
+        lag = prev
+        alive = np.ones(size, dtype=bool)
+        for _ in range(LOOKBACK):
+            at = np.maximum(lag, 0)
+            alive = alive & (lag >= 0) & (step[at] >= step - LOOKBACK) & ~cols["preempted"][at]
+            self.lags.append(lag)
+            self.flying.append(alive & (cols["n"][at] > 0)
+                               & (cols["apply_step_null"][at] | (cols["apply_step"][at] >= step)))
+            lag = np.where(lag >= 0, prev[at], -1)
 
-    def __getitem__(self, name: str) -> list:
-        return self.col[name]
+    def at(self, name: str, lag: int) -> np.ndarray:
+        """Column `name` of each row's `lag`-th earlier row (garbage where there is none: mask it)."""
+        return self.c[name][np.maximum(self.lags[lag - 1], 0)]
 
-    def scheduled(self, i: int) -> bool:
-        return self.col["sched_num_scheduled_tokens"][i] > 0
-
-    def in_flight(self, rows: list[int], upto: int) -> list[int]:
-        """Rows of one request's earlier steps whose output was not applied when schedule() of
-        row `upto`'s step ran, and that were not superseded by a preemption since. `rows` are
-        the request's row indexes in step order and `upto` is one of them. With at most two
-        batches in flight only the last few steps can qualify, so the scan looks back
-        `LOOKBACK` steps (constant work per row, not the request's whole history)."""
-        c = self.col
-        step = c["step"][upto]
+    def flying_steps(self, i: int, non_chunk_only: bool = False) -> list[int]:
         out = []
-        k = self._position(rows, upto) - 1
-        while k >= 0:
-            j = rows[k]
-            sj = c["step"][j]
-            if sj < step - LOOKBACK or c["sched_preempted"][j]:
-                break
-            applied = c["apply_step"][j]
-            if c["sched_num_scheduled_tokens"][j] and (applied is None or applied >= step):
-                out.append(j)
-            k -= 1
-        out.reverse()
+        for lag in range(LOOKBACK, 0, -1):
+            j = int(self.lags[lag - 1][i])
+            if self.flying[lag - 1][i] and not (non_chunk_only and self.c["chunk"][j]):
+                out.append(int(self.c["step"][j]))
         return out
 
-    def _position(self, rows: list[int], row: int) -> int:
-        # rows is sorted (row indexes grow with steps): bisect instead of list.index
-        from bisect import bisect_left
 
-        return bisect_left(rows, row)
+class Checker:
+    """Streams batches of one trace through every invariant; `findings()` at the end."""
+
+    def __init__(self, config: dict[str, Any], outcome: dict[str, Any]) -> None:
+        self.config = config
+        self.outcome = outcome
+        self.is_async = bool(config.get("async_scheduling", True))
+        self.crash_step = outcome.get("step") if outcome.get("status") == "crashed" else None
+        self.ids: dict[str, int] = {}
+        self.names: list[str] = []
+        # Per request (by code): carried from chunk to chunk.
+        self.decoding = np.zeros(0, dtype=bool)
+        self.last_status = np.full(0, -1, dtype=np.int8)
+        self.fired: dict[str, np.ndarray] = {}
+        self.context: dict[str, np.ndarray] | None = None  # rows of the last LOOKBACK steps checked
+        self.pending: list[dict[str, np.ndarray]] = []  # rows of a step that may not be whole yet
+        self.found: list[Finding] = []
+
+    # ------------------------------------------------------------------ streaming
+    def feed(self, batch: pa.Table | pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        cols = self._columns(batch)
+        # The batch's last step may continue in the next batch: hold it back until it is whole.
+        cut = int(np.searchsorted(cols["step"], cols["step"][-1], side="left"))
+        if cut == 0:
+            self.pending.append(cols)
+            return
+        whole = self.pending + [_slice(cols, 0, cut)]
+        self.pending = [_slice(cols, cut, None)]
+        self._check_chunk(whole)
+
+    def findings(self) -> list[Finding]:
+        if self.pending:
+            self._check_chunk(self.pending)
+            self.pending = []
+        for check in (check_crash, check_run_completes):
+            self.found.extend(check(None, self))
+        self.found.sort(key=lambda f: (f.step, f.request_id or "", _RANK.get(f.code, len(_RANK)), f.code))
+        return self.found
+
+    def _columns(self, batch: pa.Table | pa.RecordBatch) -> dict[str, np.ndarray]:
+        # Native widths (int32, int16): arithmetic below widens where it must; no copies to int64.
+        cols: dict[str, np.ndarray] = {"step": _np(batch.column("step"))}
+        ids = batch.column("request_id")
+        ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+        encoded = pc.dictionary_encode(ids)
+        lookup = np.array([self._id(name) for name in encoded.dictionary.to_pylist()], dtype=np.int64)
+        cols["req"] = lookup[_np(encoded.indices)]
+        cols["status"] = enum_codes(batch.column("sched_status"), schema.STATUSES)
+        cols["kind"] = enum_codes(batch.column("sched_kind"), schema.KINDS)
+        for short, name, fill, keep_mask in _INTS:
+            col = batch.column(name)
+            if keep_mask:
+                cols[short + "_null"] = _np(col.is_null())
+            cols[short] = _np(pc.fill_null(col, fill) if col.null_count else col)
+        for short, name in _BOOLS:
+            cols[short] = _np(batch.column(name))
+        cols["kv_false"] = _np(pc.fill_null(pc.invert(batch.column("truth_kv_ok")), False))
+        drafts = batch.column("worker_draft_ids")
+        drafts = drafts.combine_chunks() if isinstance(drafts, pa.ChunkedArray) else drafts
+        cols["d_len"] = _np(pc.fill_null(pc.list_value_length(drafts), 0)).astype(np.int64)
+        flat = _np(pc.list_flatten(drafts))
+        parents = _np(pc.list_parent_indices(drafts))
+        cols["d_neg"] = np.bincount(parents[flat < 0], minlength=batch.num_rows)
+        return cols
+
+    def _id(self, name: str) -> int:
+        code = self.ids.get(name)
+        if code is None:
+            code = self.ids[name] = len(self.names)
+            self.names.append(name)
+        return code
+
+    def _check_chunk(self, parts: list[dict[str, np.ndarray]]) -> None:
+        grow = len(self.names) - len(self.decoding)
+        if grow > 0:
+            self.decoding = np.concatenate([self.decoding, np.zeros(grow, dtype=bool)])
+            self.last_status = np.concatenate([self.last_status, np.full(grow, -1, dtype=np.int8)])
+            for code in self.fired:
+                self.fired[code] = np.concatenate([self.fired[code], np.zeros(grow, dtype=bool)])
+        cols = _concat(([] if self.context is None else [self.context]) + parts)
+        frame = Frame(cols, 0 if self.context is None else len(self.context["step"]))
+        for inv in INVARIANTS:
+            if inv.code not in ("E1-engine-crash", "E2-run-incomplete"):
+                self.found.extend(inv.check(frame, self))
+        own = frame.order[frame.own[frame.order]]
+        ends = np.r_[cols["req"][own[1:]] != cols["req"][own[:-1]], True]
+        self.last_status[cols["req"][own[ends]]] = cols["status"][own[ends]]
+        keep = int(np.searchsorted(cols["step"], cols["step"][-1] - LOOKBACK, side="left"))
+        self.context = {name: values[keep:].copy() for name, values in cols.items()}
+
+    # ------------------------------------------------------------------ helpers for the checks
+    def first_per_request(self, code: str, frame: Frame, violated: np.ndarray) -> np.ndarray:
+        """Rows where `code` fires for the first time for their request (one finding per request)."""
+        rows = np.flatnonzero(violated & frame.own)
+        if not len(rows):
+            return rows
+        fired = self.fired.setdefault(code, np.zeros(len(self.names), dtype=bool))
+        reqs = frame.c["req"][rows]
+        _, first = np.unique(reqs, return_index=True)
+        rows = rows[first]
+        rows = rows[~fired[frame.c["req"][rows]]]
+        fired[frame.c["req"][rows]] = True
+        return np.sort(rows)
+
+    def finding(self, frame: Frame, code: str, i: int, field: str, sched, worker, message: str) -> Finding:
+        return Finding(code, SEVERITY[code], int(frame.c["step"][i]), self.names[frame.c["req"][i]],
+                       field, sched, worker, message)
 
 
-#: How many steps back an unapplied output can be in flight (two batches, plus slack for
-#: empty steps, which the engine pops without a forward).
-LOOKBACK = 4
+def _dense(codes: np.ndarray) -> np.ndarray:
+    """The same grouping with codes 0..R-1 in the narrowest type: a stable argsort of 16-bit
+    keys is a radix sort, several times faster than one of int64 keys."""
+    mark = np.zeros(int(codes.max()) + 1 if len(codes) else 1, dtype=np.int64)
+    mark[codes] = 1
+    local = np.cumsum(mark) - 1
+    return local[codes].astype(np.uint16 if local[-1] < 1 << 16 else np.uint32)
 
 
-def _f(rows: TraceRows, code: str, i: int, field: str, sched, worker, message: str) -> Finding:
-    return Finding(code, SEVERITY[code], rows["step"][i], rows["request_id"][i], field, sched, worker, message)
+def _np(column) -> np.ndarray:
+    return column.to_numpy() if isinstance(column, pa.ChunkedArray) else column.to_numpy(zero_copy_only=False)
+
+
+def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if len(parts) == 1:
+        return parts[0]
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+
+def _slice(cols: dict[str, np.ndarray], start: int, stop: int | None) -> dict[str, np.ndarray]:
+    return {name: values[start:stop] for name, values in cols.items()}
 
 
 # ------------------------------------------------------------------ scheduler-internal
-def check_placeholders_nonnegative(rows: TraceRows) -> Iterator[Finding]:
-    for i in range(rows.num_rows):
-        for name in ("sched_num_output_placeholders", "apply_num_output_placeholders"):
-            value = rows[name][i]
-            if value is not None and value < 0:
-                yield _f(rows, "S1-placeholders-nonnegative", i, "num_output_placeholders", value, None,
-                         f"num_output_placeholders went negative ({value}); vLLM asserts and the engine dies")
-                break
+def check_placeholders_nonnegative(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    c = frame.c
+    applied_negative = ~c["apply_P_null"] & (c["apply_P"] < 0)
+    for i in np.flatnonzero(frame.own & ((c["P"] < 0) | applied_negative)):
+        value = int(c["P"][i] if c["P"][i] < 0 else c["apply_P"][i])
+        yield chk.finding(frame, "S1-placeholders-nonnegative", i, "num_output_placeholders", value, None,
+                          f"num_output_placeholders went negative ({value}); vLLM asserts and the engine dies")
 
 
-def check_placeholder_count(rows: TraceRows) -> Iterator[Finding]:
-    if not rows.is_async:
+def check_placeholder_count(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    if not chk.is_async:
         return
-    c = rows.col
-    for rid, idx in rows.by_request.items():
-        for i in idx:
-            if c["sched_status"][i] == "finished" or c["sched_preempted"][i]:
-                continue
-            flying = [j for j in rows.in_flight(idx, i) if not c["sched_is_prefill_chunk"][j]]
-            expected = sum(1 + c["sched_num_draft_slots"][j] for j in flying)
-            if c["sched_status"][i] == "preempted" or (c["sched_status"][i] == "waiting" and c["sched_kind"][i] == "unscheduled"):
-                expected = 0 if c["sched_num_output_placeholders"][i] == 0 else expected
-            got = c["sched_num_output_placeholders"][i]
-            if got != expected and got >= 0:
-                yield _f(rows, "S2-placeholder-count", i, "num_output_placeholders", got, expected,
-                         f"num_output_placeholders is {got} but the steps in flight "
-                         f"({', '.join(str(c['step'][j]) for j in flying) or 'none'}) account for {expected}")
-                break
+    c = frame.c
+    expected = np.zeros(frame.size, dtype=np.int64)
+    for lag in range(1, LOOKBACK + 1):
+        counted = frame.flying[lag - 1] & ~frame.at("chunk", lag)
+        expected += np.where(counted, 1 + frame.at("k", lag), 0)
+    drained = (c["status"] == PREEMPTED) | ((c["status"] == WAITING) & (c["kind"] == UNSCHEDULED))
+    expected = np.where(drained & (c["P"] == 0), 0, expected)
+    eligible = (c["status"] != FINISHED) & ~c["preempted"]
+    violated = eligible & (c["P"] != expected) & (c["P"] >= 0)
+    for i in chk.first_per_request("S2-placeholder-count", frame, violated):
+        got, want = int(c["P"][i]), int(expected[i])
+        steps = frame.flying_steps(i, non_chunk_only=True)
+        yield chk.finding(frame, "S2-placeholder-count", i, "num_output_placeholders", got, want,
+                          f"num_output_placeholders is {got} but the steps in flight "
+                          f"({', '.join(str(s) for s in steps) or 'none'}) account for {want}")
 
 
-def check_decode_identity(rows: TraceRows) -> Iterator[Finding]:
-    c = rows.col
-    for rid, idx in rows.by_request.items():
-        decoding = False
-        for i in idx:
-            if c["sched_status"][i] in ("running",) and not c["sched_preempted"][i] and c["sched_kind"][i] not in ("new", "resumed"):
-                gap = c["sched_num_tokens"][i] + c["sched_num_output_placeholders"][i] - c["sched_num_computed_tokens"][i]
-                if gap < 1 or (decoding and gap != 1):
-                    yield _f(rows, "S4-decode-identity", i, "num_tokens + placeholders - num_computed_tokens",
-                             gap, 1, f"num_tokens + num_output_placeholders - num_computed_tokens is {gap}, "
-                             "expected 1 for a decoding request (its next demand is wrong)")
-                    break
-            if c["sched_num_scheduled_tokens"][i] > 0:
-                decoding = not c["sched_is_prefill_chunk"][i]
-            if c["sched_preempted"][i]:
-                decoding = False
+def check_decode_identity(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    c = frame.c
+    # Is the request decoding before each row? Set by its last row that scheduled tokens (a
+    # final chunk or a decode: yes; a non-final prefill chunk: no), cleared by a preemption;
+    # carried across chunks per request.
+    own = frame.order[frame.own[frame.order]]
+    reqs = c["req"][own]
+    pos = np.arange(len(own))
+    starts = np.r_[True, reqs[1:] != reqs[:-1]] if len(own) else np.zeros(0, dtype=bool)
+    event = (c["n"][own] > 0) | c["preempted"][own]
+    state = ~c["preempted"][own] & ~c["chunk"][own]
+    last_event = np.maximum.accumulate(np.where(event, pos, -1)) if len(own) else pos
+    before = np.r_[-1, last_event[:-1]] if len(own) else pos
+    segment_start = np.maximum.accumulate(np.where(starts, pos, 0)) if len(own) else pos
+    seen = before >= segment_start
+    decoding = np.zeros(frame.size, dtype=bool)
+    decoding[own] = np.where(seen, state[np.maximum(before, 0)], chk.decoding[reqs])
+    ends = np.r_[starts[1:], True] if len(own) else starts
+    settled = ends & (last_event >= segment_start)
+    chk.decoding[reqs[settled]] = state[last_event[settled]]
+
+    gap = c["T"] + c["P"] - c["C"]
+    eligible = (c["status"] == RUNNING) & ~c["preempted"] & (c["kind"] != NEW) & (c["kind"] != RESUMED)
+    violated = eligible & ((gap < 1) | (decoding & (gap != 1)))
+    for i in chk.first_per_request("S4-decode-identity", frame, violated):
+        yield chk.finding(frame, "S4-decode-identity", i, "num_tokens + placeholders - num_computed_tokens",
+                          int(gap[i]), 1, f"num_tokens + num_output_placeholders - num_computed_tokens is {int(gap[i])}, "
+                          "expected 1 for a decoding request (its next demand is wrong)")
 
 
-def check_draft_provenance(rows: TraceRows) -> Iterator[Finding]:
-    if not rows.is_async:
+def check_draft_provenance(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    if not chk.is_async:
         return  # sync drafts are real ids from the worker, valid while the request waits
-    c = rows.col
-    step_total = {}
-    for i in range(rows.num_rows):
-        step_total[c["step"][i]] = c["step_total_scheduled_tokens"][i]
-    for rid, idx in rows.by_request.items():
-        prev = None
-        for i in idx:
-            k = c["sched_num_draft_slots"][i]
-            if k > 0:
-                step = c["step"][i]
-                why = None
-                if prev is None or c["step"][prev] != step - 1 or c["sched_num_scheduled_tokens"][prev] == 0:
-                    why = f"it was not scheduled at step {step - 1}, so the worker holds no drafts for it"
-                elif c["sched_is_prefill_chunk"][prev]:
-                    why = f"its step {step - 1} was a non-final prefill chunk, which proposes no drafts"
-                elif c["sched_kind"][i] == "resumed":
-                    why = "it resumes from preemption"
-                elif step_total.get(step - 1, 0) == 0:
-                    why = f"step {step - 1} was empty"
-                if why:
-                    yield _f(rows, "S5-draft-provenance", i, "scheduled_spec_decode_tokens", k, 0,
-                             f"scheduled {k} draft slots with no drafts behind them: {why} "
-                             "(stale -1 placeholders; the slots are verified and wasted)")
-            prev = i
+    c = frame.c
+    step = c["step"]
+    has_prev = frame.lags[0] >= 0
+    not_scheduled = ~has_prev | (frame.at("step", 1) != step - 1) | (frame.at("n", 1) == 0)
+    chunk = ~not_scheduled & frame.at("chunk", 1)
+    resumed = ~not_scheduled & ~chunk & (c["kind"] == RESUMED)
+    empty = ~not_scheduled & ~chunk & ~resumed & (frame.at("total", 1) == 0)
+    for i in np.flatnonzero(frame.own & (c["k"] > 0) & (not_scheduled | chunk | resumed | empty)):
+        s, k = int(step[i]), int(c["k"][i])
+        why = (f"it was not scheduled at step {s - 1}, so the worker holds no drafts for it" if not_scheduled[i]
+               else f"its step {s - 1} was a non-final prefill chunk, which proposes no drafts" if chunk[i]
+               else "it resumes from preemption" if resumed[i] else f"step {s - 1} was empty")
+        yield chk.finding(frame, "S5-draft-provenance", i, "scheduled_spec_decode_tokens", k, 0,
+                          f"scheduled {k} draft slots with no drafts behind them: {why} "
+                          "(stale -1 placeholders; the slots are verified and wasted)")
 
 
-def check_budget(rows: TraceRows) -> Iterator[Finding]:
-    c = rows.col
-    budget = rows.config.get("max_num_batched_tokens", 1 << 30)
-    max_len = rows.config.get("max_model_len", 1 << 30)
-    totals: dict[int, int] = {}
-    for i in range(rows.num_rows):
-        s = c["step"][i]
-        totals[s] = totals.get(s, 0) + c["sched_num_scheduled_tokens"][i]
-        n = c["sched_num_scheduled_tokens"][i]
-        if n and c["sched_num_computed_tokens"][i] + n > max_len - 1:
-            yield _f(rows, "S6-token-budget", i, "num_scheduled_tokens", n, max_len - c["sched_num_computed_tokens"][i] - 1,
-                     f"schedules past max_model_len {max_len}")
-    reported: set[int] = set()
-    for i in range(rows.num_rows):
-        s = c["step"][i]
-        declared = c["step_total_scheduled_tokens"][i]
-        if s not in reported and (declared != totals[s] or declared > budget):
-            reported.add(s)
-            yield Finding("S6-token-budget", "error", s, None, "total_num_scheduled_tokens", declared, totals[s],
-                          f"total_num_scheduled_tokens is {declared}; the requests add up to {totals[s]}; "
-                          f"budget {budget}")
-
-
-def check_draft_slot_count(rows: TraceRows) -> Iterator[Finding]:
-    c = rows.col
-    width = rows.config.get("num_spec_tokens", 0)
-    for i in range(rows.num_rows):
-        n = c["sched_num_scheduled_tokens"][i]
-        if not n:
-            continue
-        k = c["sched_num_draft_slots"][i]
-        if c["sched_kind"][i] in ("new", "resumed"):
-            # Only drafts from the waiting path: vLLM pads a 1-token admission to 1 + k tokens.
-            need = c["sched_num_tokens"][i] - c["sched_num_computed_tokens"][i]
-            expected = width if (width and need == 1 and n == 1 + width) else 0
-        else:
-            room = n + c["sched_num_computed_tokens"][i] - c["sched_num_tokens"][i] - c["sched_num_output_placeholders"][i]
-            expected = max(0, min(c["sched_spec_len"][i], room))
-        if k != expected:
-            yield _f(rows, "S7-draft-slot-count", i, "num_draft_slots", k, expected,
-                     f"{k} draft slots scheduled inside {n} tokens; the counters allow {expected}")
-
-
-def check_computed_tokens(rows: TraceRows) -> Iterator[Finding]:
-    """S3 (scheduler optimistic count vs truth), X2 (worker count vs truth and vs scheduler)."""
-    c = rows.col
-    for rid, idx in rows.by_request.items():
-        fired: set[str] = set()
-        for i in idx:
-            if not rows.scheduled(i) or c["worker_num_computed_tokens"][i] is None:
-                continue
-            truth = c["truth_num_computed_tokens"][i]
-            flying = rows.in_flight(idx, i)
-            if any(c["apply_num_rejected"][j] is None for j in flying):
-                continue  # an in-flight output never applied (aborted, finished, crash): unknown
-            settled = c["sched_num_computed_tokens"][i] - sum(c["apply_num_rejected"][j] for j in flying)
-            worker = c["worker_num_computed_tokens"][i]
-            position = c["worker_first_position"][i]
-            step = c["step"][i]
-            if "S3" not in fired and truth is not None and settled != truth:
-                fired.add("S3")
-                yield _f(rows, "S3-scheduler-computed-tokens", i, "num_computed_tokens", settled, truth,
-                         f"the scheduler's num_computed_tokens, once its in-flight rejections are taken off, is "
-                         f"{settled} but the KV cache holds {truth} valid tokens")
-            if "X2s" not in fired and worker != settled:
-                fired.add("X2s")
-                yield _f(rows, "X2-sched-worker-computed", i, "num_computed_tokens", settled, worker,
-                         f"scheduler and worker disagree on num_computed_tokens at step {step}: "
-                         f"{settled} vs {worker}")
-            if "X2t" not in fired and truth is not None and position != truth:
-                fired.add("X2t")
-                gap = (f"positions {truth}..{position - 1} are never written" if position > truth
-                       else f"positions {position}..{truth - 1} are written twice")
-                yield _f(rows, "X2-worker-kv-position", i, "num_computed_tokens", c["sched_num_computed_tokens"][i], position,
-                         f"the worker writes step {step} from position {position} but its KV cache holds {truth} valid tokens: {gap}")
-            if "X2p" not in fired and position != worker:
-                fired.add("X2p")
-                yield _f(rows, "X2-worker-position-mismatch", i, "num_computed_tokens", worker, position,
-                         f"the worker's CPU num_computed_tokens ({worker}) differs from the device position it computes with ({position})")
-
-
-def check_output_length(rows: TraceRows) -> Iterator[Finding]:
-    if not rows.is_async:
+def check_budget(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    c = frame.c
+    budget = chk.config.get("max_num_batched_tokens", 1 << 30)
+    max_len = chk.config.get("max_model_len", 1 << 30)
+    n, computed = c["n"], c["C"]
+    for i in np.flatnonzero(frame.own & (n > 0) & (computed + n > max_len - 1)):
+        yield chk.finding(frame, "S6-token-budget", i, "num_scheduled_tokens", int(n[i]),
+                          int(max_len - computed[i] - 1), f"schedules past max_model_len {max_len}")
+    # Per step (a chunk holds whole steps): the declared total against the sum and the budget.
+    start = frame.num_context
+    steps, declared = c["step"][start:], c["total"][start:]
+    if not len(steps):
         return
-    c = rows.col
-    for rid, idx in rows.by_request.items():
-        for i in idx:
-            got = c["worker_num_output_tokens"][i]
-            if got is None or not rows.scheduled(i):
-                continue
-            expected = c["sched_num_output_tokens"][i] + c["sched_num_output_placeholders"][i]
-            if got != expected:
-                yield _f(rows, "X3-output-length", i, "num_output_tokens", expected, got,
-                         f"the worker holds {got} output tokens, the scheduler sent {expected} (applied + placeholders)")
-                break
+    firsts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+    totals = np.add.reduceat(n[start:], firsts)
+    per_row = np.repeat(totals, np.diff(np.r_[firsts, len(steps)]))
+    bad = np.flatnonzero((declared != per_row) | (declared > budget))
+    _, first = np.unique(steps[bad], return_index=True)
+    for i in bad[first]:
+        yield Finding("S6-token-budget", "error", int(steps[i]), None, "total_num_scheduled_tokens", int(declared[i]),
+                      int(per_row[i]), f"total_num_scheduled_tokens is {int(declared[i])}; the requests add up to "
+                      f"{int(per_row[i])}; budget {budget}")
 
 
-def check_membership(rows: TraceRows) -> Iterator[Finding]:
-    c = rows.col
-    for i in range(rows.num_rows):
-        if c["step"][i] == rows.crash_step:
-            continue
-        scheduled = rows.scheduled(i)
-        in_batch = c["worker_row"][i] is not None
-        if scheduled != in_batch:
-            yield _f(rows, "X1-batch-membership", i, "worker_row", scheduled, in_batch,
-                     "scheduled but not in the worker's batch" if scheduled else "in the worker's batch but not scheduled")
+def check_draft_slot_count(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    c = frame.c
+    width = chk.config.get("num_spec_tokens", 0)
+    n, k = c["n"], c["k"]
+    # Only drafts from the waiting path: vLLM pads a 1-token admission to 1 + k tokens.
+    admitted = (c["kind"] == NEW) | (c["kind"] == RESUMED)
+    padded = bool(width) & (c["T"] - c["C"] == 1) & (n == 1 + width)
+    room = n + c["C"] - c["T"] - c["P"]
+    expected = np.where(admitted, np.where(padded, width, 0), np.maximum(0, np.minimum(c["spec"], room)))
+    for i in np.flatnonzero(frame.own & (n > 0) & (k != expected)):
+        yield chk.finding(frame, "S7-draft-slot-count", i, "num_draft_slots", int(k[i]), int(expected[i]),
+                          f"{int(k[i])} draft slots scheduled inside {int(n[i])} tokens; the counters allow {int(expected[i])}")
 
 
-def check_executed_work(rows: TraceRows) -> Iterator[Finding]:
-    c = rows.col
-    for i in range(rows.num_rows):
-        w = c["worker_num_scheduled_tokens"][i]
-        if w is None:
-            continue
-        s = c["sched_num_scheduled_tokens"][i]
-        if w != s or c["worker_num_draft_slots"][i] != c["sched_num_draft_slots"][i]:
-            yield _f(rows, "X11-executed-other-work", i, "num_scheduled_tokens", s, w,
-                     f"the worker executed {w} tokens ({c['worker_num_draft_slots'][i]} drafts) where the scheduler "
-                     f"booked {s} ({c['sched_num_draft_slots'][i]} drafts)")
+def check_computed_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    """S3 (scheduler optimistic count vs truth), X2 (worker count vs truth and vs scheduler)."""
+    c = frame.c
+    rejected = np.zeros(frame.size, dtype=np.int64)
+    unknown = np.zeros(frame.size, dtype=bool)
+    for lag in range(1, LOOKBACK + 1):
+        flying = frame.flying[lag - 1]
+        # an in-flight output never applied (aborted, finished, crash): its rejections are unknown
+        unknown |= flying & frame.at("apply_rej_null", lag)
+        rejected += np.where(flying, frame.at("apply_rej", lag), 0)
+    eligible = (c["n"] > 0) & ~c["w_C_null"] & ~unknown
+    settled = c["C"] - rejected
+    worker, position, truth = c["w_C"], c["w_pos"], c["truth"]
+    has_truth = ~c["truth_null"]
+    for i in chk.first_per_request("S3", frame, eligible & has_truth & (settled != truth)):
+        yield chk.finding(frame, "S3-scheduler-computed-tokens", i, "num_computed_tokens", int(settled[i]), int(truth[i]),
+                          f"the scheduler's num_computed_tokens, once its in-flight rejections are taken off, is "
+                          f"{int(settled[i])} but the KV cache holds {int(truth[i])} valid tokens")
+    for i in chk.first_per_request("X2s", frame, eligible & (worker != settled)):
+        yield chk.finding(frame, "X2-sched-worker-computed", i, "num_computed_tokens", int(settled[i]), int(worker[i]),
+                          f"scheduler and worker disagree on num_computed_tokens at step {int(c['step'][i])}: "
+                          f"{int(settled[i])} vs {int(worker[i])}")
+    for i in chk.first_per_request("X2t", frame, eligible & has_truth & (position != truth)):
+        p, t = int(position[i]), int(truth[i])
+        gap = f"positions {t}..{p - 1} are never written" if p > t else f"positions {p}..{t - 1} are written twice"
+        yield chk.finding(frame, "X2-worker-kv-position", i, "num_computed_tokens", int(c["C"][i]), p,
+                          f"the worker writes step {int(c['step'][i])} from position {p} but its KV cache holds "
+                          f"{t} valid tokens: {gap}")
+    for i in chk.first_per_request("X2p", frame, eligible & (position != worker)):
+        yield chk.finding(frame, "X2-worker-position-mismatch", i, "num_computed_tokens", int(worker[i]), int(position[i]),
+                          f"the worker's CPU num_computed_tokens ({int(worker[i])}) differs from the device position "
+                          f"it computes with ({int(position[i])})")
 
 
-def check_output_mutated(rows: TraceRows) -> Iterator[Finding]:
-    c = rows.col
-    for i in range(rows.num_rows):
-        slots, n = c["apply_num_draft_slots"][i], c["apply_num_scheduled_tokens"][i]
-        if slots is None:
-            continue
-        built = (c["sched_num_scheduled_tokens"][i], c["sched_num_draft_slots"][i])
-        if (n, slots) != built:
-            yield _f(rows, "X10-scheduler-output-mutated", i, "scheduled_spec_decode_tokens", built[1], slots,
-                     f"update_from_output read {n} tokens with {slots} draft slots back from the SchedulerOutput "
-                     f"that was built with {built[0]} and {built[1]}: the worker edited the scheduler's own object")
+def check_output_length(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    if not chk.is_async:
+        return
+    c = frame.c
+    expected = c["out"] + c["P"]
+    violated = ~c["w_out_null"] & (c["n"] > 0) & (c["w_out"] != expected)
+    for i in chk.first_per_request("X3-output-length", frame, violated):
+        got, want = int(c["w_out"][i]), int(expected[i])
+        yield chk.finding(frame, "X3-output-length", i, "num_output_tokens", want, got,
+                          f"the worker holds {got} output tokens, the scheduler sent {want} (applied + placeholders)")
 
 
-def check_draft_inputs(rows: TraceRows) -> Iterator[Finding]:
-    c = rows.col
-    for i in range(rows.num_rows):
-        drafts = c["worker_draft_ids"][i]
-        if not drafts:
-            continue
-        negative = sum(1 for t in drafts if t < 0)
-        if negative or (rows.is_async and not c["worker_cached_drafts"][i]):
-            yield _f(rows, "X5-placeholder-drafts", i, "draft_token_ids", len(drafts), c["worker_cached_drafts"][i],
-                     f"the worker verified {len(drafts)} draft slots with no cached drafts behind them"
-                     + (f" ({negative} of them -1, clamped to 0 for the embedding and rejected)" if negative else ""))
+def check_membership(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    c = frame.c
+    scheduled, in_batch = c["n"] > 0, ~c["w_row_null"]
+    live = c["step"] != (chk.crash_step if chk.crash_step is not None else -1)
+    for i in np.flatnonzero(frame.own & live & (scheduled != in_batch)):
+        yield chk.finding(frame, "X1-batch-membership", i, "worker_row", bool(scheduled[i]), bool(in_batch[i]),
+                          "scheduled but not in the worker's batch" if scheduled[i] else "in the worker's batch but not scheduled")
 
 
-def check_tokens(rows: TraceRows) -> Iterator[Finding]:
-    c = rows.col
-    for rid, idx in rows.by_request.items():
-        for i in idx:
-            bad = c["apply_token_mismatches"][i]
-            if bad:
-                yield _f(rows, "T1-wrong-token", i, "output_token_ids", c["apply_num_tokens"][i], bad,
-                         f"{bad} of the {c['apply_num_tokens'][i]} tokens applied from step {c['step'][i]} differ "
-                         "from the request's expected sequence (a token lost, duplicated or computed at the wrong position)")
-                break
+def check_executed_work(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    c = frame.c
+    violated = ~c["w_n_null"] & ((c["w_n"] != c["n"]) | (c["w_k"] != c["k"]))
+    for i in np.flatnonzero(frame.own & violated):
+        s, w = int(c["n"][i]), int(c["w_n"][i])
+        yield chk.finding(frame, "X11-executed-other-work", i, "num_scheduled_tokens", s, w,
+                          f"the worker executed {w} tokens ({int(c['w_k'][i])} drafts) where the scheduler "
+                          f"booked {s} ({int(c['k'][i])} drafts)")
 
 
-def check_kv_truth(rows: TraceRows) -> Iterator[Finding]:
-    c = rows.col
-    for rid, idx in rows.by_request.items():
-        for i in idx:
-            if c["truth_kv_ok"][i] is False and rows.scheduled(i):
-                yield _f(rows, "K1-kv-content", i, "kv_cache", None, c["truth_num_computed_tokens"][i],
-                         "the KV cache no longer holds the request's expected tokens in every valid position")
-                break
+def check_output_mutated(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    c = frame.c
+    violated = ~c["apply_k_null"] & ((c["apply_n"] != c["n"]) | (c["apply_k"] != c["k"]))
+    for i in np.flatnonzero(frame.own & violated):
+        n, slots, built_n, built_k = (int(c[name][i]) for name in ("apply_n", "apply_k", "n", "k"))
+        yield chk.finding(frame, "X10-scheduler-output-mutated", i, "scheduled_spec_decode_tokens", built_k, slots,
+                          f"update_from_output read {n} tokens with {slots} draft slots back from the SchedulerOutput "
+                          f"that was built with {built_n} and {built_k}: the worker edited the scheduler's own object")
 
 
-def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
-    outcome = rows.trace.outcome
+def check_draft_inputs(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    c = frame.c
+    violated = (c["d_len"] > 0) & ((c["d_neg"] > 0) | (chk.is_async & (c["w_cached"] == 0)))
+    for i in np.flatnonzero(frame.own & violated):
+        drafts, negative = int(c["d_len"][i]), int(c["d_neg"][i])
+        yield chk.finding(frame, "X5-placeholder-drafts", i, "draft_token_ids", drafts, int(c["w_cached"][i]),
+                          f"the worker verified {drafts} draft slots with no cached drafts behind them"
+                          + (f" ({negative} of them -1, clamped to 0 for the embedding and rejected)" if negative else ""))
+
+
+def check_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    c = frame.c
+    for i in chk.first_per_request("T1-wrong-token", frame, c["apply_mism"] != 0):
+        bad, applied = int(c["apply_mism"][i]), int(c["apply_tokens"][i])
+        yield chk.finding(frame, "T1-wrong-token", i, "output_token_ids", applied, bad,
+                          f"{bad} of the {applied} tokens applied from step {int(c['step'][i])} differ "
+                          "from the request's expected sequence (a token lost, duplicated or computed at the wrong position)")
+
+
+def check_kv_truth(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    c = frame.c
+    for i in chk.first_per_request("K1-kv-content", frame, c["kv_false"] & (c["n"] > 0)):
+        truth = None if c["truth_null"][i] else int(c["truth"][i])
+        yield chk.finding(frame, "K1-kv-content", i, "kv_cache", None, truth,
+                          "the KV cache no longer holds the request's expected tokens in every valid position")
+
+
+def check_run_completes(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
+    outcome = chk.outcome
     if outcome.get("status") != "step_limit":
         return
-    c = rows.col
-    unfinished = sorted(rid for rid, idx in rows.by_request.items() if c["sched_status"][idx[-1]] != "finished")
+    unfinished = sorted(chk.names[r] for r in np.flatnonzero(chk.last_status != FINISHED))
     yield Finding("E2-run-incomplete", "error", outcome.get("step", 0), unfinished[0] if unfinished else None,
                   "outcome", "step_limit", len(unfinished),
                   f"the run hit the step limit with {len(unfinished)} requests unfinished "
                   f"({', '.join(unfinished[:5])}{'...' if len(unfinished) > 5 else ''}): livelock or starvation")
 
 
-def check_crash(rows: TraceRows) -> Iterator[Finding]:
-    if rows.crash_step is None:
+def check_crash(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
+    if chk.crash_step is None:
         return
-    message = rows.trace.outcome.get("message", "engine crashed")
+    message = chk.outcome.get("message", "engine crashed")
     rid = None
     marker = "request '"
     if marker in message:
         rid = message.split(marker, 1)[1].split("'", 1)[0]
-    if rows.trace.outcome.get("kind", "negative-input-id") == "negative-input-id":
-        yield Finding("X5-negative-input-id", "error", rows.crash_step, rid, "input_ids", None, -1,
+    if chk.outcome.get("kind", "negative-input-id") == "negative-input-id":
+        yield Finding("X5-negative-input-id", "error", chk.crash_step, rid, "input_ids", None, -1,
                       f"{message}: on a GPU a device-side assert, the engine dies")
     else:
-        yield Finding("E1-engine-crash", "error", rows.crash_step, rid, "scheduler_output", None, None,
-                      f"the engine dies at step {rows.crash_step}: {message}")
-
-
+        yield Finding("E1-engine-crash", "error", chk.crash_step, rid, "scheduler_output", None, None,
+                      f"the engine dies at step {chk.crash_step}: {message}")
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant("S1-placeholders-nonnegative", "error", "num_output_placeholders >= 0 at all times", "INV-S1", check_placeholders_nonnegative),
     Invariant("S2-placeholder-count", "error", "P = sum over steps in flight of (1 + draft slots)", "INV-S2", check_placeholder_count),
@@ -416,14 +542,18 @@ def all_codes() -> list[tuple[str, str, str, str]]:
     return sorted(seen.values())
 
 
-def check_trace(trace: Trace) -> list[Finding]:
-    """Every invariant over the whole trace; findings sorted by step, request, code."""
-    rows = TraceRows(trace)
-    findings: list[Finding] = []
-    for inv in INVARIANTS:
-        findings.extend(inv.check(rows))
-    findings.sort(key=lambda f: (f.step, f.request_id or "", _RANK.get(f.code, len(_RANK)), f.code))
-    return findings
+def check_trace(trace: Trace, batch_rows: int = 1 << 20) -> list[Finding]:
+    """Every invariant over an in-memory trace; findings sorted by step, request, code."""
+    return check_batches(trace, trace.table.select(list(NEEDED)).to_batches(max_chunksize=batch_rows))
+
+
+def check_batches(header, batches: Iterable[pa.Table | pa.RecordBatch]) -> list[Finding]:
+    """Every invariant over a trace that arrives in batches in step order (`TraceFile.batches()`):
+    memory is bounded by the batch size. `header` gives the config and outcome."""
+    checker = Checker(header.config, header.outcome)
+    for batch in batches:
+        checker.feed(batch)
+    return checker.findings()
 
 
 # Within one step and request, the finding that explains the others comes first: an edited

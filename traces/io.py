@@ -1,13 +1,16 @@
 """Write and read trace files, validating everything on read.
 
 Where it sits: record -> **traces** -> replay -> diff. `write_trace` is the only way a trace reaches
-disk; `read_trace` is the only way one comes back, and it turns every kind of broken file (not
-Parquet, truncated, wrong or newer schema, missing, extra or mistyped columns, impossible values)
-into one `TraceError` line.
+disk; `open_trace` / `read_trace` the only way one comes back. Every kind of broken file (not
+Parquet, truncated, wrong or newer schema, missing, extra or mistyped columns, broken metadata,
+impossible values) becomes one `TraceError` line. `open_trace` validates the footer at once and
+the rows one row group at a time as `TraceFile.batches()` streams them (traces.validate), so a
+trace larger than memory can be checked; `read_trace` loads a whole trace.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -21,29 +24,10 @@ import pyarrow.parquet as pq
 from specreplay.traces import schema
 from specreplay.traces.errors import TraceError
 from specreplay.traces.trace import Trace
-
-#: Columns whose values are counts and can never be negative in a well-formed trace.
-#: (Placeholder counts are deliberately absent: a negative one is a finding, not a broken file.)
-_NON_NEGATIVE = (
-    "step_total_scheduled_tokens", "sched_num_scheduled_tokens", "sched_num_draft_slots",
-    "sched_num_tokens", "sched_num_output_tokens", "sched_num_prompt_tokens", "sched_spec_len",
-    "apply_num_scheduled_tokens", "apply_num_draft_slots", "apply_num_tokens", "apply_token_mismatches",
-    "worker_num_scheduled_tokens", "worker_num_draft_slots", "worker_cached_drafts",
-    "worker_num_accepted", "worker_num_emitted", "worker_num_output_tokens", "worker_row",
-    "worker_first_position",
-    "truth_num_computed_tokens", "truth_kv_after",
-)
+from specreplay.traces.validate import RowValidator
 
 ROW_GROUP_SIZE = 1 << 20  # large groups compress best (about 4 bytes a request-step)
 
-#: Columns filled together: in any row they are all null or all set.
-_GROUPS = {
-    "worker": tuple(n for n in schema.COLUMN_NAMES if n.startswith("worker_") and n != "worker_num_accepted"),
-    # apply_token_mismatches needs ground truth: null in a live engine's trace.
-    "apply": tuple(n for n in schema.COLUMN_NAMES if n.startswith("apply_")
-                   and n not in ("apply_finish_reason", "apply_token_mismatches")),
-    "truth": tuple(n for n in schema.COLUMN_NAMES if n.startswith("truth_")),
-}
 _OUTCOMES = ("completed", "crashed", "step_limit")
 
 
@@ -69,7 +53,14 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read and validate a trace file. Raises `TraceError` with one line on any problem."""
+    """Read and validate a whole trace file into memory. Raises `TraceError` with one line on any
+    problem. For traces that may not fit in memory, use `open_trace` and its `batches()`."""
+    return open_trace(path).read()
+
+
+def open_trace(path: str | os.PathLike[str]) -> "TraceFile":
+    """Open a trace file: its footer (schema, columns, metadata) is validated now, its rows batch
+    by batch as they are read. Raises `TraceError` with one line on any problem."""
     path = Path(path)
     where = str(path)
     if not path.exists():
@@ -85,21 +76,12 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     meta = file_schema.metadata or {}
     _check_schema_version(where, meta)
     _check_columns(where, file_schema)
-    try:
-        table = parquet.read().replace_schema_metadata(None)
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise TraceError(f"{where}: Parquet data is damaged or truncated ({_short(exc)})") from None
-    try:
-        table = table.select(list(schema.COLUMN_NAMES)).cast(schema.SCHEMA)
-    except (pa.ArrowException, ValueError) as exc:
-        raise TraceError(f"{where}: columns do not match schema v{schema.SCHEMA_VERSION} ({_short(exc)})") from None
-    validate_values(table, where)
     config = _json(where, meta, schema.META_CONFIG)
     outcome = _json(where, meta, schema.META_OUTCOME)
     impl = _json(where, meta, schema.META_IMPL)
     _check_metadata(where, config, outcome, impl)
-    return Trace(
-        table=table,
+    header = Trace(
+        table=schema.SCHEMA.empty_table(),
         workload=_json(where, meta, schema.META_WORKLOAD),
         config=config,
         impl=impl,
@@ -109,6 +91,82 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
         version=meta.get(schema.META_VERSION, b"?").decode(errors="replace"),
         volatile=_json(where, meta, schema.META_VOLATILE, required=False),
     )
+    return TraceFile(path, parquet, header)
+
+
+class TraceFile:
+    """An opened trace: its metadata now, its rows one validated row group at a time.
+
+    `header` is a `Trace` with the metadata and no rows; `batches()` streams the rows in bounded
+    memory (one row group at a time, each checked by a `RowValidator`); `read()` loads them all."""
+
+    def __init__(self, path: Path, parquet: pq.ParquetFile, header: Trace) -> None:
+        self.path = path
+        self.where = str(path)
+        self._parquet = parquet
+        self.header = header
+        self.num_rows = parquet.metadata.num_rows
+
+    def __getattr__(self, name: str):
+        # workload, config, impl, outcome, seed, device, version, volatile, impl_name
+        if name.startswith("_") or name in ("header", "path", "where", "num_rows"):
+            raise AttributeError(name)
+        return getattr(self.header, name)
+
+    @property
+    def num_steps(self) -> int:
+        """The last step (steps are in order, so the last row group's maximum)."""
+        groups = self._parquet.metadata.num_row_groups
+        if not self.num_rows or not groups:
+            return 0
+        column = self._parquet.metadata.row_group(groups - 1).column(0)
+        stats = column.statistics
+        if stats is not None and stats.has_min_max and isinstance(stats.max, int):
+            return int(stats.max)
+        last = None
+        for batch in self.batches(columns=("step",)):
+            last = batch
+        return int(pc.max(last.column("step")).as_py()) if last is not None and last.num_rows else 0
+
+    def batches(self, columns: tuple[str, ...] | None = None):
+        """Validated row groups in step order, as tables in the schema, with the given columns
+        (all by default; every column is read and validated either way)."""
+        validator = RowValidator(self.where)
+        for index in range(self._parquet.metadata.num_row_groups):
+            try:
+                group = self._parquet.read_row_group(index).replace_schema_metadata(None)
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                raise TraceError(f"{self.where}: Parquet data is damaged or truncated ({_short(exc)})") from None
+            try:
+                group = group.select(list(schema.COLUMN_NAMES)).cast(schema.SCHEMA)
+            except (pa.ArrowException, ValueError) as exc:
+                raise TraceError(f"{self.where}: columns do not match schema v{schema.SCHEMA_VERSION} "
+                                 f"({_short(exc)})") from None
+            validator.check(group)
+            yield group if columns is None else group.select(list(columns))
+
+    def read(self) -> Trace:
+        """Every row in memory, validated."""
+        tables = list(self.batches())
+        table = pa.concat_tables(tables) if tables else schema.SCHEMA.empty_table()
+        return dataclasses.replace(self.header, table=table)
+
+    def rows_of(self, request_id: str, first_step: int, last_step: int, columns: tuple[str, ...]) -> pa.Table:
+        """One request's rows over a step range, reading only the row groups that hold those
+        steps (by their statistics); used to tell a finding's story without loading the trace."""
+        wanted = []
+        meta = self._parquet.metadata
+        for index in range(meta.num_row_groups):
+            stats = meta.row_group(index).column(0).statistics
+            if stats is not None and stats.has_min_max and (stats.max < first_step or stats.min > last_step):
+                continue
+            wanted.append(index)
+        if not wanted:
+            return schema.SCHEMA.empty_table().select(list(columns))
+        table = self._parquet.read_row_groups(wanted, columns=list(columns))
+        keep = pc.and_(pc.equal(table["request_id"], request_id),
+                       pc.and_(pc.greater_equal(table["step"], first_step), pc.less_equal(table["step"], last_step)))
+        return table.filter(keep)
 
 
 def _short(exc: BaseException) -> str:
@@ -155,48 +213,6 @@ def _check_columns(where: str, file_schema: pa.Schema) -> None:
     if problems:
         raise TraceError(f"{where}: does not match trace schema v{schema.SCHEMA_VERSION} ("
                          + "; ".join(problems) + "); re-record it with this specreplay")
-
-
-def validate_values(table: pa.Table, where: str) -> None:
-    """Reject values no recorder can produce: negative counts, unknown enum values, steps out of
-    order, duplicate (step, request_id) rows, nulls in required columns."""
-    for field in schema.SCHEMA_FIELDS:
-        if not field.nullable and table[field.name].null_count:
-            raise TraceError(f"{where}: column {field.name} has null values; it is required")
-    for name in _NON_NEGATIVE:
-        col = table[name]
-        if col.null_count == len(col):
-            continue
-        low = pc.min(col).as_py()
-        if low is not None and low < 0:
-            raise TraceError(f"{where}: column {name} holds {low}, expected a count >= 0")
-    for name, allowed in schema.ENUMS.items():
-        seen = pc.unique(table[name].combine_chunks().dictionary_decode()
-                         if pa.types.is_dictionary(table[name].type) else table[name])
-        unknown = [v for v in seen.to_pylist() if v is not None and v not in allowed]
-        if unknown:
-            raise TraceError(f"{where}: column {name} holds unknown value {unknown[0]!r}; "
-                             f"expected one of {', '.join(repr(a) for a in allowed)}")
-    if table.num_rows == 0:
-        return
-    drafts = table["worker_draft_ids"].combine_chunks()
-    if pc.list_flatten(drafts).null_count:
-        raise TraceError(f"{where}: column worker_draft_ids holds null draft ids")
-    for group, names in _GROUPS.items():
-        nulls = [table[n].is_null() for n in names]
-        for name, mask in zip(names[1:], nulls[1:]):
-            if not pc.all(pc.equal(mask, nulls[0])).as_py():
-                raise TraceError(f"{where}: column {name} is null where {names[0]} is not (or the reverse); "
-                                 f"the {group} columns of a row are filled together")
-    steps = table["step"]
-    if pc.min(steps).as_py() < 1:
-        raise TraceError(f"{where}: column step holds {pc.min(steps).as_py()}, steps start at 1")
-    steps = steps.combine_chunks()  # compare neighbours in pyarrow: numpy is not a dependency
-    if table.num_rows > 1 and pc.any(pc.less(steps.slice(1), steps.slice(0, len(steps) - 1))).as_py():
-        raise TraceError(f"{where}: rows are not in step order; the trace was reordered or damaged")
-    keys = pc.binary_join_element_wise(pc.cast(steps, pa.string()), table["request_id"], "\x00")
-    if len(pc.unique(keys)) != table.num_rows:
-        raise TraceError(f"{where}: duplicate (step, request_id) rows; the trace is damaged")
 
 
 def _check_metadata(where: str, config: dict[str, Any], outcome: dict[str, Any], impl: dict[str, Any]) -> None:

@@ -44,6 +44,10 @@ class Trace:
         return str(self.impl.get("name", "?"))
 
     @property
+    def num_rows(self) -> int:
+        return self.table.num_rows
+
+    @property
     def num_steps(self) -> int:
         if self.table.num_rows == 0:
             return 0

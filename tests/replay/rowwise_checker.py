@@ -1,0 +1,438 @@
+"""The invariants stated row by row: the executable specification of replay/checker.py.
+
+specreplay's checker (replay/checker.py) is vectorised and streams a trace by row groups; this
+module states every invariant the plain way, one row at a time over the whole trace, and
+tests/replay/test_checker_equivalence.py holds the two to the same findings. It is the checker
+specreplay 0.1 shipped (too slow for long traces: about 60x the time to read the trace).
+
+Where it sits: tests, beside traces -> replay -> **diff**. `check_trace` reads only the trace's table and
+metadata, so it works on any trace, whatever recorded it. Each invariant is one function below
+with a stable code, a severity and the reference section it comes from
+(../shared/reference/vllm-async-spec-state.md, section 4.2). A violated invariant of the
+implementation under test is a finding, never an exception.
+
+Severity: error = the views or the ground truth disagree, a token is lost, duplicated or wrong,
+or a negative id reaches the model; warning = work is wasted (draft slots verified with nothing
+behind them, tokens executed that the scheduler did not book).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from specreplay.replay.findings import Finding
+from specreplay.traces.trace import Trace
+
+_NEEDED = (
+    "step", "request_id", "step_total_scheduled_tokens", "sched_status", "sched_kind",
+    "sched_num_scheduled_tokens", "sched_num_draft_slots", "sched_num_computed_tokens",
+    "sched_num_output_placeholders", "sched_num_tokens", "sched_num_output_tokens",
+    "sched_spec_len", "sched_is_prefill_chunk", "sched_preempted", "apply_step",
+    "apply_num_scheduled_tokens", "apply_num_draft_slots", "apply_num_rejected", "apply_num_tokens", "apply_token_mismatches",
+    "apply_num_output_placeholders", "worker_row", "worker_num_scheduled_tokens",
+    "worker_num_draft_slots", "worker_num_computed_tokens", "worker_first_position",
+    "worker_cached_drafts", "worker_draft_ids", "worker_num_output_tokens", "worker_num_emitted",
+    "worker_in_prev_map", "truth_num_computed_tokens", "truth_kv_ok",
+)
+
+
+@dataclass(frozen=True)
+class Invariant:
+    code: str
+    severity: str
+    statement: str
+    source: str
+    check: Callable[["TraceRows"], Iterator[Finding]]
+
+
+class TraceRows:
+    """Column lists of a trace plus per-request row indexes in step order."""
+
+    def __init__(self, trace: Trace) -> None:
+        table = trace.table
+        self.trace = trace
+        self.config = trace.config
+        self.col = {name: table[name].to_pylist() for name in _NEEDED}
+        self.num_rows = table.num_rows
+        self.by_request: dict[str, list[int]] = {}
+        for i, rid in enumerate(self.col["request_id"]):
+            self.by_request.setdefault(rid, []).append(i)
+        self.is_async = bool(self.config.get("async_scheduling", True))
+        self.crash_step = trace.outcome.get("step") if trace.outcome.get("status") == "crashed" else None
+
+    def __getitem__(self, name: str) -> list:
+        return self.col[name]
+
+    def scheduled(self, i: int) -> bool:
+        return self.col["sched_num_scheduled_tokens"][i] > 0
+
+    def in_flight(self, rows: list[int], upto: int) -> list[int]:
+        """Rows of one request's earlier steps whose output was not applied when schedule() of
+        row `upto`'s step ran, and that were not superseded by a preemption since. `rows` are
+        the request's row indexes in step order and `upto` is one of them. With at most two
+        batches in flight only the last few steps can qualify, so the scan looks back
+        `LOOKBACK` steps (constant work per row, not the request's whole history)."""
+        c = self.col
+        step = c["step"][upto]
+        out = []
+        k = self._position(rows, upto) - 1
+        while k >= 0:
+            j = rows[k]
+            sj = c["step"][j]
+            if sj < step - LOOKBACK or c["sched_preempted"][j]:
+                break
+            applied = c["apply_step"][j]
+            if c["sched_num_scheduled_tokens"][j] and (applied is None or applied >= step):
+                out.append(j)
+            k -= 1
+        out.reverse()
+        return out
+
+    def _position(self, rows: list[int], row: int) -> int:
+        # rows is sorted (row indexes grow with steps): bisect instead of list.index
+        from bisect import bisect_left
+
+        return bisect_left(rows, row)
+
+
+#: How many steps back an unapplied output can be in flight (two batches, plus slack for
+#: empty steps, which the engine pops without a forward).
+LOOKBACK = 4
+
+
+def _f(rows: TraceRows, code: str, i: int, field: str, sched, worker, message: str) -> Finding:
+    return Finding(code, SEVERITY[code], rows["step"][i], rows["request_id"][i], field, sched, worker, message)
+
+
+# ------------------------------------------------------------------ scheduler-internal
+def check_placeholders_nonnegative(rows: TraceRows) -> Iterator[Finding]:
+    for i in range(rows.num_rows):
+        for name in ("sched_num_output_placeholders", "apply_num_output_placeholders"):
+            value = rows[name][i]
+            if value is not None and value < 0:
+                yield _f(rows, "S1-placeholders-nonnegative", i, "num_output_placeholders", value, None,
+                         f"num_output_placeholders went negative ({value}); vLLM asserts and the engine dies")
+                break
+
+
+def check_placeholder_count(rows: TraceRows) -> Iterator[Finding]:
+    if not rows.is_async:
+        return
+    c = rows.col
+    for rid, idx in rows.by_request.items():
+        for i in idx:
+            if c["sched_status"][i] == "finished" or c["sched_preempted"][i]:
+                continue
+            flying = [j for j in rows.in_flight(idx, i) if not c["sched_is_prefill_chunk"][j]]
+            expected = sum(1 + c["sched_num_draft_slots"][j] for j in flying)
+            if c["sched_status"][i] == "preempted" or (c["sched_status"][i] == "waiting" and c["sched_kind"][i] == "unscheduled"):
+                expected = 0 if c["sched_num_output_placeholders"][i] == 0 else expected
+            got = c["sched_num_output_placeholders"][i]
+            if got != expected and got >= 0:
+                yield _f(rows, "S2-placeholder-count", i, "num_output_placeholders", got, expected,
+                         f"num_output_placeholders is {got} but the steps in flight "
+                         f"({', '.join(str(c['step'][j]) for j in flying) or 'none'}) account for {expected}")
+                break
+
+
+def check_decode_identity(rows: TraceRows) -> Iterator[Finding]:
+    c = rows.col
+    for rid, idx in rows.by_request.items():
+        decoding = False
+        for i in idx:
+            if c["sched_status"][i] in ("running",) and not c["sched_preempted"][i] and c["sched_kind"][i] not in ("new", "resumed"):
+                gap = c["sched_num_tokens"][i] + c["sched_num_output_placeholders"][i] - c["sched_num_computed_tokens"][i]
+                if gap < 1 or (decoding and gap != 1):
+                    yield _f(rows, "S4-decode-identity", i, "num_tokens + placeholders - num_computed_tokens",
+                             gap, 1, f"num_tokens + num_output_placeholders - num_computed_tokens is {gap}, "
+                             "expected 1 for a decoding request (its next demand is wrong)")
+                    break
+            if c["sched_num_scheduled_tokens"][i] > 0:
+                decoding = not c["sched_is_prefill_chunk"][i]
+            if c["sched_preempted"][i]:
+                decoding = False
+
+
+def check_draft_provenance(rows: TraceRows) -> Iterator[Finding]:
+    if not rows.is_async:
+        return  # sync drafts are real ids from the worker, valid while the request waits
+    c = rows.col
+    for rid, idx in rows.by_request.items():
+        prev = None
+        for i in idx:
+            k = c["sched_num_draft_slots"][i]
+            if k > 0:
+                step = c["step"][i]
+                why = None
+                if prev is None or c["step"][prev] != step - 1 or c["sched_num_scheduled_tokens"][prev] == 0:
+                    why = f"it was not scheduled at step {step - 1}, so the worker holds no drafts for it"
+                elif c["sched_is_prefill_chunk"][prev]:
+                    why = f"its step {step - 1} was a non-final prefill chunk, which proposes no drafts"
+                elif c["sched_kind"][i] == "resumed":
+                    why = "it resumes from preemption"
+                elif c["step_total_scheduled_tokens"][prev] == 0:
+                    why = f"step {step - 1} was empty"
+                if why:
+                    yield _f(rows, "S5-draft-provenance", i, "scheduled_spec_decode_tokens", k, 0,
+                             f"scheduled {k} draft slots with no drafts behind them: {why} "
+                             "(stale -1 placeholders; the slots are verified and wasted)")
+            prev = i
+
+
+def check_budget(rows: TraceRows) -> Iterator[Finding]:
+    c = rows.col
+    budget = rows.config.get("max_num_batched_tokens", 1 << 30)
+    max_len = rows.config.get("max_model_len", 1 << 30)
+    totals: dict[int, int] = {}
+    for i in range(rows.num_rows):
+        s = c["step"][i]
+        totals[s] = totals.get(s, 0) + c["sched_num_scheduled_tokens"][i]
+        n = c["sched_num_scheduled_tokens"][i]
+        if n and c["sched_num_computed_tokens"][i] + n > max_len - 1:
+            yield _f(rows, "S6-token-budget", i, "num_scheduled_tokens", n, max_len - c["sched_num_computed_tokens"][i] - 1,
+                     f"schedules past max_model_len {max_len}")
+    reported: set[int] = set()
+    for i in range(rows.num_rows):
+        s = c["step"][i]
+        declared = c["step_total_scheduled_tokens"][i]
+        if s not in reported and (declared != totals[s] or declared > budget):
+            reported.add(s)
+            yield Finding("S6-token-budget", "error", s, None, "total_num_scheduled_tokens", declared, totals[s],
+                          f"total_num_scheduled_tokens is {declared}; the requests add up to {totals[s]}; "
+                          f"budget {budget}")
+
+
+def check_draft_slot_count(rows: TraceRows) -> Iterator[Finding]:
+    c = rows.col
+    width = rows.config.get("num_spec_tokens", 0)
+    for i in range(rows.num_rows):
+        n = c["sched_num_scheduled_tokens"][i]
+        if not n:
+            continue
+        k = c["sched_num_draft_slots"][i]
+        if c["sched_kind"][i] in ("new", "resumed"):
+            # Only drafts from the waiting path: vLLM pads a 1-token admission to 1 + k tokens.
+            need = c["sched_num_tokens"][i] - c["sched_num_computed_tokens"][i]
+            expected = width if (width and need == 1 and n == 1 + width) else 0
+        else:
+            room = n + c["sched_num_computed_tokens"][i] - c["sched_num_tokens"][i] - c["sched_num_output_placeholders"][i]
+            expected = max(0, min(c["sched_spec_len"][i], room))
+        if k != expected:
+            yield _f(rows, "S7-draft-slot-count", i, "num_draft_slots", k, expected,
+                     f"{k} draft slots scheduled inside {n} tokens; the counters allow {expected}")
+
+
+def check_computed_tokens(rows: TraceRows) -> Iterator[Finding]:
+    """S3 (scheduler optimistic count vs truth), X2 (worker count vs truth and vs scheduler)."""
+    c = rows.col
+    for rid, idx in rows.by_request.items():
+        fired: set[str] = set()
+        for i in idx:
+            if not rows.scheduled(i) or c["worker_num_computed_tokens"][i] is None:
+                continue
+            truth = c["truth_num_computed_tokens"][i]
+            flying = rows.in_flight(idx, i)
+            if any(c["apply_num_rejected"][j] is None for j in flying):
+                continue  # an in-flight output never applied (aborted, finished, crash): unknown
+            settled = c["sched_num_computed_tokens"][i] - sum(c["apply_num_rejected"][j] for j in flying)
+            worker = c["worker_num_computed_tokens"][i]
+            position = c["worker_first_position"][i]
+            step = c["step"][i]
+            if "S3" not in fired and truth is not None and settled != truth:
+                fired.add("S3")
+                yield _f(rows, "S3-scheduler-computed-tokens", i, "num_computed_tokens", settled, truth,
+                         f"the scheduler's num_computed_tokens, once its in-flight rejections are taken off, is "
+                         f"{settled} but the KV cache holds {truth} valid tokens")
+            if "X2s" not in fired and worker != settled:
+                fired.add("X2s")
+                yield _f(rows, "X2-sched-worker-computed", i, "num_computed_tokens", settled, worker,
+                         f"scheduler and worker disagree on num_computed_tokens at step {step}: "
+                         f"{settled} vs {worker}")
+            if "X2t" not in fired and truth is not None and position != truth:
+                fired.add("X2t")
+                gap = (f"positions {truth}..{position - 1} are never written" if position > truth
+                       else f"positions {position}..{truth - 1} are written twice")
+                yield _f(rows, "X2-worker-kv-position", i, "num_computed_tokens", c["sched_num_computed_tokens"][i], position,
+                         f"the worker writes step {step} from position {position} but its KV cache holds {truth} valid tokens: {gap}")
+            if "X2p" not in fired and position != worker:
+                fired.add("X2p")
+                yield _f(rows, "X2-worker-position-mismatch", i, "num_computed_tokens", worker, position,
+                         f"the worker's CPU num_computed_tokens ({worker}) differs from the device position it computes with ({position})")
+
+
+def check_output_length(rows: TraceRows) -> Iterator[Finding]:
+    if not rows.is_async:
+        return
+    c = rows.col
+    for rid, idx in rows.by_request.items():
+        for i in idx:
+            got = c["worker_num_output_tokens"][i]
+            if got is None or not rows.scheduled(i):
+                continue
+            expected = c["sched_num_output_tokens"][i] + c["sched_num_output_placeholders"][i]
+            if got != expected:
+                yield _f(rows, "X3-output-length", i, "num_output_tokens", expected, got,
+                         f"the worker holds {got} output tokens, the scheduler sent {expected} (applied + placeholders)")
+                break
+
+
+def check_membership(rows: TraceRows) -> Iterator[Finding]:
+    c = rows.col
+    for i in range(rows.num_rows):
+        if c["step"][i] == rows.crash_step:
+            continue
+        scheduled = rows.scheduled(i)
+        in_batch = c["worker_row"][i] is not None
+        if scheduled != in_batch:
+            yield _f(rows, "X1-batch-membership", i, "worker_row", scheduled, in_batch,
+                     "scheduled but not in the worker's batch" if scheduled else "in the worker's batch but not scheduled")
+
+
+def check_executed_work(rows: TraceRows) -> Iterator[Finding]:
+    c = rows.col
+    for i in range(rows.num_rows):
+        w = c["worker_num_scheduled_tokens"][i]
+        if w is None:
+            continue
+        s = c["sched_num_scheduled_tokens"][i]
+        if w != s or c["worker_num_draft_slots"][i] != c["sched_num_draft_slots"][i]:
+            yield _f(rows, "X11-executed-other-work", i, "num_scheduled_tokens", s, w,
+                     f"the worker executed {w} tokens ({c['worker_num_draft_slots'][i]} drafts) where the scheduler "
+                     f"booked {s} ({c['sched_num_draft_slots'][i]} drafts)")
+
+
+def check_output_mutated(rows: TraceRows) -> Iterator[Finding]:
+    c = rows.col
+    for i in range(rows.num_rows):
+        slots, n = c["apply_num_draft_slots"][i], c["apply_num_scheduled_tokens"][i]
+        if slots is None:
+            continue
+        built = (c["sched_num_scheduled_tokens"][i], c["sched_num_draft_slots"][i])
+        if (n, slots) != built:
+            yield _f(rows, "X10-scheduler-output-mutated", i, "scheduled_spec_decode_tokens", built[1], slots,
+                     f"update_from_output read {n} tokens with {slots} draft slots back from the SchedulerOutput "
+                     f"that was built with {built[0]} and {built[1]}: the worker edited the scheduler's own object")
+
+
+def check_draft_inputs(rows: TraceRows) -> Iterator[Finding]:
+    c = rows.col
+    for i in range(rows.num_rows):
+        drafts = c["worker_draft_ids"][i]
+        if not drafts:
+            continue
+        negative = sum(1 for t in drafts if t < 0)
+        if negative or (rows.is_async and not c["worker_cached_drafts"][i]):
+            yield _f(rows, "X5-placeholder-drafts", i, "draft_token_ids", len(drafts), c["worker_cached_drafts"][i],
+                     f"the worker verified {len(drafts)} draft slots with no cached drafts behind them"
+                     + (f" ({negative} of them -1, clamped to 0 for the embedding and rejected)" if negative else ""))
+
+
+def check_tokens(rows: TraceRows) -> Iterator[Finding]:
+    c = rows.col
+    for rid, idx in rows.by_request.items():
+        for i in idx:
+            bad = c["apply_token_mismatches"][i]
+            if bad:
+                yield _f(rows, "T1-wrong-token", i, "output_token_ids", c["apply_num_tokens"][i], bad,
+                         f"{bad} of the {c['apply_num_tokens'][i]} tokens applied from step {c['step'][i]} differ "
+                         "from the request's expected sequence (a token lost, duplicated or computed at the wrong position)")
+                break
+
+
+def check_kv_truth(rows: TraceRows) -> Iterator[Finding]:
+    c = rows.col
+    for rid, idx in rows.by_request.items():
+        for i in idx:
+            if c["truth_kv_ok"][i] is False and rows.scheduled(i):
+                yield _f(rows, "K1-kv-content", i, "kv_cache", None, c["truth_num_computed_tokens"][i],
+                         "the KV cache no longer holds the request's expected tokens in every valid position")
+                break
+
+
+def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
+    outcome = rows.trace.outcome
+    if outcome.get("status") != "step_limit":
+        return
+    c = rows.col
+    unfinished = sorted(rid for rid, idx in rows.by_request.items() if c["sched_status"][idx[-1]] != "finished")
+    yield Finding("E2-run-incomplete", "error", outcome.get("step", 0), unfinished[0] if unfinished else None,
+                  "outcome", "step_limit", len(unfinished),
+                  f"the run hit the step limit with {len(unfinished)} requests unfinished "
+                  f"({', '.join(unfinished[:5])}{'...' if len(unfinished) > 5 else ''}): livelock or starvation")
+
+
+def check_crash(rows: TraceRows) -> Iterator[Finding]:
+    if rows.crash_step is None:
+        return
+    message = rows.trace.outcome.get("message", "engine crashed")
+    rid = None
+    marker = "request '"
+    if marker in message:
+        rid = message.split(marker, 1)[1].split("'", 1)[0]
+    if rows.trace.outcome.get("kind", "negative-input-id") == "negative-input-id":
+        yield Finding("X5-negative-input-id", "error", rows.crash_step, rid, "input_ids", None, -1,
+                      f"{message}: on a GPU a device-side assert, the engine dies")
+    else:
+        yield Finding("E1-engine-crash", "error", rows.crash_step, rid, "scheduler_output", None, None,
+                      f"the engine dies at step {rows.crash_step}: {message}")
+
+
+INVARIANTS: tuple[Invariant, ...] = (
+    Invariant("S1-placeholders-nonnegative", "error", "num_output_placeholders >= 0 at all times", "INV-S1", check_placeholders_nonnegative),
+    Invariant("S2-placeholder-count", "error", "P = sum over steps in flight of (1 + draft slots)", "INV-S2", check_placeholder_count),
+    Invariant("S3-scheduler-computed-tokens", "error", "C minus in-flight rejections = tokens valid in the KV cache", "INV-S3", check_computed_tokens),
+    Invariant("S4-decode-identity", "error", "num_tokens + P - C = 1 for a decoding request", "INV-S4", check_decode_identity),
+    Invariant("S5-draft-provenance", "warning", "draft slots only for requests whose previous step proposed drafts", "INV-S5", check_draft_provenance),
+    Invariant("S6-token-budget", "error", "sum of scheduled tokens = total <= max_num_batched_tokens", "INV-S6", check_budget),
+    Invariant("S7-draft-slot-count", "error", "k = max(0, min(len(spec), n + C - T - P))", "INV-S7", check_draft_slot_count),
+    Invariant("X1-batch-membership", "error", "the worker's batch holds exactly the scheduled requests", "INV-X1", check_membership),
+    Invariant("X3-output-length", "error", "worker output length = applied outputs + placeholders (design B)", "INV-X3", check_output_length),
+    Invariant("X5-placeholder-drafts", "warning", "draft inputs are drafts cached for the request at m-1", "INV-X5", check_draft_inputs),
+    Invariant("X10-scheduler-output-mutated", "error", "update_from_output reads the SchedulerOutput the worker was given unchanged", "INV-X10", check_output_mutated),
+    Invariant("X11-executed-other-work", "warning", "the worker executes what the scheduler booked", "INV-X10", check_executed_work),
+    Invariant("T1-wrong-token", "error", "applied tokens equal the expected sequence", "ground truth", check_tokens),
+    Invariant("K1-kv-content", "error", "valid KV positions hold the expected tokens", "ground truth", check_kv_truth),
+    Invariant("E1-engine-crash", "error", "the engine does not die (asserts, unexecutable outputs)", "engine", check_crash),
+    Invariant("E2-run-incomplete", "error", "every request finishes within the step limit", "engine", check_run_completes),
+)
+
+#: Codes some checks produce besides their own (documented in `specreplay codes`).
+EXTRA_CODES = (
+    ("X5-negative-input-id", "error", "no negative id reaches the embedding", "INV-X5"),
+    ("X2-sched-worker-computed", "error", "worker C = scheduler C minus rejections of m-1", "INV-X2"),
+    ("X2-worker-kv-position", "error", "the worker writes from the first position not yet in its KV", "INV-X2"),
+    ("X2-worker-position-mismatch", "error", "CPU num_computed_tokens = device position", "INV-X2 (design B)"),
+)
+
+
+SEVERITY = {inv.code: inv.severity for inv in INVARIANTS} | {code[0]: code[1] for code in EXTRA_CODES}
+
+
+def all_codes() -> list[tuple[str, str, str, str]]:
+    seen = {}
+    for inv in INVARIANTS:
+        seen.setdefault(inv.code, (inv.code, inv.severity, inv.statement, inv.source))
+    for code in EXTRA_CODES:
+        seen.setdefault(code[0], code)
+    return sorted(seen.values())
+
+
+def check_trace(trace: Trace) -> list[Finding]:
+    """Every invariant over the whole trace; findings sorted by step, request, code."""
+    rows = TraceRows(trace)
+    findings: list[Finding] = []
+    for inv in INVARIANTS:
+        findings.extend(inv.check(rows))
+    findings.sort(key=lambda f: (f.step, f.request_id or "", _RANK.get(f.code, len(_RANK)), f.code))
+    return findings
+
+
+# Within one step and request, the finding that explains the others comes first: an edited
+# output, then the two views disagreeing, then what follows from it (KV, placeholders, tokens).
+_RANK = {code: i for i, code in enumerate((
+    "X5-negative-input-id", "E1-engine-crash", "E2-run-incomplete", "S5-draft-provenance", "X10-scheduler-output-mutated", "X11-executed-other-work",
+    "X2-sched-worker-computed", "S3-scheduler-computed-tokens", "X2-worker-kv-position",
+    "X2-worker-position-mismatch", "S2-placeholder-count", "S4-decode-identity", "S1-placeholders-nonnegative",
+    "X3-output-length", "X1-batch-membership", "S7-draft-slot-count", "S6-token-budget", "X5-placeholder-drafts",
+    "K1-kv-content", "T1-wrong-token"))}
