@@ -16,12 +16,13 @@ import click
 
 from specreplay.traces.errors import InputError
 
-EXIT_OK, EXIT_FINDINGS, EXIT_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Bad input -> `error: ...` and exit 2, never a traceback."""
+    """Bad input -> `error: ...` and exit 2, never a traceback. Anything else is a specreplay bug:
+    one line and exit 3 (SPECREPLAY_DEBUG=1 shows the traceback)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -30,6 +31,13 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except InputError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_INPUT)
+        except Exception as exc:
+            if os.environ.get("SPECREPLAY_DEBUG"):
+                raise
+            text = " ".join(str(exc).split())[:200]
+            click.echo(f"error: internal error, {type(exc).__name__}: {text} (a specreplay bug: please report it "
+                       "with the input; SPECREPLAY_DEBUG=1 shows the traceback)", err=True)
+            sys.exit(EXIT_INTERNAL)
 
     return wrapper
 

@@ -27,6 +27,6 @@ def main() -> None:
     """
 
 
-for command in (record.record, record.replay, record.compare, diff.diff, gate.gate, listing.info, listing.scenarios,
+for command in (record.record, record.replay, record.recover, record.compare, diff.diff, gate.gate, listing.info, listing.scenarios,
                 listing.impls, listing.codes, listing.schema):
     main.add_command(command)

@@ -15,20 +15,37 @@ from specreplay.cli.common import (CONTEXT, check_device, console, device_option
                                    handle_errors, progress)
 from specreplay.traces.errors import InputError
 
+FLUSH_EVERY = 16  # replay.recorder.FLUSH_EVERY, without importing torch for --help
+
+flush_option = click.option(
+    "--flush-every", type=click.IntRange(min=1), default=FLUSH_EVERY, show_default=True,
+    help="Steps between appends of settled rows to OUTPUT.partial while recording; a crash keeps them "
+         "(`specreplay recover`).")
+
 
 def _run(workload, impl_name: str, executor: str | None, device: str, output: Path, allow_import: bool,
-         engine: str = "reference", model: str | None = None):
+         engine: str = "reference", model: str | None = None, flush_every: int = FLUSH_EVERY):
     from specreplay.replay.engine import run_workload
     from specreplay.replay.impls import resolve
     from specreplay.traces.io import write_trace
+    from specreplay.traces.journal import journal_path
 
     impl = resolve(impl_name, allow_import=allow_import, executor=executor)
     check_device(device)
     if output.exists() and output.is_dir():
         raise InputError(f"{output}: is a directory; -o takes a file path like out.parquet")
+    journal = journal_path(output)
     with progress(f"{workload.name} via {impl.name}") as update:
-        trace = run_workload(workload, impl, device=device, progress=update, engine=engine, model=model)
+        try:
+            trace = run_workload(workload, impl, device=device, progress=update, engine=engine, model=model,
+                                 journal=journal, flush_every=flush_every)
+        except InputError as exc:
+            if journal.exists():
+                raise InputError(f"{exc}; the steps recorded before it are in {journal} "
+                                 f"(`specreplay recover {journal}`)") from None
+            raise
     write_trace(trace, output)
+    journal.unlink(missing_ok=True)  # the trace is written: the journal has served its purpose
     return trace
 
 
@@ -72,9 +89,13 @@ def _summary(trace, output: Path) -> None:
 @click.option("--model", default=None, help="--engine vllm: a model with real weights (folder or hub name); "
               "default: a tiny dummy-weight model written on the fly.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Trace file to write (.parquet).")
+@flush_option
 @handle_errors
-def record(scenario, workload_file, impl_name, engine, executor, device, seed, model, output) -> None:
+def record(scenario, workload_file, impl_name, engine, executor, device, seed, model, output, flush_every) -> None:
     """Run a workload through an implementation and record both views to a Parquet trace.
+
+    While it runs, settled rows go to OUTPUT.partial every --flush-every steps and on any error, so
+    a crash or a kill keeps them: `specreplay recover OUTPUT.partial` turns them into a trace.
 
     \b
     Example:
@@ -82,7 +103,7 @@ def record(scenario, workload_file, impl_name, engine, executor, device, seed, m
     """
     workload = _workload(scenario, workload_file, seed)
     trace = _run(workload, impl_name, executor, device, output, allow_import=True, engine=engine or "reference",
-                 model=model)
+                 model=model, flush_every=flush_every)
     _summary(trace, output)
 
 
@@ -93,8 +114,9 @@ def record(scenario, workload_file, impl_name, engine, executor, device, seed, m
 @executor_option
 @device_option
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Trace file to write.")
+@flush_option
 @handle_errors
-def replay(trace_path, impl_name, engine, executor, device, output) -> None:
+def replay(trace_path, impl_name, engine, executor, device, output, flush_every) -> None:
     """Replay a recorded trace's workload and outcomes through another implementation.
 
     \b
@@ -108,10 +130,36 @@ def replay(trace_path, impl_name, engine, executor, device, output) -> None:
     workload = Workload.from_dict(source.workload, f"{trace_path}: workload metadata")
     name = impl_name or source.impl_name
     trace = _run(workload, name, executor, device, output, allow_import=impl_name is not None,
-                 engine=engine or source.impl.get("engine", "reference"))
+                 engine=engine or source.impl.get("engine", "reference"), flush_every=flush_every)
     _summary(trace, output)
 
 
+
+@click.command(context_settings=CONTEXT)
+@click.argument("journal", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Trace file to write (default: the journal's name with .recovered.parquet).")
+@handle_errors
+def recover(journal, output) -> None:
+    """Turn the journal of a recording that did not finish (OUTPUT.partial, left by a crash or a
+    kill) into a trace: every step flushed before it stopped, outcome `partial`.
+
+    \b
+    Example:
+      specreplay recover run.parquet.partial -o run.parquet
+    """
+    from specreplay.traces.io import write_trace
+    from specreplay.traces.journal import SUFFIX, recover as recover_journal
+
+    if output is None:
+        stem = journal.name[: -len(SUFFIX)] if journal.name.endswith(SUFFIX) else journal.name
+        output = journal.with_name(Path(stem).stem + ".recovered.parquet")
+    if output.exists():
+        raise InputError(f"{output}: exists; choose another path with -o (a trace is never overwritten by recover)")
+    trace = recover_journal(journal)
+    write_trace(trace, output)
+    click.echo(f"wrote {output}: steps 1..{trace.outcome['step']}, {trace.num_rows} rows, outcome partial "
+               f"(the recording stopped after step {trace.outcome['step']})")
 
 
 DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")

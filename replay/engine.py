@@ -10,6 +10,8 @@ sees the outputs of steps <= m-2 only; in sync mode it holds one and drafts flow
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import platform
 import time
 from collections import defaultdict, deque
@@ -18,29 +20,35 @@ from typing import Callable
 from specreplay.replay.impls import Implementation
 from specreplay.replay.messages import EngineCrash
 from specreplay.replay.oracle import Oracle
-from specreplay.replay.recorder import Recorder
+from specreplay.replay.recorder import FLUSH_EVERY, Recorder
 from specreplay.replay.request import Request
 from specreplay.replay.workload import Workload
+from specreplay.traces import schema
 from specreplay.traces.errors import InputError
+from specreplay.traces.journal import JournalWriter
 from specreplay.traces.trace import Trace
 
 ProgressFn = Callable[[int, int], None]  # (steps done, max steps)
 
 
 def run_workload(workload: Workload, impl: Implementation, device: str = "cpu",
-                 progress: ProgressFn | None = None, engine: str = "reference", model: str | None = None) -> Trace:
+                 progress: ProgressFn | None = None, engine: str = "reference", model: str | None = None,
+                 journal: str | os.PathLike[str] | None = None, flush_every: int = FLUSH_EVERY) -> Trace:
     """Run `workload` through `impl` and return the recorded trace. An exception raised inside
-    outside code (a `module:attr` implementation) becomes one InputError line naming it."""
+    outside code (a `module:attr` implementation) becomes one InputError line naming it.
+
+    `journal`: a path where settled rows are appended every `flush_every` steps and everything
+    recorded on any exception (traces.journal); the caller deletes it once the trace is written."""
     if engine == "vllm":
         from specreplay.replay.live_engine import run_live
 
-        return run_live(workload, impl, device, model)
+        return run_live(workload, impl, device, model)  # its taps write part files as they go
     if model is not None:
         raise InputError("--model is for --engine vllm (a live engine); the other engines run the reference model")
     if not impl.user_code:
-        return _run(workload, impl, device, progress, engine)
+        return _run(workload, impl, device, progress, engine, journal, flush_every)
     try:
-        return _run(workload, impl, device, progress, engine)
+        return _run(workload, impl, device, progress, engine, journal, flush_every)
     except InputError:
         raise
     except Exception as exc:  # the user's scheduler or runner failed: say where, no traceback
@@ -48,14 +56,28 @@ def run_workload(workload: Workload, impl: Implementation, device: str = "cpu",
 
 
 def _run(workload: Workload, impl: Implementation, device: str, progress: ProgressFn | None,
-         engine: str) -> Trace:
+         engine: str, journal: str | os.PathLike[str] | None, flush_every: int) -> Trace:
     loop = EngineLoop(workload, impl, device, engine)
+    writer = None
+    if journal is not None:
+        writer = loop.rec.journal = JournalWriter(journal, loop.header())
+        loop.rec.flush_every = flush_every
     try:
         while loop.step():
+            loop.rec.maybe_flush(loop.step_no)
             if progress is not None and loop.step_no:
                 progress(loop.step_no, workload.max_steps)
     except EngineCrash as exc:  # an assert in the scheduler, or the worker unable to run a step
         loop.outcome = {"status": "crashed", "step": loop.step_no, "kind": exc.kind, "message": str(exc)}
+    except BaseException:
+        # Anything else (a bug, Ctrl-C): what was recorded goes to the journal before it propagates.
+        loop.rec.flush(everything=True)
+        if writer is not None:
+            writer.close()
+        raise
+    loop.rec.flush(everything=True)
+    if writer is not None:
+        writer.close()
     return loop.trace()
 
 
@@ -129,9 +151,10 @@ class EngineLoop:
             for rid in self.sched.finish_requests([self.aborts.pop(0)[1]]):
                 self.rec.record_abort(self.step_no, rid)
 
-    def trace(self) -> Trace:
+    def header(self) -> Trace:
+        """The trace's metadata, no rows (the journal's header)."""
         return Trace(
-            table=self.rec.table(),
+            table=schema.SCHEMA.empty_table(),
             workload=self.workload.to_dict(),
             config=self.config.to_dict(),
             impl=self.impl.describe(self.sched, self.engine),
@@ -141,3 +164,6 @@ class EngineLoop:
             volatile={"created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                       "host": platform.node(), "python": platform.python_version()},
         )
+
+    def trace(self) -> Trace:
+        return dataclasses.replace(self.header(), table=self.rec.table(), outcome=self.outcome)

@@ -4,6 +4,10 @@ Where it sits: **record** -> traces -> replay -> diff. The engine calls `record_
 E1(m), `record_worker` at E3(m) and `record_apply` at E4(j); `table()` builds the trace table in
 `specreplay.traces.schema` order. Values go straight into per-column lists (no per-row objects),
 and `record_apply` patches the rows of an earlier step in place by index.
+
+With a journal (traces.journal), rows that can no longer change (every step up to the oldest one
+whose output is not applied yet) are appended to it every `flush_every` steps, and `flush(everything=True)`
+writes the rest when the run dies with an exception: a crash keeps what was recorded.
 """
 
 from __future__ import annotations
@@ -16,12 +20,24 @@ from specreplay.replay.request import Request, Status
 from specreplay.replay.runner import WorkerView
 from specreplay.replay.scheduler import ApplyReport, Scheduler
 from specreplay.traces import schema
+from specreplay.traces.journal import JournalWriter
+
+
+#: Steps between journal flushes by default: a fraction of a second of recording at any size.
+FLUSH_EVERY = 16
 
 
 class Recorder:
-    def __init__(self, oracle: Oracle | None) -> None:
-        """`oracle`: the workload's expected tokens, or None (a live engine: no ground truth)."""
+    def __init__(self, oracle: Oracle | None, journal: JournalWriter | None = None,
+                 flush_every: int = FLUSH_EVERY) -> None:
+        """`oracle`: the workload's expected tokens, or None (a live engine: no ground truth).
+        `journal`: where settled rows go while recording (None: memory only)."""
         self.oracle = oracle
+        self.journal = journal
+        self.flush_every = flush_every
+        self.flushed = 0  # rows already in the journal
+        self.last_flush_step = 0
+        self.step_start: dict[int, int] = {}  # first row of each step
         self.cols: dict[str, list] = {name: [] for name in schema.COLUMN_NAMES}
         self.rows_of_step: dict[int, dict[str, int]] = {}  # steps whose output is not yet applied
         self.known: dict[str, Request] = {}  # every request ever added, finished ones included
@@ -50,6 +66,7 @@ class Recorder:
         preempted = {rid for rid, why in sched.skip_reasons.items() if why == "preempted"}
         announced = out.finished_req_ids
         rows = list(self._pre)
+        self.step_start[step] = len(c["step"])
         live = {item[0].request_id for item in rows}
         for rid in sorted(announced - live, key=lambda r: self.known[r].order if r in self.known else 0):
             req = self.known.get(rid)
@@ -162,11 +179,32 @@ class Recorder:
             self.cols["apply_finish_reason"][at] = "aborted"
         return at
 
+    # ------------------------------------------------------------------ the journal
+    def settled(self) -> int:
+        """Rows that can no longer change: all rows before the oldest step still in flight."""
+        if not self.rows_of_step:
+            return len(self.cols["step"])
+        return self.step_start[min(self.rows_of_step)]
+
+    def maybe_flush(self, step: int) -> None:
+        if self.journal is not None and step - self.last_flush_step >= self.flush_every:
+            self.flush()
+            self.last_flush_step = step
+
+    def flush(self, everything: bool = False) -> None:
+        """Append the settled rows (with `everything`, all rows: the run is over) to the journal."""
+        if self.journal is None:
+            return
+        stop = len(self.cols["step"]) if everything else self.settled()
+        if stop > self.flushed:
+            self.journal.append(self.table(self.flushed, stop))
+            self.flushed = stop
+
     # ------------------------------------------------------------------ the table
-    def table(self) -> pa.Table:
+    def table(self, start: int = 0, stop: int | None = None) -> pa.Table:
         arrays = []
         for field in schema.SCHEMA_FIELDS:
-            values = self.cols[field.name]
+            values = self.cols[field.name][start:stop]
             if pa.types.is_dictionary(field.type):
                 arrays.append(pa.array(values, type=pa.string()).dictionary_encode().cast(field.type))
             else:

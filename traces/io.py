@@ -28,7 +28,7 @@ from specreplay.traces.validate import RowValidator
 
 ROW_GROUP_SIZE = 1 << 20  # large groups compress best (about 4 bytes a request-step)
 
-_OUTCOMES = ("completed", "crashed", "step_limit")
+_OUTCOMES = ("completed", "crashed", "step_limit", "partial")
 
 
 def write_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
@@ -71,26 +71,17 @@ def open_trace(path: str | os.PathLike[str]) -> "TraceFile":
         parquet = pq.ParquetFile(path)
         file_schema = parquet.schema_arrow
     except (pa.ArrowException, OSError, ValueError) as exc:
+        from specreplay.traces.journal import is_journal
+
+        if is_journal(path):
+            raise TraceError(f"{where}: is the journal of a recording that did not finish; "
+                             f"turn it into a trace with `specreplay recover {where}`") from None
         raise TraceError(f"{where}: not a readable Parquet file ({_short(exc)}); "
                          "record a trace with `specreplay record`") from None
     meta = file_schema.metadata or {}
     _check_schema_version(where, meta)
     _check_columns(where, file_schema)
-    config = _json(where, meta, schema.META_CONFIG)
-    outcome = _json(where, meta, schema.META_OUTCOME)
-    impl = _json(where, meta, schema.META_IMPL)
-    _check_metadata(where, config, outcome, impl)
-    header = Trace(
-        table=schema.SCHEMA.empty_table(),
-        workload=_json(where, meta, schema.META_WORKLOAD),
-        config=config,
-        impl=impl,
-        outcome=outcome,
-        seed=_int(where, meta, schema.META_SEED),
-        device=meta.get(schema.META_DEVICE, b"cpu").decode(errors="replace"),
-        version=meta.get(schema.META_VERSION, b"?").decode(errors="replace"),
-        volatile=_json(where, meta, schema.META_VOLATILE, required=False),
-    )
+    header = header_from_metadata(where, meta)
     return TraceFile(path, parquet, header)
 
 
@@ -167,6 +158,27 @@ class TraceFile:
         keep = pc.and_(pc.equal(table["request_id"], request_id),
                        pc.and_(pc.greater_equal(table["step"], first_step), pc.less_equal(table["step"], last_step)))
         return table.filter(keep)
+
+
+def header_from_metadata(where: str, meta: dict[bytes, bytes], outcome_required: bool = True) -> Trace:
+    """A trace's validated metadata as a `Trace` without rows. `outcome_required=False` is for a
+    recording journal, whose outcome is `running` until `recover` replaces it."""
+    _check_schema_version(where, meta)
+    config = _json(where, meta, schema.META_CONFIG)
+    outcome = _json(where, meta, schema.META_OUTCOME)
+    impl = _json(where, meta, schema.META_IMPL)
+    _check_metadata(where, config, outcome if outcome_required else {"status": "completed"}, impl)
+    return Trace(
+        table=schema.SCHEMA.empty_table(),
+        workload=_json(where, meta, schema.META_WORKLOAD),
+        config=config,
+        impl=impl,
+        outcome=outcome,
+        seed=_int(where, meta, schema.META_SEED),
+        device=meta.get(schema.META_DEVICE, b"cpu").decode(errors="replace"),
+        version=meta.get(schema.META_VERSION, b"?").decode(errors="replace"),
+        volatile=_json(where, meta, schema.META_VOLATILE, required=False),
+    )
 
 
 def _short(exc: BaseException) -> str:
