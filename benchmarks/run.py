@@ -212,10 +212,11 @@ def big_trace(rows_wanted: int, folder: str) -> str:
 
 
 def _peak_rss_mb(code: str) -> tuple[float, float]:
-    """Run `code` in a fresh interpreter; (wall seconds, peak RSS MB)."""
+    """Run `code` in a fresh interpreter; (wall seconds, peak RSS MB). VmHWM, not ru_maxrss:
+    Linux carries ru_maxrss over from the parent through fork and exec."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code + "\nimport resource; print(resource.getrusage("
-                           "resource.RUSAGE_SELF).ru_maxrss)"], capture_output=True, text=True, check=True)
+    proc = subprocess.run([sys.executable, "-c", code + "\nprint([l.split()[1] for l in open('/proc/self/status') "
+                           "if l.startswith('VmHWM')][0])"], capture_output=True, text=True, check=True)
     wall = time.perf_counter() - t0
     return wall, int(proc.stdout.strip().splitlines()[-1]) / 1024
 

@@ -29,12 +29,12 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except InputError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {one_line(str(exc))}", err=True)
             sys.exit(EXIT_INPUT)
         except Exception as exc:
             if os.environ.get("SPECREPLAY_DEBUG"):
                 raise
-            text = " ".join(str(exc).split())[:200]
+            text = one_line(str(exc))[:200]
             click.echo(f"error: internal error, {type(exc).__name__}: {text} (a specreplay bug: please report it "
                        "with the input; SPECREPLAY_DEBUG=1 shows the traceback)", err=True)
             sys.exit(EXIT_INTERNAL)
@@ -42,11 +42,21 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
+
+
+def one_line(text: str) -> str:
+    """A message that stays on one line whatever a hostile file put in it (control characters,
+    newlines in a column name) shown escaped."""
+    return text.translate(_CONTROL)
+
+
 def console(stderr: bool = False):
     from rich.console import Console
 
     width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else None
-    return Console(stderr=stderr, width=width, no_color="NO_COLOR" in os.environ, highlight=False)
+    # markup off: names and messages come from trace files, and '[...]' in them is text, not style
+    return Console(stderr=stderr, width=width, no_color="NO_COLOR" in os.environ, highlight=False, markup=False)
 
 
 format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",

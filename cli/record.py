@@ -89,9 +89,12 @@ def _summary(trace, output: Path) -> None:
 @click.option("--model", default=None, help="--engine vllm: a model with real weights (folder or hub name); "
               "default: a tiny dummy-weight model written on the fly.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Trace file to write (.parquet).")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Stop the run after this many engine steps (default: the workload's max_steps).")
 @flush_option
 @handle_errors
-def record(scenario, workload_file, impl_name, engine, executor, device, seed, model, output, flush_every) -> None:
+def record(scenario, workload_file, impl_name, engine, executor, device, seed, model, output, max_steps,
+           flush_every) -> None:
     """Run a workload through an implementation and record both views to a Parquet trace.
 
     While it runs, settled rows go to OUTPUT.partial every --flush-every steps and on any error, so
@@ -101,7 +104,11 @@ def record(scenario, workload_file, impl_name, engine, executor, device, seed, m
     Example:
       specreplay record --scenario reentry --impl pr30796 -o pr30796.parquet
     """
+    from dataclasses import replace
+
     workload = _workload(scenario, workload_file, seed)
+    if max_steps is not None:
+        workload = replace(workload, max_steps=max_steps)
     trace = _run(workload, impl_name, executor, device, output, allow_import=True, engine=engine or "reference",
                  model=model, flush_every=flush_every)
     _summary(trace, output)

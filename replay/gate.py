@@ -81,13 +81,14 @@ def fingerprint(trace) -> dict[str, Any]:
 
 def replay_golden(path: str | Path, options: GateOptions):
     """Read a golden and run its workload through the implementation under test (default: the
-    golden's own, by registry name only) on its engine. Returns (golden, impl, new trace)."""
+    golden's own, by registry name only) on its engine. Returns (golden, impl, new trace); the
+    golden is opened, not loaded (`TraceFile`): its rows stream when it is compared."""
     from specreplay.replay.engine import run_workload
     from specreplay.replay.impls import resolve
     from specreplay.replay.workload import Workload
-    from specreplay.traces.io import read_trace
+    from specreplay.traces.io import open_trace
 
-    golden = read_trace(path)
+    golden = open_trace(path)
     workload = Workload.from_dict(golden.workload, f"{path}: workload metadata")
     impl = resolve(options.impl or golden.impl_name, allow_import=options.impl is not None, executor=options.executor)
     trace = run_workload(workload, impl, device=options.device,
@@ -98,7 +99,7 @@ def replay_golden(path: str | Path, options: GateOptions):
 def gate_one(path: str, options: GateOptions) -> GateResult:
     """Replay one golden through the implementation under test. Never raises for bad input."""
     from specreplay.replay.checker import check_trace
-    from specreplay.replay.tracediff import diff_traces
+    from specreplay.replay.tracediff import diff_batches
     from specreplay.traces.trace import package_version
 
     try:
@@ -116,7 +117,10 @@ def gate_one(path: str, options: GateOptions) -> GateResult:
     if made_by["specreplay"] != package_version():
         result.notes.append(f"golden made by specreplay {made_by['specreplay']}, this is {package_version()}")
     result.findings = check_trace(trace)
-    diff = diff_traces(golden, trace)
+    try:
+        diff = diff_batches(golden, trace, golden.batches(), trace.table.to_batches())
+    except InputError as exc:  # the golden's rows are damaged (its metadata was fine)
+        return GateResult(path, "error", impl=impl.name, golden_impl=golden.impl_name, message=str(exc))
     result.changes = diff.findings
     result.changed_fields = dict(diff.fields)
     if fails(result.findings, options.fail_on):
@@ -158,6 +162,7 @@ def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult
     for path in collect(paths):
         try:
             golden, _, trace = replay_golden(path, options)
+            golden = golden.read()
         except InputError as exc:
             out.append(UpdateResult(str(path), "error", message=str(exc)))
             continue

@@ -11,3 +11,8 @@ class InputError(Exception):
 
 class TraceError(InputError):
     """A trace file that cannot be read or fails validation."""
+
+
+class RecordingError(RuntimeError):
+    """specreplay's own recorder produced rows or metadata that fail the trace schema: a bug in
+    specreplay (or in an implementation that fills trace columns itself), caught before writing."""

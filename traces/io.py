@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from specreplay.traces import schema
-from specreplay.traces.errors import TraceError
+from specreplay.traces.errors import RecordingError, TraceError
 from specreplay.traces.trace import Trace
 from specreplay.traces.validate import RowValidator
 
@@ -31,16 +31,17 @@ ROW_GROUP_SIZE = 1 << 20  # large groups compress best (about 4 bytes a request-
 _OUTCOMES = ("completed", "crashed", "step_limit", "partial")
 
 
-def write_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
+def write_trace(trace: Trace, path: str | os.PathLike[str], row_group_size: int = ROW_GROUP_SIZE) -> Path:
     """Write `trace` to `path` atomically (a temporary file renamed into place), so an existing
     file at `path` is never left half-written."""
     path = Path(path)
     table = trace.table.cast(schema.SCHEMA).replace_schema_metadata(trace.metadata())
+    check_before_writing(table, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP_SIZE,
+        pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size,
                        use_dictionary=True, write_statistics=True)
         umask = os.umask(0)
         os.umask(umask)
@@ -50,6 +51,17 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def check_before_writing(table: pa.Table, where: str, validator: RowValidator | None = None) -> None:
+    """The checks the reader makes, made on what is about to be written: a recorder bug is caught
+    at record time (RecordingError), not when someone reads the file."""
+    try:
+        if table.schema.metadata:
+            header_from_metadata(where, table.schema.metadata)
+        (validator or RowValidator(where)).check(table)
+    except TraceError as exc:
+        raise RecordingError(f"refusing to write rows that fail validation: {exc}") from None
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
@@ -126,6 +138,7 @@ class TraceFile:
         for index in range(self._parquet.metadata.num_row_groups):
             try:
                 group = self._parquet.read_row_group(index).replace_schema_metadata(None)
+                group.validate(full=True)  # offsets, dictionary indices, UTF-8: a damaged file stops here
             except (pa.ArrowException, OSError, ValueError) as exc:
                 raise TraceError(f"{self.where}: Parquet data is damaged or truncated ({_short(exc)})") from None
             try:
@@ -154,7 +167,11 @@ class TraceFile:
             wanted.append(index)
         if not wanted:
             return schema.SCHEMA.empty_table().select(list(columns))
-        table = self._parquet.read_row_groups(wanted, columns=list(columns))
+        try:
+            table = self._parquet.read_row_groups(wanted, columns=list(columns))
+            table.validate(full=True)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise TraceError(f"{self.where}: Parquet data is damaged or truncated ({_short(exc)})") from None
         keep = pc.and_(pc.equal(table["request_id"], request_id),
                        pc.and_(pc.greater_equal(table["step"], first_step), pc.less_equal(table["step"], last_step)))
         return table.filter(keep)

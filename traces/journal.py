@@ -49,9 +49,15 @@ class JournalWriter:
         self._writer.write_batch(pa.RecordBatch.from_pylist([], schema=schema.SCHEMA))
         os.replace(tmp, self.path)
         self.rows = 0
+        from specreplay.traces.validate import RowValidator
+
+        self._validator = RowValidator(f"{self.path} (as recorded)")  # carries step order across appends
 
     def append(self, table: pa.Table) -> None:
+        from specreplay.traces.io import check_before_writing
+
         if table.num_rows:
+            check_before_writing(table, str(self.path), self._validator)
             self._writer.write_table(table, max_chunksize=table.num_rows)
             self.rows += table.num_rows
 
@@ -94,6 +100,7 @@ def recover(path: str | os.PathLike[str]) -> Trace:
     while True:
         try:
             batch = reader.read_next_batch()
+            batch.validate(full=True)
         except StopIteration:
             break
         except (pa.ArrowException, OSError, ValueError):
