@@ -132,7 +132,9 @@ META_WORKLOAD = b"specreplay.workload"  # JSON: the workload, enough to replay i
 META_CONFIG = b"specreplay.config"  # JSON: engine config
 META_IMPL = b"specreplay.impl"  # JSON: implementation name, scheduler/runner classes, executor
 META_SEED = b"specreplay.seed"
-META_OUTCOME = b"specreplay.outcome"  # JSON: completed | crashed (step, message) | step_limit
+#: JSON: completed | crashed (step, kind, message) | step_limit (step) | partial (step: recovered
+#: from a recording journal, rows of steps 1..step only)
+META_OUTCOME = b"specreplay.outcome"
 META_DEVICE = b"specreplay.device"
 #: Metadata that legitimately differs between two recordings of the same run; kept out of
 #: content comparisons.
