@@ -47,8 +47,10 @@ _SUFFIX = re.compile(r"^(.*)-[0-9a-f]{8}$")
 _SCHEDULE_COLUMNS = [n for n in schema.COLUMN_NAMES if not n.startswith(("apply_", "worker_", "truth_"))]
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def external_id(internal: str) -> str:
-    """vLLM's engine appends '-' and 8 hex digits to the caller's request id; strip them."""
+    """vLLM's engine appends '-' and 8 hex digits to the caller's request id; strip them.
+    (Cached: the tap asks for every request at every step.)"""
     m = _SUFFIX.match(internal)
     return m.group(1) if m else internal
 
@@ -108,7 +110,7 @@ class CoreTap:
             self.step += 1
             so._specreplay_step = self.step  # travels with the object (pickled) to the workers
             start = len(self.rec.cols["step"])
-            self.rec.record_schedule(self.view.after_schedule(so, self.step), self.view)
+            self.rec.record_schedule(self.view.after_schedule(so, self.step, light=True), self.view)
             cols = self.rec.cols
             self.sink.write({"e": "rows", "names": _SCHEDULE_COLUMNS, "rows": [
                 [cols[name][i] for name in _SCHEDULE_COLUMNS] for i in range(start, len(cols["step"]))]})

@@ -156,9 +156,11 @@ class RealSchedulerView:
         self._pre = {r.request_id: _Pre(r.num_computed_tokens, r.num_output_placeholders, r.num_tokens,
                                         r.num_output_tokens) for r in self._running}
 
-    def after_schedule(self, so: Any, step: int) -> SchedulerOutput:
+    def after_schedule(self, so: Any, step: int, light: bool = False) -> SchedulerOutput:
+        """`light`: only what the recorder reads (ids and counts, no token or block lists): the
+        live tap's hot path, where no runner consumes the converted output."""
         self.skip_reasons = self._skips(so)
-        return self._convert(so, step)
+        return self._convert(so, step, light)
 
     def _skips(self, so: Any) -> dict[str, str]:
         """Why running requests got no tokens. The real loop says nothing, so replay its visit:
@@ -179,16 +181,21 @@ class RealSchedulerView:
                 skips[rid] = "max_tokens" if rule else "no_tokens"
         return skips
 
-    def _convert(self, so: Any, step: int) -> SchedulerOutput:
+    def _convert(self, so: Any, step: int, light: bool = False) -> SchedulerOutput:
         x = self.ext
         c = so.scheduled_cached_reqs
-        cached = CachedRequestData(
-            req_ids=[x(r) for r in c.req_ids], resumed_req_ids={x(r) for r in c.resumed_req_ids},
-            new_block_ids=[list(b[0]) if b else [] for b in c.new_block_ids],
-            num_computed_tokens=list(c.num_computed_tokens), num_output_tokens=list(c.num_output_tokens),
-            all_token_ids={x(r): list(t) for r, t in c.all_token_ids.items()})
-        new = [NewRequestData(x(d.req_id), list(d.prompt_token_ids or ()), list(d.block_ids[0]), d.num_computed_tokens)
-               for d in so.scheduled_new_reqs]
+        if light:
+            cached = CachedRequestData(req_ids=[], resumed_req_ids={x(r) for r in c.resumed_req_ids},
+                                       new_block_ids=[], num_computed_tokens=[], num_output_tokens=[])
+            new = [NewRequestData(x(d.req_id), [], [], d.num_computed_tokens) for d in so.scheduled_new_reqs]
+        else:
+            cached = CachedRequestData(
+                req_ids=[x(r) for r in c.req_ids], resumed_req_ids={x(r) for r in c.resumed_req_ids},
+                new_block_ids=[list(b[0]) if b else [] for b in c.new_block_ids],
+                num_computed_tokens=list(c.num_computed_tokens), num_output_tokens=list(c.num_output_tokens),
+                all_token_ids={x(r): list(t) for r, t in c.all_token_ids.items()})
+            new = [NewRequestData(x(d.req_id), list(d.prompt_token_ids or ()), list(d.block_ids[0]),
+                                  d.num_computed_tokens) for d in so.scheduled_new_reqs]
         return SchedulerOutput(
             step=step, scheduled_new_reqs=new, scheduled_cached_reqs=cached,
             num_scheduled_tokens={x(r): n for r, n in so.num_scheduled_tokens.items()},
