@@ -104,7 +104,9 @@ def _report(summary: dict, output_dir: Path) -> None:
         table.add_row(code, f["severity"], str(f["workloads"]), str(f["seed"]),
                       f"step {f['step']} request {f['request_id']}", f["trace"])
     out.print(table)
-    worst = next((c for c, f in summary["findings"].items() if f["severity"] == "error"), next(iter(summary["findings"])))
+    # Suggest the divergence most workloads hit, errors before warnings.
+    worst = max(summary["findings"], key=lambda c: (summary["findings"][c]["severity"] == "error",
+                                                     summary["findings"][c]["workloads"]))
     out.print(f"next: specreplay shrink {output_dir / summary['findings'][worst]['trace']} --code {worst} "
               "-o min.parquet --emit-pytest test_min.py")
 
