@@ -60,7 +60,7 @@ def diff(traces, fmt, fail_on, story) -> None:
                 out.print(f"verdict: {verdict(findings)} - {len(findings)} findings ({code_counts(findings)})")
                 out.print(f"first divergence: step {first.step}, request {first.request_id!r}, {first.field}: "
                           f"{first.message}")
-                for line in findings_lines(findings):
+                for line in findings_lines(findings, str(traces[0])):
                     out.print(line, soft_wrap=True)
                 if story and first.request_id is not None:
                     columns = tuple(dict.fromkeys(("request_id",) + tuple(name for name, _ in STORY_COLUMNS)))

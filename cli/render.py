@@ -27,8 +27,9 @@ def findings_json(findings: list[Finding], extra: dict[str, Any] | None = None, 
     return json.dumps(doc, indent=2, default=str)
 
 
-def findings_lines(findings: list[Finding]) -> list[str]:
-    """A handful of examples per code, then a count of the rest; one finding per line."""
+def findings_lines(findings: list[Finding], trace_path: str | None = None) -> list[str]:
+    """A handful of examples per code, then a count of the rest; one finding per line, and with
+    `trace_path` the `specreplay show` command that draws it."""
     lines: list[str] = []
     by_code: dict[str, list[Finding]] = defaultdict(list)
     for f in findings:
@@ -39,6 +40,9 @@ def findings_lines(findings: list[Finding]) -> list[str]:
             lines.append(f"  {f.severity:7} {f.code}  step {f.step}  request {req}  {f.field}: "
                          f"scheduler {_v(f.scheduler)} / worker {_v(f.worker)}")
             lines.append(f"          {f.message}")
+            if trace_path is not None and f.request_id is not None:
+                lines.append(f"          show: specreplay show {trace_path} --request {f.request_id} "
+                             f"--steps {max(1, f.step - 4)}:{f.step + 4}")
         if len(items) > EXAMPLES_PER_CODE:
             lines.append(f"          ... and {len(items) - EXAMPLES_PER_CODE} more {code}")
     return lines

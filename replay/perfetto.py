@@ -1,0 +1,122 @@
+"""Perfetto / Chrome trace-event export: scheduler and worker tracks per request, side by side.
+
+Where it sits: traces -> replay -> **diff**, for the Perfetto UI (ui.perfetto.dev opens the JSON).
+One engine step is one millisecond. Per request: a process with a `scheduler` and a `worker`
+thread track holding one slice per step the request was in (what it was given, what ran), flow
+arrows from the step that scheduled work to the step whose `update_from_output` applied it,
+counter tracks for `num_computed_tokens` (both sides) and `num_output_placeholders`, and instant
+markers where findings fire. Exports are windowed by steps: at most `max_steps` steps and
+`max_rows` request-steps (about 700 bytes of JSON each) per file, cut at a step boundary, so a
+long trace stays under the viewer's limits (`--steps` picks the next window).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specreplay.replay.timeline import sched_cell, short_code, worker_cell
+
+STEP_US = 1000  # one engine step = 1 ms on the timeline
+SCHED_TID, WORKER_TID = 1, 2
+MAX_STEPS = 2000
+MAX_ROWS = 20_000  # about 14 MB of JSON
+
+_COLUMNS = ("step", "request_id", "sched_status", "sched_kind", "sched_skip", "sched_num_scheduled_tokens",
+            "sched_num_draft_slots", "sched_preempted", "sched_num_computed_tokens", "sched_num_output_placeholders",
+            "apply_step", "apply_num_rejected", "worker_row", "worker_num_scheduled_tokens", "worker_num_draft_slots",
+            "worker_num_computed_tokens", "worker_draft_ids", "worker_num_accepted")
+
+_NAMES = {"N": "new", "R": "re-entering", "U": "resumed", "b": "skipped: budget", "m": "skipped: max_tokens",
+          "0": "nothing to schedule", "w": "waiting", "P": "preempted", "p": "preempted (waiting)", "F": "finished"}
+
+
+def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
+                  max_steps: int = MAX_STEPS, max_rows: int = MAX_ROWS) -> dict[str, Any]:
+    """The trace-event document for steps `steps` (default: from the first step), at most
+    `max_steps` steps and `max_rows` rows of them."""
+    first = steps[0] if steps else 1
+    last = steps[1] if steps else first + max_steps - 1
+    last = min(last, first + max_steps - 1)
+    events: list[dict[str, Any]] = []
+    pids: dict[str, int] = {}
+    flows: list[tuple[int, int, int, str]] = []  # (pid, scheduled step, applied step, id)
+    batches = trace.batches(columns=_COLUMNS) if hasattr(trace, "batches") else \
+        trace.table.select(list(_COLUMNS)).to_batches(max_chunksize=1 << 20)
+    import pyarrow.compute as pc
+
+    slices: dict[int, set[int]] = {}  # pid -> steps with a scheduler slice (flow ends bind to them)
+    rows_taken, current = 0, None
+    for batch in batches:
+        keep = pc.and_(pc.greater_equal(batch.column("step"), first), pc.less_equal(batch.column("step"), last))
+        for row in batch.filter(keep).to_pylist():
+            rid, step = row["request_id"], row["step"]
+            if step != current:
+                if rows_taken >= max_rows:  # the row budget is spent: end the window before this step
+                    last = current
+                    break
+                current = step
+            rows_taken += 1
+            pid = pids.get(rid)
+            if pid is None:
+                pid = pids[rid] = len(pids) + 1
+                events += [_meta(pid, 0, "process_name", f"request {rid}"), _meta(pid, 0, "process_sort_index", pid),
+                           _meta(pid, SCHED_TID, "thread_name", "scheduler"), _meta(pid, WORKER_TID, "thread_name", "worker")]
+            ts = (step - first) * STEP_US
+            cell = sched_cell(row)
+            events.append({"name": _describe(cell.text, row["sched_num_scheduled_tokens"]), "ph": "X", "ts": ts,
+                           "dur": STEP_US, "pid": pid, "tid": SCHED_TID, "cat": "scheduler",
+                           "args": {"step": step, "kind": row["sched_kind"], "skip": row["sched_skip"],
+                                    "num_scheduled_tokens": row["sched_num_scheduled_tokens"],
+                                    "num_draft_slots": row["sched_num_draft_slots"],
+                                    "num_computed_tokens": row["sched_num_computed_tokens"],
+                                    "num_output_placeholders": row["sched_num_output_placeholders"]}})
+            slices.setdefault(pid, set()).add(step)
+            if row["worker_row"] is not None:
+                wcell = worker_cell(row)
+                events.append({"name": f"ran {wcell.text}", "ph": "X", "ts": ts, "dur": STEP_US, "pid": pid,
+                               "tid": WORKER_TID, "cat": "worker",
+                               "args": {"step": step, "row": row["worker_row"],
+                                        "num_scheduled_tokens": row["worker_num_scheduled_tokens"],
+                                        "num_draft_slots": row["worker_num_draft_slots"],
+                                        "num_computed_tokens": row["worker_num_computed_tokens"],
+                                        "draft_ids": row["worker_draft_ids"], "accepted": row["worker_num_accepted"]}})
+                events.append(_counter(pid, ts, "num_computed_tokens (worker)", row["worker_num_computed_tokens"]))
+            events.append(_counter(pid, ts, "num_computed_tokens (scheduler)", row["sched_num_computed_tokens"]))
+            events.append(_counter(pid, ts, "num_output_placeholders", row["sched_num_output_placeholders"]))
+            if row["sched_num_scheduled_tokens"] and row["apply_step"] is not None:
+                flows.append((pid, step, row["apply_step"], f"{rid}@{step}"))
+        if current is not None and last == current and rows_taken >= max_rows:
+            break
+    for pid, start, end, name in flows:
+        if end not in slices.get(pid, ()):  # applied outside the window (or after the request's last row)
+            continue
+        flow_id = f"{pid}:{start}"
+        events.append({"name": "output applied", "cat": "apply", "ph": "s", "id": flow_id, "pid": pid,
+                       "tid": SCHED_TID, "ts": (start - first) * STEP_US + STEP_US // 2})
+        events.append({"name": "output applied", "cat": "apply", "ph": "f", "bp": "e", "id": flow_id, "pid": pid,
+                       "tid": SCHED_TID, "ts": (end - first) * STEP_US + STEP_US // 2, "args": {"scheduled_at": name}})
+    for f in findings:
+        pid = pids.get(f.request_id) if f.request_id is not None else None
+        if first <= f.step <= last and pid is not None:
+            events.append({"name": f.code, "ph": "i", "s": "t", "ts": (f.step - first) * STEP_US + STEP_US // 4,
+                           "pid": pid, "tid": SCHED_TID if short_code(f.code)[0] == "S" else WORKER_TID,
+                           "cat": "finding", "args": {"severity": f.severity, "field": f.field, "message": f.message}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"specreplay": "one engine step = 1 ms", "first_step": first, "last_step": last}}
+
+
+def _describe(glyph: str, n: int) -> str:
+    if n:
+        prefix = _NAMES.get(glyph[0], "") if glyph[0].isalpha() else ""
+        amount = glyph[1:] if prefix else glyph
+        return f"{prefix} {amount}".strip() if prefix else f"scheduled {amount}"
+    return _NAMES.get(glyph, glyph)
+
+
+def _meta(pid: int, tid: int, name: str, value: Any) -> dict[str, Any]:
+    key = "sort_index" if name.endswith("sort_index") else "name"
+    return {"name": name, "ph": "M", "pid": pid, "tid": tid, "args": {key: value}}
+
+
+def _counter(pid: int, ts: int, name: str, value: Any) -> dict[str, Any]:
+    return {"name": name, "ph": "C", "ts": ts, "pid": pid, "args": {"value": 0 if value is None else value}}

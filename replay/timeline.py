@@ -1,0 +1,169 @@
+"""The timeline model: per request, per step, what the scheduler did and what the worker did.
+
+Where it sits: traces -> replay -> **diff**, for people. `build_timeline` reads a trace's rows
+(streamed, only the requests and steps asked for) and its findings, and returns lanes of short
+cells: the scheduler's state at each step (scheduled n tokens with k draft slots, new, re-entering,
+resumed, skipped by the budget or the max-tokens rule, waiting, preempted, finished), the worker's
+(in the batch with what it executed, or not), the findings that fire there and, on demand, a
+counter on both sides. `cli/show.py` draws it with rich; `replay/perfetto.py` exports the same
+rows as trace events. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Cell glyphs, explained in the legend. A cell is at most `CELL` characters.
+CELL = 5
+LEGEND = (
+    ("1+3", "scheduled: 1 token plus 3 draft slots (a decode); 16: 16 tokens, no drafts"),
+    ("N", "new (first scheduling)"), ("R", "re-entering the batch (running, not scheduled the step before)"),
+    ("U", "resumed from preemption"), ("b", "skipped: budget spent before it"), ("m", "skipped: max-tokens rule"),
+    ("0", "visited, nothing to schedule"), ("w", "waiting"), ("P", "preempted in this step"),
+    ("p", "preempted, waiting to resume"), ("F", "finished"), (".", "worker: not in the batch"),
+    ("!", "worker: fed negative draft ids (placeholders)"),
+)
+
+_COLUMNS = ("step", "request_id", "sched_status", "sched_kind", "sched_skip", "sched_num_scheduled_tokens",
+            "sched_num_draft_slots", "sched_preempted", "worker_row", "worker_num_scheduled_tokens",
+            "worker_num_draft_slots", "worker_draft_ids")
+MAX_DEFAULT_REQUESTS = 12  # without --request: the first requests with findings, at most this many
+#: Without --steps, a trace longer than this shows a window around its first finding.
+DEFAULT_WINDOW = 64
+
+#: --field choices: (scheduler column, worker column).
+FIELDS = {
+    "num_computed_tokens": ("sched_num_computed_tokens", "worker_num_computed_tokens"),
+    "num_output_placeholders": ("sched_num_output_placeholders", None),
+    "num_scheduled_tokens": ("sched_num_scheduled_tokens", "worker_num_scheduled_tokens"),
+    "num_draft_slots": ("sched_num_draft_slots", "worker_num_draft_slots"),
+    "num_output_tokens": ("sched_num_output_tokens", "worker_num_output_tokens"),
+    "num_tokens": ("sched_num_tokens", None),
+    "kv_valid": ("truth_num_computed_tokens", "truth_kv_after"),
+}
+#: Lane labels for the fields (the story table's letters).
+FIELD_LABELS = {"num_computed_tokens": "C", "num_output_placeholders": "P", "num_scheduled_tokens": "n",
+                "num_draft_slots": "k", "num_output_tokens": "out", "num_tokens": "T", "kv_valid": "KV"}
+
+
+@dataclass
+class Cell:
+    text: str
+    style: str = ""  # a semantic name the renderer maps to a colour: ok, new, reentry, skip, bad, ...
+
+
+@dataclass
+class Lane:
+    request_id: str
+    side: str  # "sched" | "worker" | "findings" | "sched FIELD" | "worker FIELD"
+    cells: dict[int, Cell] = field(default_factory=dict)
+
+
+@dataclass
+class Timeline:
+    first_step: int
+    last_step: int
+    lanes: list[Lane]
+    findings: dict[tuple[int, str], list[Any]]  # (step, request) -> findings
+
+
+def sched_cell(row: dict[str, Any]) -> Cell:
+    n, k = row["sched_num_scheduled_tokens"], row["sched_num_draft_slots"]
+    if n:
+        amount = f"{n - k}+{k}" if k else str(n)
+        kind = row["sched_kind"]
+        prefix, style = {"new": ("N", "new"), "reentering": ("R", "reentry"), "resumed": ("U", "new")}.get(kind, ("", "ok"))
+        return Cell((prefix + amount)[:CELL], style)
+    if row["sched_preempted"]:
+        return Cell("P", "bad")
+    status, skip = row["sched_status"], row["sched_skip"]
+    if status == "finished":
+        return Cell("F", "dim")
+    if status == "preempted":
+        return Cell("p", "skip")
+    return Cell({"budget": "b", "max_tokens": "m", "no_tokens": "0", "waiting": "w"}.get(skip, "-"), "skip")
+
+
+def worker_cell(row: dict[str, Any]) -> Cell:
+    if row["worker_row"] is None:
+        return Cell(".", "dim")
+    n, k = row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"]
+    text = f"{n - k}+{k}" if k else str(n)
+    if any(t < 0 for t in row["worker_draft_ids"] or ()):
+        return Cell((text + "!")[:CELL], "bad")
+    return Cell(text[:CELL], "ok")
+
+
+def short_code(code: str) -> str:
+    return code.split("-", 1)[0]
+
+
+def default_steps(num_steps: int, findings: list) -> tuple[int, int] | None:
+    """The whole trace when short, else a window that starts a little before the first finding."""
+    if num_steps <= DEFAULT_WINDOW:
+        return None
+    anchor = min((f.step for f in findings), default=1)
+    start = max(1, anchor - 8)
+    return start, min(num_steps, start + DEFAULT_WINDOW - 1)
+
+
+def build_timeline(trace, findings: list, requests: list[str] | None = None,
+                   steps: tuple[int, int] | None = None, field_name: str | None = None) -> Timeline:
+    """`trace`: a `TraceFile` (rows stream) or an in-memory `Trace`. Requests default to those
+    with findings, else all (in order of first appearance); steps default to the whole trace."""
+    import pyarrow.compute as pc
+
+    columns = list(_COLUMNS)
+    if field_name:
+        columns += [c for c in FIELDS[field_name] if c]
+    batches = trace.batches(columns=tuple(columns)) if hasattr(trace, "batches") else \
+        trace.table.select(columns).to_batches(max_chunksize=1 << 20)
+    if not requests:  # default: the requests with findings (a long trace has too many to show)
+        requests = list(dict.fromkeys(f.request_id for f in findings if f.request_id is not None))[:MAX_DEFAULT_REQUESTS] or None
+    wanted = set(requests) if requests else None
+    order: dict[str, None] = {}
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    first, last = steps if steps else (1, 1 << 62)
+    for batch in batches:
+        keep = pc.and_(pc.greater_equal(batch.column("step"), first), pc.less_equal(batch.column("step"), last))
+        if wanted is not None:
+            keep = pc.and_(keep, pc.is_in(batch.column("request_id"), value_set=_array(sorted(wanted))))
+        for row in batch.filter(keep).to_pylist():
+            order.setdefault(row["request_id"], None)
+            rows[(row["request_id"], row["step"])] = row
+    by_place: dict[tuple[int, str], list[Any]] = {}
+    for f in findings:
+        if f.request_id is not None and first <= f.step <= last:
+            by_place.setdefault((f.step, f.request_id), []).append(f)
+    ids = [r for r in requests if r in order] if requests else list(order)
+    seen_steps = [s for (_, s) in rows]
+    lo = steps[0] if steps else (min(seen_steps) if seen_steps else 1)
+    hi = steps[1] if steps else (max(seen_steps) if seen_steps else 0)
+    lanes: list[Lane] = []
+    for rid in ids:
+        sched, worker, marks = Lane(rid, "sched"), Lane(rid, "worker"), Lane(rid, "findings")
+        extra = [Lane(rid, f"{side} {FIELD_LABELS[field_name]}") for side, col in zip(("sched", "worker"), FIELDS.get(field_name, ()))
+                 if col] if field_name else []
+        for step in range(lo, hi + 1):
+            row = rows.get((rid, step))
+            if row is None:
+                continue
+            sched.cells[step] = sched_cell(row)
+            worker.cells[step] = worker_cell(row)
+            for lane, col in zip(extra, [c for c in FIELDS.get(field_name, ()) if c]):
+                value = row[col]
+                lane.cells[step] = Cell("." if value is None else str(value)[:CELL], "dim" if value is None else "")
+            here = by_place.get((step, rid))
+            if here:
+                codes = sorted({short_code(f.code) for f in here})
+                text = codes[0] + ("*" if len(codes) > 1 else "")
+                marks.cells[step] = Cell(text[:CELL], "bad" if any(f.severity == "error" for f in here) else "warn")
+        lanes += [sched, worker] + extra + ([marks] if marks.cells else [])
+    return Timeline(lo, hi, lanes, by_place)
+
+
+def _array(values: list[str]):
+    import pyarrow as pa
+
+    return pa.array(values, pa.string())
