@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from specreplay.cli.common import CONTEXT, console, handle_errors
+from specreplay.replay.timeline import FIELDS  # plain data, no torch: --help stays fast
 from specreplay.traces.errors import InputError
 
 STYLES = {"ok": "green", "new": "cyan", "reentry": "bold yellow", "skip": "magenta", "bad": "bold red",
@@ -37,8 +38,8 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
 @click.option("--request", "requests", multiple=True, help="Request id to show (repeatable; default: those with findings).")
 @click.option("--steps", "steps_text", default=None, help="Steps A:B to show (default: all, or a window around "
               "the first finding on a long trace).")
-@click.option("--field", "field_name", type=click.Choice(sorted(__import__("specreplay.replay.timeline",
-              fromlist=["FIELDS"]).FIELDS)), default=None, help="Also show this counter on both sides.")
+@click.option("--field", "field_name", type=click.Choice(sorted(FIELDS)), default=None,
+              help="Also show this counter on both sides.")
 @click.option("--svg", "svg_file", type=click.Path(path_type=Path), default=None, help="Save the picture as SVG too.")
 @handle_errors
 def show(trace_path, requests, steps_text, field_name, svg_file) -> None:
