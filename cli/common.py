@@ -31,6 +31,10 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except InputError as exc:
             click.echo(f"error: {one_line(str(exc))}", err=True)
             sys.exit(EXIT_INPUT)
+        except OSError as exc:  # a path that cannot be read or written: the user's to fix
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"error: {one_line(where + (exc.strerror or str(exc)))}", err=True)
+            sys.exit(EXIT_INPUT)
         except Exception as exc:
             if os.environ.get("SPECREPLAY_DEBUG"):
                 raise

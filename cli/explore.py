@@ -37,7 +37,8 @@ def explore(impl_name, engine, budget, seconds, seed, jobs, ray_address, fail_on
     """Search seeded workloads and perturbations for findings; save the first trace of every
     distinct finding code in OUTPUT_DIR with the seed that reproduces it.
 
-    Exit 0: no finding at or above --fail-on; 1: findings; 2: bad input.
+    Exit 0: no finding at or above --fail-on; 1: findings; 2: bad input, or workloads the
+    implementation raised on (listed in explore.json).
 
     \b
     Example:
@@ -63,15 +64,19 @@ def explore(impl_name, engine, budget, seconds, seed, jobs, ray_address, fail_on
     finally:
         runner.close()
     output_dir.mkdir(parents=True, exist_ok=True)
+    from specreplay.replay.checker import all_codes
+
+    for code, *_ in all_codes():  # traces an earlier explore left here would read as this run's
+        (output_dir / f"{code}.parquet").unlink(missing_ok=True)
     summary = {"impl": impl_name, "engine": engine, "seed": seed, "workloads": len(result.results),
                "seconds": round(result.seconds, 1), "coverage": dict(sorted(result.coverage.items())), "findings": {}}
     errors = [r for r in result.results if r.error]
-    if errors:
-        summary["implementation_errors"] = [{"seed": r.seed, "error": r.error} for r in errors[:10]]
+    summary["implementation_errors"] = len(errors)
+    summary["first_errors"] = [{"seed": r.seed, "profiles": list(r.profiles), "error": r.error} for r in errors[:10]]
     for code, hits in result.by_code().items():
         first = hits[0]
         finding = first.findings[code]
-        # Deterministic: running the first hit again here gives the trace its worker saw.
+        # Deterministic: running the smallest hit again here gives the trace its worker saw.
         trace = run_workload(Candidate(first.index, first.seed, first.profiles).workload(), impl, engine=engine)
         path = output_dir / f"{code}.parquet"
         write_trace(trace, path)
@@ -81,6 +86,9 @@ def explore(impl_name, engine, budget, seconds, seed, jobs, ray_address, fail_on
                                      "trace": path.name}  # beside explore.json
     (output_dir / "explore.json").write_text(json.dumps(summary, indent=2) + "\n")
     _report(summary, output_dir)
+    if errors:  # like `record` with an implementation that raises: the implementation cannot run
+        raise InputError(f"{len(errors)} of {len(result.results)} workloads failed to run through {impl_name} "
+                         f"(first, seed {errors[0].seed}: {errors[0].error})")
     severities = [f["severity"] for f in summary["findings"].values()]
     failing = fail_on != "never" and (("error" in severities) or (fail_on == "warning" and severities))
     sys.exit(EXIT_FINDINGS if failing else EXIT_OK)
@@ -98,7 +106,7 @@ def _report(summary: dict, output_dir: Path) -> None:
         out.print("no finding")
         return
     table = Table(title=f"findings by code (traces in {output_dir})", title_justify="left")
-    for column in ("code", "severity", "workloads", "first seed", "first at", "trace"):
+    for column in ("code", "severity", "workloads", "smallest: seed", "at", "trace"):
         table.add_column(column, overflow="fold")
     for code, f in summary["findings"].items():
         table.add_row(code, f["severity"], str(f["workloads"]), str(f["seed"]),

@@ -35,6 +35,9 @@ def _run(workload, impl_name: str, executor: str | None, device: str, output: Pa
     if output.exists() and output.is_dir():
         raise InputError(f"{output}: is a directory; -o takes a file path like out.parquet")
     journal = journal_path(output)
+    if journal.exists():  # an earlier recording to this path died: its rows are not ours to drop
+        raise InputError(f"{journal}: a recording to {output} did not finish; recover it first "
+                         f"(`specreplay recover {journal}`) or delete it")
     with progress(f"{workload.name} via {impl.name}") as update:
         try:
             trace = run_workload(workload, impl, device=device, progress=update, engine=engine, model=model,

@@ -45,28 +45,35 @@ def run_workload(workload: Workload, impl: Implementation, device: str = "cpu",
         return run_live(workload, impl, device, model)  # its taps write part files as they go
     if model is not None:
         raise InputError("--model is for --engine vllm (a live engine); the other engines run the reference model")
+    loop = _guarded(impl, EngineLoop, workload, impl, device, engine)
+    # Outside the guard: a journal path that cannot be written is the user's file error, not
+    # something the implementation raised.
+    writer = JournalWriter(journal, loop.header()) if journal is not None else None
+    return _guarded(impl, _run, loop, progress, writer, flush_every)
+
+
+def _guarded(impl: Implementation, fn: Callable, *args):
+    """Call into the engine; an exception from a `module:attr` implementation's code becomes one
+    InputError line naming it (a built-in implementation's is a specreplay bug: it propagates)."""
     if not impl.user_code:
-        return _run(workload, impl, device, progress, engine, journal, flush_every)
+        return fn(*args)
     try:
-        return _run(workload, impl, device, progress, engine, journal, flush_every)
+        return fn(*args)
     except InputError:
         raise
     except Exception as exc:  # the user's scheduler or runner failed: say where, no traceback
         raise InputError(f"implementation {impl.name} raised {type(exc).__name__}: {exc}") from None
 
 
-def _run(workload: Workload, impl: Implementation, device: str, progress: ProgressFn | None,
-         engine: str, journal: str | os.PathLike[str] | None, flush_every: int) -> Trace:
-    loop = EngineLoop(workload, impl, device, engine)
-    writer = None
-    if journal is not None:
-        writer = loop.rec.journal = JournalWriter(journal, loop.header())
+def _run(loop: "EngineLoop", progress: ProgressFn | None, writer: JournalWriter | None, flush_every: int) -> Trace:
+    if writer is not None:
+        loop.rec.journal = writer
         loop.rec.flush_every = flush_every
     try:
         while loop.step():
             loop.rec.maybe_flush(loop.step_no)
             if progress is not None and loop.step_no:
-                progress(loop.step_no, workload.max_steps)
+                progress(loop.step_no, loop.workload.max_steps)
     except EngineCrash as exc:  # an assert in the scheduler, or the worker unable to run a step
         loop.outcome = {"status": "crashed", "step": loop.step_no, "kind": exc.kind, "message": str(exc)}
     except BaseException:

@@ -47,6 +47,7 @@ class CaseResult:
     findings: dict[str, dict[str, Any]]  # code -> first finding (severity, step, request, message)
     features: frozenset[str]
     steps: int
+    requests: int = 0
     error: str = ""  # the implementation raised (user code): reported, the search goes on
 
 
@@ -77,7 +78,7 @@ def candidate_workload(seed: int, profiles: tuple[str, ...]) -> Workload:
             arrival = arrival + (rng.randint(8, 30) if rng.random() < 0.4 else 0)
         else:
             arrival = rng.choice((1, rng.randint(1, 8)))
-        abort = rng.randint(2, 10) if "aborts" in on and rng.random() < 0.4 else None
+        abort = arrival + rng.randint(1, 8) if "aborts" in on and rng.random() < 0.4 else None
         per_request = rng.choice(ACCEPTANCES) if "acceptance" in on and rng.random() < 0.7 else None
         stop_at = rng.randint(1, max_tokens) if rng.random() < 0.1 else None
         requests.append(RequestSpec(str(i), arrival_step=arrival, prompt_len=prompt_len, max_tokens=max_tokens,
@@ -107,13 +108,13 @@ def run_candidate(impl_name: str, engine: str, candidate: Candidate) -> CaseResu
         impl = resolve(impl_name, allow_import=True)
         trace = run_workload(candidate.workload(), impl, engine=engine)
     except InputError as exc:
-        return CaseResult(candidate.index, candidate.seed, candidate.profiles, {}, frozenset(), 0, str(exc))
+        return CaseResult(candidate.index, candidate.seed, candidate.profiles, {}, frozenset(), 0, 0, str(exc))
     findings: dict[str, dict[str, Any]] = {}
     for f in check_trace(trace):
         findings.setdefault(f.code, {"severity": f.severity, "step": f.step, "request_id": f.request_id,
                                      "message": f.message})
     return CaseResult(candidate.index, candidate.seed, candidate.profiles, findings, situations(trace),
-                      trace.num_steps)
+                      trace.num_steps, len(trace.workload["requests"]))
 
 
 def situations(trace) -> frozenset[str]:
@@ -161,12 +162,13 @@ class Exploration:
     seconds: float = 0.0
 
     def by_code(self) -> dict[str, list[CaseResult]]:
-        """Every finding code and the candidates that hit it, first hit first."""
+        """Every finding code and the candidates that hit it, the smallest reproduction first
+        (fewest requests, then steps, then the earliest found): the best start for shrink."""
         out: dict[str, list[CaseResult]] = {}
         for r in self.results:
             for code in r.findings:
                 out.setdefault(code, []).append(r)
-        return dict(sorted(out.items()))
+        return {code: sorted(hits, key=lambda r: (r.requests, r.steps, r.index)) for code, hits in sorted(out.items())}
 
 
 def candidates_for(seed: int, generation: int, weights: dict[str, float], start: int, count: int) -> list[Candidate]:
@@ -187,7 +189,7 @@ def candidates_for(seed: int, generation: int, weights: dict[str, float], start:
                     picked.append(n)
                     del pool[n]
                     break
-        out.append(Candidate(start + i, rng.randrange(1 << 31), tuple(sorted(picked))))
+        out.append(Candidate(start + i, rng.randrange(1 << 30), tuple(sorted(picked))))  # a valid workload seed
     return out
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specreplay.replay.timeline import sched_cell, short_code, worker_cell
+from specreplay.replay.timeline import sched_cell, short_code
 
 STEP_US = 1000  # one engine step = 1 ms on the timeline
 SCHED_TID, WORKER_TID = 1, 2
@@ -62,8 +62,7 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
                 events += [_meta(pid, 0, "process_name", f"request {rid}"), _meta(pid, 0, "process_sort_index", pid),
                            _meta(pid, SCHED_TID, "thread_name", "scheduler"), _meta(pid, WORKER_TID, "thread_name", "worker")]
             ts = (step - first) * STEP_US
-            cell = sched_cell(row)
-            events.append({"name": _describe(cell.text, row["sched_num_scheduled_tokens"]), "ph": "X", "ts": ts,
+            events.append({"name": _describe(row), "ph": "X", "ts": ts,
                            "dur": STEP_US, "pid": pid, "tid": SCHED_TID, "cat": "scheduler",
                            "args": {"step": step, "kind": row["sched_kind"], "skip": row["sched_skip"],
                                     "num_scheduled_tokens": row["sched_num_scheduled_tokens"],
@@ -72,8 +71,10 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
                                     "num_output_placeholders": row["sched_num_output_placeholders"]}})
             slices.setdefault(pid, set()).add(step)
             if row["worker_row"] is not None:
-                wcell = worker_cell(row)
-                events.append({"name": f"ran {wcell.text}", "ph": "X", "ts": ts, "dur": STEP_US, "pid": pid,
+                wn, wk = row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"]
+                negative = any(t < 0 for t in row["worker_draft_ids"] or ())
+                name = f"ran {wn - wk}+{wk}" if wk else f"ran {wn}"
+                events.append({"name": name + (" (-1 drafts)" if negative else ""), "ph": "X", "ts": ts, "dur": STEP_US, "pid": pid,
                                "tid": WORKER_TID, "cat": "worker",
                                "args": {"step": step, "row": row["worker_row"],
                                         "num_scheduled_tokens": row["worker_num_scheduled_tokens"],
@@ -87,10 +88,11 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
                 flows.append((pid, step, row["apply_step"], f"{rid}@{step}"))
         if current is not None and last == current and rows_taken >= max_rows:
             break
+    flow_id = 0
     for pid, start, end, name in flows:
         if end not in slices.get(pid, ()):  # applied outside the window (or after the request's last row)
             continue
-        flow_id = f"{pid}:{start}"
+        flow_id += 1  # an integer: Perfetto reads a string id as hex and drops what does not parse
         events.append({"name": "output applied", "cat": "apply", "ph": "s", "id": flow_id, "pid": pid,
                        "tid": SCHED_TID, "ts": (start - first) * STEP_US + STEP_US // 2})
         events.append({"name": "output applied", "cat": "apply", "ph": "f", "bp": "e", "id": flow_id, "pid": pid,
@@ -105,12 +107,14 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
             "otherData": {"specreplay": "one engine step = 1 ms", "first_step": first, "last_step": last}}
 
 
-def _describe(glyph: str, n: int) -> str:
+def _describe(row: dict[str, Any]) -> str:
+    """A scheduler slice's name, from the row's own values (cells are cut to the terminal's width)."""
+    n, k = row["sched_num_scheduled_tokens"], row["sched_num_draft_slots"]
     if n:
-        prefix = _NAMES.get(glyph[0], "") if glyph[0].isalpha() else ""
-        amount = glyph[1:] if prefix else glyph
-        return f"{prefix} {amount}".strip() if prefix else f"scheduled {amount}"
-    return _NAMES.get(glyph, glyph)
+        amount = f"{n - k}+{k}" if k else str(n)
+        kind = {"new": "new", "reentering": "re-entering", "resumed": "resumed"}.get(row["sched_kind"], "scheduled")
+        return f"{kind} {amount}"
+    return _NAMES.get(sched_cell(row).text, "unscheduled")
 
 
 def _meta(pid: int, tid: int, name: str, value: Any) -> dict[str, Any]:

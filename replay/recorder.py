@@ -38,6 +38,7 @@ class Recorder:
         self.flushed = 0  # rows already in the journal
         self.last_flush_step = 0
         self.step_start: dict[int, int] = {}  # first row of each step
+        self.recorded_step = 0  # the last step whose scheduler and worker views were both recorded
         self.cols: dict[str, list] = {name: [] for name in schema.COLUMN_NAMES}
         self.rows_of_step: dict[int, dict[str, int]] = {}  # steps whose output is not yet applied
         self.known: dict[str, Request] = {}  # every request ever added, finished ones included
@@ -146,6 +147,7 @@ class Recorder:
                 c["truth_num_computed_tokens"][at] = valid
                 c["truth_kv_after"][at] = valid
                 c["truth_kv_ok"][at] = ok
+        self.recorded_step = step  # both views of this step are in
 
     # ------------------------------------------------------------------ E4(j)
     def record_apply(self, step: int, reports: dict[str, ApplyReport], apply_step: int) -> list[int]:
@@ -192,10 +194,16 @@ class Recorder:
             self.last_flush_step = step
 
     def flush(self, everything: bool = False) -> None:
-        """Append the settled rows (with `everything`, all rows: the run is over) to the journal."""
+        """Append the settled rows to the journal; with `everything` (the run is over), every step
+        whose scheduler and worker views were both recorded (a step cut short by an exception is
+        left out: its rows would be half there)."""
         if self.journal is None:
             return
-        stop = len(self.cols["step"]) if everything else self.settled()
+        if everything:
+            later = [row for step, row in self.step_start.items() if step > self.recorded_step]
+            stop = min(later) if later else len(self.cols["step"])
+        else:
+            stop = self.settled()
         if stop > self.flushed:
             self.journal.append(self.table(self.flushed, stop))
             self.flushed = stop

@@ -30,14 +30,17 @@ class Shrunk:
     steps: list[str] = field(default_factory=list)  # the reductions kept, in order
 
 
-def size(workload: Workload, trace: Trace) -> tuple[int, int, int, int]:
+def size(workload: Workload, trace: Trace) -> tuple[int, ...]:
     """What smaller means: fewer requests, then fewer steps, then fewer tokens, then fewer
-    optional complications (aborts, stop tokens, per-request or random acceptance, a threshold)."""
+    optional complications (aborts, stop tokens, per-request or random acceptance, a threshold),
+    then a smaller engine (draft width, batch size, budget)."""
     tokens = sum(r.prompt_len + r.max_tokens for r in workload.requests)
     extras = sum((r.abort_step is not None) + (r.stop_at is not None) + (r.acceptance is not None)
                  for r in workload.requests)
     extras += (workload.acceptance not in ("all", "none")) + bool(workload.config.long_prefill_token_threshold)
-    return (len(workload.requests), trace.num_steps, tokens, extras)
+    cfg = workload.config
+    return (len(workload.requests), trace.num_steps, tokens, extras, cfg.num_spec_tokens, cfg.max_num_seqs,
+            cfg.max_num_batched_tokens)
 
 
 def shrink(workload: Workload, impl, code: str, engine: str = "reference", max_runs: int = 3000,
@@ -101,8 +104,10 @@ def reductions(w: Workload) -> Iterator[tuple[str, Workload]]:
             yield f"drop request {r.request_id}", with_requests(reqs[:i] + reqs[i + 1:])
     first_arrival = min(r.arrival_step for r in reqs)
     if first_arrival > 1:
-        yield "arrive earlier", with_requests([dataclasses.replace(r, arrival_step=r.arrival_step - first_arrival + 1)
-                                               for r in reqs])
+        shift = first_arrival - 1  # aborts move with the arrivals they follow
+        yield "arrive earlier", with_requests([dataclasses.replace(
+            r, arrival_step=r.arrival_step - shift, abort_step=None if r.abort_step is None else max(1, r.abort_step - shift))
+            for r in reqs])
     for i, r in enumerate(reqs):
         if r.max_tokens > 1:
             yield f"request {r.request_id} max_tokens {r.max_tokens // 2}", with_request(i, max_tokens=max(1, r.max_tokens // 2))
@@ -111,7 +116,9 @@ def reductions(w: Workload) -> Iterator[tuple[str, Workload]]:
             yield f"request {r.request_id} prompt_len {r.prompt_len // 2}", with_request(i, prompt_len=max(1, r.prompt_len // 2))
             yield f"request {r.request_id} prompt_len {r.prompt_len - 1}", with_request(i, prompt_len=r.prompt_len - 1)
         if r.arrival_step > 1:
-            yield f"request {r.request_id} arrives at {r.arrival_step - 1}", with_request(i, arrival_step=r.arrival_step - 1)
+            for arrival in sorted({1, r.arrival_step // 2, r.arrival_step - 1} - {r.arrival_step}):
+                moved = None if r.abort_step is None else max(1, r.abort_step - (r.arrival_step - arrival))
+                yield f"request {r.request_id} arrives at {arrival}", with_request(i, arrival_step=arrival, abort_step=moved)
         if r.abort_step is not None:
             yield f"request {r.request_id} not aborted", with_request(i, abort_step=None)
         if r.stop_at is not None:

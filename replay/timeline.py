@@ -137,9 +137,10 @@ def build_timeline(trace, findings: list, requests: list[str] | None = None,
         if f.request_id is not None and first <= f.step <= last:
             by_place.setdefault((f.step, f.request_id), []).append(f)
     ids = [r for r in requests if r in order] if requests else list(order)
+    # The drawn range: what was asked for, cut to the steps the rows have (an open `A:` is fine).
     seen_steps = [s for (_, s) in rows]
-    lo = steps[0] if steps else (min(seen_steps) if seen_steps else 1)
-    hi = steps[1] if steps else (max(seen_steps) if seen_steps else 0)
+    lo = max(first, min(seen_steps)) if seen_steps else first
+    hi = min(last, max(seen_steps)) if seen_steps else lo - 1
     lanes: list[Lane] = []
     for rid in ids:
         sched, worker, marks = Lane(rid, "sched"), Lane(rid, "worker"), Lane(rid, "findings")
@@ -156,7 +157,9 @@ def build_timeline(trace, findings: list, requests: list[str] | None = None,
                 lane.cells[step] = Cell("." if value is None else str(value)[:CELL], "dim" if value is None else "")
             here = by_place.get((step, rid))
             if here:
-                codes = sorted({short_code(f.code) for f in here})
+                # errors before warnings: the cell names the worst thing that happened there
+                codes = [short_code(c) for c in sorted({f.code for f in here}, key=lambda c: (
+                    next(f.severity for f in here if f.code == c) != "error", c))]
                 text = codes[0] + ("*" if len(codes) > 1 else "")
                 marks.cells[step] = Cell(text[:CELL], "bad" if any(f.severity == "error" for f in here) else "warn")
         lanes += [sched, worker] + extra + ([marks] if marks.cells else [])

@@ -109,6 +109,9 @@ class TraceFile:
         self._parquet = parquet
         self.header = header
         self.num_rows = parquet.metadata.num_rows
+        # Row-group statistics are per leaf column: find `step` by name (columns may be in any order).
+        names = [parquet.metadata.schema.column(i).path for i in range(parquet.metadata.num_columns)]
+        self._step_leaf = names.index("step")
 
     def __getattr__(self, name: str):
         # workload, config, impl, outcome, seed, device, version, volatile, impl_name
@@ -122,7 +125,7 @@ class TraceFile:
         groups = self._parquet.metadata.num_row_groups
         if not self.num_rows or not groups:
             return 0
-        column = self._parquet.metadata.row_group(groups - 1).column(0)
+        column = self._parquet.metadata.row_group(groups - 1).column(self._step_leaf)
         stats = column.statistics
         if stats is not None and stats.has_min_max and isinstance(stats.max, int):
             return int(stats.max)
@@ -161,7 +164,7 @@ class TraceFile:
         wanted = []
         meta = self._parquet.metadata
         for index in range(meta.num_row_groups):
-            stats = meta.row_group(index).column(0).statistics
+            stats = meta.row_group(index).column(self._step_leaf).statistics
             if stats is not None and stats.has_min_max and (stats.max < first_step or stats.min > last_step):
                 continue
             wanted.append(index)

@@ -105,4 +105,28 @@ def test_bad_input_is_one_line(tmp_path, found):
     result = run("shrink", found / "X10-scheduler-output-mutated.parquet", "--code", "X99", "-o", tmp_path / "m.parquet")
     assert result.exit_code == 2 and "not a finding code" in result.output
     assert run("explore", "--impl", "nope", "-o", tmp_path / "x").exit_code == 2
+    import sys as _sys
+
+    (tmp_path / "brokenimpl.py").write_text(
+        "from specreplay.replay.scheduler import AsyncScheduler\n"
+        "class Broken(AsyncScheduler):\n"
+        "    def schedule(self):\n"
+        "        raise ValueError('broken')\n")
+    _sys.path.insert(0, str(tmp_path))
+    try:
+        result = run("explore", "--impl", "brokenimpl:Broken", "--budget", 8, "-o", tmp_path / "y")
+    finally:
+        _sys.path.remove(str(tmp_path))
+    assert result.exit_code == 2 and "workloads failed to run through brokenimpl:Broken" in result.output
+    assert "raised ValueError: broken" in result.output
     assert run("explore", "--jobs", 2, "--ray", "local", "-o", tmp_path / "x").exit_code == 2
+
+
+def test_a_second_explore_into_the_same_folder_leaves_no_stale_traces(found, tmp_path):
+    import shutil
+
+    folder = tmp_path / "again"
+    shutil.copytree(found, folder)
+    assert run("explore", "--impl", "sched-clear", "--budget", 16, "-o", folder).exit_code == 0
+    left = {p.stem for p in folder.glob("*.parquet")}
+    assert left == set(summary(folder)["findings"])

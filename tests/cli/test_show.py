@@ -57,6 +57,12 @@ def test_svg_saves_the_same_picture(reentry, tmp_path):
     assert text.startswith("<svg") and "R1+3" in text
 
 
+def test_open_ended_steps_stop_at_the_trace_end(reentry):
+    out = show(reentry, "--request", "10", "--steps", "5:")
+    header = out.splitlines()[1].split()
+    assert header == ["5", "6", "7", "8"]
+
+
 def test_show_bad_input(reentry):
     runner = CliRunner()
     for args, message in ((["--steps", "9:2"], "--steps"), (["--request", "nope"], "no request nope")):
@@ -92,6 +98,8 @@ def check_trace_events(doc: dict) -> None:
             last_ts[(e["pid"], e["tid"])] = e["ts"]
         if e["ph"] == "C":
             assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in e["args"].values())
+        if e["ph"] in "sf":
+            assert isinstance(e["id"], int)  # Perfetto reads a string id as hex
         if e["ph"] == "s":
             starts[e["id"]] = e
         if e["ph"] == "f":

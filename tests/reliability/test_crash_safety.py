@@ -161,3 +161,35 @@ def test_the_recorder_refuses_to_write_rows_that_fail_validation(tmp_path, reent
     bad_outcome = dataclasses.replace(trace, outcome={"status": "exploded"})
     with pytest.raises(RecordingError, match="outcome status"):
         write_trace(bad_outcome, tmp_path / "bad.parquet")
+
+
+def test_a_step_cut_short_by_an_exception_is_left_out_of_the_journal(tmp_path, monkeypatch):
+    """The runner raises inside step 6: the journal ends with step 5, both views whole, so the
+    recovered trace has no false finding where the step was cut."""
+    from specreplay.replay.checker import check_trace
+
+    (tmp_path / "crashyrunner.py").write_text(
+        "from specreplay.replay.runner import GPUModelRunner\n"
+        "class CrashAt6(GPUModelRunner):\n"
+        "    def execute_model(self, out):\n"
+        "        if out.step == 6:\n"
+        "            raise RuntimeError('runner bug at step 6')\n"
+        "        return super().execute_model(out)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "cut.parquet"
+    result = CliRunner().invoke(main, ["record", "--scenario", "reentry", "--impl", "crashyrunner:CrashAt6",
+                                       "-o", str(out)])
+    assert result.exit_code == 2 and "runner bug at step 6" in result.output
+    recovered = recover(journal_path(out))
+    assert recovered.outcome["step"] == 5
+    assert not [f for f in check_trace(recovered) if f.code == "X1-batch-membership"]
+    # and a new recording to the same path refuses to drop the journal
+    again = CliRunner().invoke(main, ["record", "--scenario", "reentry", "-o", str(out)])
+    assert again.exit_code == 2 and "recover it first" in again.output and journal_path(out).exists()
+
+
+def test_an_unwritable_output_is_bad_input_not_a_bug(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = CliRunner().invoke(main, ["record", "--scenario", "reentry", "-o", str(blocker / "t.parquet")])
+    assert result.exit_code == 2 and result.output.startswith("error: ") and result.output.count("\n") == 1
