@@ -28,24 +28,27 @@ def _run(workload, impl_name: str, executor: str | None, device: str, output: Pa
     from specreplay.replay.engine import run_workload
     from specreplay.replay.impls import resolve
     from specreplay.traces.io import write_trace
-    from specreplay.traces.journal import journal_path
+    from specreplay.traces.journal import holds_steps, journal_path
 
     impl = resolve(impl_name, allow_import=allow_import, executor=executor)
     check_device(device)
     if output.exists() and output.is_dir():
         raise InputError(f"{output}: is a directory; -o takes a file path like out.parquet")
     journal = journal_path(output)
-    if journal.exists():  # an earlier recording to this path died: its rows are not ours to drop
-        raise InputError(f"{journal}: a recording to {output} did not finish; recover it first "
-                         f"(`specreplay recover {journal}`) or delete it")
+    if journal.exists():
+        if holds_steps(journal):  # an earlier recording to this path died: its rows are not ours to drop
+            raise InputError(f"{journal}: a recording to {output} did not finish; recover it first "
+                             f"(`specreplay recover {journal}`) or delete it")
+        journal.unlink()  # it died before its first flush: nothing in it
     with progress(f"{workload.name} via {impl.name}") as update:
         try:
             trace = run_workload(workload, impl, device=device, progress=update, engine=engine, model=model,
                                  journal=journal, flush_every=flush_every)
         except InputError as exc:
-            if journal.exists():
+            if journal.exists() and holds_steps(journal):
                 raise InputError(f"{exc}; the steps recorded before it are in {journal} "
                                  f"(`specreplay recover {journal}`)") from None
+            journal.unlink(missing_ok=True)
             raise
     write_trace(trace, output)
     journal.unlink(missing_ok=True)  # the trace is written: the journal has served its purpose

@@ -81,6 +81,17 @@ def is_journal(path: str | os.PathLike[str]) -> bool:
     return head.startswith(IPC_MAGIC[0]) or head.startswith(IPC_MAGIC[1])
 
 
+def holds_steps(path: str | os.PathLike[str]) -> bool:
+    """Whether a journal has at least one complete batch of rows (something `recover` can return)."""
+    try:
+        reader = pa.ipc.open_stream(pa.OSFile(os.fspath(path), "rb"))
+        while True:
+            if reader.read_next_batch().num_rows:
+                return True
+    except (StopIteration, pa.ArrowException, OSError, ValueError):
+        return False
+
+
 def recover(path: str | os.PathLike[str]) -> Trace:
     """The complete batches of a journal as a trace with outcome `partial` (validated like any
     trace read from disk). Raises `TraceError` when there is nothing to recover."""
