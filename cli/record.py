@@ -19,8 +19,8 @@ FLUSH_EVERY = 16  # replay.recorder.FLUSH_EVERY, without importing torch for --h
 
 flush_option = click.option(
     "--flush-every", type=click.IntRange(min=1), default=FLUSH_EVERY, show_default=True,
-    help="Steps between appends of settled rows to OUTPUT.partial while recording; a crash keeps them "
-         "(`specreplay recover`).")
+    help="Steps between appends of settled rows to OUTPUT.partial while recording (and at least every "
+         "0.5 s); a crash keeps them (`specreplay recover`).")
 
 
 def _run(workload, impl_name: str, executor: str | None, device: str, output: Path, allow_import: bool,

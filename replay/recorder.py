@@ -12,6 +12,8 @@ writes the rest when the run dies with an exception: a crash keeps what was reco
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 
 from specreplay.replay.messages import SchedulerOutput
@@ -23,8 +25,11 @@ from specreplay.traces import schema
 from specreplay.traces.journal import JournalWriter
 
 
-#: Steps between journal flushes by default: a fraction of a second of recording at any size.
+#: Steps between journal flushes by default, and the longest a flush waits whatever the step
+#: count (a step of thousands of requests can take a tenth of a second): a crash loses at most
+#: about half a second of recording.
 FLUSH_EVERY = 16
+FLUSH_SECONDS = 0.5
 
 
 class Recorder:
@@ -37,6 +42,7 @@ class Recorder:
         self.flush_every = flush_every
         self.flushed = 0  # rows already in the journal
         self.last_flush_step = 0
+        self.last_flush_time = time.monotonic()
         self.step_start: dict[int, int] = {}  # first row of each step
         self.recorded_step = 0  # the last step whose scheduler and worker views were both recorded
         self.cols: dict[str, list] = {name: [] for name in schema.COLUMN_NAMES}
@@ -189,9 +195,12 @@ class Recorder:
         return self.step_start[min(self.rows_of_step)]
 
     def maybe_flush(self, step: int) -> None:
-        if self.journal is not None and step - self.last_flush_step >= self.flush_every:
+        if self.journal is None:
+            return
+        now = time.monotonic()
+        if step - self.last_flush_step >= self.flush_every or now - self.last_flush_time >= FLUSH_SECONDS:
             self.flush()
-            self.last_flush_step = step
+            self.last_flush_step, self.last_flush_time = step, now
 
     def flush(self, everything: bool = False) -> None:
         """Append the settled rows to the journal; with `everything` (the run is over), every step
