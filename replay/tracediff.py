@@ -5,9 +5,10 @@ is compared. Differences come back as findings (code `D1-trace-differs`, schedul
 value, worker = trace B's) so the CLI renders them like any other finding.
 
 Both traces stream in step order (row groups from `TraceFile.batches()`, or an in-memory table in
-slices) and are compared a run of whole steps at a time: when the two sides hold the same
-(step, request) rows, which is the common case, every column is compared vectorised; a run whose
-rows differ falls back to matching row by row. Memory stays bounded by the batch size.
+slices) and are compared a run of whole steps at a time, vectorised: when the two sides hold the
+same (step, request) rows (the common case) column against column; otherwise the rows both have
+are matched on their keys first and the rest counted. Memory stays bounded by the batch size.
+tests/replay/test_tracediff.py holds it to a row-by-row statement of the same comparison.
 """
 
 from __future__ import annotations
@@ -119,8 +120,7 @@ def _compare(ta: pa.Table, tb: pa.Table, out: TraceDiff, first_per_field: dict[s
     ta = ta.sort_by([("step", "ascending"), ("request_id", "ascending")])
     tb = tb.sort_by([("step", "ascending"), ("request_id", "ascending")])
     if not (ta["step"].equals(tb["step"]) and ta["request_id"].equals(tb["request_id"])):
-        _compare_rowwise(ta, tb, out, first_per_field)
-        return
+        ta, tb = _match(ta, tb, out, first_per_field)
     out.rows_compared += ta.num_rows
     for name in _COLUMNS:
         rows = _differing_rows(ta[name], tb[name])
@@ -132,6 +132,38 @@ def _compare(ta: pa.Table, tb: pa.Table, out: TraceDiff, first_per_field: dict[s
             va, vb = ta[name][i].as_py(), tb[name][i].as_py()
             first_per_field[name] = Finding("D1-trace-differs", "error", ta["step"][i].as_py(), ta["request_id"][i].as_py(),
                                             name, va, vb, f"{name}: {va!r} in A, {vb!r} in B")
+
+
+def _match(ta: pa.Table, tb: pa.Table, out: TraceDiff, first_per_field: dict[str, Finding]) -> tuple[pa.Table, pa.Table]:
+    """Where the two sides hold different (step, request) rows: count the rows only one side has
+    (the first of them, by step and request, is the `(row)` finding) and return the rows both have,
+    aligned, in A's order. Vectorised: once two traces part, every later run comes through here."""
+    key_a, key_b = _keys(ta), _keys(tb)
+    in_b = pc.index_in(key_a, value_set=key_b)
+    matched = _np(in_b.is_valid())
+    rows_a = np.flatnonzero(matched)
+    rows_b = _np(in_b.drop_null()).astype(np.int64)
+    only_a = np.flatnonzero(~matched)
+    seen_b = np.zeros(tb.num_rows, dtype=bool)
+    seen_b[rows_b] = True
+    only_b = np.flatnonzero(~seen_b)
+    out.only_a += len(only_a)
+    out.only_b += len(only_b)
+    if len(only_a) or len(only_b):
+        out.fields["(row)"] += len(only_a) + len(only_b)
+        if "(row)" not in first_per_field:
+            # Both sides are sorted: each side's first lone row is its smallest; take the smaller.
+            firsts = [(ta["step"][int(only_a[0])].as_py(), ta["request_id"][int(only_a[0])].as_py(), "A")] if len(only_a) else []
+            if len(only_b):
+                firsts.append((tb["step"][int(only_b[0])].as_py(), tb["request_id"][int(only_b[0])].as_py(), "B"))
+            step, rid, side = min(firsts)
+            first_per_field["(row)"] = Finding("D1-trace-differs", "error", step, rid, "(row)", side == "A", side == "B",
+                                               f"request {rid!r} has a row at step {step} only in trace {side}")
+    return ta.take(pa.array(rows_a)), tb.take(pa.array(rows_b))
+
+
+def _keys(table: pa.Table) -> pa.Array:
+    return pc.binary_join_element_wise(pc.cast(table["step"], pa.string()), table["request_id"], "\x00").combine_chunks()
 
 
 def _differing_rows(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
@@ -146,14 +178,12 @@ def _differing_rows(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
         len_b = _np(pc.fill_null(pc.list_value_length(b), 0))
         differ |= len_a != len_b
         same_len = ~differ
-        flat_a, flat_b = _np(pc.list_flatten(a)), _np(pc.list_flatten(b))
-        parents_a = _np(pc.list_parent_indices(a))
-        if len(flat_a) == len(flat_b) and same_len.all():
-            differ[np.unique(parents_a[flat_a != flat_b])] = True
-        else:  # lengths differ somewhere: compare the equal-length rows one by one
-            la, lb = a.to_pylist(), b.to_pylist()
-            for i in np.flatnonzero(same_len):
-                differ[i] = la[i] != lb[i]
+        # Rows of equal length: their flattened values line up element for element.
+        keep = np.flatnonzero(same_len)
+        sub_a, sub_b = a.take(pa.array(keep)), b.take(pa.array(keep))
+        flat_a, flat_b = _np(pc.list_flatten(sub_a)), _np(pc.list_flatten(sub_b))
+        parents = _np(pc.list_parent_indices(sub_a))
+        differ[keep[np.unique(parents[flat_a != flat_b])]] = True
         return np.flatnonzero(differ)
     values = pc.fill_null(pc.not_equal(a, b), False)
     differ |= _np(values)
@@ -164,39 +194,5 @@ def _np(array) -> np.ndarray:
     return array.to_numpy(zero_copy_only=False)
 
 
-def _compare_rowwise(ta: pa.Table, tb: pa.Table, out: TraceDiff, first_per_field: dict[str, Finding]) -> None:
-    """Rows matched one by one on (step, request_id): for runs of steps where the row sets differ."""
-    rows_a, rows_b = _rows(ta), _rows(tb)
-    col_a = {c: ta[c].to_pylist() for c in _COLUMNS}
-    col_b = {c: tb[c].to_pylist() for c in _COLUMNS}
-    for key in sorted(set(rows_a) | set(rows_b)):
-        ia, ib = rows_a.get(key), rows_b.get(key)
-        if ia is None or ib is None:
-            if ia is None:
-                out.only_b += 1
-            else:
-                out.only_a += 1
-            out.fields["(row)"] += 1
-            if "(row)" not in first_per_field:
-                first_per_field["(row)"] = Finding(
-                    "D1-trace-differs", "error", key[0], key[1], "(row)", ia is not None, ib is not None,
-                    f"request {key[1]!r} has a row at step {key[0]} only in trace {'A' if ia is not None else 'B'}")
-            continue
-        out.rows_compared += 1
-        for c in _COLUMNS:
-            va, vb = col_a[c][ia], col_b[c][ib]
-            if va != vb:
-                out.fields[c] += 1
-                if c not in first_per_field:
-                    first_per_field[c] = Finding("D1-trace-differs", "error", key[0], key[1], c, va, vb,
-                                                 f"{c}: {va!r} in A, {vb!r} in B")
-
-
 def _outcome_key(trace) -> tuple:
     return tuple(trace.outcome.get(k) for k in ("status", "step", "kind"))
-
-
-def _rows(table: pa.Table) -> dict[tuple[int, str], int]:
-    steps = table["step"].to_pylist()
-    rids = table["request_id"].to_pylist()
-    return {(s, r): i for i, (s, r) in enumerate(zip(steps, rids))}
