@@ -59,15 +59,13 @@ class Recorder:
         """Pre values of every live request, taken right before schedule()."""
         self._pre = [
             (req, req.num_computed_tokens, req.num_output_placeholders, req.num_tokens,
-             req.num_output_tokens, len(req.spec_token_ids),
-             bool(req.spec_token_ids) and all(t == -1 for t in req.spec_token_ids))
-            for req in sched.requests.values()
+             req.num_output_tokens, len(spec), bool(spec) and min(spec) == -1 == max(spec))  # all -1
+            for req, spec in ((req, req.spec_token_ids) for req in sched.requests.values())
         ]
 
     def record_schedule(self, out: SchedulerOutput, sched: Scheduler) -> None:
         c = self.cols
         step = out.step
-        index: dict[str, int] = {}
         new_ids = {d.req_id for d in out.scheduled_new_reqs}
         resumed = out.scheduled_cached_reqs.resumed_req_ids
         preempted = {rid for rid, why in sched.skip_reasons.items() if why == "preempted"}
@@ -80,45 +78,43 @@ class Recorder:
             if req is not None:
                 rows.append((req, req.num_computed_tokens, req.num_output_placeholders, req.num_tokens,
                              req.num_output_tokens, len(req.spec_token_ids), False))
+        nst, spec = out.num_scheduled_tokens, out.scheduled_spec_decode_tokens
+        skips = sched.skip_reasons
+        scheduler_cols: list[tuple] = []
         for req, pre_c, pre_p, pre_t, pre_out, spec_len, spec_ph in rows:
             rid = req.request_id
-            n = out.num_scheduled_tokens.get(rid, 0)
+            n = nst.get(rid, 0)
+            finished = req.status.finished
             if n:
                 kind = ("new" if rid in new_ids else "resumed" if rid in resumed
                         else "cached" if rid in self.prev_scheduled else "reentering")
                 skip = ""
             else:
                 kind = "unscheduled"
-                if req.status.finished:
+                if finished:
                     skip = "finished"
-                elif rid in sched.skip_reasons:
-                    skip = sched.skip_reasons[rid]
+                elif rid in skips:
+                    skip = skips[rid]
                 elif req.status == Status.RUNNING:
                     skip = "budget"
                 else:
                     skip = "waiting"
-            status = "finished" if req.status.finished else req.status.value
-            index[rid] = len(c["step"])
-            c["step"].append(step)
-            c["request_id"].append(rid)
-            c["step_total_scheduled_tokens"].append(out.total_num_scheduled_tokens)
-            c["sched_status"].append(status)
-            c["sched_kind"].append(kind)
-            c["sched_skip"].append(skip)
-            c["sched_num_scheduled_tokens"].append(n)
-            c["sched_num_draft_slots"].append(len(out.scheduled_spec_decode_tokens.get(rid, ())))
-            c["sched_num_computed_tokens"].append(pre_c)
-            c["sched_num_output_placeholders"].append(pre_p)
-            c["sched_num_tokens"].append(pre_t)
-            c["sched_num_output_tokens"].append(pre_out)
-            c["sched_num_prompt_tokens"].append(req.num_prompt_tokens)
-            c["sched_spec_len"].append(spec_len)
-            c["sched_spec_placeholders"].append(spec_ph)
-            c["sched_is_prefill_chunk"].append(bool(n) and req.is_prefill_chunk)
-            c["sched_finished_announced"].append(rid in announced)
-            c["sched_preempted"].append(rid in preempted)
-            for name in _APPLY_COLUMNS + _WORKER_COLUMNS + _TRUTH_COLUMNS:
-                c[name].append(None)
+            # One tuple per row in _SCHEDULE_COLUMNS order; the columns are filled below in bulk.
+            scheduler_cols.append((rid, "finished" if finished else req.status.value, kind, skip, n,
+                                   len(spec.get(rid, ())), pre_c, pre_p, pre_t, pre_out, req.num_prompt_tokens,
+                                   spec_len, spec_ph, bool(n) and req.is_prefill_chunk, rid in announced,
+                                   rid in preempted))
+        first = len(c["step"])
+        count = len(scheduler_cols)
+        c["step"].extend([step] * count)
+        c["step_total_scheduled_tokens"].extend([out.total_num_scheduled_tokens] * count)
+        if count:
+            for name, values in zip(_SCHEDULE_COLUMNS, zip(*scheduler_cols)):
+                c[name].extend(values)
+        nones = [None] * count
+        for name in _LATER_COLUMNS:
+            c[name].extend(nones)
+        index = {row[0]: first + i for i, row in enumerate(scheduler_cols)}
         self.rows_of_step[step] = index
         self.prev_scheduled = set(out.num_scheduled_tokens)
 
@@ -229,6 +225,14 @@ class Recorder:
         return pa.Table.from_arrays(arrays, schema=schema.SCHEMA)
 
 
+#: The per-row scheduler columns `record_schedule` fills, in the order of its row tuples.
+_SCHEDULE_COLUMNS = ("request_id", "sched_status", "sched_kind", "sched_skip", "sched_num_scheduled_tokens",
+                     "sched_num_draft_slots", "sched_num_computed_tokens", "sched_num_output_placeholders",
+                     "sched_num_tokens", "sched_num_output_tokens", "sched_num_prompt_tokens", "sched_spec_len",
+                     "sched_spec_placeholders", "sched_is_prefill_chunk", "sched_finished_announced",
+                     "sched_preempted")
 _APPLY_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("apply_"))
 _WORKER_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("worker_"))
 _TRUTH_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("truth_"))
+#: Columns filled after the schedule (apply, worker, truth): null until then.
+_LATER_COLUMNS = _APPLY_COLUMNS + _WORKER_COLUMNS + _TRUTH_COLUMNS
