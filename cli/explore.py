@@ -34,8 +34,8 @@ from specreplay.traces.errors import InputError
               help="Folder for one trace per distinct finding code and explore.json.")
 @handle_errors
 def explore(impl_name, engine, budget, seconds, seed, jobs, ray_address, fail_on, output_dir) -> None:
-    """Search seeded workloads and perturbations for findings; save the first trace of every
-    distinct finding code in OUTPUT_DIR with the seed that reproduces it.
+    """Search seeded workloads and perturbations for findings; save a trace of every distinct
+    finding code in OUTPUT_DIR (its smallest reproduction) with the seed that reproduces it.
 
     Exit 0: no finding at or above --fail-on; 1: findings; 2: bad input, or workloads the
     implementation raised on (listed in explore.json).
