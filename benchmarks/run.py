@@ -183,29 +183,31 @@ def fig_live_overhead(args, out: dict) -> None:
                                       "overhead": res["on"][0] / res["off"][0] - 1}
 
 
-def big_trace(rows_wanted: int, folder: str) -> str:
-    """A trace of about `rows_wanted` request-steps: a recorded 64-request decode run, its steps
-    tiled (steps offset, each tile its own request ids) until long enough: realistic row by row,
-    and as clean as the run it repeats (no finding)."""
+def tiled(trace, copies: int):
+    """`trace`'s rows repeated `copies` times, each tile with its steps (and apply steps) offset
+    past the previous one and its own request ids: a long trace as clean as the run it repeats.
+    Used by the benchmark and by the tests that need a long trace (memory, Perfetto windows)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    base, span, tiles = trace.table, trace.num_steps, []
+    for i in range(copies):
+        offset = pa.scalar(i * span, pa.int32())
+        tile = base.set_column(0, "step", pc.add(base["step"], offset))
+        tile = tile.set_column(1, "request_id", pc.binary_join_element_wise(pa.scalar(f"t{i}-"), base["request_id"], ""))
+        at = tile.schema.get_field_index("apply_step")
+        tiles.append(tile.set_column(at, "apply_step", pc.add(base["apply_step"], offset)))
+    return pa.concat_tables(tiles).combine_chunks()
+
+
+def big_trace(rows_wanted: int, folder: str) -> str:
+    """A trace of about `rows_wanted` request-steps: a recorded 64-request decode run, tiled."""
     from specreplay.replay.engine import run_workload
     from specreplay.replay.impls import resolve
     from specreplay.traces.io import write_trace
 
     trace = run_workload(decode_workload(64, 500), resolve("upstream", allow_import=False))
-    base = trace.table
-    span = trace.num_steps
-    tiles = []
-    copies = max(1, rows_wanted // base.num_rows)
-    for i in range(copies):
-        step = pc.add(base["step"], pa.scalar(i * span, pa.int32()))
-        ids = pc.binary_join_element_wise(pa.scalar(f"t{i}-"), base["request_id"], "")  # each tile its own requests
-        applied = pc.add(base["apply_step"], pa.scalar(i * span, pa.int32()))
-        tile = base.set_column(0, "step", step).set_column(1, "request_id", ids)
-        tiles.append(tile.set_column(tile.schema.get_field_index("apply_step"), "apply_step", applied))
-    trace.table = pa.concat_tables(tiles).combine_chunks()
+    trace.table = tiled(trace, max(1, rows_wanted // trace.num_rows))
     path = os.path.join(folder, "big.parquet")
     write_trace(trace, path)
     return path

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from specreplay.replay.findings import Finding
 from specreplay.traces import schema
 from specreplay.traces.trace import Trace
-from specreplay.traces.validate import enum_codes
+from specreplay.traces.validate import as_numpy, enum_codes
 
 #: How many steps back an unapplied output can be in flight (two batches, plus slack for
 #: empty steps, which the engine pops without a forward).
@@ -166,27 +166,27 @@ class Checker:
 
     def _columns(self, batch: pa.Table | pa.RecordBatch) -> dict[str, np.ndarray]:
         # Native widths (int32, int16): arithmetic below widens where it must; no copies to int64.
-        cols: dict[str, np.ndarray] = {"step": _np(batch.column("step"))}
+        cols: dict[str, np.ndarray] = {"step": as_numpy(batch.column("step"))}
         ids = batch.column("request_id")
         ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
         encoded = pc.dictionary_encode(ids)
         lookup = np.array([self._id(name) for name in encoded.dictionary.to_pylist()], dtype=np.int64)
-        cols["req"] = lookup[_np(encoded.indices)]
+        cols["req"] = lookup[as_numpy(encoded.indices)]
         cols["status"] = enum_codes(batch.column("sched_status"), schema.STATUSES)
         cols["kind"] = enum_codes(batch.column("sched_kind"), schema.KINDS)
         for short, name, fill, keep_mask in _INTS:
             col = batch.column(name)
             if keep_mask:
-                cols[short + "_null"] = _np(col.is_null())
-            cols[short] = _np(pc.fill_null(col, fill) if col.null_count else col)
+                cols[short + "_null"] = as_numpy(col.is_null())
+            cols[short] = as_numpy(pc.fill_null(col, fill) if col.null_count else col)
         for short, name in _BOOLS:
-            cols[short] = _np(batch.column(name))
-        cols["kv_false"] = _np(pc.fill_null(pc.invert(batch.column("truth_kv_ok")), False))
+            cols[short] = as_numpy(batch.column(name))
+        cols["kv_false"] = as_numpy(pc.fill_null(pc.invert(batch.column("truth_kv_ok")), False))
         drafts = batch.column("worker_draft_ids")
         drafts = drafts.combine_chunks() if isinstance(drafts, pa.ChunkedArray) else drafts
-        cols["d_len"] = _np(pc.fill_null(pc.list_value_length(drafts), 0)).astype(np.int64)
-        flat = _np(pc.list_flatten(drafts))
-        parents = _np(pc.list_parent_indices(drafts))
+        cols["d_len"] = as_numpy(pc.fill_null(pc.list_value_length(drafts), 0)).astype(np.int64)
+        flat = as_numpy(pc.list_flatten(drafts))
+        parents = as_numpy(pc.list_parent_indices(drafts))
         cols["d_neg"] = np.bincount(parents[flat < 0], minlength=batch.num_rows)
         return cols
 
@@ -242,9 +242,6 @@ def _dense(codes: np.ndarray) -> np.ndarray:
     local = np.cumsum(mark) - 1
     return local[codes].astype(np.uint16 if local[-1] < 1 << 16 else np.uint32)
 
-
-def _np(column) -> np.ndarray:
-    return column.to_numpy() if isinstance(column, pa.ChunkedArray) else column.to_numpy(zero_copy_only=False)
 
 
 def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from specreplay.replay.findings import Finding
 from specreplay.traces import schema
 from specreplay.traces.trace import Trace
+from specreplay.traces.validate import as_numpy
 
 _KEY = ("step", "request_id")
 _COLUMNS = [c for c in schema.COLUMN_NAMES if c not in _KEY]
@@ -140,9 +141,9 @@ def _match(ta: pa.Table, tb: pa.Table, out: TraceDiff, first_per_field: dict[str
     aligned, in A's order. Vectorised: once two traces part, every later run comes through here."""
     key_a, key_b = _keys(ta), _keys(tb)
     in_b = pc.index_in(key_a, value_set=key_b)
-    matched = _np(in_b.is_valid())
+    matched = as_numpy(in_b.is_valid())
     rows_a = np.flatnonzero(matched)
-    rows_b = _np(in_b.drop_null()).astype(np.int64)
+    rows_b = as_numpy(in_b.drop_null()).astype(np.int64)
     only_a = np.flatnonzero(~matched)
     seen_b = np.zeros(tb.num_rows, dtype=bool)
     seen_b[rows_b] = True
@@ -171,27 +172,24 @@ def _differing_rows(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
     a, b = a.combine_chunks(), b.combine_chunks()
     if pa.types.is_dictionary(a.type):
         a, b = a.dictionary_decode(), b.dictionary_decode()
-    null_a, null_b = _np(a.is_null()), _np(b.is_null())
+    null_a, null_b = as_numpy(a.is_null()), as_numpy(b.is_null())
     differ = null_a != null_b
     if pa.types.is_list(a.type):
-        len_a = _np(pc.fill_null(pc.list_value_length(a), 0))
-        len_b = _np(pc.fill_null(pc.list_value_length(b), 0))
+        len_a = as_numpy(pc.fill_null(pc.list_value_length(a), 0))
+        len_b = as_numpy(pc.fill_null(pc.list_value_length(b), 0))
         differ |= len_a != len_b
         same_len = ~differ
         # Rows of equal length: their flattened values line up element for element.
         keep = np.flatnonzero(same_len)
         sub_a, sub_b = a.take(pa.array(keep)), b.take(pa.array(keep))
-        flat_a, flat_b = _np(pc.list_flatten(sub_a)), _np(pc.list_flatten(sub_b))
-        parents = _np(pc.list_parent_indices(sub_a))
+        flat_a, flat_b = as_numpy(pc.list_flatten(sub_a)), as_numpy(pc.list_flatten(sub_b))
+        parents = as_numpy(pc.list_parent_indices(sub_a))
         differ[keep[np.unique(parents[flat_a != flat_b])]] = True
         return np.flatnonzero(differ)
     values = pc.fill_null(pc.not_equal(a, b), False)
-    differ |= _np(values)
+    differ |= as_numpy(values)
     return np.flatnonzero(differ)
 
-
-def _np(array) -> np.ndarray:
-    return array.to_numpy(zero_copy_only=False)
 
 
 def _outcome_key(trace) -> tuple:

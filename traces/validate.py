@@ -52,7 +52,7 @@ def enum_codes(column: pa.Array | pa.ChunkedArray, allowed: tuple[str, ...]) -> 
     used = np.zeros(len(column.dictionary), dtype=bool)
     indices = column.indices
     if len(indices) - indices.null_count:
-        used[pc.unique(indices.drop_null()).to_numpy(zero_copy_only=False).astype(np.int64)] = True
+        used[as_numpy(pc.unique(indices.drop_null())).astype(np.int64)] = True
     for position, value in enumerate(column.dictionary.to_pylist()):
         if value in allowed:
             lookup.append(allowed.index(value))
@@ -61,7 +61,7 @@ def enum_codes(column: pa.Array | pa.ChunkedArray, allowed: tuple[str, ...]) -> 
         else:
             lookup.append(-1)  # an unused dictionary entry: harmless
     table = np.array(lookup + [-1], dtype=np.int8)
-    codes = pc.fill_null(indices, len(lookup)).to_numpy(zero_copy_only=False).astype(np.int64)
+    codes = as_numpy(pc.fill_null(indices, len(lookup))).astype(np.int64)
     return table[codes]
 
 
@@ -115,7 +115,7 @@ class RowValidator:
         self._check_order(table)
 
     def _check_order(self, table: pa.Table | pa.RecordBatch) -> None:
-        steps = _numpy(table.column("step")).astype(np.int64)
+        steps = as_numpy(table.column("step")).astype(np.int64)
         if steps.min() < 1:
             self.fail(f"column step holds {int(steps.min())}, steps start at 1")
         if (len(steps) > 1 and (steps[1:] < steps[:-1]).any()) or (
@@ -125,7 +125,7 @@ class RowValidator:
         if isinstance(ids, pa.ChunkedArray):
             ids = ids.combine_chunks()
         encoded = pc.dictionary_encode(ids)
-        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        codes = as_numpy(encoded.indices)
         # Grouped by id (a stable sort keeps each id's rows in step order), a duplicate is the
         # same step twice side by side. 16-bit keys make the stable sort a radix sort.
         narrow = codes.astype(np.uint16 if len(encoded.dictionary) <= 1 << 16 else np.uint32)
@@ -147,9 +147,11 @@ class RowValidator:
         self.last_step = last_step
 
 
-def _numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+def as_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A column (or a chunked one) as a numpy array, copying where Arrow's layout requires it
+    (nulls, booleans, several chunks). The validator, the checker and the trace diff use it."""
     return column.to_numpy() if isinstance(column, pa.ChunkedArray) else column.to_numpy(zero_copy_only=False)
 
 
 def _nulls(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return _numpy(column.is_null())
+    return as_numpy(column.is_null())

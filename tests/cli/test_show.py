@@ -8,8 +8,6 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from click.testing import CliRunner
 
@@ -130,20 +128,13 @@ def test_perfetto_export_of_the_reentry_trace(reentry, tmp_path):
 
 
 def test_perfetto_export_stays_bounded_on_a_10000_step_trace(tmp_path):
-    from benchmarks.run import decode_workload
+    from benchmarks.run import decode_workload, tiled
     from specreplay.replay.engine import run_workload
     from specreplay.replay.impls import resolve
     from specreplay.traces.io import write_trace
 
     trace = run_workload(decode_workload(16, 500), resolve("upstream", allow_import=False))
-    span, base, tiles = trace.num_steps, trace.table, []
-    for i in range(10_000 // span + 1):
-        offset = pa.scalar(i * span, pa.int32())
-        tile = base.set_column(0, "step", pc.add(base["step"], offset))
-        tile = tile.set_column(1, "request_id", pc.binary_join_element_wise(pa.scalar(f"t{i}-"), base["request_id"], ""))
-        at = tile.schema.get_field_index("apply_step")
-        tiles.append(tile.set_column(at, "apply_step", pc.add(base["apply_step"], offset)))
-    trace.table = pa.concat_tables(tiles)
+    trace.table = tiled(trace, 10_000 // trace.num_steps + 1)
     path = write_trace(trace, tmp_path / "long.parquet")
     assert trace.num_steps >= 10_000
     out = tmp_path / "long.json"

@@ -5,12 +5,9 @@ the same way, through the same reader and diff.)"""
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 
 from specreplay.replay.engine import run_workload
@@ -24,17 +21,10 @@ ROW_GROUP = 50_000
 @pytest.fixture(scope="module")
 def long_trace(tmp_path_factory):
     """A clean 3M-row trace in 50k-row groups: a 64-request run tiled (steps offset, ids per tile)."""
-    from benchmarks.run import decode_workload
+    from benchmarks.run import decode_workload, tiled
 
     trace = run_workload(decode_workload(64, 500), resolve("upstream", allow_import=False))
-    base, span, tiles = trace.table, trace.num_steps, []
-    for i in range(ROWS // base.num_rows + 1):
-        offset = pa.scalar(i * span, pa.int32())
-        tile = base.set_column(0, "step", pc.add(base["step"], offset))
-        tile = tile.set_column(1, "request_id", pc.binary_join_element_wise(pa.scalar(f"t{i}-"), base["request_id"], ""))
-        at = tile.schema.get_field_index("apply_step")
-        tiles.append(tile.set_column(at, "apply_step", pc.add(base["apply_step"], offset)))
-    table = pa.concat_tables(tiles).combine_chunks()
+    table = tiled(trace, ROWS // trace.num_rows + 1)
     folder = tmp_path_factory.mktemp("long")
     trace.table = table.slice(0, ROWS // 10)
     short = write_trace(trace, folder / "short.parquet", row_group_size=ROW_GROUP)
