@@ -28,7 +28,7 @@ LEGEND = (
 _COLUMNS = ("step", "request_id", "sched_status", "sched_kind", "sched_skip", "sched_num_scheduled_tokens",
             "sched_num_draft_slots", "sched_preempted", "worker_row", "worker_num_scheduled_tokens",
             "worker_num_draft_slots", "worker_draft_ids")
-MAX_DEFAULT_REQUESTS = 12  # without --request: the first requests with findings, at most this many
+MAX_DEFAULT_REQUESTS = 12  # without --request: the first requests with findings (else the first seen), at most this many
 #: Without --steps, a trace longer than this shows a window around its first finding.
 DEFAULT_WINDOW = 64
 
@@ -66,6 +66,7 @@ class Timeline:
     last_step: int
     lanes: list[Lane]
     findings: dict[tuple[int, str], list[Any]]  # (step, request) -> findings
+    requests_in_range: int = 0  # requests with rows in the steps shown (lanes show at most MAX_DEFAULT_REQUESTS)
 
 
 def sched_cell(row: dict[str, Any]) -> Cell:
@@ -136,7 +137,7 @@ def build_timeline(trace, findings: list, requests: list[str] | None = None,
     for f in findings:
         if f.request_id is not None and first <= f.step <= last:
             by_place.setdefault((f.step, f.request_id), []).append(f)
-    ids = [r for r in requests if r in order] if requests else list(order)
+    ids = [r for r in requests if r in order] if requests else list(order)[:MAX_DEFAULT_REQUESTS]
     # The drawn range: what was asked for, cut to the steps the rows have (an open `A:` is fine).
     seen_steps = [s for (_, s) in rows]
     lo = max(first, min(seen_steps)) if seen_steps else first
@@ -163,7 +164,7 @@ def build_timeline(trace, findings: list, requests: list[str] | None = None,
                 text = codes[0] + ("*" if len(codes) > 1 else "")
                 marks.cells[step] = Cell(text[:CELL], "bad" if any(f.severity == "error" for f in here) else "warn")
         lanes += [sched, worker] + extra + ([marks] if marks.cells else [])
-    return Timeline(lo, hi, lanes, by_place)
+    return Timeline(lo, hi, lanes, by_place, len(order))
 
 
 def _array(values: list[str]):

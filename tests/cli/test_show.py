@@ -148,3 +148,16 @@ def test_perfetto_export_stays_bounded_on_a_10000_step_trace(tmp_path):
     assert CliRunner().invoke(main, ["export", str(path), "--perfetto", str(later), "--steps", "9000:9100"]).exit_code == 0
     steps = {e["args"]["step"] for e in json.loads(later.read_text())["traceEvents"] if e["ph"] == "X"}
     assert min(steps) == 9000 and max(steps) == 9100
+
+
+def test_a_clean_trace_with_many_requests_shows_a_few_and_says_so(tmp_path):
+    from benchmarks.run import decode_workload
+    from specreplay.replay.engine import run_workload
+    from specreplay.replay.impls import resolve
+    from specreplay.traces.io import write_trace
+
+    path = write_trace(run_workload(decode_workload(64, 100), resolve("upstream", allow_import=False)),
+                       tmp_path / "d64.parquet")
+    out = show(path, width=200)
+    assert "(steps 1:64 of 101; --steps picks others); 12 of 64 requests (--request picks others)" in out
+    assert sum(1 for line in out.splitlines() if " sched " in f" {line} ") == 12
