@@ -21,6 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+# Severities and the order of findings within a step and request are the product's own: what is
+# stated here is the rules, not their presentation.
+from specreplay.replay.checker import _RANK, SEVERITY
 from specreplay.replay.findings import Finding
 from specreplay.traces.trace import Trace
 
@@ -397,27 +400,6 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("E2-run-incomplete", "error", "every request finishes within the step limit", "engine", check_run_completes),
 )
 
-#: Codes some checks produce besides their own (documented in `specreplay codes`).
-EXTRA_CODES = (
-    ("X5-negative-input-id", "error", "no negative id reaches the embedding", "INV-X5"),
-    ("X2-sched-worker-computed", "error", "worker C = scheduler C minus rejections of m-1", "INV-X2"),
-    ("X2-worker-kv-position", "error", "the worker writes from the first position not yet in its KV", "INV-X2"),
-    ("X2-worker-position-mismatch", "error", "CPU num_computed_tokens = device position", "INV-X2 (design B)"),
-)
-
-
-SEVERITY = {inv.code: inv.severity for inv in INVARIANTS} | {code[0]: code[1] for code in EXTRA_CODES}
-
-
-def all_codes() -> list[tuple[str, str, str, str]]:
-    seen = {}
-    for inv in INVARIANTS:
-        seen.setdefault(inv.code, (inv.code, inv.severity, inv.statement, inv.source))
-    for code in EXTRA_CODES:
-        seen.setdefault(code[0], code)
-    return sorted(seen.values())
-
-
 def check_trace(trace: Trace) -> list[Finding]:
     """Every invariant over the whole trace; findings sorted by step, request, code."""
     rows = TraceRows(trace)
@@ -426,13 +408,3 @@ def check_trace(trace: Trace) -> list[Finding]:
         findings.extend(inv.check(rows))
     findings.sort(key=lambda f: (f.step, f.request_id or "", _RANK.get(f.code, len(_RANK)), f.code))
     return findings
-
-
-# Within one step and request, the finding that explains the others comes first: an edited
-# output, then the two views disagreeing, then what follows from it (KV, placeholders, tokens).
-_RANK = {code: i for i, code in enumerate((
-    "X5-negative-input-id", "E1-engine-crash", "E2-run-incomplete", "S5-draft-provenance", "X10-scheduler-output-mutated", "X11-executed-other-work",
-    "X2-sched-worker-computed", "S3-scheduler-computed-tokens", "X2-worker-kv-position",
-    "X2-worker-position-mismatch", "S2-placeholder-count", "S4-decode-identity", "S1-placeholders-nonnegative",
-    "X3-output-length", "X1-batch-membership", "S7-draft-slot-count", "S6-token-budget", "X5-placeholder-drafts",
-    "K1-kv-content", "T1-wrong-token"))}
