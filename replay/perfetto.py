@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specreplay.replay.timeline import sched_cell, short_code
+from specreplay.replay.timeline import amount, sched_cell, short_code
 
 STEP_US = 1000  # one engine step = 1 ms on the timeline
 SCHED_TID, WORKER_TID = 1, 2
@@ -71,9 +71,8 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
                                     "num_output_placeholders": row["sched_num_output_placeholders"]}})
             slices.setdefault(pid, set()).add(step)
             if row["worker_row"] is not None:
-                wn, wk = row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"]
                 negative = any(t < 0 for t in row["worker_draft_ids"] or ())
-                name = f"ran {wn - wk}+{wk}" if wk else f"ran {wn}"
+                name = "ran " + amount(row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"])
                 events.append({"name": name + (" (-1 drafts)" if negative else ""), "ph": "X", "ts": ts, "dur": STEP_US, "pid": pid,
                                "tid": WORKER_TID, "cat": "worker",
                                "args": {"step": step, "row": row["worker_row"],
@@ -111,9 +110,8 @@ def _describe(row: dict[str, Any]) -> str:
     """A scheduler slice's name, from the row's own values (cells are cut to the terminal's width)."""
     n, k = row["sched_num_scheduled_tokens"], row["sched_num_draft_slots"]
     if n:
-        amount = f"{n - k}+{k}" if k else str(n)
         kind = {"new": "new", "reentering": "re-entering", "resumed": "resumed"}.get(row["sched_kind"], "scheduled")
-        return f"{kind} {amount}"
+        return f"{kind} {amount(n, k)}"
     return _NAMES.get(sched_cell(row).text, "unscheduled")
 
 

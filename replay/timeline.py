@@ -69,13 +69,17 @@ class Timeline:
     requests_in_range: int = 0  # requests with rows in the steps shown (lanes show at most MAX_DEFAULT_REQUESTS)
 
 
+def amount(n: int, k: int) -> str:
+    """n scheduled tokens of which k are draft slots: '1+3', or '16' without drafts."""
+    return f"{n - k}+{k}" if k else str(n)
+
+
 def sched_cell(row: dict[str, Any]) -> Cell:
     n, k = row["sched_num_scheduled_tokens"], row["sched_num_draft_slots"]
     if n:
-        amount = f"{n - k}+{k}" if k else str(n)
         kind = row["sched_kind"]
         prefix, style = {"new": ("N", "new"), "reentering": ("R", "reentry"), "resumed": ("U", "new")}.get(kind, ("", "ok"))
-        return Cell((prefix + amount)[:CELL], style)
+        return Cell((prefix + amount(n, k))[:CELL], style)
     if row["sched_preempted"]:
         return Cell("P", "bad")
     status, skip = row["sched_status"], row["sched_skip"]
@@ -89,8 +93,7 @@ def sched_cell(row: dict[str, Any]) -> Cell:
 def worker_cell(row: dict[str, Any]) -> Cell:
     if row["worker_row"] is None:
         return Cell(".", "dim")
-    n, k = row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"]
-    text = f"{n - k}+{k}" if k else str(n)
+    text = amount(row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"])
     if any(t < 0 for t in row["worker_draft_ids"] or ()):
         return Cell((text + "!")[:CELL], "bad")
     return Cell(text[:CELL], "ok")
