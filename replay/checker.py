@@ -46,11 +46,14 @@ NEEDED = (
     "apply_token_mismatches", "apply_num_output_placeholders", "worker_row", "worker_num_scheduled_tokens",
     "worker_num_draft_slots", "worker_num_computed_tokens", "worker_first_position",
     "worker_cached_drafts", "worker_draft_ids", "worker_num_output_tokens",
-    "truth_num_computed_tokens", "truth_kv_ok",
+    "truth_num_computed_tokens", "truth_kv_ok", "sched_life", "sched_event", "sched_num_in_flight_tokens",
+    "sched_num_stale_output_tokens", "apply_outcome", "apply_life",
 )
 
 RUNNING, PREEMPTED, WAITING, FINISHED = (schema.STATUSES.index(s) for s in ("running", "preempted", "waiting", "finished"))
 NEW, RESUMED, UNSCHEDULED = (schema.KINDS.index(k) for k in ("new", "resumed", "unscheduled"))
+RESET_PREEMPT = schema.EVENTS.index("reset_preempt")
+APPLIED, STALE_DELIVERED, DROPPED, IGNORED = (schema.APPLY_OUTCOMES.index(o) for o in schema.APPLY_OUTCOMES)
 
 # (short name, column, value for null, keep a null mask)
 _INTS = (
@@ -65,7 +68,9 @@ _INTS = (
     ("w_n", "worker_num_scheduled_tokens", -1, True), ("w_k", "worker_num_draft_slots", -1, False),
     ("w_C", "worker_num_computed_tokens", 0, True), ("w_pos", "worker_first_position", 0, False),
     ("w_cached", "worker_cached_drafts", 0, False), ("w_out", "worker_num_output_tokens", 0, True),
-    ("truth", "truth_num_computed_tokens", 0, True),
+    ("truth", "truth_num_computed_tokens", 0, True), ("life", "sched_life", 0, False),
+    ("in_flight", "sched_num_in_flight_tokens", 0, False), ("stale", "sched_num_stale_output_tokens", 0, False),
+    ("apply_life", "apply_life", -1, True),
 )
 _BOOLS = (("chunk", "sched_is_prefill_chunk"), ("preempted", "sched_preempted"))
 
@@ -84,7 +89,8 @@ class Frame:
     LOOKBACK steps before the chunk) followed by the chunk's own rows (`own`), in step order.
     `lags[L]` is each row's L-th earlier row of the same request (-1: none in the frame) and
     `flying[L]` says whether that row's output was still in flight when this row's step was
-    scheduled (not applied yet, not cut off by a preemption or by LOOKBACK)."""
+    scheduled (not applied yet, not cut off by a preemption, a cache reset or LOOKBACK).
+    Rows are grouped per request life: a resubmitted id is another request here."""
 
     def __init__(self, cols: dict[str, np.ndarray], num_context: int) -> None:
         self.c = cols
@@ -102,12 +108,15 @@ class Frame:
         self.flying: list[np.ndarray] = []
         lag = prev
         alive = np.ones(size, dtype=bool)
+        later = np.arange(size)  # the row one step nearer (the row itself for lag 1)
+        reset = cols["event"] == RESET_PREEMPT  # in-flight outputs cut off before this row's schedule()
         for _ in range(LOOKBACK):
             at = np.maximum(lag, 0)
-            alive = alive & (lag >= 0) & (step[at] >= step - LOOKBACK) & ~cols["preempted"][at]
+            alive = alive & (lag >= 0) & (step[at] >= step - LOOKBACK) & ~cols["preempted"][at] & ~reset[later]
             self.lags.append(lag)
             self.flying.append(alive & (cols["n"][at] > 0)
                                & (cols["apply_step_null"][at] | (cols["apply_step"][at] >= step)))
+            later = at
             lag = np.where(lag >= 0, prev[at], -1)
 
     def at(self, name: str, lag: int) -> np.ndarray:
@@ -135,6 +144,7 @@ class Checker:
         self.names: list[str] = []
         # Per request (by code): carried from chunk to chunk.
         self.decoding = np.zeros(0, dtype=bool)
+        self.epoch = np.zeros(0, dtype=np.int64)  # cuts (preemptions, cache resets) so far
         self.last_status = np.full(0, -1, dtype=np.int8)
         self.fired: dict[str, np.ndarray] = {}
         self.context: dict[str, np.ndarray] | None = None  # rows of the last LOOKBACK steps checked
@@ -169,11 +179,20 @@ class Checker:
         cols: dict[str, np.ndarray] = {"step": as_numpy(batch.column("step"))}
         ids = batch.column("request_id")
         ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+        lives = batch.column("sched_life")
+        if pc.max(lives).as_py():
+            # A resubmitted id: each life is its own request to the invariants ("id\0life").
+            ids = pc.if_else(pc.equal(lives, 0), ids,
+                             pc.binary_join_element_wise(ids, pc.cast(lives, pa.string()), "\0"))
+            ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
         encoded = pc.dictionary_encode(ids)
         lookup = np.array([self._id(name) for name in encoded.dictionary.to_pylist()], dtype=np.int64)
         cols["req"] = lookup[as_numpy(encoded.indices)]
         cols["status"] = enum_codes(batch.column("sched_status"), schema.STATUSES)
         cols["kind"] = enum_codes(batch.column("sched_kind"), schema.KINDS)
+        cols["event"] = enum_codes(batch.column("sched_event"), schema.EVENTS)
+        cols["outcome"] = enum_codes(batch.column("apply_outcome"), schema.APPLY_OUTCOMES)
+        cols["epoch"] = np.zeros(batch.num_rows, dtype=np.int64)  # filled per chunk
         for short, name, fill, keep_mask in _INTS:
             col = batch.column(name)
             if keep_mask:
@@ -190,22 +209,24 @@ class Checker:
         cols["d_neg"] = np.bincount(parents[flat < 0], minlength=batch.num_rows)
         return cols
 
-    def _id(self, name: str) -> int:
-        code = self.ids.get(name)
+    def _id(self, key: str) -> int:
+        code = self.ids.get(key)
         if code is None:
-            code = self.ids[name] = len(self.names)
-            self.names.append(name)
+            code = self.ids[key] = len(self.names)
+            self.names.append(key.split("\0", 1)[0])  # findings name the request id
         return code
 
     def _check_chunk(self, parts: list[dict[str, np.ndarray]]) -> None:
         grow = len(self.names) - len(self.decoding)
         if grow > 0:
             self.decoding = np.concatenate([self.decoding, np.zeros(grow, dtype=bool)])
+            self.epoch = np.concatenate([self.epoch, np.zeros(grow, dtype=np.int64)])
             self.last_status = np.concatenate([self.last_status, np.full(grow, -1, dtype=np.int8)])
             for code in self.fired:
                 self.fired[code] = np.concatenate([self.fired[code], np.zeros(grow, dtype=bool)])
         cols = _concat(([] if self.context is None else [self.context]) + parts)
         frame = Frame(cols, 0 if self.context is None else len(self.context["step"]))
+        self._count_cuts(frame)
         for inv in INVARIANTS:
             if inv.code not in ("E1-engine-crash", "E2-run-incomplete"):
                 self.found.extend(inv.check(frame, self))
@@ -214,6 +235,24 @@ class Checker:
         self.last_status[cols["req"][own[ends]]] = cols["status"][own[ends]]
         keep = int(np.searchsorted(cols["step"], cols["step"][-1] - LOOKBACK, side="left"))
         self.context = {name: values[keep:].copy() for name, values in cols.items()}
+
+    def _count_cuts(self, frame: Frame) -> None:
+        """Each own row's epoch: how many cuts (a preemption, a cache reset's preemption) its
+        request life has had up to and including its step, carried across chunks. An output
+        is stale exactly when the epoch at its apply step is above the epoch it was scheduled in."""
+        c = frame.c
+        own = frame.order[frame.own[frame.order]]
+        if not len(own):
+            return
+        reqs = c["req"][own]
+        cut = (c["preempted"][own] | (c["event"][own] == RESET_PREEMPT)).astype(np.int64)
+        starts = np.r_[True, reqs[1:] != reqs[:-1]]
+        total = np.cumsum(cut)
+        first = np.flatnonzero(starts)
+        before_group = (total[first] - cut[first])[np.cumsum(starts) - 1]
+        c["epoch"][own] = self.epoch[reqs] + total - before_group
+        ends = np.r_[starts[1:], True]
+        self.epoch[reqs[ends]] = c["epoch"][own][ends]
 
     # ------------------------------------------------------------------ helpers for the checks
     def first_per_request(self, code: str, frame: Frame, violated: np.ndarray) -> np.ndarray:
@@ -474,6 +513,79 @@ def check_kv_truth(frame: Frame, chk: Checker) -> Iterable[Finding]:
                           "the KV cache no longer holds the request's expected tokens in every valid position")
 
 
+# ------------------------------------------------------------------ request lives and control events
+def check_output_life(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    c = frame.c
+    used = (c["outcome"] == APPLIED) | (c["outcome"] == STALE_DELIVERED) | (c["outcome"] == DROPPED)
+    violated = used & ~c["apply_life_null"] & (c["apply_life"] != c["life"])
+    for i in chk.first_per_request("L1-output-life", frame, violated):
+        life, other = int(c["life"][i]), int(c["apply_life"][i])
+        what = schema.APPLY_OUTCOMES[c["outcome"][i]]
+        yield chk.finding(frame, "L1-output-life", i, "request life", life, other,
+                          f"the output of step {int(c['step'][i])}, scheduled for life {life} of the request, was "
+                          f"given to life {other} (a new request under the same id) at step {int(c['apply_step'][i])} "
+                          f"({what}, {int(c['apply_tokens'][i])} tokens): the old life's tokens and counts land on the new one")
+
+
+def check_stale_outputs(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    """L2, at the row of the step that applied each output: an output scheduled before a cut
+    (preemption, cache reset) of its request and applied after it is stale; any other is fresh."""
+    c = frame.c
+    step = c["step"]
+    for lag in range(1, LOOKBACK + 1):
+        r = np.maximum(frame.lags[lag - 1], 0)
+        near = (frame.lags[lag - 1] >= 0) & (step[r] >= step - LOOKBACK)  # as far back as the context reaches
+        paired = (frame.own & near & (c["n"][r] > 0) & ~c["apply_step_null"][r]
+                  & (c["apply_step"][r] == step) & ~c["apply_life_null"][r] & (c["apply_life"][r] == c["life"][r]))
+        stale = c["epoch"] > c["epoch"][r]
+        outcome = c["outcome"][r]
+        fresh_used_as_stale = paired & ~stale & ((outcome == STALE_DELIVERED) | (outcome == DROPPED))
+        stale_used_as_fresh = paired & stale & (outcome == APPLIED)
+        for i in chk.first_per_request("L2-stale-output", frame, fresh_used_as_stale | stale_used_as_fresh):
+            j = int(r[i])
+            what = schema.APPLY_OUTCOMES[outcome[i]]
+            if stale[i]:
+                message = (f"the output of step {int(step[j])} was in flight when the request was preempted or its "
+                           f"cache reset, yet update_from_output applied it as fresh at step {int(step[i])}: its "
+                           f"{int(c['apply_tokens'][j])} tokens and {int(c['apply_rej'][j])} rejections moved the "
+                           "reset counters")
+            else:
+                message = (f"the output of step {int(step[j])} belongs to the request's current life (no preemption "
+                           f"or reset since), yet update_from_output treated it as stale ({what}) at step "
+                           f"{int(step[i])}: its tokens are lost or its counters never settle")
+            yield chk.finding(frame, "L2-stale-output", i, "apply_outcome", what, "stale" if stale[i] else "fresh",
+                              message)
+
+
+def check_in_flight_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    """L3: vLLM counts in-flight and stale outputs in scheduled tokens (a prefill chunk, or 1 +
+    draft slots), per step, drained in schedule order."""
+    c = frame.c
+    step = c["step"]
+    in_flight = np.zeros(frame.size, dtype=np.int64)
+    stale = np.zeros(frame.size, dtype=np.int64)
+    # The counters are read before schedule(): a preemption by this very schedule() is not in them.
+    epoch_before = c["epoch"] - c["preempted"]
+    for lag in range(1, LOOKBACK + 1):
+        r = np.maximum(frame.lags[lag - 1], 0)
+        near = (frame.lags[lag - 1] >= 0) & (step[r] >= step - LOOKBACK)
+        pending = near & (c["n"][r] > 0) & (c["apply_step_null"][r] | (c["apply_step"][r] >= step))
+        in_flight += np.where(pending, c["n"][r], 0)
+        stale += np.where(pending & (c["epoch"][r] < epoch_before), c["n"][r], 0)
+    eligible = c["status"] != FINISHED
+    violated = eligible & ((c["in_flight"] != in_flight) | (c["stale"] != stale))
+    for i in chk.first_per_request("L3-in-flight-tokens", frame, violated):
+        got_f, got_s, want_f, want_s = int(c["in_flight"][i]), int(c["stale"][i]), int(in_flight[i]), int(stale[i])
+        if got_f != want_f:
+            field, got, want, name = "num_in_flight_tokens", got_f, want_f, "in flight"
+        else:
+            field, got, want, name = "num_stale_output_tokens", got_s, want_s, "in flight from before the last preemption or reset"
+        yield chk.finding(frame, "L3-in-flight-tokens", i, field, got, want,
+                          f"{field} is {got} but the scheduled tokens of its outputs {name} add up to {want}"
+                          + (" (a count never goes negative)" if got < 0 else
+                             "; counted in steps or sampled tokens instead of scheduled tokens?" if got and want else ""))
+
+
 def check_run_completes(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
     outcome = chk.outcome
     if outcome.get("status") != "step_limit":
@@ -512,6 +624,9 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("X5-placeholder-drafts", "warning", "draft inputs are drafts cached for the request at m-1", "INV-X5", check_draft_inputs),
     Invariant("X10-scheduler-output-mutated", "error", "update_from_output reads the SchedulerOutput the worker was given unchanged", "INV-X10", check_output_mutated),
     Invariant("X11-executed-other-work", "warning", "the worker executes what the scheduler booked", "INV-X10", check_executed_work),
+    Invariant("L1-output-life", "error", "an output is applied only to the life of the request it was scheduled for", "request lives", check_output_life),
+    Invariant("L2-stale-output", "error", "outputs in flight across a preemption or cache reset are stale (delivered without moving counters, or dropped); no other output is", "request lives", check_stale_outputs),
+    Invariant("L3-in-flight-tokens", "error", "num_in_flight_tokens / num_stale_output_tokens = scheduled tokens of the outputs in flight / in flight across the last cut, never negative", "request lives", check_in_flight_tokens),
     Invariant("T1-wrong-token", "error", "applied tokens equal the expected sequence", "ground truth", check_tokens),
     Invariant("K1-kv-content", "error", "valid KV positions hold the expected tokens", "ground truth", check_kv_truth),
     Invariant("E1-engine-crash", "error", "the engine does not die (asserts, unexecutable outputs)", "engine", check_crash),
@@ -557,7 +672,7 @@ def check_batches(header, batches: Iterable[pa.Table | pa.RecordBatch]) -> list[
 # output, then the two views disagreeing, then what follows from it (KV, placeholders, tokens).
 _RANK = {code: i for i, code in enumerate((
     "X5-negative-input-id", "E1-engine-crash", "E2-run-incomplete", "S5-draft-provenance", "X10-scheduler-output-mutated", "X11-executed-other-work",
-    "X2-sched-worker-computed", "S3-scheduler-computed-tokens", "X2-worker-kv-position",
+    "L1-output-life", "L2-stale-output", "X2-sched-worker-computed", "S3-scheduler-computed-tokens", "X2-worker-kv-position",
     "X2-worker-position-mismatch", "S2-placeholder-count", "S4-decode-identity", "S1-placeholders-nonnegative",
-    "X3-output-length", "X1-batch-membership", "S7-draft-slot-count", "S6-token-budget", "X5-placeholder-drafts",
+    "L3-in-flight-tokens", "X3-output-length", "X1-batch-membership", "S7-draft-slot-count", "S6-token-budget", "X5-placeholder-drafts",
     "K1-kv-content", "T1-wrong-token"))}

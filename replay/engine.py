@@ -6,6 +6,12 @@ schedule(m), execute + sample(m) on the worker, then pop the oldest batch, apply
 `update_from_output` it. With async scheduling the queue holds two batches, so schedule(m)
 sees the outputs of steps <= m-2 only; in sync mode it holds one and drafts flow back through
 `update_draft_token_ids`.
+
+Control events (workload `[[events]]`) land where vLLM's EngineCoreProc takes them: with the
+input queue before schedule(m), after that step's arrivals, or (aborts only) just before the
+oldest batch is applied. While paused the loop does what vLLM's does: no schedule() while the
+scheduler has nothing it may schedule, the batches in flight still drain, and a pause with
+clear_cache resets the cache once nothing is in flight.
 """
 
 from __future__ import annotations
@@ -104,7 +110,14 @@ class EngineLoop:
         self.arrivals: dict[int, list] = defaultdict(list)
         for order, spec in enumerate(workload.requests):
             self.arrivals[spec.arrival_step].append((order, spec))
-        self.aborts = sorted((s.abort_step, s.request_id) for s in workload.requests if s.abort_step)
+        self.aborts = sorted([(s.abort_step, s.request_id) for s in workload.requests if s.abort_step]
+                             + [(e.step, e.request) for e in workload.events if e.when == "after"])
+        self.events: dict[int, list] = defaultdict(list)  # step -> events before its schedule()
+        for event in workload.events:
+            if event.when == "before":
+                self.events[event.step].append(event)
+        self.lives: dict[str, int] = {}  # request id -> submissions so far
+        self.clear_after_drain = False  # a pause with clear_cache waits for the batches in flight
         self.queue: deque = deque()  # (SchedulerOutput, ModelRunnerOutput), newest first
         self.outcome: dict = {"status": "completed"}
         self.step_no = 0
@@ -112,10 +125,15 @@ class EngineLoop:
     def step(self) -> bool:
         """One engine iteration, as vLLM's step_with_batch_queue orders it. False when done."""
         self.admit_arrivals()
+        self.apply_events()
+        if self.clear_after_drain and not self.sched.has_requests() and not self.queue:
+            self.clear_after_drain = False  # vLLM's _finish_pause, from the idle callback
+            self.reset_prefix_cache(True, "pause: clear_cache")
         if not self.sched.has_requests() and not self.queue:
-            if not self.arrivals:
+            pending = [step for step in (*self.arrivals, *self.events) if step > self.step_no]
+            if not pending:
                 return False
-            self.step_no = min(self.arrivals) - 1  # idle engine: nothing to do until the next arrival
+            self.step_no = min(pending) - 1  # idle engine: nothing to do until the next arrival or event
             return True
         if self.sched.has_requests():
             out = self.schedule_and_execute()
@@ -134,9 +152,47 @@ class EngineLoop:
 
     def admit_arrivals(self) -> None:
         for order, spec in self.arrivals.pop(self.step_no + 1, ()):
-            req = Request(spec.request_id, self.oracle.prompt(spec.request_id), spec.max_tokens,
-                          self.oracle.stop_token(spec.request_id), order)
-            self.rec.add_request(self.sched.add_request(req))
+            self.submit(spec, order)
+
+    def submit(self, spec, order: int) -> None:
+        life = self.lives.get(spec.request_id, -1) + 1
+        self.lives[spec.request_id] = life
+        req = Request(spec.request_id, self.oracle.prompt(spec.request_id), spec.max_tokens,
+                      self.oracle.stop_token(spec.request_id), order, life)
+        self.rec.add_request(self.sched.add_request(req))
+
+    def apply_events(self) -> None:
+        """The control events of the coming step, in workload order (vLLM's input queue)."""
+        for event in self.events.pop(self.step_no + 1, ()):
+            if event.kind == "abort":
+                for rid in self.sched.finish_requests([event.request]):
+                    self.rec.mark_request_event(rid, "abort")
+            elif event.kind == "resubmit":
+                order = next(i for i, spec in enumerate(self.workload.requests) if spec.request_id == event.request)
+                self.submit(self.workload.requests[order], order)
+                self.rec.mark_request_event(event.request, "resubmit")
+            elif event.kind == "pause":
+                if event.mode == "abort":
+                    for rid in self.sched.finish_requests(list(self.sched.requests)):
+                        self.rec.mark_request_event(rid, "abort")
+                self.sched.set_pause_state("paused_all" if event.mode == "keep" else "paused_new")
+                self.rec.mark_step_event(event.label())
+                self.clear_after_drain = event.clear_cache
+            elif event.kind == "resume":
+                self.sched.set_pause_state("unpaused")
+                # A clear still pending stays registered, as vLLM's idle callback does: it runs
+                # the next time the engine has nothing to do.
+                self.rec.mark_step_event("resume")
+            elif event.kind == "reset_prefix_cache":
+                self.reset_prefix_cache(event.reset_running, event.label())
+
+    def reset_prefix_cache(self, reset_running: bool, label: str) -> None:
+        running = [req.request_id for req in self.sched.running]
+        done = self.sched.reset_prefix_cache(reset_running)
+        if reset_running:
+            for rid in running:
+                self.rec.mark_request_event(rid, "reset_preempt")
+        self.rec.mark_step_event(label if done else f"{label}: failed, blocks in use")
 
     def schedule_and_execute(self):
         self.step_no += 1

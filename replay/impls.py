@@ -13,6 +13,8 @@ Built-ins:
   sched-clear   the scheduler clears the all -1 draft placeholders of running requests it did not
                 schedule (the fix proposed in PRs #37629 / #46899)
   noclamp       the runner of vLLM <= 0.22: no clamp, a -1 draft slot reaches the embedding
+  life-guard    the scheduler remembers which request object (life) each step was scheduled for
+                and gives the output to that object only: the fix for same-id resubmission
 """
 
 from __future__ import annotations
@@ -121,6 +123,9 @@ def _builtin() -> dict[str, Implementation]:
                        real_scheduler=variants.clear_stale_placeholders_on),
         Implementation("noclamp", "runner of vLLM <= 0.22: no input clamp, a -1 draft reaches the embedding",
                        runner=variants.NoClampRunner),
+        Implementation("life-guard", "scheduler gives an output only to the request object (life) it was scheduled "
+                       "for: a resubmitted id never gets its previous life's output",
+                       scheduler=variants.LifeGuardScheduler, real_scheduler=variants.life_guard_on),
     ]
     return {impl.name: impl for impl in items}
 

@@ -44,5 +44,9 @@ class BlockPool:
         owned = self.blocks.pop(request_id, [])
         self.free.extend(reversed(owned))
 
+    def num_used_blocks(self) -> int:
+        """Blocks held by requests (the null block not counted)."""
+        return sum(len(owned) for owned in self.blocks.values())
+
     def block_ids(self, request_id: str) -> list[int]:
         return list(self.blocks.get(request_id, ()))

@@ -31,6 +31,9 @@ def run_live(workload: Workload, impl: Implementation, device: str = "cpu", mode
 
     if impl.name not in vllm_live.LIVE_IMPLS:
         raise InputError(f"--engine vllm runs {', '.join(vllm_live.LIVE_IMPLS)}; {impl.name} has no live form")
+    if workload.events:
+        raise InputError(f"--engine vllm does not drive control events yet ({len(workload.events)} in this workload); "
+                         "use --engine vllm-scheduler, which calls the real scheduler's pause, reset and abort methods")
     vllm = load_vllm()
     from vllm.platforms import current_platform
 

@@ -23,7 +23,7 @@ MAX_ROWS = 20_000  # about 14 MB of JSON
 
 _COLUMNS = ("step", "request_id", "sched_status", "sched_kind", "sched_skip", "sched_num_scheduled_tokens",
             "sched_num_draft_slots", "sched_preempted", "sched_num_computed_tokens", "sched_num_output_placeholders",
-            "apply_step", "apply_num_rejected", "worker_row", "worker_num_scheduled_tokens", "worker_num_draft_slots",
+            "apply_step", "apply_outcome", "apply_num_rejected", "worker_row", "worker_num_scheduled_tokens", "worker_num_draft_slots",
             "worker_num_computed_tokens", "worker_draft_ids", "worker_num_accepted")
 
 _NAMES = {"N": "new", "R": "re-entering", "U": "resumed", "b": "skipped: budget", "m": "skipped: max_tokens",
@@ -83,7 +83,10 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
                 events.append(_counter(pid, ts, "num_computed_tokens (worker)", row["worker_num_computed_tokens"]))
             events.append(_counter(pid, ts, "num_computed_tokens (scheduler)", row["sched_num_computed_tokens"]))
             events.append(_counter(pid, ts, "num_output_placeholders", row["sched_num_output_placeholders"]))
-            if row["sched_num_scheduled_tokens"] and row["apply_step"] is not None:
+            # An arrow per output update_from_output used; one popped while the engine drained
+            # (no schedule() since its own) has no later step to point at.
+            if row["sched_num_scheduled_tokens"] and row["apply_outcome"] not in (None, "ignored") \
+                    and row["apply_step"] > step:
                 flows.append((pid, step, row["apply_step"], f"{rid}@{step}"))
         if current is not None and last == current and rows_taken >= max_rows:
             break

@@ -50,16 +50,28 @@ class Recorder:
         self.known: dict[str, Request] = {}  # every request ever added, finished ones included
         self.prev_scheduled: set[str] = set()
         self._pre: list[tuple] = []
+        # Control events since the last schedule(), written on the next step's rows.
+        self.request_events: dict[str, str] = {}
+        self.step_events: list[str] = []
 
     def add_request(self, req: Request) -> None:
         self.known[req.request_id] = req
+
+    def mark_request_event(self, rid: str, event: str) -> None:
+        """A control event changed request `rid` (schema.EVENTS) before the coming schedule()."""
+        self.request_events[rid] = event
+
+    def mark_step_event(self, label: str) -> None:
+        """An engine-level control event (pause, resume, cache reset) before the coming schedule()."""
+        self.step_events.append(label)
 
     # ------------------------------------------------------------------ E1(m)
     def snapshot(self, sched: Scheduler) -> None:
         """Pre values of every live request, taken right before schedule()."""
         self._pre = [
             (req, req.num_computed_tokens, req.num_output_placeholders, req.num_tokens,
-             req.num_output_tokens, len(spec), bool(spec) and min(spec) == -1 == max(spec))  # all -1
+             req.num_output_tokens, len(spec), bool(spec) and min(spec) == -1 == max(spec),  # all -1
+             req.num_in_flight_tokens, req.num_stale_output_tokens)
             for req, spec in ((req, req.spec_token_ids) for req in sched.requests.values())
         ]
 
@@ -77,11 +89,13 @@ class Recorder:
             req = self.known.get(rid)
             if req is not None:
                 rows.append((req, req.num_computed_tokens, req.num_output_placeholders, req.num_tokens,
-                             req.num_output_tokens, len(req.spec_token_ids), False))
+                             req.num_output_tokens, len(req.spec_token_ids), False, req.num_in_flight_tokens,
+                             req.num_stale_output_tokens))
         nst, spec = out.num_scheduled_tokens, out.scheduled_spec_decode_tokens
         skips = sched.skip_reasons
+        events, self.request_events = self.request_events, {}
         scheduler_cols: list[tuple] = []
-        for req, pre_c, pre_p, pre_t, pre_out, spec_len, spec_ph in rows:
+        for req, pre_c, pre_p, pre_t, pre_out, spec_len, spec_ph, in_flight, stale in rows:
             rid = req.request_id
             n = nst.get(rid, 0)
             finished = req.status.finished
@@ -100,14 +114,16 @@ class Recorder:
                 else:
                     skip = "waiting"
             # One tuple per row in _SCHEDULE_COLUMNS order; the columns are filled below in bulk.
-            scheduler_cols.append((rid, "finished" if finished else req.status.value, kind, skip, n,
-                                   len(spec.get(rid, ())), pre_c, pre_p, pre_t, pre_out, req.num_prompt_tokens,
-                                   spec_len, spec_ph, bool(n) and req.is_prefill_chunk, rid in announced,
-                                   rid in preempted))
+            scheduler_cols.append((rid, req.life, events.get(rid, ""), "finished" if finished else req.status.value,
+                                   kind, skip, n, len(spec.get(rid, ())), pre_c, pre_p, pre_t, pre_out,
+                                   req.num_prompt_tokens, spec_len, spec_ph, bool(n) and req.is_prefill_chunk,
+                                   rid in announced, rid in preempted, in_flight, stale))
         first = len(c["step"])
         count = len(scheduler_cols)
         c["step"].extend([step] * count)
         c["step_total_scheduled_tokens"].extend([out.total_num_scheduled_tokens] * count)
+        c["step_event"].extend(["; ".join(self.step_events)] * count)
+        self.step_events = []
         if count:
             for name, values in zip(_SCHEDULE_COLUMNS, zip(*scheduler_cols)):
                 c[name].extend(values)
@@ -165,6 +181,8 @@ class Recorder:
             req = self.known[rid]
             first = req.num_output_tokens - len(report.tokens)
             c["apply_step"][at] = apply_step
+            c["apply_outcome"][at] = report.outcome
+            c["apply_life"][at] = report.life
             c["apply_num_scheduled_tokens"][at] = report.num_scheduled_tokens
             c["apply_num_draft_slots"][at] = report.num_draft_slots
             c["apply_num_rejected"][at] = report.num_rejected
@@ -174,6 +192,12 @@ class Recorder:
             c["apply_num_computed_tokens"][at] = report.num_computed_tokens
             c["apply_num_output_placeholders"][at] = report.num_output_placeholders
             c["apply_finish_reason"][at] = report.finish_reason
+        # Outputs update_from_output skipped (the request finished or was aborted meanwhile).
+        scheduled = c["sched_num_scheduled_tokens"]
+        for rid, at in index.items():
+            if rid not in reports and scheduled[at]:
+                c["apply_step"][at] = apply_step
+                c["apply_outcome"][at] = "ignored"
         return filled
 
     def record_abort(self, step: int, rid: str) -> int | None:
@@ -226,11 +250,11 @@ class Recorder:
 
 
 #: The per-row scheduler columns `record_schedule` fills, in the order of its row tuples.
-_SCHEDULE_COLUMNS = ("request_id", "sched_status", "sched_kind", "sched_skip", "sched_num_scheduled_tokens",
-                     "sched_num_draft_slots", "sched_num_computed_tokens", "sched_num_output_placeholders",
+_SCHEDULE_COLUMNS = ("request_id", "sched_life", "sched_event", "sched_status", "sched_kind", "sched_skip",
+                     "sched_num_scheduled_tokens", "sched_num_draft_slots", "sched_num_computed_tokens", "sched_num_output_placeholders",
                      "sched_num_tokens", "sched_num_output_tokens", "sched_num_prompt_tokens", "sched_spec_len",
                      "sched_spec_placeholders", "sched_is_prefill_chunk", "sched_finished_announced",
-                     "sched_preempted")
+                     "sched_preempted", "sched_num_in_flight_tokens", "sched_num_stale_output_tokens")
 _APPLY_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("apply_"))
 _WORKER_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("worker_"))
 _TRUTH_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("truth_"))

@@ -29,11 +29,11 @@ class Request:
         "request_id", "prompt_token_ids", "max_tokens", "stop_token_id", "all_token_ids",
         "num_prompt_tokens", "num_computed_tokens", "num_output_placeholders", "spec_token_ids",
         "status", "is_prefill_chunk", "num_preemptions", "num_in_flight_tokens",
-        "num_stale_output_tokens", "drop_stale_output", "order",
+        "num_stale_output_tokens", "drop_stale_output", "order", "life",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
-                 stop_token_id: int | None = None, order: int = 0) -> None:
+                 stop_token_id: int | None = None, order: int = 0, life: int = 0) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -52,6 +52,9 @@ class Request:
         self.num_stale_output_tokens = 0
         self.drop_stale_output = False
         self.order = order  # arrival order: the recorder's row order
+        # Which submission of this id the object is (0, then +1 per resubmission). vLLM has no
+        # such field: the engine loop sets it, and the recorder stores it; nothing decides on it.
+        self.life = life
 
     @property
     def num_tokens(self) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from specreplay.replay.config import EngineConfig
-from specreplay.replay.workload import RequestSpec, Workload
+from specreplay.replay.workload import Event, RequestSpec, Workload
 from specreplay.traces.errors import InputError
 
 
@@ -32,6 +32,49 @@ def reentry_sync(seed: int = 0) -> Workload:
     base = reentry(seed)
     return Workload(base.requests, EngineConfig(**{**base.config.to_dict(), "async_scheduling": False}),
                     name="reentry-sync", seed=seed, acceptance="all", max_steps=200)
+
+
+def _decoding(count: int, max_tokens: int = 16, prompt_len: int = 5) -> list[RequestSpec]:
+    return [RequestSpec(str(i), arrival_step=1, prompt_len=prompt_len, max_tokens=max_tokens) for i in range(count)]
+
+
+_ASYNC_K3 = EngineConfig(max_num_batched_tokens=64, max_num_seqs=16, num_spec_tokens=3, async_scheduling=True,
+                         block_size=16, num_blocks=1000, max_model_len=512)
+
+
+def pause_clear(seed: int = 0) -> Workload:
+    """The RLHF weight-update loop, under async scheduling with 3 draft slots: 6 decoding
+    requests are paused at step 6 (keep mode, clear_cache: once step 5's output is back, every
+    running request is preempted and the cache reset) and resumed at step 9; at step 14 a
+    reset_prefix_cache(reset_running_requests=True) lands while step 13 is in flight, so the
+    requests resume in the same step and step 13's outputs must be dropped, exactly those."""
+    events = (Event(6, "pause", mode="keep", clear_cache=True), Event(9, "resume"),
+              Event(14, "reset_prefix_cache", reset_running=True))
+    return Workload(tuple(_decoding(6, max_tokens=40)), _ASYNC_K3, name="pause-clear", seed=seed,
+                    acceptance="alternate", max_steps=400, events=events)
+
+
+def abort_inflight(seed: int = 0) -> Workload:
+    """Aborts that land while the request's steps are in flight (async, k = 3): request 1 right
+    after step 5's schedule (vLLM's early aborts queue, steps 4 and 5 in flight), request 2
+    before step 7's schedule (step 6 in flight); request 6 arrives at step 8 and takes the freed
+    blocks. The in-flight outputs of 1 and 2 must be ignored, nothing else."""
+    requests = _decoding(6, max_tokens=30) + [RequestSpec("6", arrival_step=8, prompt_len=5, max_tokens=12)]
+    events = (Event(5, "abort", request="1", when="after"), Event(7, "abort", request="2"))
+    return Workload(tuple(requests), _ASYNC_K3, name="abort-inflight", seed=seed, acceptance="random:0.6",
+                    max_steps=400, events=events)
+
+
+def resubmit(seed: int = 0) -> Workload:
+    """Same-id resubmission under async scheduling (k = 3). Request 1 finishes (max_tokens 4)
+    and is resubmitted at step 10, nothing of its first life in flight: a clean second life.
+    Request 0 is aborted and resubmitted before step 12's schedule while its step 11 is in flight:
+    vLLM 0.32.0 looks the returning output up by id and gives the old life's tokens to the new
+    life (no per-life guard), whose placeholder count goes negative: the engine asserts."""
+    requests = [RequestSpec("0", 1, 5, 40), RequestSpec("1", 1, 5, 4), RequestSpec("2", 1, 5, 40)]
+    events = (Event(10, "resubmit", request="1"), Event(12, "abort", request="0"), Event(12, "resubmit", request="0"))
+    return Workload(tuple(requests), _ASYNC_K3, name="resubmit", seed=seed, acceptance="all", max_steps=400,
+                    events=events)
 
 
 def random_workload(seed: int = 0) -> Workload:
@@ -67,7 +110,37 @@ def random_workload(seed: int = 0) -> Workload:
     )
     acceptance = rng.choice(("all", "none", "alternate", "random:0.3", "random:0.7"))
     return Workload(tuple(requests), config, name=f"random-{seed}", seed=seed,
-                    acceptance=acceptance, max_steps=2000)
+                    acceptance=acceptance, max_steps=2000, events=random_events(seed, requests))
+
+
+def random_events(seed: int, requests: list[RequestSpec]) -> tuple[Event, ...]:
+    """Control events for about a third of the random workloads, from their own generator (the
+    requests and config of a seed are the same with or without them): a pause and its resume,
+    cache resets with and without running requests reset, aborts before and after a schedule,
+    and resubmissions of aborted ids, some while the aborted life still has a step in flight."""
+    rng = random.Random(seed * 7919 + 1)
+    if rng.random() >= 0.35:
+        return ()
+    events: list[Event] = []
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.choice(("pause", "reset", "abort", "abort", "resubmit"))
+        step = rng.randint(2, 30)
+        if kind == "pause":
+            events.append(Event(step, "pause", mode=rng.choice(("keep", "keep", "wait", "abort")),
+                                clear_cache=rng.random() < 0.7))
+            events.append(Event(step + rng.randint(0, 6), "resume"))
+        elif kind == "reset":
+            events.append(Event(step, "reset_prefix_cache", reset_running=rng.random() < 0.8))
+        else:
+            spec = rng.choice(requests)
+            step = max(step, spec.arrival_step)
+            when = rng.choice(("before", "after"))
+            events.append(Event(step, "abort", request=spec.request_id, when=when))
+            if kind == "resubmit":
+                # Aborted before step s: resubmitting at s is the same input-queue batch; after
+                # step s's schedule, the earliest is s + 1.
+                events.append(Event(step + (when == "after") + rng.randint(0, 4), "resubmit", request=spec.request_id))
+    return tuple(sorted(events, key=lambda e: e.step))
 
 
 @dataclass(frozen=True)
@@ -81,6 +154,12 @@ SCENARIOS = {s.name: s for s in (
     Scenario("reentry", reentry, "11 requests, budget 40, k=3, async: request 10 is skipped by the budget, "
              "then re-enters the batch with 3 draft slots and no drafts behind them"),
     Scenario("reentry-sync", reentry_sync, "the same workload under the synchronous Scheduler (real drafts)"),
+    Scenario("pause-clear", pause_clear, "async + k=3: pause (keep, clear_cache) at step 6, resume at 9, then "
+             "reset_prefix_cache(reset_running_requests) with step 13 in flight: its outputs are dropped"),
+    Scenario("abort-inflight", abort_inflight, "aborts landing with steps in flight (after a schedule, and before "
+             "one); a late request takes the freed blocks"),
+    Scenario("resubmit", resubmit, "same-id resubmission: a clean second life, then abort + resubmit with a step "
+             "in flight, where vLLM 0.32.0 gives the old life's output to the new life and asserts"),
     Scenario("random", random_workload, "seeded random workload (--seed N): preemption, chunked prefill, "
              "aborts, stop tokens, budget skips, mixed acceptance"),
 )}

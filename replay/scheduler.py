@@ -15,6 +15,9 @@ Hooks, in the order a step uses them:
   update_from_output(out, model_output) -> reports      rejections, placeholders, stops
   update_draft_token_ids(req_ids, drafts)               sync mode: real drafts from the worker
 
+Control events (between steps, from the engine loop): add_request, finish_requests,
+set_pause_state(PAUSE_STATES[i]), reset_prefix_cache(reset_running_requests).
+
 Worked example of the async counters for one decoding request, k = 3, all drafts accepted
 (values after each event; T = prompt + applied outputs):
   schedule(m):   C 7 -> 11, P 4 -> 8   (n = T + len(spec) + P - C = 4 + 3 + 4 - 7 = 4)
@@ -32,6 +35,10 @@ from specreplay.replay.kv import BlockPool
 from specreplay.replay.messages import (CachedRequestData, EngineCrash, ModelRunnerOutput, NewRequestData,
                                         SchedulerOutput)
 from specreplay.replay.request import Request, Status
+
+#: vLLM's PauseState: UNPAUSED, PAUSED_NEW (running requests go on, nothing is admitted),
+#: PAUSED_ALL (nothing is scheduled).
+PAUSE_STATES = ("unpaused", "paused_new", "paused_all")
 
 
 @dataclass
@@ -61,6 +68,8 @@ class ApplyReport:
     finish_reason: str  # "" | "length" | "stop"
     num_computed_tokens: int
     num_output_placeholders: int
+    outcome: str = "applied"  # applied | stale_delivered | dropped (schema.APPLY_OUTCOMES)
+    life: int = 0  # the life of the request object the output was given to
 
 
 class Scheduler:
@@ -79,18 +88,47 @@ class Scheduler:
         self.prev_step_scheduled_req_ids: set[str] = set()
         self.kv = BlockPool(config.num_blocks, config.block_size, config.max_model_len)
         self.step = 0
+        self.pause_state = "unpaused"
         #: Why each live request got no tokens in the last schedule() (recorder only).
         self.skip_reasons: dict[str, str] = {}
 
     # ---------------------------------------------------------------- requests in and out
     def add_request(self, request: Request) -> Request:
-        """Queue a new request; returns the object the scheduler tracks (the recorder reads it)."""
+        """Queue a new request; returns the object the scheduler tracks (the recorder reads it).
+        An id that is still live is vLLM's `assert ... "duplicate request id"`; a finished one's
+        id is free again (a new life: nothing ties the old life's in-flight outputs to it)."""
+        if request.request_id in self.requests:
+            raise EngineCrash(f"scheduler assert: duplicate request id {request.request_id!r} (it is still live)",
+                              kind="scheduler-assert")
         self.requests[request.request_id] = request
         self.waiting.append(request)
         return request
 
     def has_requests(self) -> bool:
+        """vLLM's get_num_unfinished_requests() > 0, which a pause narrows: under PAUSED_ALL
+        nothing counts, under PAUSED_NEW only running requests (queued ones stay queued)."""
+        if self.pause_state == "paused_all":
+            return False
+        if self.pause_state == "paused_new":
+            return bool(self.running)
         return bool(self.running or self.waiting)
+
+    def set_pause_state(self, state: str) -> None:
+        """vLLM's set_pause_state: only the state changes; schedule() and has_requests() read it."""
+        self.pause_state = state
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM 0.32's Scheduler.reset_prefix_cache: with `reset_running_requests`, preempt every
+        running request (from the tail, so they come back in order) in drop mode: their in-flight
+        outputs are ignored when they return, and they may resume in the very next schedule().
+        The cache itself resets only if no request holds KV blocks; returns whether it did."""
+        if reset_running_requests:
+            while self.running:
+                self.preempt_request(self.running.pop(), drop_stale_output=True)
+            # As if nothing was scheduled last step: the resumed requests get their full
+            # token lists, and the worker drops them from its batch first.
+            self.prev_step_scheduled_req_ids.clear()
+        return self.kv.num_used_blocks() == 0
 
     def finish_requests(self, request_ids: list[str], status: Status = Status.FINISHED_ABORTED) -> list[str]:
         """Abort (or otherwise finish) requests from outside update_from_output; returns the ids
@@ -118,9 +156,12 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         self.step += 1
         self.skip_reasons = {}
-        plan = StepPlan(budget=self.config.max_num_batched_tokens, threshold=self.long_prefill_threshold())
+        budget = 0 if self.pause_state == "paused_all" else self.config.max_num_batched_tokens
+        plan = StepPlan(budget=budget, threshold=self.long_prefill_threshold())
         self.schedule_running(plan)
-        if not plan.preempted:
+        if not plan.preempted and self.pause_state == "unpaused":
+            # PAUSED_NEW admits only waiting requests that hold KV blocks: none here (a
+            # preempted request has freed its blocks).
             self.admit_waiting(plan)
         out = self.make_output(plan)
         self.update_after_schedule(out)
@@ -181,13 +222,16 @@ class Scheduler:
             if victim is req:
                 return False
 
-    def preempt_request(self, req: Request) -> None:
-        """vLLM 0.32: C and P reset; the in-flight output is marked stale (still delivered,
-        but it no longer moves the counters)."""
+    def preempt_request(self, req: Request, drop_stale_output: bool = False) -> None:
+        """vLLM 0.32: C and P reset; the in-flight output is marked stale: still delivered but no
+        longer moving the counters (deliver mode, a preemption for KV blocks), or ignored
+        altogether (drop mode, a cache reset). An undrained drop-mode share stays in drop mode."""
         self.kv.release(req.request_id)
         req.status = Status.PREEMPTED
         req.num_computed_tokens = 0
         req.spec_token_ids = []
+        req.drop_stale_output = drop_stale_output or (req.drop_stale_output and req.num_stale_output_tokens > 0)
+        # Assigned, not added: the in-flight count already holds any undrained stale share.
         req.num_stale_output_tokens = req.num_in_flight_tokens
         req.num_output_placeholders = 0
         req.num_preemptions += 1
@@ -307,11 +351,14 @@ class Scheduler:
                     req.num_stale_output_tokens -= n
             if req is None or req.status.finished:
                 continue  # finished or aborted while this step was in flight: output ignored
+            slots = out.scheduled_spec_decode_tokens.get(rid)
             if stale and req.drop_stale_output:
+                # Drop mode: nothing of this output is used (its positions are resampled).
+                reports[rid] = ApplyReport(n, len(slots or ()), 0, (), "", req.num_computed_tokens,
+                                           req.num_output_placeholders, "dropped", req.life)
                 continue
             index = model_output.req_id_to_index.get(rid)
             generated = list(model_output.sampled_token_ids[index]) if index is not None else []
-            slots = out.scheduled_spec_decode_tokens.get(rid)
             rejected = 0
             if slots and generated:
                 rejected = len(slots) - (len(generated) - 1)
@@ -327,7 +374,8 @@ class Scheduler:
                 if finish:
                     stopped.append(req)
             reports[rid] = ApplyReport(n, len(slots or ()), rejected, tuple(generated), finish,
-                                       req.num_computed_tokens, req.num_output_placeholders)
+                                       req.num_computed_tokens, req.num_output_placeholders,
+                                       "stale_delivered" if stale else "applied", req.life)
         for req in stopped:
             if req.status == Status.RUNNING:
                 self.running.remove(req)

@@ -56,3 +56,65 @@ class NoClampRunner(GPUModelRunner):
     """vLLM <= 0.22: no clamp before the embedding; a -1 placeholder draft crashes the engine."""
 
     clamps_negative_ids = False
+
+
+def _hide_other_lives(requests: dict, scheduled_for: dict) -> dict:
+    """The live requests whose id was scheduled for another object (an earlier life): removed
+    from `requests` for the duration of an update_from_output, returned to be put back."""
+    return {rid: req for rid, req in requests.items() if rid in scheduled_for and scheduled_for[rid] is not req}
+
+
+def _restore(requests: dict, order: list, hidden: dict) -> dict:
+    """`requests` with the hidden ones back, in their original order (the recorder's row order)."""
+    merged = {**requests, **hidden}
+    return {rid: merged[rid] for rid in order if rid in merged} | {rid: r for rid, r in merged.items() if rid not in order}
+
+
+class LifeGuardScheduler(AsyncScheduler):
+    """A per-life guard vLLM 0.32.0 lacks: each scheduled step remembers the request objects it
+    was built for, and update_from_output gives an output only to that same object. A request
+    resubmitted under the id of an aborted one then never receives the old life's output."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.scheduled_for: dict[int, dict] = {}
+
+    def update_after_schedule(self, out: SchedulerOutput) -> None:
+        super().update_after_schedule(out)
+        self.scheduled_for[out.step] = {rid: self.requests[rid] for rid in out.num_scheduled_tokens}
+
+    def update_from_output(self, out, model_output):
+        order = list(self.requests)
+        hidden = _hide_other_lives(self.requests, self.scheduled_for.pop(out.step, {}))
+        for rid in hidden:
+            del self.requests[rid]  # to update_from_output, the old life's id is gone: output ignored
+        try:
+            return super().update_from_output(out, model_output)
+        finally:
+            if hidden:
+                self.requests = _restore(self.requests, order, hidden)
+
+
+def life_guard_on(real_cls: type) -> type:
+    """life-guard on the real vLLM: a subclass of its (Async)Scheduler with the same guard."""
+
+    class LifeGuard(real_cls):  # type: ignore[misc, valid-type]
+        def schedule(self, *args, **kwargs):
+            so = super().schedule(*args, **kwargs)
+            self.__dict__.setdefault("_scheduled_for", {})[id(so)] = {
+                rid: self.requests[rid] for rid in so.num_scheduled_tokens}
+            return so
+
+        def update_from_output(self, scheduler_output, model_runner_output):
+            order = list(self.requests)
+            hidden = _hide_other_lives(self.requests, self.__dict__.get("_scheduled_for", {}).pop(id(scheduler_output), {}))
+            for rid in hidden:
+                del self.requests[rid]
+            try:
+                return super().update_from_output(scheduler_output, model_runner_output)
+            finally:
+                if hidden:
+                    self.requests = _restore(self.requests, order, hidden)
+
+    LifeGuard.__qualname__ = f"LifeGuard({real_cls.__name__})"
+    return LifeGuard

@@ -73,12 +73,13 @@ _STATUS = {
 class RealRequestView:
     """A real vLLM `Request` seen through the reference `Request`'s attribute names."""
 
-    __slots__ = ("real", "order", "request_id")
+    __slots__ = ("real", "order", "request_id", "life")
 
-    def __init__(self, real: Any, order: int, request_id: str | None = None) -> None:
+    def __init__(self, real: Any, order: int, request_id: str | None = None, life: int = 0) -> None:
         self.real = real
         self.order = order
         self.request_id = request_id or real.request_id  # the workload's id (vLLM may add a suffix)
+        self.life = life
 
     num_computed_tokens = property(lambda self: self.real.num_computed_tokens)
     num_output_placeholders = property(lambda self: self.real.num_output_placeholders)
@@ -88,6 +89,8 @@ class RealRequestView:
     spec_token_ids = property(lambda self: list(self.real.spec_token_ids))
     is_prefill_chunk = property(lambda self: bool(self.real.is_prefill_chunk))
     max_tokens = property(lambda self: self.real.max_tokens)
+    num_in_flight_tokens = property(lambda self: self.real.num_in_flight_tokens)
+    num_stale_output_tokens = property(lambda self: self.real.num_stale_output_tokens)
 
     @property
     def status(self) -> Status:
@@ -117,6 +120,7 @@ class _Pre:
     p: int
     t: int
     n_out: int
+    in_flight: int = 0
 
 
 def _asserting(fn: Any, *args: Any) -> Any:
@@ -141,9 +145,12 @@ class RealSchedulerView:
         self.skip_reasons: dict[str, str] = {}
         self._pre: dict[str, _Pre] = {}
         self._running: list[Any] = []
+        #: Ids a cache reset preempted before the coming schedule(): the real SchedulerOutput lists
+        #: them in preempted_req_ids, but they were not preempted *by* that schedule().
+        self.reset_preempted: set[str] = set()
 
-    def track(self, real_request: Any, order: int) -> RealRequestView:
-        view = RealRequestView(real_request, order, self.ext(real_request.request_id))
+    def track(self, real_request: Any, order: int, life: int = 0) -> RealRequestView:
+        view = RealRequestView(real_request, order, self.ext(real_request.request_id), life)
         self.requests[view.request_id] = view
         return view
 
@@ -166,7 +173,9 @@ class RealSchedulerView:
         """Why running requests got no tokens. The real loop says nothing, so replay its visit:
         it stops once the budget is spent; a visited request was skipped by the max-tokens rule
         or had nothing to schedule."""
-        skips = {self.ext(rid): "preempted" for rid in (so.preempted_req_ids or ())}
+        skips = {self.ext(rid): "preempted" for rid in (so.preempted_req_ids or ())
+                 if self.ext(rid) not in self.reset_preempted}
+        self.reset_preempted = set()
         budget = self.config.max_num_batched_tokens
         for r in self._running:
             rid = self.ext(r.request_id)
@@ -205,7 +214,7 @@ class RealSchedulerView:
             preempted_req_ids={x(r) for r in (so.preempted_req_ids or ())},
             num_spec_tokens_to_schedule=so.num_spec_tokens_to_schedule)
 
-    def before_update(self, so: Any, model_output: Any) -> dict[str, tuple[Any, _Pre, int]]:
+    def before_update(self, so: Any, model_output: Any) -> dict[str, tuple[RealRequestView, _Pre, int, str]]:
         """Snapshot before update_from_output, which truncates the output's token lists in place.
         `model_output`: the real ModelRunnerOutput the scheduler is given (internal ids)."""
         index = model_output.req_id_to_index or {}
@@ -217,19 +226,26 @@ class RealSchedulerView:
                 r = view.real
                 i = index.get(rid)
                 generated = len(sampled[i]) if i is not None and i < len(sampled) else 0
-                before[rid] = (r, _Pre(r.num_computed_tokens, r.num_output_placeholders, r.num_tokens,
-                                       r.num_output_tokens), generated)
+                # vLLM's stale-output test, read before update_from_output drains the counter.
+                stale = r.num_stale_output_tokens > 0
+                outcome = ("dropped" if r.drop_stale_output else "stale_delivered") if stale else "applied"
+                before[rid] = (view, _Pre(r.num_computed_tokens, r.num_output_placeholders, r.num_tokens,
+                                          r.num_output_tokens, r.num_in_flight_tokens), generated, outcome)
         return before
 
-    def after_update(self, so: Any, before: dict[str, tuple[Any, _Pre, int]]) -> dict[str, ApplyReport]:
+    def after_update(self, so: Any, before: dict[str, tuple[RealRequestView, _Pre, int, str]]) -> dict[str, ApplyReport]:
         reports: dict[str, ApplyReport] = {}
-        for rid, (r, was, generated) in before.items():
+        for rid, (view, was, generated, outcome) in before.items():
+            r = view.real
+            if r.num_in_flight_tokens == was.in_flight:
+                continue  # untouched: the scheduler (a variant) did not give this output to this object
             slots = len(so.scheduled_spec_decode_tokens.get(rid, ()))
-            rejected = slots - (generated - 1) if slots and generated else 0
+            rejected = slots - (generated - 1) if slots and generated and outcome != "dropped" else 0
             appended = tuple(r.output_token_ids[was.n_out:])
             finish = {"FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "stop"}.get(r.status.name, "")
             reports[self.ext(rid)] = ApplyReport(so.num_scheduled_tokens[rid], slots, rejected, appended, finish,
-                                                 r.num_computed_tokens, r.num_output_placeholders)
+                                                 r.num_computed_tokens, r.num_output_placeholders, outcome,
+                                                 view.life)
         self.forget_finished()
         return reports
 
@@ -292,11 +308,25 @@ class VllmSchedulerAdapter:
         real = VllmRequest(request_id=req.request_id, prompt_token_ids=list(req.prompt_token_ids),
                            sampling_params=sampling_params(req.max_tokens, req.stop_token_id),
                            pooling_params=None, block_hasher=self._hasher)
-        self.real.add_request(real)
-        return self.view.track(real, req.order)
+        _asserting(self.real.add_request, real)  # a live id: vLLM's "duplicate request id" assert
+        return self.view.track(real, req.order, req.life)
 
     def has_requests(self) -> bool:
         return self.real.get_num_unfinished_requests() > 0
+
+    @property
+    def pause_state(self) -> str:
+        return self.real.pause_state.name.lower()
+
+    def set_pause_state(self, state: str) -> None:
+        from vllm.v1.core.sched.interface import PauseState
+
+        self.real.set_pause_state(PauseState[state.upper()])
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        if reset_running_requests:
+            self.view.reset_preempted |= {self.view.ext(r.request_id) for r in self.real.running}
+        return self.real.reset_prefix_cache(reset_running_requests=reset_running_requests)
 
     def finish_requests(self, request_ids: list[str], status: Status = Status.FINISHED_ABORTED) -> list[str]:
         from vllm.v1.request import RequestStatus

@@ -20,6 +20,27 @@ File format (TOML or JSON, same keys)::
     stop_at = 4              # optional: its expected 4th output token is a stop token id (finish
                              # "stop" at the first output equal to it, as vLLM's stop_token_ids)
     acceptance = "none"      # optional: per-request override
+    [[events]]               # optional control events, applied in list order within a step
+    step = 6                 # engine step they land at
+    kind = "pause"           # see EVENT_KINDS below
+    mode = "keep"            # pause only: keep | wait | abort (vLLM's PauseMode)
+
+Control events, as vLLM 0.32.0's engine receives them between steps (`when = "before"`, the
+default: with the input queue, before that step's schedule()), or, for an abort only, after the
+step's schedule() and before the oldest batch in flight is applied (`when = "after"`, vLLM's
+early aborts queue; the same as a request's `abort_step`):
+
+    pause                 mode = keep (PAUSED_ALL: nothing scheduled) | wait (PAUSED_NEW: running
+                          requests go on, no admissions) | abort (abort all, then PAUSED_NEW);
+                          clear_cache = true (vLLM's default): once nothing is in flight or
+                          schedulable, reset_prefix_cache(reset_running_requests=True)
+    resume                back to UNPAUSED
+    reset_prefix_cache    reset_running = true preempts every running request first (their
+                          in-flight outputs are then dropped); false only resets an idle cache
+    abort                 request = "ID": finish_requests([ID], FINISHED_ABORTED)
+    resubmit              request = "ID": add the same request (same prompt and max_tokens) again
+                          under the same id, a new life of it; the id's previous life must have
+                          finished or been aborted by then, or vLLM asserts ("duplicate request id")
 """
 
 from __future__ import annotations
@@ -34,6 +55,8 @@ from specreplay.replay.config import EngineConfig
 from specreplay.traces.errors import InputError
 
 ACCEPTANCE_KINDS = ("all", "none", "alternate", "random")
+EVENT_KINDS = ("pause", "resume", "reset_prefix_cache", "abort", "resubmit")
+PAUSE_MODES = ("keep", "wait", "abort")
 
 
 def parse_acceptance(text: str, where: str = "acceptance") -> tuple[str, float]:
@@ -68,6 +91,42 @@ class RequestSpec:
 
 
 @dataclass(frozen=True)
+class Event:
+    """One control event of a workload (see the module docstring)."""
+
+    step: int
+    kind: str
+    request: str | None = None  # abort, resubmit
+    when: str = "before"  # before | after (abort only)
+    mode: str = "keep"  # pause
+    clear_cache: bool = True  # pause
+    reset_running: bool = False  # reset_prefix_cache
+
+    def to_dict(self) -> dict[str, Any]:
+        item: dict[str, Any] = {"step": self.step, "kind": self.kind}
+        if self.request is not None:
+            item["request"] = self.request
+        if self.when != "before":
+            item["when"] = self.when
+        if self.kind == "pause":
+            item["mode"] = self.mode
+            item["clear_cache"] = self.clear_cache
+        if self.kind == "reset_prefix_cache":
+            item["reset_running"] = self.reset_running
+        return item
+
+    def label(self) -> str:
+        """How the trace's step_event column names an engine-level event."""
+        if self.kind == "pause":
+            return f"pause({self.mode}{', clear_cache' if self.clear_cache else ''})"
+        if self.kind == "reset_prefix_cache":
+            return "reset_prefix_cache(running)" if self.reset_running else "reset_prefix_cache"
+        if self.request is not None:
+            return f"{self.kind}({self.request})"
+        return self.kind
+
+
+@dataclass(frozen=True)
 class Workload:
     requests: tuple[RequestSpec, ...]
     config: EngineConfig = field(default_factory=EngineConfig)
@@ -75,6 +134,7 @@ class Workload:
     seed: int = 0
     acceptance: str = "all"
     max_steps: int = 10_000
+    events: tuple[Event, ...] = ()
 
     def acceptance_for(self, spec: RequestSpec) -> tuple[str, float]:
         return parse_acceptance(spec.acceptance or self.acceptance)
@@ -88,14 +148,17 @@ class Workload:
                 if getattr(spec, key) is not None:
                     item[key] = getattr(spec, key)
             requests.append(item)
-        return {"name": self.name, "seed": self.seed, "acceptance": self.acceptance,
+        data = {"name": self.name, "seed": self.seed, "acceptance": self.acceptance,
                 "max_steps": self.max_steps, "config": self.config.to_dict(), "requests": requests}
+        if self.events:
+            data["events"] = [event.to_dict() for event in self.events]
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "workload") -> "Workload":
         if not isinstance(data, dict):
             raise InputError(f"{where}: expected a table/object at the top level")
-        known = {"name", "seed", "acceptance", "max_steps", "config", "requests"}
+        known = {"name", "seed", "acceptance", "max_steps", "config", "requests", "events"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
@@ -117,8 +180,68 @@ class Workload:
         name = data.get("name", "workload")
         if not isinstance(name, str):
             raise InputError(f"{where}: name must be a string")
+        raw_events = data.get("events", [])
+        if not isinstance(raw_events, list):
+            raise InputError(f"{where}: events must be a list of [[events]] tables")
+        specs = {spec.request_id: spec for spec in requests}
+        events = tuple(_event(raw, f"{where}: events[{i}]", specs) for i, raw in enumerate(raw_events))
+        check_events(events, f"{where}: events")
         return cls(requests=tuple(requests), config=config, name=name, seed=seed,
-                   acceptance=acceptance, max_steps=max_steps)
+                   acceptance=acceptance, max_steps=max_steps, events=events)
+
+
+def check_events(events: tuple[Event, ...], where: str) -> None:
+    """Rules across events: every pause is followed by a resume (a run paused for good never
+    finishes its requests)."""
+    paused_at = None
+    for event in sorted(events, key=lambda e: e.step):
+        if event.kind == "pause" and paused_at is None:
+            paused_at = event.step
+        elif event.kind == "resume":
+            paused_at = None
+    if paused_at is not None:
+        raise InputError(f"{where}: the pause at step {paused_at} has no later resume; its requests would never finish")
+
+
+def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
+    raw = _table(raw, where)
+    kind = raw.get("kind")
+    if kind not in EVENT_KINDS:
+        raise InputError(f"{where}: kind must be one of {', '.join(EVENT_KINDS)}, got {kind!r}")
+    allowed = {"step", "kind", "when"} | {
+        "pause": {"mode", "clear_cache"}, "resume": set(), "reset_prefix_cache": {"reset_running"},
+        "abort": {"request"}, "resubmit": {"request"}}[kind]
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise InputError(f"{where}: {kind} takes no {unknown[0]!r}; it takes {', '.join(sorted(allowed))}")
+    if "step" not in raw:
+        raise InputError(f"{where}: missing 'step'")
+    step = _int(raw["step"], f"{where}: step", low=1)
+    when = raw.get("when", "before")
+    if when not in ("before", "after"):
+        raise InputError(f"{where}: when must be 'before' or 'after', got {when!r}")
+    if when == "after" and kind != "abort":
+        raise InputError(f"{where}: only an abort can land after a step's schedule() in vLLM 0.32 "
+                         "(its early aborts queue); use when = 'before'")
+    request = None
+    if kind in ("abort", "resubmit"):
+        request = raw.get("request")
+        if isinstance(request, int) and not isinstance(request, bool):
+            request = str(request)
+        if request not in specs:
+            raise InputError(f"{where}: request must name a request of the workload, got {request!r}")
+        if step < specs[request].arrival_step + (kind == "resubmit"):
+            raise InputError(f"{where}: step {step} is before request {request!r} arrives "
+                             f"(arrival_step {specs[request].arrival_step})")
+    mode = raw.get("mode", "keep")
+    if mode not in PAUSE_MODES:
+        raise InputError(f"{where}: mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+    flags = {}
+    for key, default in (("clear_cache", True), ("reset_running", False)):
+        flags[key] = raw.get(key, default)
+        if not isinstance(flags[key], bool):
+            raise InputError(f"{where}: {key} must be true or false, got {flags[key]!r}")
+    return Event(step=step, kind=kind, request=request, when=when, mode=mode, **flags)
 
 
 def load_workload(path: str | Path) -> Workload:
@@ -194,4 +317,4 @@ def _request(raw: Any, where: str, config: EngineConfig) -> RequestSpec:
     return spec
 
 
-__all__ = ["RequestSpec", "Workload", "load_workload", "parse_acceptance"]
+__all__ = ["Event", "RequestSpec", "Workload", "load_workload", "parse_acceptance"]

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+#: v2 (specreplay 0.2): request lives and control events (sched_life, sched_event, step_event,
+#: the in-flight and stale token counters, apply_outcome, apply_life).
+SCHEMA_VERSION = 2
 
 #: Status of the request in the scheduler after `schedule()` of this step.
 STATUSES = ("waiting", "running", "preempted", "finished")
@@ -37,16 +39,33 @@ KINDS = ("new", "cached", "reentering", "resumed", "unscheduled")
 SKIPS = ("", "budget", "max_tokens", "no_tokens", "preempted", "waiting", "finished")
 #: Why `update_from_output` finished the request ("" when it did not).
 FINISH_REASONS = ("", "length", "stop", "aborted")
+#: The control event that changed the request right before this step's schedule() ("" when none).
+#: abort: finished from outside (an abort, or a pause in abort mode); reset_preempt: preempted by
+#: reset_prefix_cache(reset_running_requests=True), its in-flight outputs to be dropped;
+#: resubmit: a new life of a request id whose previous life finished or was aborted.
+EVENTS = ("", "abort", "reset_preempt", "resubmit")
+#: What update_from_output did with the output of S_m for the request (null: not popped yet).
+#: applied: tokens appended and counters moved; stale_delivered: in flight across a KV-pressure
+#: preemption, tokens appended but counters untouched (vLLM's deliver mode); dropped: in flight
+#: across a cache reset (drop mode), ignored entirely; ignored: the request was finished or gone.
+APPLY_OUTCOMES = ("applied", "stale_delivered", "dropped", "ignored")
 
 _ENUM = pa.dictionary(pa.int8(), pa.string())
+_TEXT = pa.dictionary(pa.int16(), pa.string())  # free text with few distinct values
 
 # (name, type, nullable, one-line description). The README's column table is generated from
 # this list (`specreplay schema`), so the description is the documentation.
 COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
     ("step", pa.int32(), False, "engine step m, 1-based: one schedule() call"),
     ("request_id", pa.string(), False, "vLLM request id"),
+    ("sched_life", pa.int16(), False,
+     "which life of the request id the row describes: 0, then +1 per resubmission of the id"),
     ("step_total_scheduled_tokens", pa.int32(), False,
      "scheduler: S_m.total_num_scheduled_tokens (same on every row of the step)"),
+    ("step_event", _TEXT, False,
+     "engine: control events applied since the previous schedule(), e.g. 'pause(keep); "
+     "reset_prefix_cache(running)' (same on every row of the step; '' when none)"),
+    ("sched_event", _ENUM, False, f"scheduler: control event on this request before schedule(), one of {EVENTS}"),
     # ---- scheduler view at E1(m) ----
     ("sched_status", _ENUM, False, f"scheduler: status after schedule(), one of {STATUSES}"),
     ("sched_kind", _ENUM, False, f"scheduler: how the request appears in S_m, one of {KINDS}"),
@@ -70,8 +89,17 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
      "scheduler: after schedule(), C < num_tokens + P (this step samples nothing)"),
     ("sched_finished_announced", pa.bool_(), False, "scheduler: request_id is in S_m.finished_req_ids"),
     ("sched_preempted", pa.bool_(), False, "scheduler: preempted during this schedule() call"),
+    ("sched_num_in_flight_tokens", pa.int32(), False,
+     "scheduler: Request.num_in_flight_tokens before schedule(): scheduled tokens of outputs not yet applied"),
+    ("sched_num_stale_output_tokens", pa.int32(), False,
+     "scheduler: Request.num_stale_output_tokens before schedule(): the in-flight share from before the last "
+     "preemption or cache reset (tokens)"),
     # ---- what update_from_output(S_m) did, filled in when it ran ----
-    ("apply_step", pa.int32(), True, "engine step whose iteration applied S_m's output (null: never)"),
+    ("apply_step", pa.int32(), True,
+     "engine step whose iteration popped S_m's output for update_from_output (null: never)"),
+    ("apply_outcome", _ENUM, True, f"scheduler: what update_from_output did with it, one of {APPLY_OUTCOMES}"),
+    ("apply_life", pa.int16(), True,
+     "scheduler: the life of the request object the output was given to (null: ignored)"),
     ("apply_num_scheduled_tokens", pa.int32(), True,
      "scheduler: num_scheduled_tokens[r] as update_from_output read it back (tokens)"),
     ("apply_num_draft_slots", pa.int16(), True,
@@ -123,6 +151,8 @@ ENUMS = {
     "sched_kind": KINDS,
     "sched_skip": SKIPS,
     "apply_finish_reason": FINISH_REASONS,
+    "sched_event": EVENTS,
+    "apply_outcome": APPLY_OUTCOMES,
 }
 
 # Key/value metadata keys (all values are UTF-8 JSON or plain text).
@@ -145,6 +175,6 @@ def markdown_table() -> str:
     """The column reference as a markdown table (README and `specreplay schema`)."""
     lines = ["| column | type | null | meaning |", "| --- | --- | --- | --- |"]
     for name, typ, nullable, doc in COLUMNS:
-        shown = "enum" if pa.types.is_dictionary(typ) else str(typ)
+        shown = "text" if typ == _TEXT else "enum" if pa.types.is_dictionary(typ) else str(typ)
         lines.append(f"| `{name}` | {shown} | {'yes' if nullable else 'no'} | {doc} |")
     return "\n".join(lines)

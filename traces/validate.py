@@ -34,9 +34,11 @@ NON_NEGATIVE = (
 #: Columns filled together: in any row they are all null or all set.
 GROUPS = {
     "worker": tuple(n for n in schema.COLUMN_NAMES if n.startswith("worker_") and n != "worker_num_accepted"),
-    # apply_token_mismatches needs ground truth: null in a live engine's trace.
+    # apply_token_mismatches needs ground truth: null in a live engine's trace. apply_step and
+    # apply_outcome are also set for an output update_from_output ignored (nothing to count).
     "apply": tuple(n for n in schema.COLUMN_NAMES if n.startswith("apply_")
-                   and n not in ("apply_finish_reason", "apply_token_mismatches")),
+                   and n not in ("apply_finish_reason", "apply_token_mismatches", "apply_step", "apply_outcome")),
+    "popped": ("apply_step", "apply_outcome"),
     "truth": tuple(n for n in schema.COLUMN_NAMES if n.startswith("truth_")),
 }
 
@@ -112,6 +114,13 @@ class RowValidator:
             if pc.any(pc.and_(pc.is_valid(mismatches), pc.is_null(applied))).as_py():
                 self.fail("column apply_token_mismatches is set where the apply columns are null; "
                           "only an applied output has tokens to compare")
+        outcome = table.column("apply_outcome")
+        if outcome.null_count < len(outcome):
+            counted = pc.is_valid(table.column("apply_num_tokens"))
+            ignored = pc.fill_null(pc.equal(pc.cast(outcome, pa.string()), "ignored"), True)
+            if not pc.all(pc.equal(counted, pc.invert(ignored))).as_py():
+                self.fail("column apply_num_tokens is null where apply_outcome says the output was used "
+                          "(or set where it was ignored); the apply columns are filled for used outputs only")
         self._check_order(table)
 
     def _check_order(self, table: pa.Table | pa.RecordBatch) -> None:

@@ -110,11 +110,22 @@ def test_corpus_covers_the_situations():
             seen.add("preemption")
         if df.sched_is_prefill_chunk.any():
             seen.add("chunked prefill")
-        if any("abort_step" in r for r in trace.workload["requests"]):
+        if any("abort_step" in r for r in trace.workload["requests"]) or (df.sched_event == "abort").any():
             seen.add("abort")
+        if df.step_event.str.contains("pause").any():
+            seen.add("pause")
+        if (df.sched_event == "reset_preempt").any():
+            seen.add("cache reset")
+        if (df.apply_outcome == "dropped").any():
+            seen.add("dropped output")
+        if (df.apply_outcome == "ignored").any():
+            seen.add("ignored output")
+        if (df.sched_life > 0).any():
+            seen.add("resubmission")
         if (df.sched_kind == "reentering").any() and df.sched_num_draft_slots[df.sched_kind == "reentering"].gt(0).any():
             seen.add("stale re-entry")
-    assert seen == {"async", "sync", "preemption", "chunked prefill", "abort", "stale re-entry"}
+    assert seen == {"async", "sync", "preemption", "chunked prefill", "abort", "stale re-entry", "pause", "cache reset",
+                    "dropped output", "ignored output", "resubmission"}
 
 
 @pytest.mark.parametrize("impl, should_pass", [("upstream", True), ("pr30796", False)])

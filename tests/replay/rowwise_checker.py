@@ -35,7 +35,8 @@ _NEEDED = (
     "apply_num_output_placeholders", "worker_row", "worker_num_scheduled_tokens",
     "worker_num_draft_slots", "worker_num_computed_tokens", "worker_first_position",
     "worker_cached_drafts", "worker_draft_ids", "worker_num_output_tokens", "worker_num_emitted",
-    "worker_in_prev_map", "truth_num_computed_tokens", "truth_kv_ok",
+    "worker_in_prev_map", "truth_num_computed_tokens", "truth_kv_ok", "sched_life", "sched_event",
+    "sched_num_in_flight_tokens", "sched_num_stale_output_tokens", "apply_outcome", "apply_life",
 )
 
 
@@ -48,9 +49,17 @@ class TraceRows:
         self.config = trace.config
         self.col = {name: table[name].to_pylist() for name in _NEEDED}
         self.num_rows = table.num_rows
-        self.by_request: dict[str, list[int]] = {}
-        for i, rid in enumerate(self.col["request_id"]):
-            self.by_request.setdefault(rid, []).append(i)
+        # One entry per request life: a resubmitted id is another request to the invariants.
+        self.by_request: dict[tuple[str, int], list[int]] = {}
+        for i, (rid, life) in enumerate(zip(self.col["request_id"], self.col["sched_life"])):
+            self.by_request.setdefault((rid, life), []).append(i)
+        # Per row: cuts (a preemption, a cache reset's preemption) of its request life so far.
+        self.epoch = [0] * self.num_rows
+        for idx in self.by_request.values():
+            cuts = 0
+            for i in idx:
+                cuts += self.col["sched_preempted"][i] or self.col["sched_event"][i] == "reset_preempt"
+                self.epoch[i] = cuts
         self.is_async = bool(self.config.get("async_scheduling", True))
         self.crash_step = trace.outcome.get("step") if trace.outcome.get("status") == "crashed" else None
 
@@ -70,11 +79,13 @@ class TraceRows:
         step = c["step"][upto]
         out = []
         k = self._position(rows, upto) - 1
+        later = upto
         while k >= 0:
             j = rows[k]
             sj = c["step"][j]
-            if sj < step - LOOKBACK or c["sched_preempted"][j]:
+            if sj < step - LOOKBACK or c["sched_preempted"][j] or c["sched_event"][later] == "reset_preempt":
                 break
+            later = j
             applied = c["apply_step"][j]
             if c["sched_num_scheduled_tokens"][j] and (applied is None or applied >= step):
                 out.append(j)
@@ -343,12 +354,83 @@ def check_kv_truth(rows: TraceRows) -> Iterator[Finding]:
                 break
 
 
+# ------------------------------------------------------------------ request lives and control events
+def check_output_life(rows: TraceRows) -> Iterator[Finding]:
+    c = rows.col
+    for idx in rows.by_request.values():
+        for i in idx:
+            if c["apply_outcome"][i] in ("applied", "stale_delivered", "dropped") and c["apply_life"][i] != c["sched_life"][i]:
+                life, other = c["sched_life"][i], c["apply_life"][i]
+                yield _f(rows, "L1-output-life", i, "request life", life, other,
+                         f"the output of step {c['step'][i]}, scheduled for life {life} of the request, was "
+                         f"given to life {other} (a new request under the same id) at step {c['apply_step'][i]} "
+                         f"({c['apply_outcome'][i]}, {c['apply_num_tokens'][i]} tokens): the old life's tokens and "
+                         "counts land on the new one")
+                break
+
+
+def check_stale_outputs(rows: TraceRows) -> Iterator[Finding]:
+    c = rows.col
+    for idx in rows.by_request.values():
+        done = False
+        for position, i in enumerate(idx):
+            # The outputs this row's step applied, nearest first (as the lags are walked).
+            for j in reversed(idx[max(0, position - LOOKBACK):position]):
+                if not (rows.scheduled(j) and c["step"][j] >= c["step"][i] - LOOKBACK and c["apply_step"][j] == c["step"][i] and c["apply_life"][j] == c["sched_life"][j]):
+                    continue
+                stale = rows.epoch[i] > rows.epoch[j]
+                what = c["apply_outcome"][j]
+                if stale and what == "applied":
+                    message = (f"the output of step {c['step'][j]} was in flight when the request was preempted or its "
+                               f"cache reset, yet update_from_output applied it as fresh at step {c['step'][i]}: its "
+                               f"{c['apply_num_tokens'][j]} tokens and {c['apply_num_rejected'][j]} rejections moved the "
+                               "reset counters")
+                elif not stale and what in ("stale_delivered", "dropped"):
+                    message = (f"the output of step {c['step'][j]} belongs to the request's current life (no preemption "
+                               f"or reset since), yet update_from_output treated it as stale ({what}) at step "
+                               f"{c['step'][i]}: its tokens are lost or its counters never settle")
+                else:
+                    continue
+                yield _f(rows, "L2-stale-output", i, "apply_outcome", what, "stale" if stale else "fresh", message)
+                done = True
+                break
+            if done:
+                break
+
+
+def check_in_flight_tokens(rows: TraceRows) -> Iterator[Finding]:
+    c = rows.col
+    for idx in rows.by_request.values():
+        for position, i in enumerate(idx):
+            if c["sched_status"][i] == "finished":
+                continue
+            pending = [j for j in idx[max(0, position - LOOKBACK):position] if rows.scheduled(j)
+                       and c["step"][j] >= c["step"][i] - LOOKBACK and (c["apply_step"][j] is None or c["apply_step"][j] >= c["step"][i])]
+            want_f = sum(c["sched_num_scheduled_tokens"][j] for j in pending)
+            # Read before schedule(): a preemption by this very schedule() is not in the counters yet.
+            before = rows.epoch[i] - c["sched_preempted"][i]
+            want_s = sum(c["sched_num_scheduled_tokens"][j] for j in pending if rows.epoch[j] < before)
+            got_f, got_s = c["sched_num_in_flight_tokens"][i], c["sched_num_stale_output_tokens"][i]
+            if got_f == want_f and got_s == want_s:
+                continue
+            if got_f != want_f:
+                field, got, want, name = "num_in_flight_tokens", got_f, want_f, "in flight"
+            else:
+                field, got, want, name = ("num_stale_output_tokens", got_s, want_s,
+                                          "in flight from before the last preemption or reset")
+            yield _f(rows, "L3-in-flight-tokens", i, field, got, want,
+                     f"{field} is {got} but the scheduled tokens of its outputs {name} add up to {want}"
+                     + (" (a count never goes negative)" if got < 0 else
+                        "; counted in steps or sampled tokens instead of scheduled tokens?" if got and want else ""))
+            break
+
+
 def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
     outcome = rows.trace.outcome
     if outcome.get("status") != "step_limit":
         return
     c = rows.col
-    unfinished = sorted(rid for rid, idx in rows.by_request.items() if c["sched_status"][idx[-1]] != "finished")
+    unfinished = sorted(rid for (rid, _), idx in rows.by_request.items() if c["sched_status"][idx[-1]] != "finished")
     yield Finding("E2-run-incomplete", "error", outcome.get("step", 0), unfinished[0] if unfinished else None,
                   "outcome", "step_limit", len(unfinished),
                   f"the run hit the step limit with {len(unfinished)} requests unfinished "
@@ -386,6 +468,9 @@ CHECKS: dict[str, Callable[[TraceRows], Iterator[Finding]]] = {
     "X5-placeholder-drafts": check_draft_inputs,
     "X10-scheduler-output-mutated": check_output_mutated,
     "X11-executed-other-work": check_executed_work,
+    "L1-output-life": check_output_life,
+    "L2-stale-output": check_stale_outputs,
+    "L3-in-flight-tokens": check_in_flight_tokens,
     "T1-wrong-token": check_tokens,
     "K1-kv-content": check_kv_truth,
     "E1-engine-crash": check_crash,

@@ -63,7 +63,8 @@ _MUTABLE = [name for name in (
     "apply_num_draft_slots", "apply_num_rejected", "apply_token_mismatches", "apply_num_output_placeholders",
     "worker_row", "worker_num_scheduled_tokens", "worker_num_draft_slots", "worker_num_computed_tokens",
     "worker_first_position", "worker_cached_drafts", "worker_draft_ids", "worker_num_output_tokens",
-    "truth_num_computed_tokens", "truth_kv_ok")]
+    "truth_num_computed_tokens", "truth_kv_ok", "sched_life", "sched_event", "sched_num_in_flight_tokens",
+    "sched_num_stale_output_tokens", "apply_outcome", "apply_life")]
 
 
 def _value(rng: random.Random, name: str, current):
@@ -72,6 +73,12 @@ def _value(rng: random.Random, name: str, current):
         return rng.choice(schema.STATUSES)
     if name == "sched_kind":
         return rng.choice(schema.KINDS)
+    if name == "sched_event":
+        return rng.choice(schema.EVENTS)
+    if name == "apply_outcome":  # an output with apply columns was used: not "ignored"
+        return rng.choice(("applied", "stale_delivered", "dropped"))
+    if name == "sched_life":
+        return rng.choice((0, 1))
     if pa.types.is_boolean(field.type):
         return rng.random() < 0.5
     if pa.types.is_list(field.type):
@@ -84,18 +91,21 @@ def _value(rng: random.Random, name: str, current):
 def mutated(trace, rng: random.Random, edits: int):
     """`edits` random edits: a value changed, or a row's whole worker, apply or truth group set
     to null (the reader rejects half-filled groups, so the checker never sees one)."""
-    names = set(_MUTABLE) | {n for group in GROUPS.values() for n in group}
+    names = set(_MUTABLE) | {n for group in GROUPS.values() for n in group} | {"apply_life"}
     columns = {name: trace.table[name].to_pylist() for name in names}
     for _ in range(edits):
         row = rng.randrange(trace.table.num_rows)
         if rng.random() < 0.2:
             group = rng.choice(sorted(GROUPS))
-            for name in GROUPS[group] + (("apply_token_mismatches",) if group == "apply" else ()):
+            # The popped and apply groups go null together: an output never popped was not used.
+            nulled = (GROUPS["apply"] + GROUPS["popped"] + ("apply_token_mismatches", "apply_life")
+                      if group in ("apply", "popped") else GROUPS[group])
+            for name in nulled:
                 columns[name][row] = None
             continue
         name = rng.choice(_MUTABLE)
         group = next((g for g in GROUPS.values() if name in g), ())
-        if name == "apply_token_mismatches":
+        if name in ("apply_token_mismatches", "apply_outcome"):
             group = GROUPS["apply"]
         if any(columns[n][row] is None for n in group):
             continue  # a null group stays null

@@ -87,5 +87,5 @@ def test_the_recorder_fills_every_schema_column_once_per_row():
     from specreplay.replay import recorder
     from specreplay.traces import schema
 
-    sources = ("step", "step_total_scheduled_tokens") + recorder._SCHEDULE_COLUMNS + recorder._LATER_COLUMNS
+    sources = ("step", "step_total_scheduled_tokens", "step_event") + recorder._SCHEDULE_COLUMNS + recorder._LATER_COLUMNS
     assert sorted(sources) == sorted(schema.COLUMN_NAMES)
