@@ -52,7 +52,7 @@ NEEDED = (
 
 RUNNING, PREEMPTED, WAITING, FINISHED = (schema.STATUSES.index(s) for s in ("running", "preempted", "waiting", "finished"))
 NEW, RESUMED, UNSCHEDULED = (schema.KINDS.index(k) for k in ("new", "resumed", "unscheduled"))
-RESET_PREEMPT = schema.EVENTS.index("reset_preempt")
+RESET_PREEMPT, STREAM_TURN = schema.EVENTS.index("reset_preempt"), schema.EVENTS.index("stream_turn")
 APPLIED, STALE_DELIVERED, DROPPED, IGNORED = (schema.APPLY_OUTCOMES.index(o) for o in schema.APPLY_OUTCOMES)
 
 # (short name, column, value for null, keep a null mask)
@@ -109,7 +109,8 @@ class Frame:
         lag = prev
         alive = np.ones(size, dtype=bool)
         later = np.arange(size)  # the row one step nearer (the row itself for lag 1)
-        reset = cols["event"] == RESET_PREEMPT  # in-flight outputs cut off before this row's schedule()
+        # In-flight outputs cut off before this row's schedule(): a cache reset, a streaming turn's end.
+        reset = (cols["event"] == RESET_PREEMPT) | (cols["event"] == STREAM_TURN)
         for _ in range(LOOKBACK):
             at = np.maximum(lag, 0)
             alive = alive & (lag >= 0) & (step[at] >= step - LOOKBACK) & ~cols["preempted"][at] & ~reset[later]
@@ -237,7 +238,7 @@ class Checker:
         self.context = {name: values[keep:].copy() for name, values in cols.items()}
 
     def _count_cuts(self, frame: Frame) -> None:
-        """Each own row's epoch: how many cuts (a preemption, a cache reset's preemption) its
+        """Each own row's epoch: how many cuts (a preemption, a cache reset, a turn's end) its
         request life has had up to and including its step, carried across chunks. An output
         is stale exactly when the epoch at its apply step is above the epoch it was scheduled in."""
         c = frame.c
@@ -245,7 +246,7 @@ class Checker:
         if not len(own):
             return
         reqs = c["req"][own]
-        cut = (c["preempted"][own] | (c["event"][own] == RESET_PREEMPT)).astype(np.int64)
+        cut = (c["preempted"][own] | (c["event"][own] == RESET_PREEMPT) | (c["event"][own] == STREAM_TURN)).astype(np.int64)
         starts = np.r_[True, reqs[1:] != reqs[:-1]]
         total = np.cumsum(cut)
         first = np.flatnonzero(starts)
@@ -587,14 +588,26 @@ def check_in_flight_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
 
 
 def check_run_completes(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
-    outcome = chk.outcome
-    if outcome.get("status") != "step_limit":
-        return
     unfinished = sorted(chk.names[r] for r in np.flatnonzero(chk.last_status != FINISHED))
-    yield Finding("E2-run-incomplete", "error", outcome.get("step", 0), unfinished[0] if unfinished else None,
-                  "outcome", "step_limit", len(unfinished),
-                  f"the run hit the step limit with {len(unfinished)} requests unfinished "
-                  f"({', '.join(unfinished[:5])}{'...' if len(unfinished) > 5 else ''}): livelock or starvation")
+    yield from _incomplete(chk.outcome, unfinished)
+
+
+def _incomplete(outcome: dict[str, Any], unfinished: list[str]) -> Iterable[Finding]:
+    """`unfinished`: requests whose last row is not finished (a run cut by the step limit). A run
+    that completed lists in its outcome the requests the scheduler still held when it went idle."""
+    if outcome.get("status") == "completed":
+        unfinished = [str(rid) for rid in outcome.get("unfinished", ())]
+    listed = f"({', '.join(unfinished[:5])}{'...' if len(unfinished) > 5 else ''})"
+    if outcome.get("status") == "step_limit":
+        yield Finding("E2-run-incomplete", "error", outcome.get("step", 0), unfinished[0] if unfinished else None,
+                      "outcome", "step_limit", len(unfinished),
+                      f"the run hit the step limit with {len(unfinished)} requests unfinished {listed}: "
+                      "livelock or starvation")
+    elif outcome.get("status") == "completed" and unfinished:
+        yield Finding("E2-run-incomplete", "error", int(outcome.get("step", 0)), unfinished[0], "outcome", "completed",
+                      len(unfinished), f"the engine went idle for good with {len(unfinished)} requests unfinished "
+                      f"{listed}: the scheduler holds them but will never schedule them (in no queue it "
+                      "admits from); their clients wait forever")
 
 
 def check_crash(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:

@@ -88,6 +88,10 @@ def _run(loop: "EngineLoop", progress: ProgressFn | None, writer: JournalWriter 
         if writer is not None:
             writer.close()
         raise
+    if loop.outcome["status"] == "completed":
+        held = sorted(rid for rid, req in loop.sched.requests.items() if not req.status.finished)
+        if held:  # idle for good with requests it holds: a request lost by the scheduler
+            loop.outcome = {"status": "completed", "step": loop.step_no, "unfinished": held}
     loop.rec.flush(everything=True)
     if writer is not None:
         writer.close()
@@ -117,6 +121,8 @@ class EngineLoop:
             if event.when == "before":
                 self.events[event.step].append(event)
         self.lives: dict[str, int] = {}  # request id -> submissions so far
+        self.turns_sent: dict[str, int] = {}  # streaming request -> input chunks sent after its prompt
+        self.appends_left = {spec.request_id: len(workload.turns(spec)) - 1 for spec in workload.requests}
         self.clear_after_drain = False  # a pause with clear_cache waits for the batches in flight
         self.queue: deque = deque()  # (SchedulerOutput, ModelRunnerOutput), newest first
         self.outcome: dict = {"status": "completed"}
@@ -158,8 +164,30 @@ class EngineLoop:
         life = self.lives.get(spec.request_id, -1) + 1
         self.lives[spec.request_id] = life
         req = Request(spec.request_id, self.oracle.prompt(spec.request_id), spec.max_tokens,
-                      self.oracle.stop_token(spec.request_id), order, life)
+                      self.oracle.stop_token(spec.request_id), order, life, resumable=spec.streaming)
         self.rec.add_request(self.sched.add_request(req))
+        if spec.streaming and not self.appends_left.get(spec.request_id):
+            self.end_stream(spec, order)
+
+    def stream_append(self, spec, order: int) -> None:
+        """The session's next input chunk, as AsyncLLM sends it: the same id, resumable; after
+        the last chunk, the end of the stream follows at once."""
+        rid = spec.request_id
+        self.appends_left[rid] -= 1
+        live = self.sched.requests.get(rid)
+        if live is None or live.status.finished:
+            return  # the session ended (aborted): its client stops streaming
+        turn = self.turns_sent[rid] = self.turns_sent.get(rid, 0) + 1
+        _, max_tokens = self.workload.turns(spec)[turn]
+        chunk = Request(rid, self.oracle.chunk(rid, turn), max_tokens, None, order, self.lives[rid], resumable=True)
+        self.sched.add_request(chunk)
+        self.rec.mark_request_event(rid, "stream_update")
+        if not self.appends_left[rid]:
+            self.end_stream(spec, order)
+
+    def end_stream(self, spec, order: int) -> None:
+        # AsyncLLM's final request: a non-resumable one-token prompt under the same id.
+        self.sched.add_request(Request(spec.request_id, [0], 1, None, order, self.lives[spec.request_id]))
 
     def apply_events(self) -> None:
         """The control events of the coming step, in workload order (vLLM's input queue)."""
@@ -171,6 +199,10 @@ class EngineLoop:
                 order = next(i for i, spec in enumerate(self.workload.requests) if spec.request_id == event.request)
                 self.submit(self.workload.requests[order], order)
                 self.rec.mark_request_event(event.request, "resubmit")
+            elif event.kind == "stream_append":
+                order = next(i for i, spec in enumerate(self.workload.requests) if spec.request_id == event.request)
+                if self.lives.get(event.request) is not None:
+                    self.stream_append(self.workload.requests[order], order)
             elif event.kind == "pause":
                 if event.mode == "abort":
                     for rid in self.sched.finish_requests(list(self.sched.requests)):

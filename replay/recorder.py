@@ -58,8 +58,11 @@ class Recorder:
         self.known[req.request_id] = req
 
     def mark_request_event(self, rid: str, event: str) -> None:
-        """A control event changed request `rid` (schema.EVENTS) before the coming schedule()."""
-        self.request_events[rid] = event
+        """A control event changed request `rid` (schema.EVENTS) before the coming schedule().
+        Of two, the row keeps the one that says more (a new life over an abort over a cut)."""
+        held = self.request_events.get(rid, "")
+        if _EVENT_RANK[event] >= _EVENT_RANK[held]:
+            self.request_events[rid] = event
 
     def mark_step_event(self, label: str) -> None:
         """An engine-level control event (pause, resume, cache reset) before the coming schedule()."""
@@ -114,7 +117,7 @@ class Recorder:
                 else:
                     skip = "waiting"
             # One tuple per row in _SCHEDULE_COLUMNS order; the columns are filled below in bulk.
-            scheduler_cols.append((rid, req.life, events.get(rid, ""), "finished" if finished else req.status.value,
+            scheduler_cols.append((rid, req.life, events.get(rid, ""), req.status.trace_status,
                                    kind, skip, n, len(spec.get(rid, ())), pre_c, pre_p, pre_t, pre_out,
                                    req.num_prompt_tokens, spec_len, spec_ph, bool(n) and req.is_prefill_chunk,
                                    rid in announced, rid in preempted, in_flight, stale))
@@ -179,7 +182,11 @@ class Recorder:
                 continue
             filled.append(at)
             req = self.known[rid]
-            first = req.num_output_tokens - len(report.tokens)
+            prompt_len = report.num_prompt_tokens if report.num_prompt_tokens >= 0 else None
+            first = (report.first_output_index if report.first_output_index >= 0
+                     else req.num_output_tokens - len(report.tokens))
+            if report.finish_reason and not req.status.finished:
+                self.mark_request_event(rid, "stream_turn")  # a streaming turn ended; the session goes on
             c["apply_step"][at] = apply_step
             c["apply_outcome"][at] = report.outcome
             c["apply_life"][at] = report.life
@@ -188,7 +195,7 @@ class Recorder:
             c["apply_num_rejected"][at] = report.num_rejected
             c["apply_num_tokens"][at] = len(report.tokens)
             c["apply_token_mismatches"][at] = (None if self.oracle is None
-                                               else self.oracle.mismatches(rid, first, report.tokens))
+                                               else self.oracle.mismatches(rid, first, report.tokens, prompt_len))
             c["apply_num_computed_tokens"][at] = report.num_computed_tokens
             c["apply_num_output_placeholders"][at] = report.num_output_placeholders
             c["apply_finish_reason"][at] = report.finish_reason
@@ -248,6 +255,8 @@ class Recorder:
                 arrays.append(pa.array(values, type=field.type))
         return pa.Table.from_arrays(arrays, schema=schema.SCHEMA)
 
+
+_EVENT_RANK = {"": 0, "stream_update": 1, "stream_turn": 2, "reset_preempt": 2, "abort": 3, "resubmit": 4}
 
 #: The per-row scheduler columns `record_schedule` fills, in the order of its row tuples.
 _SCHEDULE_COLUMNS = ("request_id", "sched_life", "sched_event", "sched_status", "sched_kind", "sched_skip",

@@ -16,10 +16,19 @@ class Status(enum.Enum):
     FINISHED_LENGTH = "length"
     FINISHED_STOPPED = "stop"
     FINISHED_ABORTED = "aborted"
+    #: A streaming session between turns: it keeps its KV blocks and waits for its next input chunk.
+    WAITING_FOR_STREAMING_REQ = "waiting_for_streaming_req"
 
     @property
     def finished(self) -> bool:
         return self in (Status.FINISHED_LENGTH, Status.FINISHED_STOPPED, Status.FINISHED_ABORTED)
+
+    @property
+    def trace_status(self) -> str:
+        """The trace's sched_status (schema.STATUSES)."""
+        if self.finished:
+            return "finished"
+        return "waiting" if self is Status.WAITING_FOR_STREAMING_REQ else self.value
 
 
 class Request:
@@ -29,17 +38,20 @@ class Request:
         "request_id", "prompt_token_ids", "max_tokens", "stop_token_id", "all_token_ids",
         "num_prompt_tokens", "num_computed_tokens", "num_output_placeholders", "spec_token_ids",
         "status", "is_prefill_chunk", "num_preemptions", "num_in_flight_tokens",
-        "num_stale_output_tokens", "drop_stale_output", "order", "life",
+        "num_stale_output_tokens", "drop_stale_output", "order", "life", "resumable", "streaming_queue", "output_start",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
-                 stop_token_id: int | None = None, order: int = 0, life: int = 0) -> None:
+                 stop_token_id: int | None = None, order: int = 0, life: int = 0, resumable: bool = False) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_tokens = max_tokens
         self.stop_token_id = stop_token_id  # SamplingParams.stop_token_ids: finish on this token
         self.all_token_ids: list[int] = list(prompt_token_ids)  # prompt + applied outputs only
+        # Where this turn's outputs start in all_token_ids: the prompt's end, until a streaming
+        # session's next turn (vLLM keeps a separate output list and clears it then).
+        self.output_start = len(prompt_token_ids)
         self.num_computed_tokens = 0  # C: computed or scheduled in flight (optimistic for drafts)
         self.num_output_placeholders = 0  # P: in-flight outputs not yet applied, drafts included
         self.spec_token_ids: list[int] = []  # drafts to book next time; [-1]*k under async
@@ -55,6 +67,10 @@ class Request:
         # Which submission of this id the object is (0, then +1 per resubmission). vLLM has no
         # such field: the engine loop sets it, and the recorder stores it; nothing decides on it.
         self.life = life
+        # Streaming input (vLLM's resumable requests): the session's queued input chunks, a
+        # StreamingUpdate or None (the end of the stream) each; None for an ordinary request.
+        self.resumable = resumable
+        self.streaming_queue = None
 
     @property
     def num_tokens(self) -> int:
@@ -62,7 +78,7 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.all_token_ids) - self.num_prompt_tokens
+        return len(self.all_token_ids) - self.output_start
 
     @property
     def num_tokens_with_spec(self) -> int:
@@ -70,7 +86,7 @@ class Request:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.all_token_ids[self.num_prompt_tokens:]
+        return self.all_token_ids[self.output_start:]
 
     def __repr__(self) -> str:  # for debugging the tool itself
         return (f"Request({self.request_id!r}, {self.status.value}, C={self.num_computed_tokens}, "

@@ -203,12 +203,31 @@ class GPUModelRunner:
             self.batch.remove_request(rid)
 
     def add_new_request(self, data: NewRequestData) -> CachedRequestState:
+        if data.req_id in self.requests:
+            return self.update_streaming_request(data)
         state = CachedRequestState(data.req_id, list(data.prompt_token_ids), list(data.block_ids),
                                    data.num_computed_tokens)
         self.requests[data.req_id] = state
         self.truth[data.req_id] = data.num_computed_tokens
         self.truth_ok[data.req_id] = True
         self._output_len_at_update[data.req_id] = 0
+        return state
+
+    def update_streaming_request(self, data: NewRequestData) -> CachedRequestState:
+        """vLLM 0.32's _update_streaming_request: a known id arriving as a new request is a
+        streaming session's next turn. Its row goes (and with it the ended turn's sampled token
+        and drafts in the previous-step map), its state takes the new prompt and blocks, and the
+        KV it keeps is what the scheduler counts as computed."""
+        rid = data.req_id
+        self.batch.remove_request(rid)
+        state = self.requests[rid]
+        state.prompt_token_ids = list(data.prompt_token_ids)
+        state.block_ids = list(data.block_ids)
+        state.num_computed_tokens = data.num_computed_tokens
+        state.output_token_ids = []
+        state.prev_num_draft_len = 0
+        self.truth[rid] = min(self.truth.get(rid, 0), data.num_computed_tokens)
+        self._output_len_at_update[rid] = 0
         return state
 
     def update_cached_request(self, out: SchedulerOutput, i: int, rid: str,
@@ -421,7 +440,7 @@ class GPUModelRunner:
             n, d, start = inputs.num_scheduled[x], inputs.num_drafts[x], inputs.starts[x]
             before = self.truth.get(rid, 0)
             kept = n if discarded[x] else n - d + accepted[x]  # positions whose KV stays valid
-            expected = self.oracle.expected(rid)
+            expected = self.oracle.expected(rid, len(self.requests[rid].prompt_token_ids))
             written = host[begin:begin + kept]
             begin = inputs.cu[x]
             good = 0
@@ -449,7 +468,7 @@ class GPUModelRunner:
                 proposals.append([0] * self.k)
                 continue
             last_position = inputs.starts[x] + inputs.num_scheduled[x] - inputs.num_drafts[x] - 1 + len(emitted[x])
-            proposals.append(self.oracle.drafts(rid, last_position + 1, self.k))
+            proposals.append(self.oracle.drafts(rid, last_position + 1, self.k, len(self.requests[rid].prompt_token_ids)))
         if self.use_async:
             self.draft_token_ids = torch.tensor(proposals, dtype=torch.int64, device=self.device).reshape(len(inputs.rows), self.k)
         else:

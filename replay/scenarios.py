@@ -6,6 +6,7 @@ workload here; `specreplay scenarios` lists them.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Callable
@@ -77,6 +78,19 @@ def resubmit(seed: int = 0) -> Workload:
                     events=events)
 
 
+def streaming_append(seed: int = 0) -> Workload:
+    """A streaming-input session "s" beside two decoding requests (async, k = 3). Its second
+    chunk arrives at step 3, while turn 1 runs: it waits for the turn to end, and then the turn's
+    last sampled token is discarded, its in-flight step dropped, and turn 2 prefills the chunk on
+    the KV kept. The third chunk arrives at step 20, when the session sits idle between turns,
+    and is taken at once; the stream ends after it."""
+    requests = [RequestSpec("s", 1, 6, 6, streaming=True), RequestSpec("b0", 1, 5, 30), RequestSpec("b1", 2, 5, 30)]
+    events = (Event(3, "stream_append", request="s", tokens=4, max_tokens=5),
+              Event(20, "stream_append", request="s", tokens=3, max_tokens=4))
+    return Workload(tuple(requests), _ASYNC_K3, name="streaming-append", seed=seed, acceptance="alternate",
+                    max_steps=400, events=events)
+
+
 def random_workload(seed: int = 0) -> Workload:
     """A seeded random workload that reaches preemption (few KV blocks), chunked prefill (long
     prompts, a long-prefill threshold), aborts, stop tokens, budget skips and mixed acceptance."""
@@ -109,21 +123,40 @@ def random_workload(seed: int = 0) -> Workload:
         long_prefill_token_threshold=rng.choice((0, 0, 0, 8, 16)),
     )
     acceptance = rng.choice(("all", "none", "alternate", "random:0.3", "random:0.7"))
+    requests, events = random_events(seed, requests, config)
     return Workload(tuple(requests), config, name=f"random-{seed}", seed=seed,
-                    acceptance=acceptance, max_steps=2000, events=random_events(seed, requests))
+                    acceptance=acceptance, max_steps=2000, events=events)
 
 
-def random_events(seed: int, requests: list[RequestSpec]) -> tuple[Event, ...]:
+def random_events(seed: int, requests: list[RequestSpec], config: EngineConfig
+                  ) -> tuple[list[RequestSpec], tuple[Event, ...]]:
     """Control events for about a third of the random workloads, from their own generator (the
-    requests and config of a seed are the same with or without them): a pause and its resume,
-    cache resets with and without running requests reset, aborts before and after a schedule,
-    and resubmissions of aborted ids, some while the aborted life still has a step in flight."""
+    config and the other requests of a seed are the same with or without them): a pause and its
+    resume, cache resets with and without running requests reset, aborts before and after a
+    schedule, resubmissions of aborted ids (some while the aborted life still has a step in
+    flight), and a streaming session fed one or two input chunks."""
     rng = random.Random(seed * 7919 + 1)
     if rng.random() >= 0.35:
-        return ()
+        return requests, ()
     events: list[Event] = []
     for _ in range(rng.randint(1, 3)):
-        kind = rng.choice(("pause", "reset", "abort", "abort", "resubmit"))
+        kind = rng.choice(("pause", "reset", "abort", "abort", "resubmit", "stream"))
+        if kind == "stream":
+            i = rng.randrange(len(requests))
+            spec = requests[i]
+            if spec.streaming or spec.stop_at is not None or any(e.request == spec.request_id for e in events):
+                continue
+            chunks = [(rng.randint(1, 8), rng.randint(1, 10)) for _ in range(rng.randint(1, 2))]
+            total = spec.prompt_len + spec.max_tokens + sum(t + m - 1 for t, m in chunks)
+            room = min(config.max_model_len, (config.num_blocks - 1) * config.block_size) - config.num_spec_tokens
+            if total > room:
+                continue
+            requests = requests[:i] + [dataclasses.replace(spec, streaming=True)] + requests[i + 1:]
+            step = spec.arrival_step
+            for tokens, max_tokens in chunks:
+                step += rng.randint(0, 12)
+                events.append(Event(step, "stream_append", request=spec.request_id, tokens=tokens, max_tokens=max_tokens))
+            continue
         step = rng.randint(2, 30)
         if kind == "pause":
             events.append(Event(step, "pause", mode=rng.choice(("keep", "keep", "wait", "abort")),
@@ -133,6 +166,8 @@ def random_events(seed: int, requests: list[RequestSpec]) -> tuple[Event, ...]:
             events.append(Event(step, "reset_prefix_cache", reset_running=rng.random() < 0.8))
         else:
             spec = rng.choice(requests)
+            if spec.streaming:
+                continue
             step = max(step, spec.arrival_step)
             when = rng.choice(("before", "after"))
             events.append(Event(step, "abort", request=spec.request_id, when=when))
@@ -140,7 +175,7 @@ def random_events(seed: int, requests: list[RequestSpec]) -> tuple[Event, ...]:
                 # Aborted before step s: resubmitting at s is the same input-queue batch; after
                 # step s's schedule, the earliest is s + 1.
                 events.append(Event(step + (when == "after") + rng.randint(0, 4), "resubmit", request=spec.request_id))
-    return tuple(sorted(events, key=lambda e: e.step))
+    return requests, tuple(sorted(events, key=lambda e: e.step))
 
 
 @dataclass(frozen=True)
@@ -160,6 +195,8 @@ SCENARIOS = {s.name: s for s in (
              "one); a late request takes the freed blocks"),
     Scenario("resubmit", resubmit, "same-id resubmission: a clean second life, then abort + resubmit with a step "
              "in flight, where vLLM 0.32.0 gives the old life's output to the new life and asserts"),
+    Scenario("streaming-append", streaming_append, "a streaming-input session: a chunk queued behind a running "
+             "turn, then one taken by the idle session; turn ends drop their in-flight steps"),
     Scenario("random", random_workload, "seeded random workload (--seed N): preemption, chunked prefill, "
              "aborts, stop tokens, budget skips, mixed acceptance"),
 )}

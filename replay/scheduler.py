@@ -15,7 +15,8 @@ Hooks, in the order a step uses them:
   update_from_output(out, model_output) -> reports      rejections, placeholders, stops
   update_draft_token_ids(req_ids, drafts)               sync mode: real drafts from the worker
 
-Control events (between steps, from the engine loop): add_request, finish_requests,
+Control events (between steps, from the engine loop): add_request (a new request, or the next
+input chunk of a streaming session: vLLM's resumable requests), finish_requests,
 set_pause_state(PAUSE_STATES[i]), reset_prefix_cache(reset_running_requests).
 
 Worked example of the async counters for one decoding request, k = 3, all drafts accepted
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from specreplay.replay.config import EngineConfig
 from specreplay.replay.kv import BlockPool
@@ -39,6 +41,13 @@ from specreplay.replay.request import Request, Status
 #: vLLM's PauseState: UNPAUSED, PAUSED_NEW (running requests go on, nothing is admitted),
 #: PAUSED_ALL (nothing is scheduled).
 PAUSE_STATES = ("unpaused", "paused_new", "paused_all")
+
+
+class StreamingUpdate(NamedTuple):
+    """vLLM's StreamingUpdate: a streaming session's next input chunk and that turn's max_tokens."""
+
+    prompt_token_ids: list[int]
+    max_tokens: int
 
 
 @dataclass
@@ -70,6 +79,10 @@ class ApplyReport:
     num_output_placeholders: int
     outcome: str = "applied"  # applied | stale_delivered | dropped (schema.APPLY_OUTCOMES)
     life: int = 0  # the life of the request object the output was given to
+    # Where the tokens went: the prompt length and the output count before the apply (a streaming
+    # turn that ends here may already have moved on to its next chunk). -1: not given.
+    num_prompt_tokens: int = -1
+    first_output_index: int = -1
 
 
 class Scheduler:
@@ -83,6 +96,10 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
+        # Waiting requests that hold KV blocks (here: streaming sessions between turns), drained
+        # before `waiting` and the only ones admitted under PAUSED_NEW.
+        self.kv_holding: deque[Request] = deque()
+        self.num_waiting_for_streaming_input = 0
         self.finished_req_ids: set[str] = set()
         self.preempted_req_ids: set[str] = set()
         self.prev_step_scheduled_req_ids: set[str] = set()
@@ -95,23 +112,80 @@ class Scheduler:
     # ---------------------------------------------------------------- requests in and out
     def add_request(self, request: Request) -> Request:
         """Queue a new request; returns the object the scheduler tracks (the recorder reads it).
-        An id that is still live is vLLM's `assert ... "duplicate request id"`; a finished one's
-        id is free again (a new life: nothing ties the old life's in-flight outputs to it)."""
-        if request.request_id in self.requests:
-            raise EngineCrash(f"scheduler assert: duplicate request id {request.request_id!r} (it is still live)",
-                              kind="scheduler-assert")
+
+        An id that is still live is a streaming session's next input chunk (`request.resumable`)
+        or the end of its stream (not resumable): taken at once by a session between turns,
+        queued otherwise. For any other live id this is vLLM's `assert ... "duplicate request
+        id"`. A finished id is free again: a new life (nothing ties the old life's in-flight
+        outputs to it)."""
+        existing = self.requests.get(request.request_id)
+        if existing is not None:
+            if existing.streaming_queue is None:
+                raise EngineCrash(f"scheduler assert: duplicate request id {request.request_id!r} (it is still live)",
+                                  kind="scheduler-assert")
+            update = (StreamingUpdate(list(request.prompt_token_ids), request.max_tokens)
+                      if request.resumable else None)
+            if existing.status != Status.WAITING_FOR_STREAMING_REQ:
+                existing.streaming_queue.append(update)
+            elif update is not None:
+                self.update_request_as_session(existing, update)
+            else:
+                self.finish_requests([request.request_id])
+            return existing
+        if request.resumable:
+            request.streaming_queue = deque()
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self.enqueue_waiting(request)
         return request
+
+    def enqueue_waiting(self, req: Request) -> None:
+        (self.kv_holding if req.num_computed_tokens > 0 else self.waiting).append(req)
+
+    def handle_stopped_request(self, req: Request) -> bool:
+        """vLLM 0.32's _handle_stopped_request: True if the request is finished. A streaming
+        session instead drops the ended turn's in-flight work (drop mode), keeps the KV of what
+        its applied steps computed, and takes its next chunk or waits for one."""
+        if req.streaming_queue is None:
+            return True
+        req.num_computed_tokens -= req.num_output_placeholders  # the safe frontier
+        req.spec_token_ids = []
+        req.drop_stale_output = True
+        req.num_stale_output_tokens = req.num_in_flight_tokens
+        req.num_output_placeholders = 0
+        if req.streaming_queue:
+            update = req.streaming_queue.popleft()
+            if update is None:
+                return True
+            self.update_request_as_session(req, update)
+        else:
+            req.status = Status.WAITING_FOR_STREAMING_REQ
+            self.num_waiting_for_streaming_input += 1
+        self.enqueue_waiting(req)
+        return False
+
+    def update_request_as_session(self, req: Request, update: StreamingUpdate) -> None:
+        """vLLM 0.32's _update_request_as_session: the next turn's prompt is the session's
+        computed tokens (its last sampled token is discarded) plus the new chunk."""
+        computed = req.num_computed_tokens
+        kept = req.all_token_ids[req.num_prompt_tokens:computed]
+        del req.all_token_ids[computed:]
+        req.prompt_token_ids = req.prompt_token_ids + kept + update.prompt_token_ids  # vLLM extends in place
+        req.all_token_ids.extend(update.prompt_token_ids)
+        req.num_prompt_tokens = len(req.prompt_token_ids)
+        req.output_start = len(req.all_token_ids)
+        req.max_tokens = update.max_tokens
+        if req.status == Status.WAITING_FOR_STREAMING_REQ:
+            self.num_waiting_for_streaming_input -= 1
+        req.status = Status.WAITING
 
     def has_requests(self) -> bool:
         """vLLM's get_num_unfinished_requests() > 0, which a pause narrows: under PAUSED_ALL
         nothing counts, under PAUSED_NEW only running requests (queued ones stay queued)."""
         if self.pause_state == "paused_all":
             return False
-        if self.pause_state == "paused_new":
-            return bool(self.running)
-        return bool(self.running or self.waiting)
+        waiting = len(self.kv_holding) + (len(self.waiting) if self.pause_state == "unpaused" else 0)
+        # Sessions between turns wait for input, not for the scheduler.
+        return len(self.running) + waiting - self.num_waiting_for_streaming_input > 0
 
     def set_pause_state(self, state: str) -> None:
         """vLLM's set_pause_state: only the state changes; schedule() and has_requests() read it."""
@@ -141,7 +215,9 @@ class Scheduler:
             if req.status == Status.RUNNING:
                 self.running.remove(req)
             else:
-                self.waiting.remove(req)
+                (self.kv_holding if req in self.kv_holding else self.waiting).remove(req)
+                if req.status == Status.WAITING_FOR_STREAMING_REQ:
+                    self.num_waiting_for_streaming_input -= 1
             self._free(req, status)
             done.append(rid)
         return done
@@ -159,9 +235,7 @@ class Scheduler:
         budget = 0 if self.pause_state == "paused_all" else self.config.max_num_batched_tokens
         plan = StepPlan(budget=budget, threshold=self.long_prefill_threshold())
         self.schedule_running(plan)
-        if not plan.preempted and self.pause_state == "unpaused":
-            # PAUSED_NEW admits only waiting requests that hold KV blocks: none here (a
-            # preempted request has freed its blocks).
+        if not plan.preempted and self.pause_state != "paused_all":
             self.admit_waiting(plan)
         out = self.make_output(plan)
         self.update_after_schedule(out)
@@ -169,7 +243,7 @@ class Scheduler:
 
     def long_prefill_threshold(self) -> int:
         # vLLM applies the threshold only when more than one request is eligible.
-        eligible = len(self.running) + len(self.waiting)
+        eligible = len(self.running) + len(self.waiting) + len(self.kv_holding)
         return self.config.long_prefill_token_threshold if eligible > 1 else 0
 
     def schedule_running(self, plan: StepPlan) -> None:
@@ -248,15 +322,22 @@ class Scheduler:
         return list(slots)
 
     def admit_waiting(self, plan: StepPlan) -> None:
-        skipped: list[Request] = []
-        while plan.budget > 0 and self.waiting:
-            if len(self.running) >= self.config.max_num_seqs:
+        """Waiting requests holding KV blocks first (streaming sessions with their next chunk),
+        then, unless paused, the waiting queue (new and preempted requests)."""
+        skipped: dict[int, list[Request]] = {id(self.kv_holding): [], id(self.waiting): []}
+        while plan.budget > 0:
+            queue = self.kv_holding if self.kv_holding else self.waiting if self.pause_state == "unpaused" else None
+            if not queue:
                 break
-            req = self.waiting[0]
-            if req.num_stale_output_tokens and not req.drop_stale_output:
-                # Stale output of the preempted life is still in flight: resuming now
-                # would deliver it out of order. Try again next step.
-                skipped.append(self.waiting.popleft())
+            # Sessions between turns are not running but keep their slot in the model runner.
+            if len(self.running) + self.num_waiting_for_streaming_input >= self.config.max_num_seqs:
+                break
+            req = queue[0]
+            if req.status == Status.WAITING_FOR_STREAMING_REQ or (req.num_stale_output_tokens
+                                                                   and not req.drop_stale_output):
+                # Waiting for its next input chunk; or stale output of its preempted life is
+                # still in flight, and resuming now would deliver it out of order. Next step.
+                skipped[id(queue)].append(queue.popleft())
                 continue
             need = req.num_tokens - req.num_computed_tokens
             padded = self.pad_to_draft_width(req, need, plan)
@@ -278,7 +359,7 @@ class Scheduler:
                 raise EngineCrash(f"scheduler assert: request {req.request_id!r} padded to {padded} tokens "
                                   f"for spec decode but cut to {n} (long_prefill_token_threshold)",
                                   kind="scheduler-assert")
-            self.waiting.popleft()
+            queue.popleft()
             self.running.append(req)
             (plan.new if req.status == Status.WAITING else plan.resumed).append(req)
             plan.new_blocks[req.request_id] = self.kv.block_ids(req.request_id)
@@ -287,7 +368,8 @@ class Scheduler:
             req.status = Status.RUNNING
             if padded != need:
                 plan.spec[req.request_id] = [-1] * self.k  # the padding's placeholder drafts
-        self.waiting.extendleft(reversed(skipped))
+        self.kv_holding.extendleft(reversed(skipped[id(self.kv_holding)]))
+        self.waiting.extendleft(reversed(skipped[id(self.waiting)]))
 
     def pad_to_draft_width(self, req: Request, n: int, plan: StepPlan) -> int | None:
         """vLLM 0.32 pads an admission that needs exactly 1 token to 1 + k tokens (k placeholder
@@ -369,20 +451,27 @@ class Scheduler:
                     if req.num_output_placeholders > 0:
                         req.num_output_placeholders -= rejected
             finish = ""
+            prompt_len, first_output = req.num_prompt_tokens, req.num_output_tokens
             if generated:
                 generated, finish = self.append_output(req, generated, stale)
                 if finish:
-                    stopped.append(req)
+                    # As vLLM: the stop is handled at once (a streaming session may start its
+                    # next turn here), the queues are tidied after the loop.
+                    was_running = req.status == Status.RUNNING
+                    stopped.append((req, self.handle_stopped_request(req), was_running, finish))
             reports[rid] = ApplyReport(n, len(slots or ()), rejected, tuple(generated), finish,
                                        req.num_computed_tokens, req.num_output_placeholders,
-                                       "stale_delivered" if stale else "applied", req.life)
-        for req in stopped:
-            if req.status == Status.RUNNING:
+                                       "stale_delivered" if stale else "applied", req.life, prompt_len, first_output)
+        for req, finished, was_running, finish in stopped:
+            if was_running:
                 self.running.remove(req)
-            elif req in self.waiting:
-                self.waiting.remove(req)
-            status = Status.FINISHED_STOPPED if reports[req.request_id].finish_reason == "stop" else Status.FINISHED_LENGTH
-            self._free(req, status)
+            else:
+                # A request stopped by output delivered after its preemption: vLLM removes every
+                # copy from the waiting queues, even the one _handle_stopped_request just queued.
+                self.waiting = deque(r for r in self.waiting if r is not req)
+                self.kv_holding = deque(r for r in self.kv_holding if r is not req)
+            if finished:
+                self._free(req, Status.FINISHED_STOPPED if finish == "stop" else Status.FINISHED_LENGTH)
         return reports
 
     def append_output(self, req: Request, tokens: list[int], stale: bool) -> tuple[list[int], str]:

@@ -121,6 +121,7 @@ class _Pre:
     t: int
     n_out: int
     in_flight: int = 0
+    prompt: int = 0
 
 
 def _asserting(fn: Any, *args: Any) -> Any:
@@ -230,10 +231,16 @@ class RealSchedulerView:
                 stale = r.num_stale_output_tokens > 0
                 outcome = ("dropped" if r.drop_stale_output else "stale_delivered") if stale else "applied"
                 before[rid] = (view, _Pre(r.num_computed_tokens, r.num_output_placeholders, r.num_tokens,
-                                          r.num_output_tokens, r.num_in_flight_tokens), generated, outcome)
+                                          r.num_output_tokens, r.num_in_flight_tokens, r.num_prompt_tokens),
+                               generated, outcome)
         return before
 
-    def after_update(self, so: Any, before: dict[str, tuple[RealRequestView, _Pre, int, str]]) -> dict[str, ApplyReport]:
+    def after_update(self, so: Any, before: dict[str, tuple[RealRequestView, _Pre, int, str]],
+                     model_output: Any = None) -> dict[str, ApplyReport]:
+        """`model_output`: the real ModelRunnerOutput update_from_output was given; it trims each
+        request's sampled list to the tokens it appended, which is the only record of them once
+        a streaming turn ends (the session drops its last token and its output list)."""
+        index = (model_output.req_id_to_index or {}) if model_output is not None else {}
         reports: dict[str, ApplyReport] = {}
         for rid, (view, was, generated, outcome) in before.items():
             r = view.real
@@ -241,11 +248,19 @@ class RealSchedulerView:
                 continue  # untouched: the scheduler (a variant) did not give this output to this object
             slots = len(so.scheduled_spec_decode_tokens.get(rid, ()))
             rejected = slots - (generated - 1) if slots and generated and outcome != "dropped" else 0
-            appended = tuple(r.output_token_ids[was.n_out:])
+            i = index.get(rid)
+            if outcome == "dropped":
+                appended: tuple = ()
+            elif i is not None:
+                appended = tuple(model_output.sampled_token_ids[i])
+            else:
+                appended = tuple(r.output_token_ids[was.n_out:])
             finish = {"FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "stop"}.get(r.status.name, "")
+            if not finish and appended and r.resumable and r.status.name in ("WAITING", "WAITING_FOR_STREAMING_REQ"):
+                finish = "length"  # a streaming turn ended here at its max_tokens; the session goes on
             reports[self.ext(rid)] = ApplyReport(so.num_scheduled_tokens[rid], slots, rejected, appended, finish,
                                                  r.num_computed_tokens, r.num_output_placeholders, outcome,
-                                                 view.life)
+                                                 view.life, was.prompt, was.n_out)
         self.forget_finished()
         return reports
 
@@ -307,8 +322,12 @@ class VllmSchedulerAdapter:
 
         real = VllmRequest(request_id=req.request_id, prompt_token_ids=list(req.prompt_token_ids),
                            sampling_params=sampling_params(req.max_tokens, req.stop_token_id),
-                           pooling_params=None, block_hasher=self._hasher)
-        _asserting(self.real.add_request, real)  # a live id: vLLM's "duplicate request id" assert
+                           pooling_params=None, block_hasher=self._hasher, resumable=req.resumable)
+        existing = self.requests.get(req.request_id)
+        _asserting(self.real.add_request, real)  # a live id, not resumable: "duplicate request id"
+        if existing is not None and not existing.real.is_finished():
+            self.view.forget_finished()  # the end of a stream can finish an idle session
+            return existing  # a streaming session's next chunk (or the end of its stream)
         return self.view.track(real, req.order, req.life)
 
     def has_requests(self) -> bool:
@@ -365,7 +384,7 @@ class VllmSchedulerAdapter:
                                          sampled_token_ids=[list(t) for t in model_output.sampled_token_ids])
         before = self.view.before_update(so, real_out)
         _asserting(self.real.update_from_output, so, real_out)
-        return self.view.after_update(so, before)
+        return self.view.after_update(so, before, real_out)
 
     def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
         from vllm.v1.outputs import DraftTokenIds

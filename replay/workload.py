@@ -20,6 +20,8 @@ File format (TOML or JSON, same keys)::
     stop_at = 4              # optional: its expected 4th output token is a stop token id (finish
                              # "stop" at the first output equal to it, as vLLM's stop_token_ids)
     acceptance = "none"      # optional: per-request override
+    streaming = true         # optional: a streaming-input session (vLLM's resumable request), fed
+                             # by stream_append events; its stream ends after its last one
     [[events]]               # optional control events, applied in list order within a step
     step = 6                 # engine step they land at
     kind = "pause"           # see EVENT_KINDS below
@@ -41,6 +43,11 @@ early aborts queue; the same as a request's `abort_step`):
     resubmit              request = "ID": add the same request (same prompt and max_tokens) again
                           under the same id, a new life of it; the id's previous life must have
                           finished or been aborted by then, or vLLM asserts ("duplicate request id")
+    stream_append         request = "ID" (a streaming request), tokens = N prompt tokens appended,
+                          max_tokens = M for the turn they start (default: the request's). vLLM
+                          0.32 streams input turn by turn: a chunk that arrives while a turn runs
+                          waits for it to end; the next turn's prompt is everything computed so
+                          far (the turn's last sampled token is discarded) plus the chunk
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ from specreplay.replay.config import EngineConfig
 from specreplay.traces.errors import InputError
 
 ACCEPTANCE_KINDS = ("all", "none", "alternate", "random")
-EVENT_KINDS = ("pause", "resume", "reset_prefix_cache", "abort", "resubmit")
+EVENT_KINDS = ("pause", "resume", "reset_prefix_cache", "abort", "resubmit", "stream_append")
 PAUSE_MODES = ("keep", "wait", "abort")
 
 
@@ -88,6 +95,7 @@ class RequestSpec:
     abort_step: int | None = None
     stop_at: int | None = None
     acceptance: str | None = None
+    streaming: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,8 @@ class Event:
     mode: str = "keep"  # pause
     clear_cache: bool = True  # pause
     reset_running: bool = False  # reset_prefix_cache
+    tokens: int = 0  # stream_append: prompt tokens appended
+    max_tokens: int | None = None  # stream_append: the next turn's max_tokens (None: the request's)
 
     def to_dict(self) -> dict[str, Any]:
         item: dict[str, Any] = {"step": self.step, "kind": self.kind}
@@ -113,6 +123,10 @@ class Event:
             item["clear_cache"] = self.clear_cache
         if self.kind == "reset_prefix_cache":
             item["reset_running"] = self.reset_running
+        if self.kind == "stream_append":
+            item["tokens"] = self.tokens
+            if self.max_tokens is not None:
+                item["max_tokens"] = self.max_tokens
         return item
 
     def label(self) -> str:
@@ -139,6 +153,15 @@ class Workload:
     def acceptance_for(self, spec: RequestSpec) -> tuple[str, float]:
         return parse_acceptance(spec.acceptance or self.acceptance)
 
+    def turns(self, spec: RequestSpec) -> list[tuple[int, int]]:
+        """A request's turns as (tokens of input, max_tokens): its prompt, then one per
+        stream_append event in order. An ordinary request has one."""
+        turns = [(spec.prompt_len, spec.max_tokens)]
+        for event in self.events:
+            if event.kind == "stream_append" and event.request == spec.request_id:
+                turns.append((event.tokens, event.max_tokens or spec.max_tokens))
+        return turns
+
     def to_dict(self) -> dict[str, Any]:
         requests = []
         for spec in self.requests:
@@ -147,6 +170,8 @@ class Workload:
             for key in ("abort_step", "stop_at", "acceptance"):
                 if getattr(spec, key) is not None:
                     item[key] = getattr(spec, key)
+            if spec.streaming:
+                item["streaming"] = True
             requests.append(item)
         data = {"name": self.name, "seed": self.seed, "acceptance": self.acceptance,
                 "max_steps": self.max_steps, "config": self.config.to_dict(), "requests": requests}
@@ -186,8 +211,12 @@ class Workload:
         specs = {spec.request_id: spec for spec in requests}
         events = tuple(_event(raw, f"{where}: events[{i}]", specs) for i, raw in enumerate(raw_events))
         check_events(events, f"{where}: events")
-        return cls(requests=tuple(requests), config=config, name=name, seed=seed,
-                   acceptance=acceptance, max_steps=max_steps, events=events)
+        workload = cls(requests=tuple(requests), config=config, name=name, seed=seed,
+                       acceptance=acceptance, max_steps=max_steps, events=events)
+        for i, spec in enumerate(requests):
+            if spec.streaming:
+                _check_session(workload, spec, f"{where}: requests[{i}]")
+        return workload
 
 
 def check_events(events: tuple[Event, ...], where: str) -> None:
@@ -203,6 +232,21 @@ def check_events(events: tuple[Event, ...], where: str) -> None:
         raise InputError(f"{where}: the pause at step {paused_at} has no later resume; its requests would never finish")
 
 
+def _check_session(workload: "Workload", spec: RequestSpec, where: str) -> None:
+    """A streaming session's whole sequence (each turn keeps all but its last output) must fit."""
+    config = workload.config
+    turns = workload.turns(spec)
+    total = sum(tokens + max_tokens - 1 for tokens, max_tokens in turns) + 1
+    if total > config.max_model_len:
+        raise InputError(f"{where}: the streaming session's turns need {total} tokens, above max_model_len "
+                         f"{config.max_model_len}")
+    blocks_needed = -(-min(total + config.num_spec_tokens + config.num_lookahead_tokens, config.max_model_len)
+                      // config.block_size)
+    if blocks_needed > config.num_blocks - 1:
+        raise InputError(f"{where}: the streaming session needs {blocks_needed} KV blocks alone, the cache has "
+                         f"{config.num_blocks - 1} usable")
+
+
 def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
     raw = _table(raw, where)
     kind = raw.get("kind")
@@ -210,7 +254,8 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
         raise InputError(f"{where}: kind must be one of {', '.join(EVENT_KINDS)}, got {kind!r}")
     allowed = {"step", "kind", "when"} | {
         "pause": {"mode", "clear_cache"}, "resume": set(), "reset_prefix_cache": {"reset_running"},
-        "abort": {"request"}, "resubmit": {"request"}}[kind]
+        "abort": {"request"}, "resubmit": {"request"},
+        "stream_append": {"request", "tokens", "max_tokens"}}[kind]
     unknown = sorted(set(raw) - allowed)
     if unknown:
         raise InputError(f"{where}: {kind} takes no {unknown[0]!r}; it takes {', '.join(sorted(allowed))}")
@@ -224,7 +269,7 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
         raise InputError(f"{where}: only an abort can land after a step's schedule() in vLLM 0.32 "
                          "(its early aborts queue); use when = 'before'")
     request = None
-    if kind in ("abort", "resubmit"):
+    if kind in ("abort", "resubmit", "stream_append"):
         request = raw.get("request")
         if isinstance(request, int) and not isinstance(request, bool):
             request = str(request)
@@ -233,6 +278,18 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
         if step < specs[request].arrival_step + (kind == "resubmit"):
             raise InputError(f"{where}: step {step} is before request {request!r} arrives "
                              f"(arrival_step {specs[request].arrival_step})")
+    tokens, max_tokens = 0, None
+    if kind == "stream_append":
+        if not specs[request].streaming:
+            raise InputError(f"{where}: request {request!r} is not a streaming request (set streaming = true)")
+        if "tokens" not in raw:
+            raise InputError(f"{where}: missing 'tokens' (prompt tokens appended)")
+        tokens = _int(raw["tokens"], f"{where}: tokens", low=1)
+        if raw.get("max_tokens") is not None:
+            max_tokens = _int(raw["max_tokens"], f"{where}: max_tokens", low=1)
+    if kind == "resubmit" and specs[request].streaming:
+        raise InputError(f"{where}: resubmitting streaming request {request!r} is not supported (the same id "
+                         "is the session's next chunk to vLLM)")
     mode = raw.get("mode", "keep")
     if mode not in PAUSE_MODES:
         raise InputError(f"{where}: mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
@@ -241,7 +298,8 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
         flags[key] = raw.get(key, default)
         if not isinstance(flags[key], bool):
             raise InputError(f"{where}: {key} must be true or false, got {flags[key]!r}")
-    return Event(step=step, kind=kind, request=request, when=when, mode=mode, **flags)
+    return Event(step=step, kind=kind, request=request, when=when, mode=mode, tokens=tokens, max_tokens=max_tokens,
+                 **flags)
 
 
 def load_workload(path: str | Path) -> Workload:
@@ -281,7 +339,7 @@ def _int(value: Any, where: str, low: int | None = None, high: int = 1 << 30) ->
 
 def _request(raw: Any, where: str, config: EngineConfig) -> RequestSpec:
     raw = _table(raw, where)
-    known = {"id", "arrival_step", "prompt_len", "max_tokens", "abort_step", "stop_at", "acceptance"}
+    known = {"id", "arrival_step", "prompt_len", "max_tokens", "abort_step", "stop_at", "acceptance", "streaming"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise InputError(f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
@@ -300,7 +358,12 @@ def _request(raw: Any, where: str, config: EngineConfig) -> RequestSpec:
         abort_step=None if raw.get("abort_step") is None else _int(raw["abort_step"], f"{where}: abort_step", low=1),
         stop_at=None if raw.get("stop_at") is None else _int(raw["stop_at"], f"{where}: stop_at", low=1),
         acceptance=raw.get("acceptance"),
+        streaming=raw.get("streaming", False),
     )
+    if not isinstance(spec.streaming, bool):
+        raise InputError(f"{where}: streaming must be true or false")
+    if spec.streaming and spec.stop_at is not None:
+        raise InputError(f"{where}: a streaming request takes no stop_at (its turns end at max_tokens)")
     if spec.acceptance is not None:
         parse_acceptance(spec.acceptance, f"{where}: acceptance")
     if spec.prompt_len + spec.max_tokens > config.max_model_len:

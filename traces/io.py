@@ -258,12 +258,15 @@ def _check_metadata(where: str, config: dict[str, Any], outcome: dict[str, Any],
     status = outcome.get("status")
     if status not in _OUTCOMES:
         raise TraceError(f"{where}: metadata outcome status {status!r} is not one of {', '.join(_OUTCOMES)}")
-    if status != "completed":
+    if status != "completed" or "step" in outcome:
         step = outcome.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise TraceError(f"{where}: metadata outcome step {step!r} is not a step number")
     if not isinstance(outcome.get("message", ""), str):
         raise TraceError(f"{where}: metadata outcome message is not text")
+    unfinished = outcome.get("unfinished", [])
+    if not isinstance(unfinished, list) or not all(isinstance(rid, str) for rid in unfinished):
+        raise TraceError(f"{where}: metadata outcome unfinished is not a list of request ids")
     if not isinstance(impl.get("name"), str) or not impl["name"]:
         raise TraceError(f"{where}: metadata impl has no implementation name")
 

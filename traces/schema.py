@@ -42,8 +42,10 @@ FINISH_REASONS = ("", "length", "stop", "aborted")
 #: The control event that changed the request right before this step's schedule() ("" when none).
 #: abort: finished from outside (an abort, or a pause in abort mode); reset_preempt: preempted by
 #: reset_prefix_cache(reset_running_requests=True), its in-flight outputs to be dropped;
-#: resubmit: a new life of a request id whose previous life finished or was aborted.
-EVENTS = ("", "abort", "reset_preempt", "resubmit")
+#: resubmit: a new life of a request id whose previous life finished or was aborted;
+#: stream_turn: a streaming session's turn ended (its in-flight outputs to be dropped), and it
+#: took its next input chunk if one was there; stream_update: an input chunk arrived for it.
+EVENTS = ("", "abort", "reset_preempt", "resubmit", "stream_turn", "stream_update")
 #: What update_from_output did with the output of S_m for the request (null: not popped yet).
 #: applied: tokens appended and counters moved; stale_delivered: in flight across a KV-pressure
 #: preemption, tokens appended but counters untouched (vLLM's deliver mode); dropped: in flight

@@ -53,12 +53,12 @@ class TraceRows:
         self.by_request: dict[tuple[str, int], list[int]] = {}
         for i, (rid, life) in enumerate(zip(self.col["request_id"], self.col["sched_life"])):
             self.by_request.setdefault((rid, life), []).append(i)
-        # Per row: cuts (a preemption, a cache reset's preemption) of its request life so far.
+        # Per row: cuts (a preemption, a cache reset, a streaming turn's end) of its request life so far.
         self.epoch = [0] * self.num_rows
         for idx in self.by_request.values():
             cuts = 0
             for i in idx:
-                cuts += self.col["sched_preempted"][i] or self.col["sched_event"][i] == "reset_preempt"
+                cuts += self.col["sched_preempted"][i] or self.col["sched_event"][i] in ("reset_preempt", "stream_turn")
                 self.epoch[i] = cuts
         self.is_async = bool(self.config.get("async_scheduling", True))
         self.crash_step = trace.outcome.get("step") if trace.outcome.get("status") == "crashed" else None
@@ -83,7 +83,7 @@ class TraceRows:
         while k >= 0:
             j = rows[k]
             sj = c["step"][j]
-            if sj < step - LOOKBACK or c["sched_preempted"][j] or c["sched_event"][later] == "reset_preempt":
+            if sj < step - LOOKBACK or c["sched_preempted"][j] or c["sched_event"][later] in ("reset_preempt", "stream_turn"):
                 break
             later = j
             applied = c["apply_step"][j]
@@ -427,14 +427,21 @@ def check_in_flight_tokens(rows: TraceRows) -> Iterator[Finding]:
 
 def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
     outcome = rows.trace.outcome
-    if outcome.get("status") != "step_limit":
-        return
     c = rows.col
     unfinished = sorted(rid for (rid, _), idx in rows.by_request.items() if c["sched_status"][idx[-1]] != "finished")
-    yield Finding("E2-run-incomplete", "error", outcome.get("step", 0), unfinished[0] if unfinished else None,
-                  "outcome", "step_limit", len(unfinished),
-                  f"the run hit the step limit with {len(unfinished)} requests unfinished "
-                  f"({', '.join(unfinished[:5])}{'...' if len(unfinished) > 5 else ''}): livelock or starvation")
+    if outcome.get("status") == "completed":  # the requests the scheduler still held when the engine went idle
+        unfinished = [str(rid) for rid in outcome.get("unfinished", ())]
+    listed = f"({', '.join(unfinished[:5])}{'...' if len(unfinished) > 5 else ''})"
+    if outcome.get("status") == "step_limit":
+        yield Finding("E2-run-incomplete", "error", outcome.get("step", 0), unfinished[0] if unfinished else None,
+                      "outcome", "step_limit", len(unfinished),
+                      f"the run hit the step limit with {len(unfinished)} requests unfinished {listed}: "
+                      "livelock or starvation")
+    elif outcome.get("status") == "completed" and unfinished:
+        yield Finding("E2-run-incomplete", "error", int(outcome.get("step", 0)), unfinished[0], "outcome", "completed",
+                      len(unfinished), f"the engine went idle for good with {len(unfinished)} requests unfinished "
+                      f"{listed}: the scheduler holds them but will never schedule them (in no queue it "
+                      "admits from); their clients wait forever")
 
 
 def check_crash(rows: TraceRows) -> Iterator[Finding]:
