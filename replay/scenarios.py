@@ -91,6 +91,22 @@ def streaming_append(seed: int = 0) -> Workload:
                     max_steps=400, events=events)
 
 
+def streaming_preempt(seed: int = 32) -> Workload:
+    """A vLLM 0.32.0 bug found by the random generator and shrunk (random seed 32): streaming
+    session "6" is preempted for KV blocks (async, k = 1) while a step is in flight. That step's
+    output, delivered as stale, completes its turn; _handle_stopped_request queues the session
+    again, and the stopped-preempted cleanup right after removes every copy of it from the
+    waiting queues. The session is in no queue: never scheduled again, never finished (its
+    next turn also lost the prompt: num_tokens 2 < num_prompt_tokens 3)."""
+    config = EngineConfig(max_num_batched_tokens=15, max_num_seqs=4, num_spec_tokens=1, async_scheduling=True,
+                          block_size=4, num_blocks=27, max_model_len=256)
+    requests = (RequestSpec("3", 1, 1, 14), RequestSpec("4", 1, 57, 7), RequestSpec("5", 1, 5, 7),
+                RequestSpec("6", 1, 1, 6, streaming=True))
+    events = (Event(7, "stream_append", request="6", tokens=2, max_tokens=3),)
+    return Workload(requests, config, name="streaming-preempt", seed=seed, acceptance="all", max_steps=200,
+                    events=events)
+
+
 def random_workload(seed: int = 0) -> Workload:
     """A seeded random workload that reaches preemption (few KV blocks), chunked prefill (long
     prompts, a long-prefill threshold), aborts, stop tokens, budget skips and mixed acceptance."""
@@ -197,6 +213,8 @@ SCENARIOS = {s.name: s for s in (
              "in flight, where vLLM 0.32.0 gives the old life's output to the new life and asserts"),
     Scenario("streaming-append", streaming_append, "a streaming-input session: a chunk queued behind a running "
              "turn, then one taken by the idle session; turn ends drop their in-flight steps"),
+    Scenario("streaming-preempt", streaming_preempt, "vLLM 0.32.0 loses a streaming session preempted with a "
+             "step in flight whose stale output ends its turn (E2: never scheduled again)"),
     Scenario("random", random_workload, "seeded random workload (--seed N): preemption, chunked prefill, "
              "aborts, stop tokens, budget skips, mixed acceptance"),
 )}

@@ -2,8 +2,8 @@
 
 Where it sits: traces -> replay -> **diff**, then back to record: the workload in a failing
 trace's metadata is reduced step by step (drop a request, halve or decrement prompts and
-max_tokens, move arrivals earlier, drop aborts, stops and per-request acceptance, simplify the
-acceptance, lower the draft width, the budget and the batch size, relax KV pressure and the
+max_tokens, move arrivals earlier, drop aborts, stops and per-request acceptance, drop, move and
+shrink control events, simplify the acceptance, lower the draft width, the budget and the batch size, relax KV pressure and the
 long-prefill threshold), each candidate replayed through the same implementation and engine and
 kept only if the finding code still fires. Greedy and deterministic: the same trace and code give
 the same minimal workload. `emit_pytest` turns the result into a self-contained regression test.
@@ -32,11 +32,12 @@ class Shrunk:
 
 def size(workload: Workload, trace: Trace) -> tuple[int, ...]:
     """What smaller means: fewer requests, then fewer steps, then fewer tokens, then fewer
-    optional complications (aborts, stop tokens, per-request or random acceptance, a threshold),
+    optional complications (aborts, stop tokens, per-request or random acceptance, control events,
+    streaming sessions, a threshold),
     then a smaller engine (draft width, batch size, budget)."""
     tokens = sum(r.prompt_len + r.max_tokens for r in workload.requests)
-    extras = sum((r.abort_step is not None) + (r.stop_at is not None) + (r.acceptance is not None)
-                 for r in workload.requests)
+    extras = sum((r.abort_step is not None) + (r.stop_at is not None) + (r.acceptance is not None) + r.streaming
+                 for r in workload.requests) + len(workload.events)
     extras += (workload.acceptance not in ("all", "none")) + bool(workload.config.long_prefill_token_threshold)
     cfg = workload.config
     return (len(workload.requests), trace.num_steps, tokens, extras, cfg.num_spec_tokens, cfg.max_num_seqs,
@@ -56,9 +57,15 @@ def shrink(workload: Workload, impl, code: str, engine: str = "reference", max_r
             trace = run_workload(w, impl, engine=engine)
         except InputError:
             return None
-        return trace if any(f.code == code for f in check_trace(trace)) else None
+        if not any(f.code == code for f in check_trace(trace)):
+            return None
+        if code == "E1-engine-crash" and signature is not None and crash_signature(trace) != signature:
+            return None  # the engine dies, but of something else (say, a duplicate request id)
+        return trace
 
+    signature = None
     first = fires(workload)
+    signature = crash_signature(first) if first is not None else None
     if first is None:
         raise InputError(f"{code} does not fire when this workload is replayed through {impl.name}; "
                          "nothing to shrink (pick a --code the trace's findings show)")
@@ -81,13 +88,28 @@ def shrink(workload: Workload, impl, code: str, engine: str = "reference", max_r
     return best
 
 
+def crash_signature(trace: Trace) -> str | None:
+    """What a crash says, less its numbers and names: shrinking an E1 keeps the same assert."""
+    import re
+
+    if trace.outcome.get("status") != "crashed":
+        return None
+    message = re.sub(r"'[^']*'", "'…'", str(trace.outcome.get("message", "")))
+    return f"{trace.outcome.get('kind')}: {re.sub(r'-?[0-9]+', 'N', message)}"
+
+
 def reductions(w: Workload) -> Iterator[tuple[str, Workload]]:
     """Candidate reductions, biggest first."""
     reqs = list(w.requests)
     cfg = w.config
 
     def with_requests(new: list[RequestSpec]) -> Workload:
-        return dataclasses.replace(w, requests=tuple(new))
+        ids = {r.request_id for r in new}  # a dropped request's events go with it
+        return dataclasses.replace(w, requests=tuple(new),
+                                   events=tuple(e for e in w.events if e.request is None or e.request in ids))
+
+    def with_events(new: list) -> Workload:
+        return dataclasses.replace(w, events=tuple(new))
 
     def with_config(**changes) -> Workload:
         return dataclasses.replace(w, config=dataclasses.replace(cfg, **changes))
@@ -105,9 +127,23 @@ def reductions(w: Workload) -> Iterator[tuple[str, Workload]]:
     first_arrival = min(r.arrival_step for r in reqs)
     if first_arrival > 1:
         shift = first_arrival - 1  # aborts move with the arrivals they follow
-        yield "arrive earlier", with_requests([dataclasses.replace(
+        earlier = with_requests([dataclasses.replace(
             r, arrival_step=r.arrival_step - shift, abort_step=None if r.abort_step is None else max(1, r.abort_step - shift))
             for r in reqs])
+        yield "arrive earlier", dataclasses.replace(earlier, events=tuple(
+            dataclasses.replace(e, step=max(1, e.step - shift)) for e in earlier.events))
+    events = list(w.events)
+    for i, e in enumerate(events):
+        name = f"event {e.kind}@{e.step}" + (f" ({e.request})" if e.request else "")
+        yield f"drop {name}", with_events(events[:i] + events[i + 1:])
+        for step in sorted({1, e.step // 2, e.step - 1} - {0, e.step}):
+            yield f"{name} at step {step}", with_events(events[:i] + [dataclasses.replace(e, step=step)] + events[i + 1:])
+        if e.kind == "stream_append":
+            if e.tokens > 1:
+                yield f"{name} tokens {e.tokens // 2}", with_events(
+                    events[:i] + [dataclasses.replace(e, tokens=e.tokens // 2)] + events[i + 1:])
+            if (e.max_tokens or 2) > 1:
+                yield f"{name} max_tokens 1", with_events(events[:i] + [dataclasses.replace(e, max_tokens=1)] + events[i + 1:])
     for i, r in enumerate(reqs):
         if r.max_tokens > 1:
             yield f"request {r.request_id} max_tokens {r.max_tokens // 2}", with_request(i, max_tokens=max(1, r.max_tokens // 2))
@@ -125,6 +161,10 @@ def reductions(w: Workload) -> Iterator[tuple[str, Workload]]:
             yield f"request {r.request_id} no stop token", with_request(i, stop_at=None)
         if r.acceptance is not None:
             yield f"request {r.request_id} default acceptance", with_request(i, acceptance=None)
+        if r.streaming:
+            plain = with_request(i, streaming=False)
+            yield f"request {r.request_id} not streaming", dataclasses.replace(plain, events=tuple(
+                e for e in plain.events if not (e.kind == "stream_append" and e.request == r.request_id)))
     for simpler in ("all", "none"):
         if w.acceptance != simpler:
             yield f"acceptance {simpler}", dataclasses.replace(w, acceptance=simpler)
