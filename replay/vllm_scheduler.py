@@ -129,7 +129,13 @@ def _asserting(fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
     except AssertionError as exc:
-        raise EngineCrash(f"scheduler assert in vllm: {exc or 'assertion failed'}", kind="scheduler-assert") from None
+        what = str(exc)
+        if not what:  # a bare assert: say which one, from where it was raised
+            import traceback
+
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            what = f"{(frame.line or 'assert').strip()} ({os.path.basename(frame.filename)}:{frame.lineno})"
+        raise EngineCrash(f"scheduler assert in vllm: {what}", kind="scheduler-assert") from None
 
 
 class RealSchedulerView:

@@ -33,6 +33,22 @@ def test_reentry_is_identical_on_the_real_scheduler(workload, impl):
     assert real.impl["engine"] == "vllm-scheduler" and real.impl["models"].startswith("vllm 0.32")
 
 
+EVENT_SCENARIOS = ("pause-clear", "abort-inflight", "resubmit", "streaming-append", "streaming-preempt")
+
+
+@pytest.mark.parametrize("impl", ["upstream", "life-guard", "sched-clear"])
+@pytest.mark.parametrize("scenario", EVENT_SCENARIOS)
+def test_control_event_scenarios_are_identical_on_the_real_scheduler(scenario, impl):
+    """Pause, cache reset, aborts in flight, resubmission and streaming input, driven through the
+    real scheduler's own methods: the same trace, crash and lost session included."""
+    ref, real = both(build_scenario(scenario), impl)
+    diff = diff_traces(ref, real)
+    assert diff.same, (diff.first, dict(diff.fields))
+    assert {**ref.outcome, "message": ""} == {**real.outcome, "message": ""}
+    if real.outcome["status"] == "crashed":  # vLLM's bare assert, named by its source line
+        assert "assert request.num_output_placeholders >= 0 (async_scheduler.py:" in real.outcome["message"]
+
+
 def test_random_workloads_are_identical_on_the_real_scheduler():
     """120 seeded random workloads, sync and async, with preemption, chunked prefill and aborts,
     plus the same with every third prompt cut to 1 token (admission padding)."""
@@ -61,8 +77,20 @@ def test_random_workloads_are_identical_on_the_real_scheduler():
                 seen.add("max_tokens finish")
             if (df.sched_skip == "budget").any():
                 seen.add("budget skip")
+            for event in set(df.sched_event) - {""}:
+                seen.add(f"event {event}")
+            for outcome in set(df.apply_outcome.dropna()):
+                seen.add(f"output {outcome}")
+            for label in ("pause(keep", "pause(wait", "pause(abort", "resume"):
+                if df.step_event.str.contains(label, regex=False).any():
+                    seen.add(label)
+            seen.add(f"outcome {ref.outcome['status']}" + (" unfinished" if "unfinished" in ref.outcome else ""))
     assert compared >= 100
-    assert seen >= {"async", "sync", "preemption", "chunked prefill", "abort", "max_tokens finish", "budget skip"}
+    assert seen >= {"async", "sync", "preemption", "chunked prefill", "abort", "max_tokens finish", "budget skip",
+                    "event abort", "event reset_preempt", "event resubmit", "event stream_turn", "event stream_update",
+                    "output applied", "output stale_delivered", "output dropped", "output ignored",
+                    "pause(keep", "pause(wait", "pause(abort", "resume",
+                    "outcome crashed", "outcome completed unfinished"}, seen
 
 
 def test_a_real_vllm_assert_is_a_crash_on_both_engines():
