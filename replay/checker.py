@@ -234,7 +234,10 @@ class Checker:
         own = frame.order[frame.own[frame.order]]
         ends = np.r_[cols["req"][own[1:]] != cols["req"][own[:-1]], True]
         self.last_status[cols["req"][own[ends]]] = cols["status"][own[ends]]
-        keep = int(np.searchsorted(cols["step"], cols["step"][-1] - LOOKBACK, side="left"))
+        # The rows of the last LOOKBACK + 1 steps the trace has (steps a pause left out do not count).
+        steps = np.unique(cols["step"][-min(len(cols["step"]), 1 << 16):])
+        keep = int(np.searchsorted(cols["step"], min(steps[-(LOOKBACK + 1):][0], cols["step"][-1] - LOOKBACK),
+                                   side="left"))
         self.context = {name: values[keep:].copy() for name, values in cols.items()}
 
     def _count_cuts(self, frame: Frame) -> None:
@@ -359,16 +362,21 @@ def check_draft_provenance(frame: Frame, chk: Checker) -> Iterable[Finding]:
         return  # sync drafts are real ids from the worker, valid while the request waits
     c = frame.c
     step = c["step"]
+    # The previous schedule() call is the previous step the trace has (a pause leaves steps out);
+    # the frame's context holds the last LOOKBACK of them.
+    steps = np.unique(step)
+    at = np.searchsorted(steps, step)
+    last = np.where(at > 0, steps[np.maximum(at - 1, 0)], 0)
     has_prev = frame.lags[0] >= 0
-    not_scheduled = ~has_prev | (frame.at("step", 1) != step - 1) | (frame.at("n", 1) == 0)
+    not_scheduled = ~has_prev | (frame.at("step", 1) != last) | (frame.at("n", 1) == 0)
     chunk = ~not_scheduled & frame.at("chunk", 1)
     resumed = ~not_scheduled & ~chunk & (c["kind"] == RESUMED)
     empty = ~not_scheduled & ~chunk & ~resumed & (frame.at("total", 1) == 0)
     for i in np.flatnonzero(frame.own & (c["k"] > 0) & (not_scheduled | chunk | resumed | empty)):
-        s, k = int(step[i]), int(c["k"][i])
-        why = (f"it was not scheduled at step {s - 1}, so the worker holds no drafts for it" if not_scheduled[i]
-               else f"its step {s - 1} was a non-final prefill chunk, which proposes no drafts" if chunk[i]
-               else "it resumes from preemption" if resumed[i] else f"step {s - 1} was empty")
+        s, k = int(last[i]), int(c["k"][i])
+        why = (f"it was not scheduled at step {s}, so the worker holds no drafts for it" if not_scheduled[i]
+               else f"its step {s} was a non-final prefill chunk, which proposes no drafts" if chunk[i]
+               else "it resumes from preemption" if resumed[i] else f"step {s} was empty")
         yield chk.finding(frame, "S5-draft-provenance", i, "scheduled_spec_decode_tokens", k, 0,
                           f"scheduled {k} draft slots with no drafts behind them: {why} "
                           "(stale -1 placeholders; the slots are verified and wasted)")

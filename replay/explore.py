@@ -3,7 +3,8 @@
 Where it sits: record -> traces -> replay -> **diff**, automated. Each candidate is a small
 seeded workload drawn from a mix of perturbation profiles (arrival bursts, budgets at the edge of
 1 + k per request, long prompts that chunk, KV pressure that preempts, aborts at awkward steps,
-acceptance patterns per request, idle gaps that leave empty steps, sync scheduling). It runs
+acceptance patterns per request, idle gaps that leave empty steps, sync scheduling, control
+events: pauses, cache resets, aborts, resubmissions, streaming sessions). It runs
 through the implementation under test and the checker; what matters comes back small (finding
 codes and the scheduler situations the run reached), never the trace.
 
@@ -24,7 +25,8 @@ from typing import Any, Callable
 from specreplay.replay.config import EngineConfig
 from specreplay.replay.workload import RequestSpec, Workload
 
-PROFILES = ("burst", "budget-edge", "long-prompts", "kv-pressure", "aborts", "acceptance", "idle-gaps", "sync")
+PROFILES = ("burst", "budget-edge", "long-prompts", "kv-pressure", "aborts", "acceptance", "idle-gaps", "sync",
+            "events")
 GENERATION = 16  # candidates per generation
 ACCEPTANCES = ("all", "none", "alternate", "random:0.3", "random:0.7")
 
@@ -91,8 +93,14 @@ def candidate_workload(seed: int, profiles: tuple[str, ...]) -> Workload:
                           block_size=block_size, num_blocks=1 + per_request_blocks + spare, max_model_len=256,
                           long_prefill_token_threshold=threshold)
     name = f"explore-{seed}-{'+'.join(profiles) or 'plain'}"
-    return Workload(tuple(requests), config, name=name, seed=seed, acceptance=rng.choice(ACCEPTANCES),
-                    max_steps=400)
+    acceptance = rng.choice(ACCEPTANCES)
+    events: tuple = ()
+    if "events" in on:
+        from specreplay.replay.scenarios import draw_events
+
+        requests, events = draw_events(random.Random(f"events:{seed}"), requests, config, last_step=15)
+    return Workload(tuple(requests), config, name=name, seed=seed, acceptance=acceptance, max_steps=400,
+                    events=events)
 
 
 # ---------------------------------------------------------------------- one candidate
@@ -128,13 +136,20 @@ def situations(trace) -> frozenset[str]:
     def any_of(mask) -> bool:
         return bool(pc.any(pc.fill_null(mask, False)).as_py())
 
-    kind, skip, finish = (pc.cast(t[c], "string") for c in ("sched_kind", "sched_skip", "apply_finish_reason"))
+    kind, skip, finish, event, outcome = (pc.cast(t[c], "string") for c in (
+        "sched_kind", "sched_skip", "apply_finish_reason", "sched_event", "apply_outcome"))
     scheduled = pc.greater(t["sched_num_scheduled_tokens"], 0)
     checks = {
         "reentry": pc.equal(kind, "reentering"),
         "resume": pc.equal(kind, "resumed"),
         "preempt-in-flight": pc.and_(t["sched_preempted"], pc.greater(t["sched_num_output_placeholders"], 0)),
-        "output-never-applied": pc.and_(scheduled, pc.is_null(t["apply_step"])),
+        "output-never-applied": pc.and_(scheduled, pc.or_kleene(pc.is_null(outcome), pc.equal(outcome, "ignored"))),
+        "output-dropped": pc.equal(outcome, "dropped"),
+        "stale-delivered": pc.equal(outcome, "stale_delivered"),
+        "pause": pc.match_substring(pc.cast(t["step_event"], "string"), "pause"),
+        "cache-reset": pc.equal(event, "reset_preempt"),
+        "resubmission": pc.greater(t["sched_life"], 0),
+        "streaming-turn": pc.equal(event, "stream_turn"),
         "chunked-prefill": t["sched_is_prefill_chunk"],
         "abort": pc.equal(finish, "aborted"),
         "stop": pc.equal(finish, "stop"),
@@ -148,6 +163,8 @@ def situations(trace) -> frozenset[str]:
     found = {name for name, mask in checks.items() if any_of(mask)}
     if trace.outcome.get("status") != "completed":
         found.add(f"outcome-{trace.outcome.get('status')}")
+    elif trace.outcome.get("unfinished"):
+        found.add("outcome-requests-lost")
     return frozenset(found)
 
 

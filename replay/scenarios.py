@@ -154,6 +154,14 @@ def random_events(seed: int, requests: list[RequestSpec], config: EngineConfig
     rng = random.Random(seed * 7919 + 1)
     if rng.random() >= 0.35:
         return requests, ()
+    return draw_events(rng, requests, config, last_step=30)
+
+
+def draw_events(rng: random.Random, requests: list[RequestSpec], config: EngineConfig, last_step: int
+                ) -> tuple[list[RequestSpec], tuple[Event, ...]]:
+    """One to three control events (a pause with its resume, a cache reset, an abort, an abort and
+    a resubmission, a streaming session with its chunks) at steps 2..last_step; the requests come
+    back with the streaming one marked."""
     events: list[Event] = []
     for _ in range(rng.randint(1, 3)):
         kind = rng.choice(("pause", "reset", "abort", "abort", "resubmit", "stream"))
@@ -173,7 +181,7 @@ def random_events(seed: int, requests: list[RequestSpec], config: EngineConfig
                 step += rng.randint(0, 12)
                 events.append(Event(step, "stream_append", request=spec.request_id, tokens=tokens, max_tokens=max_tokens))
             continue
-        step = rng.randint(2, 30)
+        step = rng.randint(2, last_step)
         if kind == "pause":
             events.append(Event(step, "pause", mode=rng.choice(("keep", "keep", "wait", "abort")),
                                 clear_cache=rng.random() < 0.7))

@@ -67,13 +67,19 @@ def test_shrink_cuts_it_to_a_few_requests_and_steps_and_emits_a_regression_test(
     assert read_trace(again).content_equals(trace)  # deterministic
 
 
-def test_explore_on_upstream_finds_the_draft_provenance_warning_and_no_error(tmp_path):
+def test_explore_on_upstream_finds_the_draft_provenance_warning_and_errors_only_under_control_events(tmp_path):
     result = run("explore", "--impl", "upstream", "--budget", BUDGET, "-o", tmp_path)
-    assert result.exit_code == 0, result.output
     findings = summary(tmp_path)["findings"]
     assert "S5-draft-provenance" in findings
-    assert {f["severity"] for f in findings.values()} == {"warning"}
     assert summary(tmp_path)["coverage"]["reentry"] > 0
+    # vLLM 0.32.0's own failures under control events (README, "Control events"): a resubmitted
+    # id given its previous life's output (the engine asserts), a lost streaming session, and
+    # the runner's correction repeated after a pause that kept the batch. Nothing without events.
+    errors = {code: f for code, f in findings.items() if f["severity"] == "error"}
+    assert result.exit_code == (1 if errors else 0), result.output
+    assert set(errors) <= {"E1-engine-crash", "E2-run-incomplete", "X2-sched-worker-computed",
+                           "X2-worker-position-mismatch"}
+    assert all("events" in f["profiles"] for f in errors.values())
 
 
 def test_jobs_do_not_change_the_findings(tmp_path):

@@ -162,21 +162,25 @@ def check_draft_provenance(rows: TraceRows) -> Iterator[Finding]:
     if not rows.is_async:
         return  # sync drafts are real ids from the worker, valid while the request waits
     c = rows.col
+    # The previous schedule() call: the previous step the trace has (a pause leaves steps out).
+    steps = sorted(set(c["step"]))
+    before = {s: (steps[n - 1] if n else 0) for n, s in enumerate(steps)}
     for rid, idx in rows.by_request.items():
         prev = None
         for i in idx:
             k = c["sched_num_draft_slots"][i]
             if k > 0:
                 step = c["step"][i]
+                last = before[step]
                 why = None
-                if prev is None or c["step"][prev] != step - 1 or c["sched_num_scheduled_tokens"][prev] == 0:
-                    why = f"it was not scheduled at step {step - 1}, so the worker holds no drafts for it"
+                if prev is None or c["step"][prev] != last or c["sched_num_scheduled_tokens"][prev] == 0:
+                    why = f"it was not scheduled at step {last}, so the worker holds no drafts for it"
                 elif c["sched_is_prefill_chunk"][prev]:
-                    why = f"its step {step - 1} was a non-final prefill chunk, which proposes no drafts"
+                    why = f"its step {last} was a non-final prefill chunk, which proposes no drafts"
                 elif c["sched_kind"][i] == "resumed":
                     why = "it resumes from preemption"
                 elif c["step_total_scheduled_tokens"][prev] == 0:
-                    why = f"step {step - 1} was empty"
+                    why = f"step {last} was empty"
                 if why:
                     yield _f(rows, "S5-draft-provenance", i, "scheduled_spec_decode_tokens", k, 0,
                              f"scheduled {k} draft slots with no drafts behind them: {why} "
