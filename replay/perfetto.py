@@ -24,7 +24,8 @@ MAX_ROWS = 20_000  # about 14 MB of JSON
 _COLUMNS = ("step", "request_id", "sched_status", "sched_kind", "sched_skip", "sched_num_scheduled_tokens",
             "sched_num_draft_slots", "sched_preempted", "sched_num_computed_tokens", "sched_num_output_placeholders",
             "apply_step", "apply_outcome", "apply_num_rejected", "worker_row", "worker_num_scheduled_tokens", "worker_num_draft_slots",
-            "worker_num_computed_tokens", "worker_draft_ids", "worker_num_accepted")
+            "worker_num_computed_tokens", "worker_draft_ids", "worker_num_accepted", "step_event", "sched_event",
+            "sched_life")
 
 _NAMES = {"N": "new", "R": "re-entering", "U": "resumed", "b": "skipped: budget", "m": "skipped: max_tokens",
           "0": "nothing to schedule", "w": "waiting", "P": "preempted", "p": "preempted (waiting)", "F": "finished"}
@@ -46,6 +47,7 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
 
     slices: dict[int, set[int]] = {}  # pid -> steps with a scheduler slice (flow ends bind to them)
     rows_taken, current = 0, None
+    marked_steps: set[int] = set()
     for batch in batches:
         keep = pc.and_(pc.greater_equal(batch.column("step"), first), pc.less_equal(batch.column("step"), last))
         for row in batch.filter(keep).to_pylist():
@@ -56,6 +58,10 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
                     break
                 current = step
             rows_taken += 1
+            if row["step_event"] and step not in marked_steps:  # pause, resume, cache reset: engine-wide
+                marked_steps.add(step)
+                events.append({"name": row["step_event"], "ph": "i", "s": "g", "ts": (step - first) * STEP_US,
+                               "pid": 0, "tid": 0, "cat": "control event"})
             pid = pids.get(rid)
             if pid is None:
                 pid = pids[rid] = len(pids) + 1
@@ -68,7 +74,8 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
                                     "num_scheduled_tokens": row["sched_num_scheduled_tokens"],
                                     "num_draft_slots": row["sched_num_draft_slots"],
                                     "num_computed_tokens": row["sched_num_computed_tokens"],
-                                    "num_output_placeholders": row["sched_num_output_placeholders"]}})
+                                    "num_output_placeholders": row["sched_num_output_placeholders"],
+                                    "control_event": row["sched_event"], "life": row["sched_life"]}})
             slices.setdefault(pid, set()).add(step)
             if row["worker_row"] is not None:
                 negative = any(t < 0 for t in row["worker_draft_ids"] or ())

@@ -23,11 +23,13 @@ LEGEND = (
     ("0", "visited, nothing to schedule"), ("w", "waiting"), ("P", "preempted in this step"),
     ("p", "preempted, waiting to resume"), ("F", "finished"), (".", "worker: not in the batch"),
     ("!", "worker: fed negative draft ids (placeholders)"),
+    ("^", "a control event changed it just before the step (abort, cache reset, resubmission, streaming turn)"),
+    ("Z S X", "engine lane: pause, resume (start), prefix-cache reset"),
 )
 
 _COLUMNS = ("step", "request_id", "sched_status", "sched_kind", "sched_skip", "sched_num_scheduled_tokens",
             "sched_num_draft_slots", "sched_preempted", "worker_row", "worker_num_scheduled_tokens",
-            "worker_num_draft_slots", "worker_draft_ids")
+            "worker_num_draft_slots", "worker_draft_ids", "step_event", "sched_event")
 MAX_DEFAULT_REQUESTS = 12  # without --request: the first requests with findings (else the first seen), at most this many
 #: Without --steps, a trace longer than this shows a window around its first finding.
 DEFAULT_WINDOW = 64
@@ -75,6 +77,20 @@ def amount(n: int, k: int) -> str:
 
 
 def sched_cell(row: dict[str, Any]) -> Cell:
+    cell = _sched_cell(row)
+    if row.get("sched_event"):
+        cell.text = ("^" + cell.text)[:CELL]
+    return cell
+
+
+def engine_cell(step_event: str) -> Cell:
+    """The engine lane: Z pause, S resume, X prefix-cache reset, in the order they landed."""
+    letters = "".join("Z" if e.startswith("pause(") else "S" if e == "resume" else "X" if "reset_prefix_cache" in e
+                      or e.startswith("pause: clear") else "?" for e in step_event.split("; "))
+    return Cell(letters[:CELL], "warn")
+
+
+def _sched_cell(row: dict[str, Any]) -> Cell:
     n, k = row["sched_num_scheduled_tokens"], row["sched_num_draft_slots"]
     if n:
         kind = row["sched_kind"]
@@ -128,9 +144,14 @@ def build_timeline(trace, findings: list, requests: list[str] | None = None,
     wanted = set(requests) if requests else None
     order: dict[str, None] = {}
     rows: dict[tuple[str, int], dict[str, Any]] = {}
+    engine: dict[int, Cell] = {}
     first, last = steps if steps else (1, 1 << 62)
     for batch in batches:
-        keep = pc.and_(pc.greater_equal(batch.column("step"), first), pc.less_equal(batch.column("step"), last))
+        in_range = pc.and_(pc.greater_equal(batch.column("step"), first), pc.less_equal(batch.column("step"), last))
+        marked = batch.filter(pc.and_(in_range, pc.not_equal(pc.cast(batch.column("step_event"), "string"), "")))
+        for step, text in zip(marked.column("step").to_pylist(), marked.column("step_event").to_pylist()):
+            engine.setdefault(step, engine_cell(text))
+        keep = in_range
         if wanted is not None:
             keep = pc.and_(keep, pc.is_in(batch.column("request_id"), value_set=_array(sorted(wanted))))
         for row in batch.filter(keep).to_pylist():
@@ -146,6 +167,9 @@ def build_timeline(trace, findings: list, requests: list[str] | None = None,
     lo = max(first, min(seen_steps)) if seen_steps else first
     hi = min(last, max(seen_steps)) if seen_steps else lo - 1
     lanes: list[Lane] = []
+    events = {step: cell for step, cell in engine.items() if lo <= step <= hi}
+    if events:
+        lanes.append(Lane("engine", "events", events))
     for rid in ids:
         sched, worker, marks = Lane(rid, "sched"), Lane(rid, "worker"), Lane(rid, "findings")
         extra = [Lane(rid, f"{side} {FIELD_LABELS[field_name]}") for side, col in zip(("sched", "worker"), FIELDS.get(field_name, ()))

@@ -36,7 +36,14 @@ TINY = {"name": "tiny", "seed": 3, "max_steps": 40,
                    "num_blocks": 16, "async_scheduling": True, "max_model_len": 40},
         "requests": [{"id": "a", "prompt_len": 5, "max_tokens": 4},
                      {"id": "b", "prompt_len": 3, "max_tokens": 5, "arrival_step": 2},
-                     {"id": "c", "prompt_len": 9, "max_tokens": 3, "abort_step": 4}]}
+                     {"id": "c", "prompt_len": 9, "max_tokens": 3, "abort_step": 4},
+                     {"id": "d", "prompt_len": 2, "max_tokens": 3, "streaming": True}],
+        "events": [{"step": 2, "kind": "abort", "request": "b", "when": "after"},
+                   {"step": 3, "kind": "stream_append", "request": "d", "tokens": 2},
+                   {"step": 4, "kind": "resubmit", "request": "b"},
+                   {"step": 5, "kind": "pause", "mode": "keep", "clear_cache": False},
+                   {"step": 6, "kind": "resume"},
+                   {"step": 7, "kind": "reset_prefix_cache", "reset_running": True}]}
 
 
 @pytest.fixture(scope="module")
