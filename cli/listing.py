@@ -58,8 +58,9 @@ def scenarios() -> None:
     """
     from specreplay.replay.scenarios import SCENARIOS
 
+    width = max(len(name) for name in SCENARIOS)
     for s in SCENARIOS.values():
-        click.echo(f"{s.name:14} {s.summary}")
+        click.echo(f"{s.name:{width}} {s.summary}")
 
 
 @click.command(context_settings=CONTEXT)

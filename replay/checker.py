@@ -651,7 +651,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("T1-wrong-token", "error", "applied tokens equal the expected sequence", "ground truth", check_tokens),
     Invariant("K1-kv-content", "error", "valid KV positions hold the expected tokens", "ground truth", check_kv_truth),
     Invariant("E1-engine-crash", "error", "the engine does not die (asserts, unexecutable outputs)", "engine", check_crash),
-    Invariant("E2-run-incomplete", "error", "every request finishes within the step limit", "engine", check_run_completes),
+    Invariant("E2-run-incomplete", "error", "every request finishes: within the step limit, and none is held for good by an idle engine", "engine", check_run_completes),
 )
 
 #: Codes some checks produce besides their own (documented in `specreplay codes`).

@@ -224,7 +224,7 @@ SCENARIOS = {s.name: s for s in (
     Scenario("streaming-preempt", streaming_preempt, "vLLM 0.32.0 loses a streaming session preempted with a "
              "step in flight whose stale output ends its turn (E2: never scheduled again)"),
     Scenario("random", random_workload, "seeded random workload (--seed N): preemption, chunked prefill, "
-             "aborts, stop tokens, budget skips, mixed acceptance"),
+             "aborts, stop tokens, budget skips, mixed acceptance; control events for about a third of the seeds"),
 )}
 
 

@@ -218,6 +218,9 @@ def _check_schema_version(where: str, meta: dict[bytes, bytes]) -> None:
     if version > schema.SCHEMA_VERSION:
         raise TraceError(f"{where}: trace schema v{version} is newer than this specreplay reads "
                          f"(v{schema.SCHEMA_VERSION}); upgrade specreplay")
+    if version == 1:
+        raise TraceError(f"{where}: trace schema v1 (specreplay 0.1, before request lives and control events); "
+                         f"this specreplay reads v{schema.SCHEMA_VERSION}: record the workload again")
     if version < 1 or version != schema.SCHEMA_VERSION:
         raise TraceError(f"{where}: trace schema v{version} is not supported (expected v{schema.SCHEMA_VERSION})")
 

@@ -50,6 +50,7 @@ def _meta(table, **changes):
     (lambda t: t.append_column("extra", pa.array([1] * t.num_rows)), "unexpected columns: extra"),
     (lambda t: t.set_column(t.schema.get_field_index("step"), "step", t["step"].cast(pa.float64())), "mistyped: step"),
     (lambda t: _meta(t, **{"specreplay.schema_version": "99"}), "newer than this specreplay reads"),
+    (lambda t: _meta(t, **{"specreplay.schema_version": "1"}), "v1 (specreplay 0.1, before request lives"),
     (lambda t: t.replace_schema_metadata({}), "without specreplay metadata"),
     (lambda t: _meta(t, **{"specreplay.workload": "{nope"}), "not valid JSON"),
     (lambda t: t.set_column(t.schema.get_field_index("sched_num_tokens"), "sched_num_tokens",
