@@ -141,7 +141,7 @@ class Checker:
         self.outcome = outcome
         self.is_async = bool(config.get("async_scheduling", True))
         self.crash_step = outcome.get("step") if outcome.get("status") == "crashed" else None
-        self.ids: dict[str, int] = {}
+        self.ids: dict[tuple[str, int], int] = {}
         self.names: list[str] = []
         # Per request (by code): carried from chunk to chunk.
         self.decoding = np.zeros(0, dtype=bool)
@@ -180,15 +180,18 @@ class Checker:
         cols: dict[str, np.ndarray] = {"step": as_numpy(batch.column("step"))}
         ids = batch.column("request_id")
         ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
-        lives = batch.column("sched_life")
-        if pc.max(lives).as_py():
-            # A resubmitted id: each life is its own request to the invariants ("id\0life").
-            ids = pc.if_else(pc.equal(lives, 0), ids,
-                             pc.binary_join_element_wise(ids, pc.cast(lives, pa.string()), "\0"))
-            ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
         encoded = pc.dictionary_encode(ids)
-        lookup = np.array([self._id(name) for name in encoded.dictionary.to_pylist()], dtype=np.int64)
-        cols["req"] = lookup[as_numpy(encoded.indices)]
+        names = encoded.dictionary.to_pylist()
+        index = as_numpy(encoded.indices).astype(np.int64)
+        lives = as_numpy(batch.column("sched_life")).astype(np.int64)
+        if lives.any():
+            # A resubmitted id: each (id, life) is its own request to the invariants.
+            pairs, inverse = np.unique(index * (1 << 16) + (lives & 0xFFFF), return_inverse=True)
+            lookup = np.array([self._id((names[p >> 16], p & 0xFFFF)) for p in pairs.tolist()], dtype=np.int64)
+            cols["req"] = lookup[inverse.reshape(-1)]
+        else:
+            lookup = np.array([self._id((name, 0)) for name in names], dtype=np.int64)
+            cols["req"] = lookup[index]
         cols["status"] = enum_codes(batch.column("sched_status"), schema.STATUSES)
         cols["kind"] = enum_codes(batch.column("sched_kind"), schema.KINDS)
         cols["event"] = enum_codes(batch.column("sched_event"), schema.EVENTS)
@@ -210,11 +213,12 @@ class Checker:
         cols["d_neg"] = np.bincount(parents[flat < 0], minlength=batch.num_rows)
         return cols
 
-    def _id(self, key: str) -> int:
+    def _id(self, key: tuple[str, int]) -> int:
+        """The code of a (request id, life); findings name the request id."""
         code = self.ids.get(key)
         if code is None:
             code = self.ids[key] = len(self.names)
-            self.names.append(key.split("\0", 1)[0])  # findings name the request id
+            self.names.append(key[0])
         return code
 
     def _check_chunk(self, parts: list[dict[str, np.ndarray]]) -> None:
@@ -538,32 +542,37 @@ def check_output_life(frame: Frame, chk: Checker) -> Iterable[Finding]:
 
 def check_stale_outputs(frame: Frame, chk: Checker) -> Iterable[Finding]:
     """L2, at the row of the step that applied each output: an output scheduled before a cut
-    (preemption, cache reset) of its request and applied after it is stale; any other is fresh."""
+    (preemption, cache reset, turn end) of its request and applied after it is stale; any other
+    is fresh. Several outputs can land at one step: the nearest wrong one is named."""
     c = frame.c
     step = c["step"]
-    for lag in range(1, LOOKBACK + 1):
+    violated = np.zeros(frame.size, dtype=bool)
+    culprit = np.full(frame.size, -1, dtype=np.int64)
+    for lag in range(LOOKBACK, 0, -1):  # nearest last, so it wins
         r = np.maximum(frame.lags[lag - 1], 0)
         near = (frame.lags[lag - 1] >= 0) & (step[r] >= step - LOOKBACK)  # as far back as the context reaches
         paired = (frame.own & near & (c["n"][r] > 0) & ~c["apply_step_null"][r]
                   & (c["apply_step"][r] == step) & ~c["apply_life_null"][r] & (c["apply_life"][r] == c["life"][r]))
         stale = c["epoch"] > c["epoch"][r]
         outcome = c["outcome"][r]
-        fresh_used_as_stale = paired & ~stale & ((outcome == STALE_DELIVERED) | (outcome == DROPPED))
-        stale_used_as_fresh = paired & stale & (outcome == APPLIED)
-        for i in chk.first_per_request("L2-stale-output", frame, fresh_used_as_stale | stale_used_as_fresh):
-            j = int(r[i])
-            what = schema.APPLY_OUTCOMES[outcome[i]]
-            if stale[i]:
-                message = (f"the output of step {int(step[j])} was in flight when the request was preempted or its "
-                           f"cache reset, yet update_from_output applied it as fresh at step {int(step[i])}: its "
-                           f"{int(c['apply_tokens'][j])} tokens and {int(c['apply_rej'][j])} rejections moved the "
-                           "reset counters")
-            else:
-                message = (f"the output of step {int(step[j])} belongs to the request's current life (no preemption "
-                           f"or reset since), yet update_from_output treated it as stale ({what}) at step "
-                           f"{int(step[i])}: its tokens are lost or its counters never settle")
-            yield chk.finding(frame, "L2-stale-output", i, "apply_outcome", what, "stale" if stale[i] else "fresh",
-                              message)
+        wrong = paired & ((~stale & ((outcome == STALE_DELIVERED) | (outcome == DROPPED)))
+                          | (stale & (outcome == APPLIED)))
+        violated |= wrong
+        culprit = np.where(wrong, r, culprit)
+    for i in chk.first_per_request("L2-stale-output", frame, violated):
+        j = int(culprit[i])
+        stale = bool(c["epoch"][i] > c["epoch"][j])
+        what = schema.APPLY_OUTCOMES[c["outcome"][j]]
+        if stale:
+            message = (f"the output of step {int(step[j])} was in flight when the request was preempted or its "
+                       f"cache reset, yet update_from_output applied it as fresh at step {int(step[i])}: its "
+                       f"{int(c['apply_tokens'][j])} tokens and {int(c['apply_rej'][j])} rejections moved the "
+                       "reset counters")
+        else:
+            message = (f"the output of step {int(step[j])} belongs to the request's current life (no preemption "
+                       f"or reset since), yet update_from_output treated it as stale ({what}) at step "
+                       f"{int(step[i])}: its tokens are lost or its counters never settle")
+        yield chk.finding(frame, "L2-stale-output", i, "apply_outcome", what, "stale" if stale else "fresh", message)
 
 
 def check_in_flight_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:

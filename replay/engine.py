@@ -130,16 +130,21 @@ class EngineLoop:
 
     def step(self) -> bool:
         """One engine iteration, as vLLM's step_with_batch_queue orders it. False when done."""
+        # vLLM's _process_input_queue: idle callbacks (a pause's cache clear) while the engine
+        # has nothing to do, then the input queue: aborts that arrived after an earlier
+        # schedule() and were not applied yet (no batch was popped since), arrivals, events.
+        self.finish_pause_if_idle()
+        self.apply_aborts()
         self.admit_arrivals()
         self.apply_events()
-        if self.clear_after_drain and not self.sched.has_requests() and not self.queue:
-            self.clear_after_drain = False  # vLLM's _finish_pause, from the idle callback
-            self.reset_prefix_cache(True, "pause: clear_cache")
         if not self.sched.has_requests() and not self.queue:
-            pending = [step for step in (*self.arrivals, *self.events) if step > self.step_no]
+            # Idle: nothing to do until the next arrival or event (taken before the schedule()
+            # of its step), or the next abort (due after its step's schedule()).
+            pending = [step - 1 for step in (*self.arrivals, *self.events) if step > self.step_no + 1]
+            pending += [step for step, _ in self.aborts if step > self.step_no]
             if not pending:
                 return False
-            self.step_no = min(pending) - 1  # idle engine: nothing to do until the next arrival or event
+            self.step_no = min(pending)
             return True
         if self.sched.has_requests():
             out = self.schedule_and_execute()
@@ -189,9 +194,17 @@ class EngineLoop:
         # AsyncLLM's final request: a non-resumable one-token prompt under the same id.
         self.sched.add_request(Request(spec.request_id, [0], 1, None, order, self.lives[spec.request_id]))
 
+    def finish_pause_if_idle(self) -> None:
+        """vLLM's _finish_pause: a pause with clear_cache resets the cache as soon as nothing is
+        in flight or schedulable (at once when the pause finds the engine idle)."""
+        if self.clear_after_drain and not self.sched.has_requests() and not self.queue:
+            self.clear_after_drain = False
+            self.reset_prefix_cache(True, "pause: clear_cache")
+
     def apply_events(self) -> None:
         """The control events of the coming step, in workload order (vLLM's input queue)."""
         for event in self.events.pop(self.step_no + 1, ()):
+            self.finish_pause_if_idle()  # the engine is idle between two inputs: its callbacks run
             if event.kind == "abort":
                 for rid in self.sched.finish_requests([event.request]):
                     self.rec.mark_request_event(rid, "abort")
@@ -210,6 +223,7 @@ class EngineLoop:
                 self.sched.set_pause_state("paused_all" if event.mode == "keep" else "paused_new")
                 self.rec.mark_step_event(event.label())
                 self.clear_after_drain = event.clear_cache
+                self.finish_pause_if_idle()  # pause_scheduler: _finish_pause at once if nothing is left
             elif event.kind == "resume":
                 self.sched.set_pause_state("unpaused")
                 # A clear still pending stays registered, as vLLM's idle callback does: it runs

@@ -215,7 +215,10 @@ class Scheduler:
             if req.status == Status.RUNNING:
                 self.running.remove(req)
             else:
-                (self.kv_holding if req in self.kv_holding else self.waiting).remove(req)
+                # As vLLM's remove_requests: wherever it is, if anywhere (a streaming session
+                # vLLM lost after a preemption is in no queue at all).
+                self.waiting = deque(r for r in self.waiting if r is not req)
+                self.kv_holding = deque(r for r in self.kv_holding if r is not req)
                 if req.status == Status.WAITING_FOR_STREAMING_REQ:
                     self.num_waiting_for_streaming_input -= 1
             self._free(req, status)
@@ -347,6 +350,10 @@ class Scheduler:
             if 0 < plan.threshold < n:
                 n = plan.threshold
             n = min(n, plan.budget)
+            if n <= 0:  # vLLM: assert num_new_tokens > 0
+                raise EngineCrash(f"scheduler assert: request {req.request_id!r} admitted with {n} tokens to "
+                                  f"schedule (num_computed_tokens {req.num_computed_tokens} >= num_tokens "
+                                  f"{req.num_tokens})", kind="scheduler-assert")
             # vLLM 0.32 admits a waiting request only if its whole sequence fits in the free
             # blocks (scheduler_reserve_full_isl, on by default), not just this chunk.
             if not self.kv.fits(req.request_id, req.num_tokens):

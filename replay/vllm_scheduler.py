@@ -351,7 +351,13 @@ class VllmSchedulerAdapter:
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         if reset_running_requests:
             self.view.reset_preempted |= {self.view.ext(r.request_id) for r in self.real.running}
-        return self.real.reset_prefix_cache(reset_running_requests=reset_running_requests)
+        try:
+            return self.real.reset_prefix_cache(reset_running_requests=reset_running_requests)
+        except RuntimeError:
+            # "Failed to reset KV cache even when all the running requests are preempted": a
+            # request outside `running` holds blocks (a streaming session between turns). vLLM
+            # returns the error to the caller and the engine goes on, the preemptions done.
+            return False
 
     def finish_requests(self, request_ids: list[str], status: Status = Status.FINISHED_ABORTED) -> list[str]:
         from vllm.v1.request import RequestStatus

@@ -157,7 +157,7 @@ class Workload:
         """A request's turns as (tokens of input, max_tokens): its prompt, then one per
         stream_append event in order. An ordinary request has one."""
         turns = [(spec.prompt_len, spec.max_tokens)]
-        for event in self.events:
+        for event in sorted(self.events, key=lambda e: e.step):  # as the engine applies them
             if event.kind == "stream_append" and event.request == spec.request_id:
                 turns.append((event.tokens, event.max_tokens or spec.max_tokens))
         return turns
@@ -273,7 +273,7 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
         request = raw.get("request")
         if isinstance(request, int) and not isinstance(request, bool):
             request = str(request)
-        if request not in specs:
+        if not isinstance(request, str) or request not in specs:
             raise InputError(f"{where}: request must name a request of the workload, got {request!r}")
         if step < specs[request].arrival_step + (kind == "resubmit"):
             raise InputError(f"{where}: step {step} is before request {request!r} arrives "

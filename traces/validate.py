@@ -28,7 +28,7 @@ NON_NEGATIVE = (
     "worker_num_scheduled_tokens", "worker_num_draft_slots", "worker_cached_drafts",
     "worker_num_accepted", "worker_num_emitted", "worker_num_output_tokens", "worker_row",
     "worker_first_position",
-    "truth_num_computed_tokens", "truth_kv_after",
+    "truth_num_computed_tokens", "truth_kv_after", "sched_life", "apply_life",
 )
 
 #: Columns filled together: in any row they are all null or all set.

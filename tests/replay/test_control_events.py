@@ -97,6 +97,18 @@ def test_streaming_preempt_is_vllms_lost_session():
     assert s[s.apply_outcome == "stale_delivered"].apply_finish_reason.tolist() == ["length"]
 
 
+def test_aborting_the_session_vllm_lost_finishes_it():
+    import dataclasses
+
+    from specreplay.replay.workload import Event
+
+    base = build_scenario("streaming-preempt")
+    w = dataclasses.replace(base, events=base.events + (Event(30, "abort", request="6"),))
+    trace = run_workload(w, resolve("upstream", allow_import=False))
+    assert trace.outcome == {"status": "completed"}  # the idle engine waits for the abort, which ends it
+    assert not errors(check_trace(trace))
+
+
 # ---------------------------------------------------------------------- each invariant: broken and kept
 class NoPlaceholderAssert(AsyncScheduler):
     """No assert on a negative placeholder count: the old life's output lands on the new one."""
@@ -166,6 +178,7 @@ BAD_EVENTS = [
     ('{"kind": "stream_append", "step": 3, "request": "a", "tokens": 2}', "not a streaming request"),
     ('{"kind": "reset_prefix_cache", "step": 3, "reset_running": "yes"}', "reset_running must be true or false"),
     ('{"kind": "abort", "step": 3, "request": "a", "mode": "keep"}', "abort takes no 'mode'"),
+    ('{"kind": "abort", "step": 3, "request": ["a"]}', "must name a request"),
 ]
 
 

@@ -49,6 +49,54 @@ def test_control_event_scenarios_are_identical_on_the_real_scheduler(scenario, i
         assert "assert request.num_output_placeholders >= 0 (async_scheduler.py:" in real.outcome["message"]
 
 
+_ASYNC = {"max_num_batched_tokens": 64, "max_num_seqs": 16, "num_spec_tokens": 3, "async_scheduling": True,
+          "block_size": 16, "num_blocks": 1000, "max_model_len": 512}
+EDGE_WORKLOADS = {
+    # An abort after step 1's schedule, in an iteration that pops nothing (the first async step):
+    # vLLM takes it from the input queue before step 2's schedule.
+    "abort-after-no-pop": {"config": {**_ASYNC, "num_spec_tokens": 0}, "requests": [
+        {"id": "a", "prompt_len": 5, "max_tokens": 10}, {"id": "b", "prompt_len": 5, "max_tokens": 10}],
+        "events": [{"step": 1, "kind": "abort", "request": "a", "when": "after"}]},
+    # A cache reset while a streaming session between turns holds its blocks: vLLM preempts the
+    # running requests, then fails the reset (RuntimeError to the caller); the engine goes on.
+    "reset-with-idle-session": {"config": _ASYNC, "requests": [
+        {"id": "s", "prompt_len": 6, "max_tokens": 3, "streaming": True}, {"id": "b0", "prompt_len": 5, "max_tokens": 40}],
+        "events": [{"step": 15, "kind": "reset_prefix_cache", "reset_running": True},
+                   {"step": 30, "kind": "stream_append", "request": "s", "tokens": 4, "max_tokens": 5}]},
+    # Sync: a pause with clear_cache finds the engine idle and clears at once, before the resume.
+    "sync-pause-resume-same-step": {"config": {**_ASYNC, "num_spec_tokens": 0, "async_scheduling": False}, "requests": [
+        {"id": str(i), "prompt_len": 5, "max_tokens": 20} for i in range(3)],
+        "events": [{"step": 6, "kind": "pause", "mode": "keep", "clear_cache": True}, {"step": 6, "kind": "resume"}]},
+    # Sync + drafts + streaming: a turn cut by max_tokens keeps the truncated drafts in
+    # num_computed_tokens (no placeholders to take them off), and the next chunk has nothing
+    # to schedule: vLLM asserts num_new_tokens > 0.
+    "sync-streaming-turn": {"seed": 615, "config": {**_ASYNC, "max_num_batched_tokens": 12, "max_num_seqs": 4,
+                                                    "async_scheduling": False, "block_size": 4, "num_blocks": 1601,
+                                                    "max_model_len": 256},
+                            "requests": [{"id": "2", "prompt_len": 8, "max_tokens": 11, "streaming": True}],
+                            "events": [{"step": 6, "kind": "stream_append", "request": "2", "tokens": 1, "max_tokens": 3}]},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDGE_WORKLOADS))
+def test_control_event_edges_are_identical_on_the_real_scheduler(name):
+    from specreplay.replay.workload import Workload
+
+    ref, real = both(Workload.from_dict({"name": name, **EDGE_WORKLOADS[name]}))
+    diff = diff_traces(ref, real)
+    assert diff.same, (diff.first, dict(diff.fields))
+    assert {**ref.outcome, "message": ""} == {**real.outcome, "message": ""}
+    df = ref.table.to_pandas()
+    if name == "abort-after-no-pop":
+        assert (df[df.request_id == "a"].step == [1, 2]).all()  # not scheduled again at step 2
+    elif name == "reset-with-idle-session":
+        assert df.step_event.str.contains("failed, blocks in use").any()
+    elif name == "sync-pause-resume-same-step":
+        assert (df[df.step == 6].sched_event == "reset_preempt").all()
+    else:
+        assert real.outcome["status"] == "crashed" and "num_new_tokens > 0" in real.outcome["message"]
+
+
 def test_random_workloads_are_identical_on_the_real_scheduler():
     """120 seeded random workloads, sync and async, with preemption, chunked prefill and aborts,
     plus the same with every third prompt cut to 1 token (admission padding)."""
