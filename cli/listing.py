@@ -37,15 +37,27 @@ def info(trace_path, fmt) -> None:
            "impl": trace.impl, "config": trace.config, "outcome": trace.outcome, "seed": trace.seed,
            "device": trace.device, "steps": trace.num_steps, "rows": trace.num_rows,
            "requests": len(seen), "bytes": trace_path.stat().st_size,
-           "volatile": trace.volatile}
+           "volatile": trace.volatile, "events": _event_counts(trace.workload)}
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
         return
     out = console()
     out.print(trace_header(trace, str(trace_path)))
     for key in ("schema_version", "specreplay_version", "impl", "config", "outcome", "seed", "device",
-                "requests", "bytes", "volatile"):
-        out.print(f"  {key}: {doc[key]}")
+                "requests", "events", "bytes", "volatile"):
+        if key != "events" or doc[key]:
+            out.print(f"  {key}: {doc[key]}")
+
+
+def _event_counts(workload) -> dict[str, int]:
+    """The workload's control events by kind (the metadata is read as given: count what is there)."""
+    events = workload.get("events") if isinstance(workload, dict) else None
+    counts: dict[str, int] = {}
+    for event in events if isinstance(events, list) else ():
+        if isinstance(event, dict):
+            kind = str(event.get("kind"))
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
 
 
 @click.command(context_settings=CONTEXT)
