@@ -438,6 +438,9 @@ class Scheduler:
                 if req.num_stale_output_tokens > 0:
                     stale = True
                     req.num_stale_output_tokens -= n
+                    if req.num_stale_output_tokens < 0:  # vLLM asserts: the stale share did not match
+                        raise EngineCrash(f"scheduler assert: request {rid!r} num_stale_output_tokens "
+                                          f"{req.num_stale_output_tokens} < 0", kind="scheduler-assert")
             if req is None or req.status.finished:
                 continue  # finished or aborted while this step was in flight: output ignored
             slots = out.scheduled_spec_decode_tokens.get(rid)

@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 
+from specreplay.replay.checker import check_trace
 from specreplay.replay.engine import run_workload
 from specreplay.replay.impls import resolve
 from specreplay.replay.scenarios import build_scenario, reentry, reentry_sync
@@ -75,6 +76,17 @@ EDGE_WORKLOADS = {
                                                     "max_model_len": 256},
                             "requests": [{"id": "2", "prompt_len": 8, "max_tokens": 11, "streaming": True}],
                             "events": [{"step": 6, "kind": "stream_append", "request": "2", "tokens": 1, "max_tokens": 3}]},
+    # A resubmission gets its previous life's output: the new life's in-flight count goes 4
+    # tokens short, a later cache reset copies it into the stale count, and draining it asserts.
+    "resubmit-then-reset": {"seed": 22796, "acceptance": "random:0.3", "config": {
+        **_ASYNC, "max_num_batched_tokens": 12, "max_num_seqs": 12, "num_blocks": 9, "max_model_len": 256},
+        "requests": [{"id": "0", "arrival_step": 3, "prompt_len": 84, "max_tokens": 7, "stop_at": 5, "acceptance": "none"},
+                     {"id": "1", "prompt_len": 10, "max_tokens": 5, "stop_at": 4},
+                     {"id": "2", "prompt_len": 4, "max_tokens": 39, "abort_step": 13, "acceptance": "none"},
+                     {"id": "3", "prompt_len": 2, "max_tokens": 21, "stop_at": 20, "acceptance": "none"}],
+        "events": [{"step": 12, "kind": "abort", "request": "0"}, {"step": 12, "kind": "resubmit", "request": "0"},
+                   {"step": 12, "kind": "reset_prefix_cache", "reset_running": True},
+                   {"step": 20, "kind": "reset_prefix_cache", "reset_running": True}]},
 }
 
 
@@ -93,6 +105,9 @@ def test_control_event_edges_are_identical_on_the_real_scheduler(name):
         assert df.step_event.str.contains("failed, blocks in use").any()
     elif name == "sync-pause-resume-same-step":
         assert (df[df.step == 6].sched_event == "reset_preempt").all()
+    elif name == "resubmit-then-reset":
+        assert "num_stale_output_tokens >= 0" in real.outcome["message"] and real.outcome["step"] == 20
+        assert {"L1-output-life", "L3-in-flight-tokens", "E1-engine-crash"} <= {f.code for f in check_trace(ref)}
     else:
         assert real.outcome["status"] == "crashed" and "num_new_tokens > 0" in real.outcome["message"]
 
