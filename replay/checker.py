@@ -605,15 +605,15 @@ def check_in_flight_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
 
 
 def check_run_completes(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
-    unfinished = sorted(chk.names[r] for r in np.flatnonzero(chk.last_status != FINISHED))
-    yield from _incomplete(chk.outcome, unfinished)
+    if chk.outcome.get("status") == "completed":  # the requests the scheduler held when it went idle
+        unfinished = [str(rid) for rid in chk.outcome.get("unfinished", ())]
+    else:  # cut by the step limit: requests whose last row is not finished
+        unfinished = sorted(chk.names[r] for r in np.flatnonzero(chk.last_status != FINISHED))
+    yield from incomplete_findings(chk.outcome, unfinished)
 
 
-def _incomplete(outcome: dict[str, Any], unfinished: list[str]) -> Iterable[Finding]:
-    """`unfinished`: requests whose last row is not finished (a run cut by the step limit). A run
-    that completed lists in its outcome the requests the scheduler still held when it went idle."""
-    if outcome.get("status") == "completed":
-        unfinished = [str(rid) for rid in outcome.get("unfinished", ())]
+def incomplete_findings(outcome: dict[str, Any], unfinished: list[str]) -> Iterable[Finding]:
+    """E2 for a run cut by the step limit, or one that completed with requests held for good."""
     listed = f"({', '.join(unfinished[:5])}{'...' if len(unfinished) > 5 else ''})"
     if outcome.get("status") == "step_limit":
         yield Finding("E2-run-incomplete", "error", outcome.get("step", 0), unfinished[0] if unfinished else None,

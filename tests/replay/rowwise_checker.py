@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 # Severities and the order of findings within a step and request are the product's own: what is
 # stated here is the rules, not their presentation.
-from specreplay.replay.checker import _RANK, INVARIANTS, SEVERITY
+from specreplay.replay.checker import _RANK, INVARIANTS, SEVERITY, incomplete_findings
 from specreplay.replay.findings import Finding
 from specreplay.traces.trace import Trace
 
@@ -432,20 +432,11 @@ def check_in_flight_tokens(rows: TraceRows) -> Iterator[Finding]:
 def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
     outcome = rows.trace.outcome
     c = rows.col
-    unfinished = sorted(rid for (rid, _), idx in rows.by_request.items() if c["sched_status"][idx[-1]] != "finished")
     if outcome.get("status") == "completed":  # the requests the scheduler still held when the engine went idle
         unfinished = [str(rid) for rid in outcome.get("unfinished", ())]
-    listed = f"({', '.join(unfinished[:5])}{'...' if len(unfinished) > 5 else ''})"
-    if outcome.get("status") == "step_limit":
-        yield Finding("E2-run-incomplete", "error", outcome.get("step", 0), unfinished[0] if unfinished else None,
-                      "outcome", "step_limit", len(unfinished),
-                      f"the run hit the step limit with {len(unfinished)} requests unfinished {listed}: "
-                      "livelock or starvation")
-    elif outcome.get("status") == "completed" and unfinished:
-        yield Finding("E2-run-incomplete", "error", int(outcome.get("step", 0)), unfinished[0], "outcome", "completed",
-                      len(unfinished), f"the engine went idle for good with {len(unfinished)} requests unfinished "
-                      f"{listed}: the scheduler holds them but will never schedule them (in no queue it "
-                      "admits from); their clients wait forever")
+    else:
+        unfinished = sorted(rid for (rid, _), idx in rows.by_request.items() if c["sched_status"][idx[-1]] != "finished")
+    yield from incomplete_findings(outcome, unfinished)
 
 
 def check_crash(rows: TraceRows) -> Iterator[Finding]:
