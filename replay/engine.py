@@ -122,7 +122,8 @@ class EngineLoop:
                 self.events[event.step].append(event)
         self.lives: dict[str, int] = {}  # request id -> submissions so far
         self.turns_sent: dict[str, int] = {}  # streaming request -> input chunks sent after its prompt
-        self.appends_left = {spec.request_id: len(workload.turns(spec)) - 1 for spec in workload.requests}
+        self.appends_left = {rid: len(inputs) - 1 for rid, inputs in self.oracle.inputs.items()}
+        self.order_of = {spec.request_id: order for order, spec in enumerate(workload.requests)}
         self.clear_after_drain = False  # a pause with clear_cache waits for the batches in flight
         self.queue: deque = deque()  # (SchedulerOutput, ModelRunnerOutput), newest first
         self.outcome: dict = {"status": "completed"}
@@ -183,7 +184,7 @@ class EngineLoop:
         if live is None or live.status.finished:
             return  # the session ended (aborted): its client stops streaming
         turn = self.turns_sent[rid] = self.turns_sent.get(rid, 0) + 1
-        _, max_tokens = self.workload.turns(spec)[turn]
+        _, max_tokens = self.oracle.inputs[rid][turn]
         chunk = Request(rid, self.oracle.chunk(rid, turn), max_tokens, None, order, self.lives[rid], resumable=True)
         self.sched.add_request(chunk)
         self.rec.mark_request_event(rid, "stream_update")
@@ -209,11 +210,11 @@ class EngineLoop:
                 for rid in self.sched.finish_requests([event.request]):
                     self.rec.mark_request_event(rid, "abort")
             elif event.kind == "resubmit":
-                order = next(i for i, spec in enumerate(self.workload.requests) if spec.request_id == event.request)
+                order = self.order_of[event.request]
                 self.submit(self.workload.requests[order], order)
                 self.rec.mark_request_event(event.request, "resubmit")
             elif event.kind == "stream_append":
-                order = next(i for i, spec in enumerate(self.workload.requests) if spec.request_id == event.request)
+                order = self.order_of[event.request]
                 if self.lives.get(event.request) is not None:
                     self.stream_append(self.workload.requests[order], order)
             elif event.kind == "pause":

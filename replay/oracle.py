@@ -23,14 +23,17 @@ class Oracle:
         self._hash = {rid: model.request_hash(workload.seed, rid) for rid in self.specs}
         self._expected: dict[tuple[str, int], list[int]] = {}  # (request, turn) -> sequence
         self._acceptance = {rid: workload.acceptance_for(spec) for rid, spec in self.specs.items()}
-        # Per request: each turn's (prompt length, max_tokens); the turn by prompt length.
+        #: Per streaming request: each turn's input (tokens, max_tokens), in the order they arrive.
+        self.inputs: dict[str, list[tuple[int, int]]] = {}
+        # Per streaming request: each turn's (prompt length, max_tokens); the turn by prompt length.
         self._turns: dict[str, list[tuple[int, int]]] = {}
         self._turn_of: dict[str, dict[int, int]] = {}
         for rid, spec in self.specs.items():
             if not spec.streaming:
                 continue
+            self.inputs[rid] = workload.turns(spec)
             lengths, prompt_len = [], 0
-            for t, (tokens, max_tokens) in enumerate(workload.turns(spec)):
+            for t, (tokens, max_tokens) in enumerate(self.inputs[rid]):
                 prompt_len = tokens if t == 0 else prompt_len + lengths[-1][1] - 1 + tokens
                 lengths.append((prompt_len, max_tokens))
             self._turns[rid] = lengths
@@ -51,7 +54,7 @@ class Oracle:
 
     def chunk(self, rid: str, turn: int) -> list[int]:
         """The input tokens a streaming session's turn `turn` (>= 1) appends."""
-        tokens = self.workload.turns(self.specs[rid])[turn][0]
+        tokens = self.inputs[rid][turn][0]
         return model.prompt_tokens(self.workload.seed, f"{rid}/turn{turn}", tokens, self.vocab)
 
     def expected(self, rid: str, prompt_len: int | None = None) -> list[int]:

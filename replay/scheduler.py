@@ -215,15 +215,18 @@ class Scheduler:
             if req.status == Status.RUNNING:
                 self.running.remove(req)
             else:
-                # As vLLM's remove_requests: wherever it is, if anywhere (a streaming session
-                # vLLM lost after a preemption is in no queue at all).
-                self.waiting = deque(r for r in self.waiting if r is not req)
-                self.kv_holding = deque(r for r in self.kv_holding if r is not req)
+                self.remove_from_waiting(req)
                 if req.status == Status.WAITING_FOR_STREAMING_REQ:
                     self.num_waiting_for_streaming_input -= 1
             self._free(req, status)
             done.append(rid)
         return done
+
+    def remove_from_waiting(self, req: Request) -> None:
+        """vLLM's remove_requests on both waiting queues: every copy, wherever it is, if anywhere
+        (a streaming session vLLM lost after a preemption is in no queue at all)."""
+        self.waiting = deque(r for r in self.waiting if r is not req)
+        self.kv_holding = deque(r for r in self.kv_holding if r is not req)
 
     def _free(self, req: Request, status: Status) -> None:
         req.status = status
@@ -478,8 +481,7 @@ class Scheduler:
             else:
                 # A request stopped by output delivered after its preemption: vLLM removes every
                 # copy from the waiting queues, even the one _handle_stopped_request just queued.
-                self.waiting = deque(r for r in self.waiting if r is not req)
-                self.kv_holding = deque(r for r in self.kv_holding if r is not req)
+                self.remove_from_waiting(req)
             if finished:
                 self._free(req, Status.FINISHED_STOPPED if finish == "stop" else Status.FINISHED_LENGTH)
         return reports
