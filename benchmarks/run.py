@@ -25,8 +25,8 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from specreplay.replay.config import EngineConfig
-from specreplay.replay.workload import RequestSpec, Workload
+from specreplay.replay.workloads.config import EngineConfig
+from specreplay.replay.workloads.workload import RequestSpec, Workload
 
 
 def decode_workload(num_requests: int, steps: int, k: int = 3, async_scheduling: bool = True) -> Workload:
@@ -77,8 +77,8 @@ class Prepared:
 # ------------------------------------------------------------------ engines under measure
 def reference_run(workload: Workload) -> int:
     """Scheduler + runner + recording (the trace table built): request-steps done."""
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
+    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.impls.registry import resolve
 
     trace = run_workload(workload, resolve("upstream", allow_import=False))
     return int(sum(1 for n in trace.table["sched_num_scheduled_tokens"].to_pylist() if n))
@@ -86,7 +86,7 @@ def reference_run(workload: Workload) -> int:
 
 def have_vllm() -> bool:
     try:
-        from specreplay.replay.vllm_scheduler import load_vllm
+        from specreplay.replay.engines.real_scheduler import load_vllm
 
         load_vllm()
         return True
@@ -100,9 +100,9 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
     is built and the requests added before the timed loop."""
     from vllm.v1.outputs import ModelRunnerOutput
 
-    from specreplay.replay.oracle import Oracle
-    from specreplay.replay.request import Request
-    from specreplay.replay.vllm_scheduler import VllmSchedulerAdapter
+    from specreplay.replay.workloads.oracle import Oracle
+    from specreplay.replay.models.request import Request
+    from specreplay.replay.engines.real_scheduler import VllmSchedulerAdapter
 
     adapter = VllmSchedulerAdapter(workload.config)
     oracle = Oracle(workload)
@@ -111,7 +111,7 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
     sched = adapter.real
     sink = None
     if tap:
-        from specreplay.replay import vllm_live
+        from specreplay.replay.engines import plugin as vllm_live
 
         sink = vllm_live.new_sink()
         vllm_live.CoreTap(sched, vllm_live._Sink(sink, "core"), workload.config, "upstream")
@@ -133,7 +133,7 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
                     continue
             sched.update_from_output(*queue.pop())
         if sink:
-            from specreplay.replay import vllm_live
+            from specreplay.replay.engines import plugin as vllm_live
 
             vllm_live.clean_sink(sink)
         return done
@@ -202,8 +202,8 @@ def tiled(trace, copies: int):
 
 def big_trace(rows_wanted: int, folder: str) -> str:
     """A trace of about `rows_wanted` request-steps: a recorded 64-request decode run, tiled."""
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
+    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.impls.registry import resolve
     from specreplay.traces.io import write_trace
 
     trace = run_workload(decode_workload(64, 500), resolve("upstream", allow_import=False))
@@ -267,8 +267,8 @@ def fig_gpu(args, out: dict) -> None:
     if not torch.cuda.is_available():
         out["gpu"] = {"note": "n/a: no CUDA on this machine"}
         return
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
+    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.impls.registry import resolve
 
     row = {}
     for n in (256, 1024, 4096):

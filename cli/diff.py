@@ -36,7 +36,7 @@ def diff(traces, fmt, fail_on, story) -> None:
       specreplay diff upstream.parquet sched-clear.parquet --format json
     """
     from specreplay.cli.render import STORY_COLUMNS, code_counts, findings_json, findings_lines, story_table, trace_header
-    from specreplay.replay.findings import fails, verdict
+    from specreplay.replay.check.findings import fails, verdict
     from specreplay.traces.io import open_trace
 
     if len(traces) > 2:
@@ -45,7 +45,7 @@ def diff(traces, fmt, fail_on, story) -> None:
     loaded = [open_trace(p) for p in traces]
     out = console()
     if len(loaded) == 1:
-        from specreplay.replay.checker import NEEDED, check_batches
+        from specreplay.replay.check.checker import NEEDED, check_batches
 
         trace = loaded[0]
         findings = check_batches(trace, trace.batches(columns=NEEDED))
@@ -67,7 +67,7 @@ def diff(traces, fmt, fail_on, story) -> None:
                     rows = trace.rows_of(first.request_id, first.step - STORY_STEPS, first.step, columns)
                     out.print(story_table(rows, first.request_id, first.step))
         sys.exit(EXIT_FINDINGS if fails(findings, fail_on) else EXIT_OK)
-    from specreplay.replay.tracediff import diff_batches
+    from specreplay.replay.check.tracediff import diff_batches
 
     result = diff_batches(loaded[0], loaded[1], loaded[0].batches(), loaded[1].batches())
     if fmt == "json":

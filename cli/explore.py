@@ -45,9 +45,9 @@ def explore(impl_name, engine, budget, seconds, seed, jobs, ray_address, fail_on
       specreplay explore --impl pr30796 --budget 100 -o found/
       specreplay shrink found/X10-scheduler-output-mutated.parquet -o min.parquet --emit-pytest test_min.py
     """
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.explore import Candidate, explore as search, make_runner
-    from specreplay.replay.impls import resolve
+    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.workflows.explore import Candidate, explore as search, make_runner
+    from specreplay.replay.impls.registry import resolve
     from specreplay.traces.io import write_trace
 
     if ray_address and jobs > 1:
@@ -64,7 +64,7 @@ def explore(impl_name, engine, budget, seconds, seed, jobs, ray_address, fail_on
     finally:
         runner.close()
     output_dir.mkdir(parents=True, exist_ok=True)
-    from specreplay.replay.checker import all_codes
+    from specreplay.replay.check.checker import all_codes
 
     for code, *_ in all_codes():  # traces an earlier explore left here would read as this run's
         (output_dir / f"{code}.parquet").unlink(missing_ok=True)
@@ -166,10 +166,10 @@ def shrink(trace_path, code, impl_name, engine, max_runs, output, pytest_file) -
       specreplay shrink found/X10-scheduler-output-mutated.parquet -o min.parquet --emit-pytest test_min.py
       SPECREPLAY_IMPL=sched-clear pytest test_min.py
     """
-    from specreplay.replay.checker import check_trace
-    from specreplay.replay.impls import resolve
-    from specreplay.replay.shrink import emit_pytest, shrink as reduce, size
-    from specreplay.replay.workload import Workload
+    from specreplay.replay.check.checker import check_trace
+    from specreplay.replay.impls.registry import resolve
+    from specreplay.replay.workflows.shrink import emit_pytest, shrink as reduce, size
+    from specreplay.replay.workloads.workload import Workload
     from specreplay.traces.io import read_trace, write_trace
 
     source = read_trace(trace_path)
@@ -177,7 +177,7 @@ def shrink(trace_path, code, impl_name, engine, max_runs, output, pytest_file) -
     name = impl_name or source.impl_name
     impl = resolve(name, allow_import=impl_name is not None)
     engine = engine or source.impl.get("engine", "reference")
-    from specreplay.replay.checker import all_codes
+    from specreplay.replay.check.checker import all_codes
 
     known = [c[0] for c in all_codes()]
     if code is not None and code not in known:

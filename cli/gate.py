@@ -47,7 +47,7 @@ def gate(paths, impl_name, engine, executor, device, fail_on, allow_changed, upd
       specreplay gate goldens/ --impl mypkg.sched:Fixed --jobs 2
     """
     from specreplay.cli.common import check_device
-    from specreplay.replay.gate import GateOptions, corpus_dir, run_gate, update_goldens
+    from specreplay.replay.workflows.gate import GateOptions, corpus_dir, run_gate, update_goldens
 
     check_device(device)
     options = GateOptions(impl=impl_name, executor=executor, fail_on=fail_on, device=device, engine=engine)

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
-from specreplay.replay.gate import GateResult
+from specreplay.replay.workflows.gate import GateResult
 
 ANNOTATIONS_PER_KIND = 10
 SUMMARY_LIMIT = 200_000  # bytes; GitHub accepts 1 MiB per step summary

@@ -68,7 +68,7 @@ def scenarios() -> None:
     Example:
       specreplay record --scenario random --seed 7 -o random7.parquet
     """
-    from specreplay.replay.scenarios import SCENARIOS
+    from specreplay.replay.workloads.scenarios import SCENARIOS
 
     width = max(len(name) for name in SCENARIOS)
     for s in SCENARIOS.values():
@@ -83,7 +83,7 @@ def impls() -> None:
     Example:
       specreplay record --scenario reentry --impl mypkg.fix:MyScheduler -o mine.parquet
     """
-    from specreplay.replay.impls import registry
+    from specreplay.replay.impls.registry import registry
 
     for impl in registry().values():
         click.echo(f"{impl.name:14} [{impl.executor}] {impl.description}")
@@ -97,7 +97,7 @@ def codes() -> None:
     Example:
       specreplay codes
     """
-    from specreplay.replay.checker import all_codes
+    from specreplay.replay.check.checker import all_codes
 
     for code, severity, statement, source in all_codes():
         click.echo(f"{code:30} {severity:8} {statement} [{source}]")

@@ -25,8 +25,8 @@ flush_option = click.option(
 
 def _run(workload, impl_name: str, executor: str | None, device: str, output: Path, allow_import: bool,
          engine: str = "reference", model: str | None = None, flush_every: int = FLUSH_EVERY):
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
+    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.impls.registry import resolve
     from specreplay.traces.io import write_trace
     from specreplay.traces.journal import holds_steps, journal_path
 
@@ -58,8 +58,8 @@ def _run(workload, impl_name: str, executor: str | None, device: str, output: Pa
 def _workload(scenario: str | None, workload_file: Path | None, seed: int | None):
     from dataclasses import replace
 
-    from specreplay.replay.scenarios import build_scenario
-    from specreplay.replay.workload import load_workload
+    from specreplay.replay.workloads.scenarios import build_scenario
+    from specreplay.replay.workloads.workload import load_workload
 
     if (scenario is None) == (workload_file is None):
         raise InputError("give exactly one of --scenario NAME or --workload FILE")
@@ -71,8 +71,8 @@ def _workload(scenario: str | None, workload_file: Path | None, seed: int | None
 
 def _summary(trace, output: Path) -> None:
     from specreplay.cli.render import code_counts
-    from specreplay.replay.checker import check_trace
-    from specreplay.replay.findings import verdict
+    from specreplay.replay.check.checker import check_trace
+    from specreplay.replay.check.findings import verdict
 
     findings = check_trace(trace)
     line = (f"wrote {output}: {trace.num_steps} steps, {trace.num_rows} rows, outcome "
@@ -136,7 +136,7 @@ def replay(trace_path, impl_name, engine, executor, device, output, flush_every)
     Example:
       specreplay replay reentry.parquet --impl sched-clear -o fixed.parquet
     """
-    from specreplay.replay.workload import Workload
+    from specreplay.replay.workloads.workload import Workload
     from specreplay.traces.io import open_trace
 
     source = open_trace(trace_path)  # the workload is in the metadata: no rows are needed
@@ -206,8 +206,8 @@ def compare(scenario, workload_file, impl_names, engine, device, seed, output_di
 
     from rich.table import Table
 
-    from specreplay.replay.checker import check_trace
-    from specreplay.replay.findings import verdict
+    from specreplay.replay.check.checker import check_trace
+    from specreplay.replay.check.findings import verdict
 
     workload = _workload(scenario, workload_file, seed)
     names = [n.strip() for n in impl_names.split(",") if n.strip()]

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 from rich.table import Table
 
-from specreplay.replay.findings import Finding, verdict
+from specreplay.replay.check.findings import Finding, verdict
 from specreplay.traces.trace import Trace
 
 EXAMPLES_PER_CODE = 3

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from specreplay.cli.common import CONTEXT, console, handle_errors
-from specreplay.replay.timeline import FIELDS  # plain data, no torch: --help stays fast
+from specreplay.replay.views.timeline import FIELDS  # plain data, no torch: --help stays fast
 from specreplay.traces.errors import InputError
 
 STYLES = {"ok": "green", "new": "cyan", "reentry": "bold yellow", "skip": "magenta", "bad": "bold red",
@@ -51,8 +51,8 @@ def show(trace_path, requests, steps_text, field_name, svg_file) -> None:
       specreplay show reentry.parquet --request 10
       specreplay show reentry.parquet --request 10 --steps 1:8 --field num_computed_tokens --svg reentry.svg
     """
-    from specreplay.replay.checker import NEEDED, check_batches
-    from specreplay.replay.timeline import build_timeline, default_steps
+    from specreplay.replay.check.checker import NEEDED, check_batches
+    from specreplay.replay.views.timeline import build_timeline, default_steps
     from specreplay.traces.io import open_trace
 
     steps = parse_steps(steps_text)
@@ -91,7 +91,7 @@ def show(trace_path, requests, steps_text, field_name, svg_file) -> None:
 def render(out, timeline) -> None:
     from rich.text import Text
 
-    from specreplay.replay.timeline import CELL, LEGEND
+    from specreplay.replay.views.timeline import CELL, LEGEND
 
     if not timeline.lanes:
         out.print("nothing to show (no rows in this range)")
@@ -143,8 +143,8 @@ def export(trace_path, out_file, steps_text, max_steps, max_rows) -> None:
     """
     import json
 
-    from specreplay.replay.checker import NEEDED, check_batches
-    from specreplay.replay.perfetto import export_events
+    from specreplay.replay.check.checker import NEEDED, check_batches
+    from specreplay.replay.views.perfetto import export_events
     from specreplay.traces.io import open_trace
 
     steps = parse_steps(steps_text)

@@ -1,6 +1,23 @@
-"""specreplay.replay: the engines (reference scheduler and runner, variants, the step loop), the
-workloads that drive them, and the checker and trace diff that read what they record.
+"""specreplay.replay: the engines that produce traces and the tools that read them.
 
-Where it sits: record -> traces -> **replay** -> diff. torch is imported only by the runner and
-the model, so importing the checker or the diff stays fast.
+Where it sits: record -> traces -> **replay** -> check. The packages, in data-flow order; each
+may import only the packages above it in this list (tests/test_architecture.py holds the rules):
+
+    workloads/  what a run is asked to do: engine config, workloads, scenarios, generators,
+                token arithmetic, the oracle (the tokens a correct engine produces)
+    models/     the reference models of vLLM's scheduler and GPU model runner, and the
+                messages between them (SchedulerOutput, ModelRunnerOutput)
+    impls/      the implementations under test: a registry of variants, each in a reference
+                form and (where it has one) a real-vLLM form
+    record/     the observer: watches any vLLM-shaped scheduler and runner from outside and
+                writes the trace rows; the KV ground truth
+    engines/    one driver loop for every engine (reference, the real vLLM scheduler, a live
+                vLLM), the input driver, the vLLM setup and plugin
+    check/      findings, the checker's catalogue and rule families, the trace diff: reads
+                traces only (no models, engines or torch)
+    workflows/  gate, explore, shrink, recording to a file: what the CLI commands call
+    views/      the terminal timeline and the Perfetto export (plain data)
+
+`scheduler`, `runner`, `engine`, `workload` and `checker` at this level are compatibility paths
+for code written against the flat layout.
 """

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from specreplay.replay.engine import run_workload
-from specreplay.replay.impls import resolve
-from specreplay.replay.scenarios import build_scenario
+from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.impls.registry import resolve
+from specreplay.replay.workloads.scenarios import build_scenario
 
 
 def _has(module: str) -> bool:
@@ -49,7 +49,7 @@ def reentry_traces():
 def padded_admission_cut_by_threshold():
     """A workload on which real vLLM 0.32.0 asserts in schedule(): a 1-token admission padded to
     1 + k tokens, then cut by a smaller long_prefill_token_threshold."""
-    from specreplay.replay.workload import Workload
+    from specreplay.replay.workloads.workload import Workload
 
     return Workload.from_dict({"config": {"max_num_batched_tokens": 16, "max_num_seqs": 2, "num_spec_tokens": 4,
                                           "async_scheduling": False, "block_size": 4, "num_blocks": 4,

@@ -199,7 +199,7 @@ def test_help_and_diff_do_not_import_torch(tmp_path, recorded):
 
 def test_user_implementation_errors_are_one_line(tmp_path, monkeypatch):
     (tmp_path / "userimpls.py").write_text(
-        "from specreplay.replay.scheduler import AsyncScheduler, Scheduler\n"
+        "from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler\n"
         "class Boom(AsyncScheduler):\n"
         "    def schedule(self):\n"
         "        raise KeyError('user bug')\n"

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from specreplay.cli.main import main
-from specreplay.replay.checker import check_trace
+from specreplay.replay.check.checker import check_trace
 from specreplay.traces.io import read_trace
 
 BUDGET = 400  # workloads; about 5 s on a 2-core machine
@@ -114,7 +114,7 @@ def test_bad_input_is_one_line(tmp_path, found):
     import sys as _sys
 
     (tmp_path / "brokenimpl.py").write_text(
-        "from specreplay.replay.scheduler import AsyncScheduler\n"
+        "from specreplay.replay.models.scheduler import AsyncScheduler\n"
         "class Broken(AsyncScheduler):\n"
         "    def schedule(self):\n"
         "        raise ValueError('broken')\n")

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from specreplay.cli.main import main
-from specreplay.replay.gate import corpus_dir
+from specreplay.replay.workflows.gate import corpus_dir
 
 
 def gate(*args, env=None):

@@ -129,8 +129,8 @@ def test_perfetto_export_of_the_reentry_trace(reentry, tmp_path):
 
 def test_perfetto_export_stays_bounded_on_a_10000_step_trace(tmp_path):
     from benchmarks.run import decode_workload, tiled
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
+    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.impls.registry import resolve
     from specreplay.traces.io import write_trace
 
     trace = run_workload(decode_workload(16, 500), resolve("upstream", allow_import=False))
@@ -152,8 +152,8 @@ def test_perfetto_export_stays_bounded_on_a_10000_step_trace(tmp_path):
 
 def test_a_clean_trace_with_many_requests_shows_a_few_and_says_so(tmp_path):
     from benchmarks.run import decode_workload
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
+    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.impls.registry import resolve
     from specreplay.traces.io import write_trace
 
     path = write_trace(run_workload(decode_workload(64, 100), resolve("upstream", allow_import=False)),

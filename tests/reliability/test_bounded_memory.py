@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from specreplay.replay.engine import run_workload
-from specreplay.replay.impls import resolve
+from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.impls.registry import resolve
 from specreplay.traces.io import write_trace
 
 ROWS = 3_000_000
@@ -50,7 +50,7 @@ def peak_rss(args: list[str]) -> tuple[int, float, str]:
 def test_diff_and_info_stream_a_long_trace(long_trace):
     """Ten times the rows, the same peak: memory follows the row group, not the trace."""
     path, short, table_bytes = long_trace
-    from specreplay.replay.gate import corpus_dir
+    from specreplay.replay.workflows.gate import corpus_dir
 
     small = str(corpus_dir() / "reentry.parquet")
     # What the same commands take on a 200-row trace: interpreter, pyarrow, numpy, rich.

@@ -10,9 +10,9 @@ from concurrent.futures import ProcessPoolExecutor
 from click.testing import CliRunner
 
 from specreplay.cli.main import main
-from specreplay.replay.engine import run_workload
-from specreplay.replay.impls import resolve
-from specreplay.replay.scenarios import build_scenario
+from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.impls.registry import resolve
+from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.traces.io import read_trace
 
 CASES = [("random", seed, impl) for seed in (2, 11, 38) for impl in ("upstream", "pr30796", "sched-clear")] + [

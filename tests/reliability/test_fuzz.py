@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specreplay.cli.main import main
-from specreplay.replay.engine import run_workload
-from specreplay.replay.impls import resolve
-from specreplay.replay.workload import Workload
+from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.impls.registry import resolve
+from specreplay.replay.workloads.workload import Workload
 from specreplay.traces import schema
 from specreplay.traces.io import write_trace
 

@@ -22,8 +22,8 @@ from typing import Callable, Iterator
 
 # Severities and the order of findings within a step and request are the product's own: what is
 # stated here is the rules, not their presentation.
-from specreplay.replay.checker import _RANK, INVARIANTS, SEVERITY, incomplete_findings
-from specreplay.replay.findings import Finding
+from specreplay.replay.check.checker import _RANK, INVARIANTS, SEVERITY, incomplete_findings
+from specreplay.replay.check.findings import Finding
 from specreplay.traces.trace import Trace
 
 _NEEDED = (

@@ -7,7 +7,7 @@ import dataclasses
 import pyarrow as pa
 import pytest
 
-from specreplay.replay.checker import check_trace
+from specreplay.replay.check.checker import check_trace
 from specreplay.traces import schema
 
 
@@ -85,9 +85,9 @@ def test_pr30796_copy_leaves_the_worker_ahead_of_its_kv(reentry_traces):
 
 
 def test_a_run_that_hits_the_step_limit_is_an_error():
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
-    from specreplay.replay.scenarios import reentry
+    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.impls.registry import resolve
+    from specreplay.replay.workloads.scenarios import reentry
 
     trace = run_workload(dataclasses.replace(reentry(), max_steps=3), resolve("upstream", allow_import=False))
     assert trace.outcome == {"status": "step_limit", "step": 3}
@@ -96,9 +96,9 @@ def test_a_run_that_hits_the_step_limit_is_an_error():
 
 
 def test_malformed_scheduler_output_is_an_engine_crash():
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
-    from specreplay.replay.scenarios import reentry_sync
+    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.impls.registry import resolve
+    from specreplay.replay.workloads.scenarios import reentry_sync
 
     trace = run_workload(reentry_sync(), resolve("pr30796", allow_import=False))
     assert trace.outcome["status"] == "crashed" and trace.outcome["kind"] == "malformed-scheduler-output"
@@ -109,8 +109,8 @@ def test_padded_admission_cut_by_the_long_prefill_threshold_is_vllms_assert():
     """Real vLLM 0.32 asserts (scheduler.py, `num_new_tokens == 1 + num_spec_tokens`) when a
     1-token admission padded to 1 + k is then cut by a smaller long_prefill_token_threshold;
     the reference reproduces the crash and the checker reports it."""
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
+    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.impls.registry import resolve
     from tests.conftest import padded_admission_cut_by_threshold
 
     trace = run_workload(padded_admission_cut_by_threshold(), resolve("upstream", allow_import=False))

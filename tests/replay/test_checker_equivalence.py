@@ -10,10 +10,10 @@ import random
 import pyarrow as pa
 import pytest
 
-from specreplay.replay.checker import check_trace
-from specreplay.replay.engine import run_workload
-from specreplay.replay.impls import resolve
-from specreplay.replay.scenarios import build_scenario
+from specreplay.replay.check.checker import check_trace
+from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.impls.registry import resolve
+from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.traces import schema
 from specreplay.traces.validate import GROUPS, NON_NEGATIVE, RowValidator
 from tests.replay import rowwise_checker

@@ -8,11 +8,11 @@ import pytest
 from click.testing import CliRunner
 
 from specreplay.cli.main import main
-from specreplay.replay.checker import check_trace
-from specreplay.replay.engine import run_workload
-from specreplay.replay.impls import Implementation, resolve
-from specreplay.replay.scenarios import build_scenario
-from specreplay.replay.scheduler import AsyncScheduler
+from specreplay.replay.check.checker import check_trace
+from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.impls.registry import Implementation, resolve
+from specreplay.replay.workloads.scenarios import build_scenario
+from specreplay.replay.models.scheduler import AsyncScheduler
 
 
 def run(name: str, impl="upstream"):
@@ -100,7 +100,7 @@ def test_streaming_preempt_is_vllms_lost_session():
 def test_aborting_the_session_vllm_lost_finishes_it():
     import dataclasses
 
-    from specreplay.replay.workload import Event
+    from specreplay.replay.workloads.workload import Event
 
     base = build_scenario("streaming-preempt")
     w = dataclasses.replace(base, events=base.events + (Event(30, "abort", request="6"),))
@@ -240,7 +240,7 @@ def test_the_live_engine_refuses_events_in_one_line(tmp_path):
 
 
 def test_shrink_keeps_the_events_the_finding_needs():
-    from specreplay.replay.shrink import shrink
+    from specreplay.replay.workflows.shrink import shrink
 
     result = shrink(build_scenario("resubmit"), resolve("upstream", allow_import=False), "E1-engine-crash")
     w = result.workload

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from specreplay.replay.engine import run_workload
-from specreplay.replay.impls import resolve
-from specreplay.replay.scenarios import build_scenario
+from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.impls.registry import resolve
+from specreplay.replay.workloads.scenarios import build_scenario
 
 
 @pytest.mark.gpu

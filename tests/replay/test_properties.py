@@ -6,12 +6,12 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specreplay.replay.checker import check_trace
-from specreplay.replay.config import EngineConfig
-from specreplay.replay.engine import run_workload
-from specreplay.replay.impls import resolve
-from specreplay.replay.scenarios import build_scenario
-from specreplay.replay.workload import RequestSpec, Workload
+from specreplay.replay.check.checker import check_trace
+from specreplay.replay.workloads.config import EngineConfig
+from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.impls.registry import resolve
+from specreplay.replay.workloads.scenarios import build_scenario
+from specreplay.replay.workloads.workload import RequestSpec, Workload
 
 
 @st.composite

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specreplay.replay.input_batch import CachedRequestState, InputBatch
+from specreplay.replay.models.input_batch import CachedRequestState, InputBatch
 
 
 def state(rid: str) -> CachedRequestState:
@@ -43,10 +43,10 @@ def test_reentering_request_is_removed_then_readded_without_correction(reentry_t
 
 
 def test_decode_rows_are_corrected_by_the_rejections_of_the_previous_step():
-    from specreplay.replay.config import EngineConfig
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
-    from specreplay.replay.workload import RequestSpec, Workload
+    from specreplay.replay.workloads.config import EngineConfig
+    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.impls.registry import resolve
+    from specreplay.replay.workloads.workload import RequestSpec, Workload
 
     w = Workload((RequestSpec("a", 1, 5, 12),), EngineConfig(num_spec_tokens=3), acceptance="alternate")
     df = run_workload(w, resolve("upstream", allow_import=False)).table.to_pandas()
@@ -62,10 +62,10 @@ def test_decode_rows_are_corrected_by_the_rejections_of_the_previous_step():
 def test_drafter_is_skipped_for_the_whole_batch_near_max_model_len():
     """vLLM caches zero drafts for every row once the longest optimistic sequence plus k no
     longer fits the drafter (max_model_len here)."""
-    from specreplay.replay.config import EngineConfig
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
-    from specreplay.replay.workload import RequestSpec, Workload
+    from specreplay.replay.workloads.config import EngineConfig
+    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.impls.registry import resolve
+    from specreplay.replay.workloads.workload import RequestSpec, Workload
 
     w = Workload((RequestSpec("0", 1, 40, 24), RequestSpec("1", 1, 3, 40)),
                  EngineConfig(max_model_len=64, num_spec_tokens=3), acceptance="all")
@@ -84,7 +84,7 @@ def test_the_recorder_fills_every_schema_column_once_per_row():
     """record_schedule fills columns in bulk from its row tuples: each schema column must come from
     exactly one place (the step, the step total, a scheduler field, or the later apply, worker and
     truth groups), or a trace would shift columns against each other."""
-    from specreplay.replay import recorder
+    from specreplay.replay.record import recorder
     from specreplay.traces import schema
 
     sources = ("step", "step_total_scheduled_tokens", "step_event") + recorder._SCHEDULE_COLUMNS + recorder._LATER_COLUMNS

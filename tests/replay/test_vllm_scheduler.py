@@ -10,11 +10,11 @@ import dataclasses
 
 import pytest
 
-from specreplay.replay.checker import check_trace
-from specreplay.replay.engine import run_workload
-from specreplay.replay.impls import resolve
-from specreplay.replay.scenarios import build_scenario, reentry, reentry_sync
-from specreplay.replay.tracediff import diff_traces
+from specreplay.replay.check.checker import check_trace
+from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.impls.registry import resolve
+from specreplay.replay.workloads.scenarios import build_scenario, reentry, reentry_sync
+from specreplay.replay.check.tracediff import diff_traces
 
 pytestmark = pytest.mark.vllm
 
@@ -92,7 +92,7 @@ EDGE_WORKLOADS = {
 
 @pytest.mark.parametrize("name", sorted(EDGE_WORKLOADS))
 def test_control_event_edges_are_identical_on_the_real_scheduler(name):
-    from specreplay.replay.workload import Workload
+    from specreplay.replay.workloads.workload import Workload
 
     ref, real = both(Workload.from_dict({"name": name, **EDGE_WORKLOADS[name]}))
     diff = diff_traces(ref, real)
@@ -183,7 +183,7 @@ def test_cli_records_and_diffs_the_real_scheduler(tmp_path):
 def test_missing_or_wrong_vllm_is_one_line(monkeypatch):
     import sys
 
-    from specreplay.replay import vllm_scheduler
+    from specreplay.replay.engines import real_scheduler as vllm_scheduler
     from specreplay.traces.errors import InputError
 
     monkeypatch.setitem(sys.modules, "vllm", None)

@@ -1,14 +1,14 @@
 """The built-in variants: each differs from upstream in one overridden hook.
 
-Where it sits: replay. Registered in `specreplay.replay.impls`; also the worked examples for
+Where it sits: replay. Registered in `specreplay.replay.impls.registry`; also the worked examples for
 users writing their own implementation.
 """
 
 from __future__ import annotations
 
-from specreplay.replay.messages import SchedulerOutput
-from specreplay.replay.runner import GPUModelRunner
-from specreplay.replay.scheduler import AsyncScheduler
+from specreplay.replay.models.messages import SchedulerOutput
+from specreplay.replay.models.runner import GPUModelRunner
+from specreplay.replay.models.scheduler import AsyncScheduler
 
 
 class DropReentryDraftsRunner(GPUModelRunner):

@@ -19,11 +19,11 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from specreplay.replay.config import EngineConfig
-from specreplay.replay.messages import (CachedRequestData, EngineCrash, ModelRunnerOutput, NewRequestData,
+from specreplay.replay.workloads.config import EngineConfig
+from specreplay.replay.models.messages import (CachedRequestData, EngineCrash, ModelRunnerOutput, NewRequestData,
                                         SchedulerOutput)
-from specreplay.replay.request import Request, Status
-from specreplay.replay.scheduler import ApplyReport
+from specreplay.replay.models.request import Request, Status
+from specreplay.replay.models.scheduler import ApplyReport
 from specreplay.traces.errors import InputError
 
 SUPPORTED_VERSIONS = ("0.32.0",)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specreplay.replay.timeline import amount, sched_cell, short_code
+from specreplay.replay.views.timeline import amount, sched_cell, short_code
 
 STEP_US = 1000  # one engine step = 1 ms on the timeline
 SCHED_TID, WORKER_TID = 1, 2

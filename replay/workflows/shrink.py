@@ -16,7 +16,7 @@ import pprint
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from specreplay.replay.workload import RequestSpec, Workload
+from specreplay.replay.workloads.workload import RequestSpec, Workload
 from specreplay.traces.errors import InputError
 from specreplay.traces.trace import Trace
 
@@ -47,10 +47,10 @@ def size(workload: Workload, trace: Trace) -> tuple[int, ...]:
 def shrink(workload: Workload, impl, code: str, engine: str = "reference", max_runs: int = 3000,
            progress: Callable[[Shrunk], None] | None = None) -> Shrunk:
     """The smallest workload (greedy) whose run through `impl` still fires `code`."""
-    from specreplay.replay.engine import run_workload
+    from specreplay.replay.engines.loop import run_workload
 
     def fires(w: Workload) -> Trace | None:
-        from specreplay.replay.checker import check_trace
+        from specreplay.replay.check.checker import check_trace
 
         try:
             w = Workload.from_dict(w.to_dict())  # a reduction must still be a valid workload
@@ -197,10 +197,10 @@ SPECREPLAY_IMPL (a registry name or module:attr; default {impl_name!r}).
 
 import os
 
-from specreplay.replay.checker import check_trace
-from specreplay.replay.engine import run_workload
-from specreplay.replay.impls import resolve
-from specreplay.replay.workload import Workload
+from specreplay.replay.check.checker import check_trace
+from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.impls.registry import resolve
+from specreplay.replay.workloads.workload import Workload
 
 CODE = {shrunk.code!r}
 ENGINE = {engine!r}
@@ -216,6 +216,6 @@ def test_{slug}_does_not_fire():
 
 
 def _findings(trace: Trace):
-    from specreplay.replay.checker import check_trace
+    from specreplay.replay.check.checker import check_trace
 
     return check_trace(trace)

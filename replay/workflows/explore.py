@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from specreplay.replay.config import EngineConfig
-from specreplay.replay.workload import RequestSpec, Workload
+from specreplay.replay.workloads.config import EngineConfig
+from specreplay.replay.workloads.workload import RequestSpec, Workload
 
 PROFILES = ("burst", "budget-edge", "long-prompts", "kv-pressure", "aborts", "acceptance", "idle-gaps", "sync",
             "events")
@@ -96,7 +96,7 @@ def candidate_workload(seed: int, profiles: tuple[str, ...]) -> Workload:
     acceptance = rng.choice(ACCEPTANCES)
     events: tuple = ()
     if "events" in on:
-        from specreplay.replay.scenarios import draw_events
+        from specreplay.replay.workloads.generators import draw_events
 
         requests, events = draw_events(random.Random(f"events:{seed}"), requests, config, last_step=15)
     return Workload(tuple(requests), config, name=name, seed=seed, acceptance=acceptance, max_steps=400,
@@ -107,9 +107,9 @@ def candidate_workload(seed: int, profiles: tuple[str, ...]) -> Workload:
 def run_candidate(impl_name: str, engine: str, candidate: Candidate) -> CaseResult:
     """Run one candidate and keep what the search needs (module level: process pools and Ray
     workers import it)."""
-    from specreplay.replay.checker import check_trace
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
+    from specreplay.replay.check.checker import check_trace
+    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.impls.registry import resolve
     from specreplay.traces.errors import InputError
 
     try:

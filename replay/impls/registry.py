@@ -23,14 +23,14 @@ import importlib
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from specreplay.replay.config import EngineConfig
-from specreplay.replay.messages import SchedulerOutput
-from specreplay.replay.scheduler import AsyncScheduler, Scheduler
+from specreplay.replay.workloads.config import EngineConfig
+from specreplay.replay.models.messages import SchedulerOutput
+from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
 from specreplay.traces.errors import InputError
 
 if TYPE_CHECKING:
-    from specreplay.replay.oracle import Oracle
-    from specreplay.replay.runner import GPUModelRunner
+    from specreplay.replay.workloads.oracle import Oracle
+    from specreplay.replay.models.runner import GPUModelRunner
 
 EXECUTORS = ("inproc", "multiproc")
 #: reference: specreplay's models of vLLM 0.32.0; vllm-scheduler: the installed vLLM's real
@@ -76,7 +76,7 @@ class Implementation:
                                                or not issubclass(self.scheduler, AsyncScheduler))
 
     def _make_vllm_scheduler(self, config: EngineConfig) -> Any:
-        from specreplay.replay.vllm_scheduler import VllmSchedulerAdapter, real_scheduler_class
+        from specreplay.replay.engines.real_scheduler import VllmSchedulerAdapter, real_scheduler_class
 
         if self.scheduler is not None and self.real_scheduler is None:
             raise InputError(f"{self.name} changes the reference scheduler only; it has no form for "
@@ -87,7 +87,7 @@ class Implementation:
         return VllmSchedulerAdapter(config, cls)
 
     def make_runner(self, config: EngineConfig, oracle: "Oracle", device: str) -> "GPUModelRunner":
-        from specreplay.replay.runner import GPUModelRunner
+        from specreplay.replay.models.runner import GPUModelRunner
 
         return (self.runner or GPUModelRunner)(config, oracle, device)
 
@@ -110,7 +110,7 @@ class Implementation:
 
 
 def _builtin() -> dict[str, Implementation]:
-    from specreplay.replay import variants
+    from specreplay.replay.impls import variants
 
     items = [
         Implementation("upstream", "vLLM 0.32.0 behaviour (AsyncScheduler + V1 GPUModelRunner)"),
@@ -160,7 +160,7 @@ def _summary(obj: type, default: str) -> str:
 
 
 def _load(spec: str) -> Implementation:
-    from specreplay.replay.runner import GPUModelRunner
+    from specreplay.replay.models.runner import GPUModelRunner
 
     module_name, _, attr = spec.partition(":")
     try:
@@ -180,4 +180,4 @@ def _load(spec: str) -> Implementation:
     if isinstance(obj, type) and issubclass(obj, GPUModelRunner):
         return Implementation(spec, _summary(obj, "user runner"), runner=obj, user_code=True)
     raise InputError(f"{spec} is a {type(obj).__name__}; expected an Implementation, or a subclass of "
-                     "specreplay.replay.scheduler.Scheduler or specreplay.replay.runner.GPUModelRunner")
+                     "specreplay.replay.models.scheduler.Scheduler or specreplay.replay.models.runner.GPUModelRunner")

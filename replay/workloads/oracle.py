@@ -11,8 +11,8 @@ input tokens the turn appends. Callers name the turn by its prompt length (they 
 
 from __future__ import annotations
 
-from specreplay.replay import model
-from specreplay.replay.workload import RequestSpec, Workload
+from specreplay.replay.workloads import tokens
+from specreplay.replay.workloads.workload import RequestSpec, Workload
 
 
 class Oracle:
@@ -20,7 +20,7 @@ class Oracle:
         self.workload = workload
         self.vocab = workload.config.vocab_size
         self.specs: dict[str, RequestSpec] = {spec.request_id: spec for spec in workload.requests}
-        self._hash = {rid: model.request_hash(workload.seed, rid) for rid in self.specs}
+        self._hash = {rid: tokens.request_hash(workload.seed, rid) for rid in self.specs}
         self._expected: dict[tuple[str, int], list[int]] = {}  # (request, turn) -> sequence
         self._acceptance = {rid: workload.acceptance_for(spec) for rid, spec in self.specs.items()}
         #: Per streaming request: each turn's input (tokens, max_tokens), in the order they arrive.
@@ -33,8 +33,8 @@ class Oracle:
                 continue
             self.inputs[rid] = workload.turns(spec)
             lengths, prompt_len = [], 0
-            for t, (tokens, max_tokens) in enumerate(self.inputs[rid]):
-                prompt_len = tokens if t == 0 else prompt_len + lengths[-1][1] - 1 + tokens
+            for t, (length, max_tokens) in enumerate(self.inputs[rid]):
+                prompt_len = length if t == 0 else prompt_len + lengths[-1][1] - 1 + length
                 lengths.append((prompt_len, max_tokens))
             self._turns[rid] = lengths
             self._turn_of[rid] = {length: t for t, (length, _) in enumerate(lengths)}
@@ -44,7 +44,7 @@ class Oracle:
 
     def prompt(self, rid: str) -> list[int]:
         spec = self.specs[rid]
-        return model.prompt_tokens(self.workload.seed, rid, spec.prompt_len, self.vocab)
+        return tokens.prompt_tokens(self.workload.seed, rid, spec.prompt_len, self.vocab)
 
     def turn(self, rid: str, prompt_len: int | None) -> int:
         """The turn of a request whose current prompt has `prompt_len` tokens (None: the first)."""
@@ -54,8 +54,8 @@ class Oracle:
 
     def chunk(self, rid: str, turn: int) -> list[int]:
         """The input tokens a streaming session's turn `turn` (>= 1) appends."""
-        tokens = self.inputs[rid][turn][0]
-        return model.prompt_tokens(self.workload.seed, f"{rid}/turn{turn}", tokens, self.vocab)
+        length = self.inputs[rid][turn][0]
+        return tokens.prompt_tokens(self.workload.seed, f"{rid}/turn{turn}", length, self.vocab)
 
     def expected(self, rid: str, prompt_len: int | None = None) -> list[int]:
         """Prompt then true outputs (of the turn whose prompt has `prompt_len` tokens), long
@@ -65,7 +65,7 @@ class Oracle:
         if seq is None:
             extra = 2 * self.workload.config.num_spec_tokens + 2
             if turn == 0:
-                seq = model.expected_tokens(self.workload.seed, self.specs[rid], self.vocab, extra)
+                seq = tokens.expected_tokens(self.workload.seed, self.specs[rid], self.vocab, extra)
             else:
                 before_len, before_max = self._turns[rid][turn - 1]
                 keep = before_len + before_max - 1
@@ -74,7 +74,7 @@ class Oracle:
                 prompt_len, max_tokens = self._turns[rid][turn]
                 h = self._hash[rid]
                 while len(seq) < prompt_len + max_tokens + extra:
-                    seq.append(model.next_token(h, len(seq) - 1, seq[-1], self.vocab))
+                    seq.append(tokens.next_token(h, len(seq) - 1, seq[-1], self.vocab))
             self._expected[(rid, turn)] = seq
         return seq
 
@@ -82,7 +82,7 @@ class Oracle:
         seq = self.expected(rid, prompt_len)
         h = self._hash[rid]
         while len(seq) <= position:
-            seq.append(model.next_token(h, len(seq) - 1, seq[-1], self.vocab))
+            seq.append(tokens.next_token(h, len(seq) - 1, seq[-1], self.vocab))
         return seq[position]
 
     def stop_token(self, rid: str) -> int | None:
@@ -99,7 +99,7 @@ class Oracle:
         out = []
         for q in range(first_position, first_position + k):
             true = self.token_at(rid, q, prompt_len)
-            correct = model.draft_is_correct(kind, p, self.workload.seed, rid, q)
+            correct = tokens.draft_is_correct(kind, p, self.workload.seed, rid, q)
             out.append(true if correct else (true + 1) % self.vocab)
         return out
 

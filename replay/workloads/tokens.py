@@ -1,7 +1,8 @@
-"""The tiny deterministic target model and the seeded drafter.
+"""Token arithmetic: the tiny target model's next-token rule and the seeded drafter, in plain integers.
 
-Where it sits: replay. The runner calls `TargetModel.forward` on torch tensors; the engine and
-the checker's ground truth use `expected_tokens`, the same function in plain integers.
+Where it sits: workloads -> models -> engines -> record -> check. The oracle derives every
+request's true sequence from these functions; `models.target_model` computes the same rule on
+torch tensors for the runner.
 
 The model's next token depends only on (request, position, input token):
 
@@ -16,15 +17,11 @@ The drafter proposes, for position q, the true token when the acceptance rule sa
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING
 
-from specreplay.replay.workload import RequestSpec
+from specreplay.replay.workloads.workload import RequestSpec
 
-if TYPE_CHECKING:
-    import torch
-
-_MUL_TOKEN = 31
-_MUL_POS = 17
+MUL_TOKEN = 31
+MUL_POS = 17
 _MASK31 = (1 << 31) - 1
 
 
@@ -39,7 +36,7 @@ def prompt_tokens(seed: int, request_id: str, length: int, vocab: int) -> list[i
 
 def next_token(h: int, position: int, token: int, vocab: int) -> int:
     """The target model's greedy token at position + 1, given `token` at `position`."""
-    return (_MUL_TOKEN * token + _MUL_POS * position + h) % vocab
+    return (MUL_TOKEN * token + MUL_POS * position + h) % vocab
 
 
 def expected_tokens(seed: int, spec: RequestSpec, vocab: int, extra: int) -> list[int]:
@@ -63,22 +60,3 @@ def draft_is_correct(kind: str, p: float, seed: int, request_id: str, position: 
         return position % 2 == 0
     draw = zlib.crc32(f"accept/{seed}/{request_id}/{position}".encode()) & 0xFFFFFF
     return draw < p * 0x1000000
-
-
-class TargetModel:
-    """Embedding lookup plus the next-token rule, on the runner's device."""
-
-    def __init__(self, vocab_size: int, device: "torch.device") -> None:
-        import torch
-
-        self.vocab_size = vocab_size
-        # The embedding table maps id -> id, so the lookup is real (and fails on a negative id,
-        # as the GPU kernel does) but carries no weights to learn.
-        self.embedding = torch.arange(vocab_size, dtype=torch.int64, device=device)
-
-    def forward(self, input_ids: "torch.Tensor", positions: "torch.Tensor",
-                hashes: "torch.Tensor") -> "torch.Tensor":
-        """Greedy next token for every input position. `input_ids` must be >= 0: the caller checks
-        (a negative id on CUDA is a device-side assert that poisons the whole context)."""
-        emb = self.embedding[input_ids]
-        return (_MUL_TOKEN * emb + _MUL_POS * positions + hashes) % self.vocab_size

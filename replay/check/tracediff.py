@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from specreplay.replay.findings import Finding
+from specreplay.replay.check.findings import Finding
 from specreplay.traces import schema
 from specreplay.traces.trace import Trace
 from specreplay.traces.validate import as_numpy

@@ -71,11 +71,11 @@ class CoreTap:
     """Records the real scheduler's view, step by step, as trace rows."""
 
     def __init__(self, scheduler: Any, sink: _Sink, config: Any, impl: str) -> None:
-        from specreplay.replay.recorder import Recorder
-        from specreplay.replay.vllm_scheduler import RealSchedulerView
+        from specreplay.replay.record.recorder import Recorder
+        from specreplay.replay.engines.real_scheduler import RealSchedulerView
 
         if impl == "sched-clear":
-            from specreplay.replay.variants import clear_stale_placeholders_on
+            from specreplay.replay.impls.variants import clear_stale_placeholders_on
 
             scheduler.__class__ = clear_stale_placeholders_on(type(scheduler))
         self.scheduler = scheduler
@@ -308,7 +308,7 @@ def register() -> None:
         @functools.wraps(step_fn)
         def step(self, *a, **kw):
             if "_specreplay_tap" not in self.__dict__:
-                from specreplay.replay.config import EngineConfig
+                from specreplay.replay.workloads.config import EngineConfig
 
                 config = EngineConfig.from_dict(json.loads(os.environ[CONFIG_ENV]))
                 self._specreplay_tap = CoreTap(self.scheduler, _Sink(sink, "core"), config, impl)
@@ -387,7 +387,7 @@ def merge_parts(folder: str) -> list[dict[str, Any]]:
 
 
 def rows_to_table(rows: list[dict[str, Any]]):
-    from specreplay.replay.recorder import Recorder
+    from specreplay.replay.record.recorder import Recorder
 
     rec = Recorder(None)
     for row in rows:

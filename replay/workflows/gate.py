@@ -14,14 +14,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specreplay.replay.findings import Finding, fails
+from specreplay.replay.check.findings import Finding, fails
 from specreplay.traces.errors import InputError
 
 
 
 def corpus_dir() -> Path:
     """The starter corpus shipped with the package."""
-    return Path(__file__).resolve().parent / "corpus"
+    return Path(__file__).resolve().parent.parent / "corpus"
 
 
 def collect(paths: list[Path]) -> list[Path]:
@@ -83,9 +83,9 @@ def replay_golden(path: str | Path, options: GateOptions):
     """Read a golden and run its workload through the implementation under test (default: the
     golden's own, by registry name only) on its engine. Returns (golden, impl, new trace); the
     golden is opened, not loaded (`TraceFile`): its rows stream when it is compared."""
-    from specreplay.replay.engine import run_workload
-    from specreplay.replay.impls import resolve
-    from specreplay.replay.workload import Workload
+    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.impls.registry import resolve
+    from specreplay.replay.workloads.workload import Workload
     from specreplay.traces.io import open_trace
 
     golden = open_trace(path)
@@ -98,8 +98,8 @@ def replay_golden(path: str | Path, options: GateOptions):
 
 def gate_one(path: str, options: GateOptions) -> GateResult:
     """Replay one golden through the implementation under test. Never raises for bad input."""
-    from specreplay.replay.checker import check_trace
-    from specreplay.replay.tracediff import diff_batches
+    from specreplay.replay.check.checker import check_trace
+    from specreplay.replay.check.tracediff import diff_batches
     from specreplay.traces.trace import package_version
 
     try:
@@ -155,7 +155,7 @@ class UpdateResult:
 
 def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult]:
     """Re-record each golden from the implementation under test and write it in place."""
-    from specreplay.replay.tracediff import diff_traces
+    from specreplay.replay.check.tracediff import diff_traces
     from specreplay.traces.io import write_trace
 
     out: list[UpdateResult] = []

@@ -19,7 +19,7 @@ import pytest
 def gate_or_fail(impl: str | None = None, paths: list[str | Path] | None = None, fail_on: str = "error",
                  allow_changed: bool = False, jobs: int = 1):
     """Run the gate; raise AssertionError naming every failing trace and its first finding."""
-    from specreplay.replay.gate import GateOptions, corpus_dir, run_gate
+    from specreplay.replay.workflows.gate import GateOptions, corpus_dir, run_gate
 
     targets = [Path(p) for p in paths] if paths else [corpus_dir()]
     results = run_gate(targets, GateOptions(impl=impl, fail_on=fail_on), jobs=jobs)

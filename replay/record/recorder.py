@@ -16,11 +16,11 @@ import time
 
 import pyarrow as pa
 
-from specreplay.replay.messages import SchedulerOutput
-from specreplay.replay.oracle import Oracle
-from specreplay.replay.request import Request, Status
-from specreplay.replay.runner import WorkerView
-from specreplay.replay.scheduler import ApplyReport, Scheduler
+from specreplay.replay.models.messages import SchedulerOutput
+from specreplay.replay.workloads.oracle import Oracle
+from specreplay.replay.models.request import Request, Status
+from specreplay.replay.models.runner import WorkerView
+from specreplay.replay.models.scheduler import ApplyReport, Scheduler
 from specreplay.traces import schema
 from specreplay.traces.journal import JournalWriter
 

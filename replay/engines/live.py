@@ -17,17 +17,17 @@ import platform
 import time
 from typing import Any
 
-from specreplay.replay import vllm_live
-from specreplay.replay.impls import Implementation
-from specreplay.replay.oracle import Oracle
-from specreplay.replay.workload import Workload
+from specreplay.replay.engines import plugin as vllm_live
+from specreplay.replay.impls.registry import Implementation
+from specreplay.replay.workloads.oracle import Oracle
+from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
 from specreplay.traces.trace import Trace
 
 
 def run_live(workload: Workload, impl: Implementation, device: str = "cpu", model: str | None = None) -> Trace:
     """`model`: a model folder or hub name with real weights; None: the tiny dummy-weight model."""
-    from specreplay.replay.vllm_scheduler import load_vllm, sampling_params, speculative_config, tiny_model_dir
+    from specreplay.replay.engines.real_scheduler import load_vllm, sampling_params, speculative_config, tiny_model_dir
 
     if impl.name not in vllm_live.LIVE_IMPLS:
         raise InputError(f"--engine vllm runs {', '.join(vllm_live.LIVE_IMPLS)}; {impl.name} has no live form")

@@ -1,0 +1,15 @@
+"""impls: the implementations under test, a registry of scheduler + runner + executor pairings.
+
+Each variant has a reference form (a subclass of a models class) and, where it exists, a real
+form (a subclass of vLLM's class). Imports models; engines import it.
+"""
+
+from specreplay.replay.impls.registry import (
+    ENGINES,
+    EXECUTORS,
+    Implementation,
+    registry,
+    resolve,
+)
+
+__all__ = ["ENGINES", "EXECUTORS", "Implementation", "registry", "resolve"]

@@ -1,0 +1,499 @@
+"""Reference GPU runner: vLLM 0.32.0's `GPUModelRunner` state handling, on real torch tensors.
+
+Where it sits: replay, worker side. `execute_model(S_m)` runs `_update_states` (removals,
+re-adds, the deferred correction of `num_computed_tokens`), builds input ids by scattering the
+previous step's sampled tokens and cached drafts, runs the tiny target model, writes the KV
+cache, rejection-samples, proposes drafts and does the bookkeeping for the next step. It fills a
+`WorkerView` (columnar, one entry per scheduled request) that the recorder stores.
+
+Hooks a variant may override (README, "Writing an implementation"):
+  remove_finished(out) / remove_unscheduled(out)     the removals at the top of _update_states
+  add_new_request(data) -> state                     a NewRequestData becomes worker state
+  update_cached_request(out, i, req_id, deferred)    per cached request: correction, trim, re-add
+  on_reentry(out, req_id) -> bool                    a cached request with no row; True if it
+                                                     edited `out`
+  write_spec_ids(state, row, out)                    draft slots into the token buffer
+  apply_deferred_corrections(deferred)               the correction closure (design B)
+  prepare_input_ids(out, rows) -> inputs             gather, scatter, clamp
+  rejection_sample(...) / propose_drafts(...) / bookkeeping(...)
+
+Worked example of the correction (k = 3): the scheduler booked step m-1 as if all 3 drafts were
+accepted, so at step m it sends C_s = K + 3. Step m-1 accepted a = 1 (valid count 2): the worker
+subtracts prev_num_draft_len - a = 2 and writes from K + 1, the first position not yet in its KV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specreplay.replay.workloads.config import EngineConfig
+from specreplay.replay.models.input_batch import CachedRequestState, InputBatch
+from specreplay.replay.models.messages import EngineCrash, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from specreplay.replay.models.target_model import TargetModel
+from specreplay.replay.workloads.oracle import Oracle
+
+
+class NegativeInputIdError(EngineCrash):
+    """A negative token id reached the embedding lookup: on a GPU, a device-side assert."""
+
+    kind = "negative-input-id"
+
+
+class MalformedSchedulerOutput(EngineCrash):
+    """The SchedulerOutput cannot be executed (more draft slots than scheduled tokens)."""
+
+    kind = "malformed-scheduler-output"
+
+
+@dataclass
+class WorkerView:
+    """The worker's view of one step, columnar: entry i describes request `req_ids[i]`."""
+
+    req_ids: list[str] = field(default_factory=list)
+    row: list[int | None] = field(default_factory=list)
+    num_scheduled: list[int] = field(default_factory=list)
+    num_drafts: list[int] = field(default_factory=list)
+    num_computed: list[int] = field(default_factory=list)
+    correction: list[int] = field(default_factory=list)
+    in_prev_map: list[bool] = field(default_factory=list)
+    cached_drafts: list[int] = field(default_factory=list)
+    draft_ids: list[list[int]] = field(default_factory=list)
+    negative_inputs: list[int] = field(default_factory=list)
+    accepted: list[int | None] = field(default_factory=list)
+    emitted: list[int] = field(default_factory=list)
+    num_output_tokens: list[int] = field(default_factory=list)
+    edited: list[bool] = field(default_factory=list)
+    first_position: list[int] = field(default_factory=list)
+    truth_before: list[int] = field(default_factory=list)
+    truth_after: list[int] = field(default_factory=list)
+    kv_ok: list[bool] = field(default_factory=list)
+    #: Ground truth for requests the worker knows but did not run this step.
+    idle_truth: dict[str, tuple[int, bool]] = field(default_factory=dict)
+
+    def index(self) -> dict[str, int]:
+        return {rid: i for i, rid in enumerate(self.req_ids)}
+
+
+@dataclass
+class PreparedInputs:
+    rows: list[str]
+    starts: list[int]  # first position per row (the GPU-side corrected num_computed_tokens)
+    num_scheduled: list[int]
+    num_drafts: list[int]
+    cu: list[int]  # cumulative token counts: row x owns [cu[x] - n_x, cu[x])
+    input_ids: torch.Tensor  # flattened, after scatter and clamp
+    positions: torch.Tensor
+    draft_ids: list[list[int]]  # what the rejection sampler gets as drafts (before the clamp)
+    negatives: list[int]
+    discarded: list[bool]  # non-final prefill chunk rows: they sample nothing
+    seq_lens: list[int]  # optimistic: the CPU num_computed_tokens (before correction) + n
+
+
+class GPUModelRunner:
+    """vLLM 0.32.0 V1 runner, design B (deferred correction, optimistic output length)."""
+
+    #: vLLM >= 0.25 clamps input ids to >= 0 before the embedding when spec decode is on.
+    clamps_negative_ids = True
+
+    def __init__(self, config: EngineConfig, oracle: Oracle, device: str = "cpu") -> None:
+        self.config = config
+        self.oracle = oracle
+        self.device = torch.device(device)
+        self.k = config.num_spec_tokens
+        self.use_async = config.async_scheduling
+        self.model = TargetModel(config.vocab_size, self.device)
+        self.requests: dict[str, CachedRequestState] = {}
+        self.batch = InputBatch()
+        # Results of the previous non-empty step, indexed by its rows.
+        self.prev_sampled_token_ids: torch.Tensor | None = None
+        self.draft_token_ids: torch.Tensor | None = None
+        self.valid_sampled_token_count: list[int] = []
+        self.prev_starts: list[int] = []
+        self.prev_num_draft_tokens: list[int] = []
+        self.sync_drafts: tuple[list[str], list[list[int]]] = ([], [])
+        # The KV cache holds, per slot, the token id whose KV was written there.
+        slots = config.num_blocks * config.block_size
+        self.kv_tokens = torch.full((slots,), -1, dtype=torch.int64, device=self.device)
+        self.truth: dict[str, int] = {}
+        self.truth_ok: dict[str, bool] = {}
+        self.view = WorkerView()
+
+    # ================================================================ execute_model
+    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        self.view = view = WorkerView()
+        self.edited: set[str] = set()
+        self._output_len_at_update: dict[str, int] = {}
+        self.remove_finished(out)
+        self.remove_unscheduled(out)
+        # After the removals: who has a scatter source row from the previous step.
+        prev_map_now = dict(self.batch.prev_req_id_to_index)
+        width = self.draft_token_ids.shape[1] if (self.use_async and self.draft_token_ids is not None) else 0
+        to_add = [self.add_new_request(data) for data in out.scheduled_new_reqs]
+        self.prev_num_draft_tokens = [0] * len(self.prev_num_draft_tokens)
+        deferred: list[tuple[str, int]] = []
+        for i, rid in enumerate(out.scheduled_cached_reqs.req_ids):
+            state = self.update_cached_request(out, i, rid, deferred)
+            if state is not None:
+                to_add.append(state)
+        for state in to_add:
+            row = self.batch.add_request(state)
+            self.write_spec_ids(state, row, out)
+        self.batch.condense()
+        for rid, st in self.requests.items():
+            if rid not in self.batch.req_id_to_index:
+                view.idle_truth[rid] = (self.truth.get(rid, 0), self.truth_ok.get(rid, True))
+        if out.total_num_scheduled_tokens == 0:
+            # Empty step: no forward and no sample_tokens; the previous step's drafts and sampled
+            # tokens survive, but the removals above already emptied their prev-map entries.
+            return ModelRunnerOutput()
+        rows = [rid for rid in self.batch.req_ids if rid is not None]
+        inputs = self.prepare_input_ids(out, rows)
+        targets = self.model.forward(inputs.input_ids, inputs.positions, self._hashes(inputs))
+        # Design B: the CPU correction runs once the forward is launched (its positions came
+        # from the device-side corrected values in prepare_input_ids).
+        corrections = self.apply_deferred_corrections(deferred)
+        truth_before = [self.truth.get(rid, 0) for rid in rows]
+        self.write_kv(inputs)
+        emitted, accepted, discarded = self.rejection_sample(inputs, targets)
+        self.update_truth(inputs, emitted, accepted, discarded)
+        self.propose_drafts(inputs, emitted, discarded)
+        self.bookkeeping(inputs, emitted, accepted, discarded)
+        for x, rid in enumerate(rows):
+            st = self.requests[rid]
+            view.req_ids.append(rid)
+            view.row.append(x)
+            view.num_scheduled.append(inputs.num_scheduled[x])
+            view.num_drafts.append(inputs.num_drafts[x])
+            view.num_computed.append(st.num_computed_tokens)
+            view.correction.append(corrections.get(rid, 0))
+            view.in_prev_map.append(rid in prev_map_now)
+            view.cached_drafts.append(width if rid in prev_map_now else 0)
+            view.draft_ids.append(inputs.draft_ids[x])
+            view.negative_inputs.append(inputs.negatives[x])
+            view.accepted.append(None if discarded[x] else accepted[x])
+            view.emitted.append(len(emitted[x]))
+            view.num_output_tokens.append(self._output_len_at_update[rid])
+            view.edited.append(rid in self.edited)
+            view.first_position.append(inputs.starts[x])
+            view.truth_before.append(truth_before[x])
+            view.truth_after.append(self.truth[rid])
+            view.kv_ok.append(self.truth_ok[rid])
+        return ModelRunnerOutput(req_ids=rows, req_id_to_index={rid: x for x, rid in enumerate(rows)},
+                                 sampled_token_ids=emitted)
+
+    def take_draft_token_ids(self) -> tuple[list[str], list[list[int]]]:
+        """Sync mode: the drafts proposed after the last step, for update_draft_token_ids."""
+        drafts, self.sync_drafts = self.sync_drafts, ([], [])
+        return drafts
+
+    # ================================================================ _update_states
+    def remove_finished(self, out: SchedulerOutput) -> None:
+        for rid in out.finished_req_ids:
+            self.requests.pop(rid, None)
+            self.batch.remove_request(rid)
+            self.truth.pop(rid, None)
+            self.truth_ok.pop(rid, None)
+
+    def remove_unscheduled(self, out: SchedulerOutput) -> None:
+        resumed = out.scheduled_cached_reqs.resumed_req_ids
+        scheduled = set(out.num_scheduled_tokens) - resumed
+        for rid in [r for r in self.batch.req_id_to_index if r not in scheduled]:
+            self.batch.remove_request(rid)
+
+    def add_new_request(self, data: NewRequestData) -> CachedRequestState:
+        if data.req_id in self.requests:
+            return self.update_streaming_request(data)
+        state = CachedRequestState(data.req_id, list(data.prompt_token_ids), list(data.block_ids),
+                                   data.num_computed_tokens)
+        self.requests[data.req_id] = state
+        self.truth[data.req_id] = data.num_computed_tokens
+        self.truth_ok[data.req_id] = True
+        self._output_len_at_update[data.req_id] = 0
+        return state
+
+    def update_streaming_request(self, data: NewRequestData) -> CachedRequestState:
+        """vLLM 0.32's _update_streaming_request: a known id arriving as a new request is a
+        streaming session's next turn. Its row goes (and with it the ended turn's sampled token
+        and drafts in the previous-step map), its state takes the new prompt and blocks, and the
+        KV it keeps is what the scheduler counts as computed."""
+        rid = data.req_id
+        self.batch.remove_request(rid)
+        state = self.requests[rid]
+        state.prompt_token_ids = list(data.prompt_token_ids)
+        state.block_ids = list(data.block_ids)
+        state.num_computed_tokens = data.num_computed_tokens
+        state.output_token_ids = []
+        state.prev_num_draft_len = 0
+        self.truth[rid] = min(self.truth.get(rid, 0), data.num_computed_tokens)
+        self._output_len_at_update[rid] = 0
+        return state
+
+    def update_cached_request(self, out: SchedulerOutput, i: int, rid: str,
+                              deferred: list[tuple[str, int]]) -> CachedRequestState | None:
+        """One cached request: correction bookkeeping, output trim, blocks, re-add or spec write.
+        Returns the state when the request must be (re-)added to the batch."""
+        cached = out.scheduled_cached_reqs
+        st = self.requests[rid]
+        num_computed = cached.num_computed_tokens[i]
+        num_output = cached.num_output_tokens[i]
+        row = self.batch.req_id_to_index.get(rid)
+        if st.prev_num_draft_len and self.use_async:
+            if row is None:
+                st.prev_num_draft_len = 0  # re-entry: the scheduler's value is already exact
+            else:
+                optimistic = st.prev_num_draft_len
+                st.output_token_ids.extend([-1] * optimistic)
+                deferred.append((rid, optimistic))
+                prev_row = self.batch.prev_req_id_to_index.get(rid)
+                if prev_row is not None:
+                    self.prev_num_draft_tokens[prev_row] = optimistic
+        st.num_computed_tokens = num_computed
+        if num_output < len(st.output_token_ids):
+            del st.output_token_ids[num_output:]
+            if row is not None:
+                self.batch.num_tokens_no_spec[row] = len(st.prompt_token_ids) + num_output
+        new_blocks = cached.new_block_ids[i]
+        if rid in cached.resumed_req_ids:
+            st.block_ids = list(new_blocks)
+            self.truth[rid] = 0  # its old blocks were freed at preemption: nothing valid remains
+        else:
+            st.block_ids.extend(new_blocks)
+        if row is None:
+            if self.on_reentry(out, rid):
+                self.edited.add(rid)
+            if self.use_async and num_output > 0:
+                st.output_token_ids = list(cached.all_token_ids[rid][-num_output:])
+            self._output_len_at_update[rid] = len(st.output_token_ids)
+            return st
+        self._output_len_at_update[rid] = len(st.output_token_ids)
+        self.batch.num_computed_tokens_cpu[row] = num_computed
+        self.batch.block_table[row].extend(new_blocks)
+        self.write_spec_ids(st, row, out)
+        return None
+
+    def on_reentry(self, out: SchedulerOutput, rid: str) -> bool:
+        """A scheduled cached request with no row (re-entering or resumed). Upstream: nothing."""
+        return False
+
+    def write_spec_ids(self, st: CachedRequestState, row: int, out: SchedulerOutput) -> None:
+        spec = out.scheduled_spec_decode_tokens.get(st.req_id, [])
+        self.batch.write_spec_ids(row, spec)
+        st.prev_num_draft_len = len(spec)
+
+    def apply_deferred_corrections(self, deferred: list[tuple[str, int]]) -> dict[str, int]:
+        """Design B's closure, run after the forward is launched: subtract the drafts of step m-1
+        that were rejected, using that step's valid sampled counts (1 + accepted)."""
+        corrections: dict[str, int] = {}
+        prev_map = self.batch.prev_req_id_to_index
+        for rid, optimistic in deferred:
+            prev_row = prev_map.get(rid)
+            if prev_row is None or prev_row >= len(self.valid_sampled_token_count):
+                continue
+            correction = optimistic - (self.valid_sampled_token_count[prev_row] - 1)
+            self.requests[rid].num_computed_tokens -= correction
+            row = self.batch.req_id_to_index.get(rid)
+            if row is not None:
+                self.batch.num_computed_tokens_cpu[row] -= correction
+            corrections[rid] = correction
+        return corrections
+
+    # ================================================================ inputs and forward
+    def prepare_input_ids(self, out: SchedulerOutput, rows: list[str]) -> PreparedInputs:
+        starts, ns, ds, cu, flat, positions = [], [], [], [], [], []
+        discarded: list[bool] = []
+        seq_lens: list[int] = []
+        scatter_at: list[int] = []
+        scatter_src: list[int] = []
+        draft_at: list[int] = []
+        draft_src: list[int] = []
+        prev_map = self.batch.prev_req_id_to_index
+        width = self.draft_token_ids.shape[1] if self.draft_token_ids is not None else 0
+        total = 0
+        for x, rid in enumerate(rows):
+            n = out.num_scheduled_tokens[rid]
+            d = len(out.scheduled_spec_decode_tokens.get(rid, ()))
+            if d >= n:
+                raise MalformedSchedulerOutput(
+                    f"request {rid!r} has {d} draft slots inside {n} scheduled tokens at step {out.step}")
+            cpu_start = self.batch.num_computed_tokens_cpu[x]
+            prev_row = prev_map.get(rid, -1) if self.use_async else -1
+            start = cpu_start
+            if prev_row >= 0 and prev_row < len(self.prev_num_draft_tokens) and self.prev_num_draft_tokens[prev_row] > 0:
+                # The GPU kernel: true start of m-1 plus its valid count is the true start of m.
+                start = self.prev_starts[prev_row] + self.valid_sampled_token_count[prev_row]
+            tokens = self.batch.token_ids[x][cpu_start:cpu_start + n]
+            # Past the row's known tokens the real buffer holds whatever an earlier row left there;
+            # the reference pads with 0 so the run stays deterministic.
+            tokens = tokens + [0] * (n - len(tokens))
+            flat.extend(tokens)
+            positions.extend(range(start, start + n))
+            total += n
+            if prev_row >= 0 and self.prev_sampled_token_ids is not None:
+                scatter_at.append(total - 1 - d)
+                scatter_src.append(prev_row)
+                if self.draft_token_ids is not None:
+                    for j in range(min(d, width)):
+                        draft_at.append(total - d + j)
+                        draft_src.append(prev_row * width + j)
+            # vLLM's discard mask: the step ends before the worker's known tokens do.
+            discarded.append(cpu_start + n < self.requests[rid].num_tokens)
+            seq_lens.append(cpu_start + n)
+            starts.append(start)
+            ns.append(n)
+            ds.append(d)
+            cu.append(total)
+        ids = torch.tensor(flat, dtype=torch.int64, device=self.device)
+        if scatter_at:
+            at = torch.tensor(scatter_at, dtype=torch.int64, device=self.device)
+            ids[at] = self.prev_sampled_token_ids[torch.tensor(scatter_src, device=self.device)]
+        if draft_at:
+            at = torch.tensor(draft_at, dtype=torch.int64, device=self.device)
+            ids[at] = self.draft_token_ids.reshape(-1)[torch.tensor(draft_src, device=self.device)]
+        # Spec metadata (the drafts the rejection sampler verifies) is read before the clamp.
+        host = ids.tolist()
+        draft_ids = [host[cu[x] - ds[x]:cu[x]] for x in range(len(rows))]
+        negatives = []
+        begin = 0
+        for x in range(len(rows)):
+            negatives.append(sum(1 for t in host[begin:cu[x]] if t < 0))
+            begin = cu[x]
+        if any(negatives):
+            if self.clamps_negative_ids:
+                ids.clamp_(min=0)
+            else:
+                bad = next(rows[x] for x in range(len(rows)) if negatives[x])
+                raise NegativeInputIdError(
+                    f"input id -1 reached the embedding for request {bad!r} at step {out.step}")
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        return PreparedInputs(rows, starts, ns, ds, cu, ids, pos, draft_ids, negatives, discarded, seq_lens)
+
+    def _hashes(self, inputs: PreparedInputs) -> torch.Tensor:
+        per_token: list[int] = []
+        for x, rid in enumerate(inputs.rows):
+            per_token.extend([self.oracle.hash(rid)] * inputs.num_scheduled[x])
+        return torch.tensor(per_token, dtype=torch.int64, device=self.device)
+
+    def write_kv(self, inputs: PreparedInputs) -> None:
+        """Write every scheduled token's id into its KV slot; a position outside the request's
+        blocks is a broken write (truth not ok) and is dropped."""
+        bs = self.config.block_size
+        slots: list[int] = []
+        keep: list[int] = []
+        begin = 0
+        for x, rid in enumerate(inputs.rows):
+            blocks = self.batch.block_table[x]
+            for j in range(inputs.num_scheduled[x]):
+                pos = inputs.starts[x] + j
+                if 0 <= pos // bs < len(blocks):
+                    slots.append(blocks[pos // bs] * bs + pos % bs)
+                    keep.append(begin + j)
+                else:
+                    self.truth_ok[rid] = False
+            begin = inputs.cu[x]
+        if slots:
+            index = torch.tensor(keep, dtype=torch.int64, device=self.device)
+            self.kv_tokens[torch.tensor(slots, dtype=torch.int64, device=self.device)] = inputs.input_ids[index]
+
+    # ================================================================ sample_tokens
+    def rejection_sample(self, inputs: PreparedInputs, targets: torch.Tensor
+                         ) -> tuple[list[list[int]], list[int], list[bool]]:
+        """Greedy rejection sampling on the device: accept the longest prefix of drafts equal to
+        the target's argmax (a negative draft is always rejected), then one bonus/recovered
+        token. Rows whose step is a non-final prefill chunk emit nothing."""
+        num_rows = len(inputs.rows)
+        width = max(inputs.num_drafts, default=0)
+        dev = self.device
+        discarded = inputs.discarded
+        # Built as host lists and copied once: one tensor per step, not one per row.
+        slots: list[list[int]] = []
+        padded: list[list[int]] = []
+        for x in range(num_rows):
+            d = inputs.num_drafts[x]
+            last = inputs.cu[x] - 1
+            first = last - d
+            slots.append([min(first + j, last) for j in range(width + 1)])
+            padded.append(inputs.draft_ids[x] + [-1] * (max(width, 1) - d))
+        slot_index = torch.tensor(slots, dtype=torch.int64, device=dev).reshape(num_rows, width + 1)
+        drafts = torch.tensor(padded, dtype=torch.int64, device=dev).reshape(num_rows, max(width, 1))
+        target = targets[slot_index]  # [rows, width + 1]
+        if width:
+            valid = torch.arange(width, device=dev)[None, :] < torch.tensor(inputs.num_drafts, device=dev)[:, None]
+            match = (drafts[:, :width] == target[:, :width]) & (drafts[:, :width] >= 0) & valid
+            accepted_t = torch.cumprod(match.to(torch.int64), dim=1).sum(dim=1)
+        else:
+            accepted_t = torch.zeros(num_rows, dtype=torch.int64, device=dev)
+        target_host = target.tolist()  # the D2H copy of the sampled tokens
+        accepted = accepted_t.tolist()
+        emitted = [[] if discarded[x] else target_host[x][:accepted[x] + 1] for x in range(num_rows)]
+        return emitted, accepted, discarded
+
+    def update_truth(self, inputs: PreparedInputs, emitted: list[list[int]], accepted: list[int],
+                     discarded: list[bool]) -> None:
+        """Ground truth: how many leading positions of each request's KV hold its expected
+        tokens. A write that starts past the valid prefix leaves a gap; one that starts before it
+        rewrites positions; a wrong token ends the valid prefix where it landed."""
+        host = inputs.input_ids.tolist()
+        begin = 0
+        for x, rid in enumerate(inputs.rows):
+            n, d, start = inputs.num_scheduled[x], inputs.num_drafts[x], inputs.starts[x]
+            before = self.truth.get(rid, 0)
+            kept = n if discarded[x] else n - d + accepted[x]  # positions whose KV stays valid
+            expected = self.oracle.expected(rid, len(self.requests[rid].prompt_token_ids))
+            written = host[begin:begin + kept]
+            begin = inputs.cu[x]
+            good = 0
+            while good < kept and start + good < len(expected) and written[good] == expected[start + good]:
+                good += 1
+            if start > before:
+                self.truth_ok[rid] = False  # positions before..start-1 were never written
+                after = before
+            elif good < kept:
+                self.truth_ok[rid] = False
+                after = min(before, start + good) if start + good < before else start + good
+            else:
+                after = max(before, start + kept)
+            self.truth[rid] = after
+
+    def propose_drafts(self, inputs: PreparedInputs, emitted: list[list[int]], discarded: list[bool]) -> None:
+        """The drafter proposes k tokens after each row's last emitted token, from the seeded
+        acceptance rule (schedule-independent). Discarded rows get zeros, and so does every row
+        when the longest optimistic sequence plus k does not fit the drafter's max length
+        (vLLM's `_input_fits_in_drafter`): the drafter is skipped for the whole batch."""
+        proposals: list[list[int]] = []
+        fits = max(inputs.seq_lens, default=0) + self.k <= self.config.max_model_len
+        for x, rid in enumerate(inputs.rows):
+            if discarded[x] or not self.k or not fits:
+                proposals.append([0] * self.k)
+                continue
+            last_position = inputs.starts[x] + inputs.num_scheduled[x] - inputs.num_drafts[x] - 1 + len(emitted[x])
+            proposals.append(self.oracle.drafts(rid, last_position + 1, self.k, len(self.requests[rid].prompt_token_ids)))
+        if self.use_async:
+            self.draft_token_ids = torch.tensor(proposals, dtype=torch.int64, device=self.device).reshape(len(inputs.rows), self.k)
+        else:
+            keep = [x for x in range(len(inputs.rows)) if not discarded[x]]
+            self.sync_drafts = ([inputs.rows[x] for x in keep], [proposals[x] for x in keep])
+
+    def bookkeeping(self, inputs: PreparedInputs, emitted: list[list[int]], accepted: list[int],
+                    discarded: list[bool]) -> None:
+        """Cache this step's results for the next one and extend the output lists (one -1 per
+        sampled row under async; the real tokens in sync mode)."""
+        rows = inputs.rows
+        self.batch.prev_req_id_to_index = {rid: x for x, rid in enumerate(rows) if not discarded[x]}
+        self.valid_sampled_token_count = [0 if discarded[x] else len(emitted[x]) for x in range(len(rows))]
+        self.prev_starts = list(inputs.starts)
+        self.prev_num_draft_tokens = [0] * len(rows)
+        backup = [emitted[x][-1] if emitted[x] else 0 for x in range(len(rows))]
+        self.prev_sampled_token_ids = torch.tensor(backup, dtype=torch.int64, device=self.device)
+        for x, rid in enumerate(rows):
+            if discarded[x]:
+                continue
+            st = self.requests[rid]
+            new = [-1] if self.use_async else list(emitted[x])
+            st.output_token_ids.extend(new)
+            end = self.batch.num_tokens_no_spec[x]
+            tokens = self.batch.token_ids[x]
+            del tokens[end:]
+            tokens.extend(new)
+            self.batch.num_tokens_no_spec[x] = end + len(new)

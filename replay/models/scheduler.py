@@ -1,0 +1,539 @@
+"""Reference scheduler: vLLM 0.32.0's `Scheduler` and `AsyncScheduler`, state and arithmetic only.
+
+Where it sits: replay, scheduler side. The engine loop calls `schedule()`, hands the
+`SchedulerOutput` to a runner, and later calls `update_from_output()`. Variants subclass these
+classes and override the hooks below (documented in the README, "Writing an implementation").
+
+Hooks, in the order a step uses them:
+  schedule_running(plan)                                the running-queue visit
+  running_demand(req, budget, threshold) -> (n, skip)   tokens to give a running request
+  allocate_or_preempt(req, n, plan) -> bool             KV blocks, preempting from the tail
+  preempt_request(req)                                  what preemption resets
+  assign_draft_slots(req, n) -> list[int]               the draft slots booked inside n
+  admit_waiting(plan)                                   the waiting queue (new and resumed)
+  update_after_schedule(out)                            C += n; (async) placeholders
+  update_from_output(out, model_output) -> reports      rejections, placeholders, stops
+  update_draft_token_ids(req_ids, drafts)               sync mode: real drafts from the worker
+
+Control events (between steps, from the engine loop): add_request (a new request, or the next
+input chunk of a streaming session: vLLM's resumable requests), finish_requests,
+set_pause_state(PAUSE_STATES[i]), reset_prefix_cache(reset_running_requests).
+
+Worked example of the async counters for one decoding request, k = 3, all drafts accepted
+(values after each event; T = prompt + applied outputs):
+  schedule(m):   C 7 -> 11, P 4 -> 8   (n = T + len(spec) + P - C = 4 + 3 + 4 - 7 = 4)
+  apply(m-1):    rej = 3 - 3 = 0; 4 tokens appended: T 4 -> 8, P 8 -> 4
+  schedule(m+1): demand = 8 + 3 + 4 - 11 = 4 again: the identity T + P - C = 1 holds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from specreplay.replay.workloads.config import EngineConfig
+from specreplay.replay.models.kv import BlockPool
+from specreplay.replay.models.messages import (CachedRequestData, EngineCrash, ModelRunnerOutput, NewRequestData,
+                                        SchedulerOutput)
+from specreplay.replay.models.request import Request, Status
+
+#: vLLM's PauseState: UNPAUSED, PAUSED_NEW (running requests go on, nothing is admitted),
+#: PAUSED_ALL (nothing is scheduled).
+PAUSE_STATES = ("unpaused", "paused_new", "paused_all")
+
+
+class StreamingUpdate(NamedTuple):
+    """vLLM's StreamingUpdate: a streaming session's next input chunk and that turn's max_tokens."""
+
+    prompt_token_ids: list[int]
+    max_tokens: int
+
+
+@dataclass
+class StepPlan:
+    """What one `schedule()` call has decided so far."""
+
+    budget: int
+    threshold: int = 0  # long_prefill_token_threshold in force this step
+    prefill_scheduled: bool = False  # a running request scheduled this step is mid-prefill
+    num_scheduled: dict[str, int] = field(default_factory=dict)
+    spec: dict[str, list[int]] = field(default_factory=dict)
+    new_blocks: dict[str, list[int]] = field(default_factory=dict)
+    running: list[Request] = field(default_factory=list)
+    new: list[Request] = field(default_factory=list)
+    resumed: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ApplyReport:
+    """What `update_from_output` did to one request (the recorder's `apply_*` columns)."""
+
+    num_scheduled_tokens: int  # as read back from the SchedulerOutput
+    num_draft_slots: int
+    num_rejected: int
+    tokens: tuple[int, ...]
+    finish_reason: str  # "" | "length" | "stop"
+    num_computed_tokens: int
+    num_output_placeholders: int
+    outcome: str = "applied"  # applied | stale_delivered | dropped (schema.APPLY_OUTCOMES)
+    life: int = 0  # the life of the request object the output was given to
+    # Where the tokens went: the prompt length and the output count before the apply (a streaming
+    # turn that ends here may already have moved on to its next chunk). -1: not given.
+    num_prompt_tokens: int = -1
+    first_output_index: int = -1
+
+
+class Scheduler:
+    """vLLM 0.32.0 `Scheduler` (one batch in flight): FCFS, chunked prefill, no prefix caching."""
+
+    is_async = False
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.k = config.num_spec_tokens
+        self.requests: dict[str, Request] = {}
+        self.running: list[Request] = []
+        self.waiting: deque[Request] = deque()
+        # Waiting requests that hold KV blocks (here: streaming sessions between turns), drained
+        # before `waiting` and the only ones admitted under PAUSED_NEW.
+        self.kv_holding: deque[Request] = deque()
+        self.num_waiting_for_streaming_input = 0
+        self.finished_req_ids: set[str] = set()
+        self.preempted_req_ids: set[str] = set()
+        self.prev_step_scheduled_req_ids: set[str] = set()
+        self.kv = BlockPool(config.num_blocks, config.block_size, config.max_model_len)
+        self.step = 0
+        self.pause_state = "unpaused"
+        #: Why each live request got no tokens in the last schedule() (recorder only).
+        self.skip_reasons: dict[str, str] = {}
+
+    # ---------------------------------------------------------------- requests in and out
+    def add_request(self, request: Request) -> Request:
+        """Queue a new request; returns the object the scheduler tracks (the recorder reads it).
+
+        An id that is still live is a streaming session's next input chunk (`request.resumable`)
+        or the end of its stream (not resumable): taken at once by a session between turns,
+        queued otherwise. For any other live id this is vLLM's `assert ... "duplicate request
+        id"`. A finished id is free again: a new life (nothing ties the old life's in-flight
+        outputs to it)."""
+        existing = self.requests.get(request.request_id)
+        if existing is not None:
+            if existing.streaming_queue is None:
+                raise EngineCrash(f"scheduler assert: duplicate request id {request.request_id!r} (it is still live)",
+                                  kind="scheduler-assert")
+            update = (StreamingUpdate(list(request.prompt_token_ids), request.max_tokens)
+                      if request.resumable else None)
+            if existing.status != Status.WAITING_FOR_STREAMING_REQ:
+                existing.streaming_queue.append(update)
+            elif update is not None:
+                self.update_request_as_session(existing, update)
+            else:
+                self.finish_requests([request.request_id])
+            return existing
+        if request.resumable:
+            request.streaming_queue = deque()
+        self.requests[request.request_id] = request
+        self.enqueue_waiting(request)
+        return request
+
+    def enqueue_waiting(self, req: Request) -> None:
+        (self.kv_holding if req.num_computed_tokens > 0 else self.waiting).append(req)
+
+    def handle_stopped_request(self, req: Request) -> bool:
+        """vLLM 0.32's _handle_stopped_request: True if the request is finished. A streaming
+        session instead drops the ended turn's in-flight work (drop mode), keeps the KV of what
+        its applied steps computed, and takes its next chunk or waits for one."""
+        if req.streaming_queue is None:
+            return True
+        req.num_computed_tokens -= req.num_output_placeholders  # the safe frontier
+        req.spec_token_ids = []
+        req.drop_stale_output = True
+        req.num_stale_output_tokens = req.num_in_flight_tokens
+        req.num_output_placeholders = 0
+        if req.streaming_queue:
+            update = req.streaming_queue.popleft()
+            if update is None:
+                return True
+            self.update_request_as_session(req, update)
+        else:
+            req.status = Status.WAITING_FOR_STREAMING_REQ
+            self.num_waiting_for_streaming_input += 1
+        self.enqueue_waiting(req)
+        return False
+
+    def update_request_as_session(self, req: Request, update: StreamingUpdate) -> None:
+        """vLLM 0.32's _update_request_as_session: the next turn's prompt is the session's
+        computed tokens (its last sampled token is discarded) plus the new chunk."""
+        computed = req.num_computed_tokens
+        kept = req.all_token_ids[req.num_prompt_tokens:computed]
+        del req.all_token_ids[computed:]
+        req.prompt_token_ids = req.prompt_token_ids + kept + update.prompt_token_ids  # vLLM extends in place
+        req.all_token_ids.extend(update.prompt_token_ids)
+        req.num_prompt_tokens = len(req.prompt_token_ids)
+        req.output_start = len(req.all_token_ids)
+        req.max_tokens = update.max_tokens
+        if req.status == Status.WAITING_FOR_STREAMING_REQ:
+            self.num_waiting_for_streaming_input -= 1
+        req.status = Status.WAITING
+
+    def has_requests(self) -> bool:
+        """vLLM's get_num_unfinished_requests() > 0, which a pause narrows: under PAUSED_ALL
+        nothing counts, under PAUSED_NEW only running requests (queued ones stay queued)."""
+        if self.pause_state == "paused_all":
+            return False
+        waiting = len(self.kv_holding) + (len(self.waiting) if self.pause_state == "unpaused" else 0)
+        # Sessions between turns wait for input, not for the scheduler.
+        return len(self.running) + waiting - self.num_waiting_for_streaming_input > 0
+
+    def set_pause_state(self, state: str) -> None:
+        """vLLM's set_pause_state: only the state changes; schedule() and has_requests() read it."""
+        self.pause_state = state
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM 0.32's Scheduler.reset_prefix_cache: with `reset_running_requests`, preempt every
+        running request (from the tail, so they come back in order) in drop mode: their in-flight
+        outputs are ignored when they return, and they may resume in the very next schedule().
+        The cache itself resets only if no request holds KV blocks; returns whether it did."""
+        if reset_running_requests:
+            while self.running:
+                self.preempt_request(self.running.pop(), drop_stale_output=True)
+            # As if nothing was scheduled last step: the resumed requests get their full
+            # token lists, and the worker drops them from its batch first.
+            self.prev_step_scheduled_req_ids.clear()
+        return self.kv.num_used_blocks() == 0
+
+    def finish_requests(self, request_ids: list[str], status: Status = Status.FINISHED_ABORTED) -> list[str]:
+        """Abort (or otherwise finish) requests from outside update_from_output; returns the ids
+        that were live and are now finished."""
+        done = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None or req.status.finished:
+                continue
+            if req.status == Status.RUNNING:
+                self.running.remove(req)
+            else:
+                self.remove_from_waiting(req)
+                if req.status == Status.WAITING_FOR_STREAMING_REQ:
+                    self.num_waiting_for_streaming_input -= 1
+            self._free(req, status)
+            done.append(rid)
+        return done
+
+    def remove_from_waiting(self, req: Request) -> None:
+        """vLLM's remove_requests on both waiting queues: every copy, wherever it is, if anywhere
+        (a streaming session vLLM lost after a preemption is in no queue at all)."""
+        self.waiting = deque(r for r in self.waiting if r is not req)
+        self.kv_holding = deque(r for r in self.kv_holding if r is not req)
+
+    def _free(self, req: Request, status: Status) -> None:
+        req.status = status
+        self.kv.release(req.request_id)
+        self.finished_req_ids.add(req.request_id)
+        del self.requests[req.request_id]
+
+    # ---------------------------------------------------------------- schedule()
+    def schedule(self) -> SchedulerOutput:
+        self.step += 1
+        self.skip_reasons = {}
+        budget = 0 if self.pause_state == "paused_all" else self.config.max_num_batched_tokens
+        plan = StepPlan(budget=budget, threshold=self.long_prefill_threshold())
+        self.schedule_running(plan)
+        if not plan.preempted and self.pause_state != "paused_all":
+            self.admit_waiting(plan)
+        out = self.make_output(plan)
+        self.update_after_schedule(out)
+        return out
+
+    def long_prefill_threshold(self) -> int:
+        # vLLM applies the threshold only when more than one request is eligible.
+        eligible = len(self.running) + len(self.waiting) + len(self.kv_holding)
+        return self.config.long_prefill_token_threshold if eligible > 1 else 0
+
+    def schedule_running(self, plan: StepPlan) -> None:
+        i = 0
+        # The loop stops as soon as the budget is 0: later requests are not even visited.
+        while i < len(self.running) and plan.budget > 0:
+            req = self.running[i]
+            n, skip = self.running_demand(req, plan.budget, plan.threshold)
+            if n <= 0:
+                self.skip_reasons[req.request_id] = skip
+                i += 1
+                continue
+            if not self.allocate_or_preempt(req, n, plan):
+                break
+            plan.running.append(req)
+            plan.prefill_scheduled |= req.is_prefill_chunk
+            plan.num_scheduled[req.request_id] = n
+            plan.budget -= n
+            i += 1
+            slots = self.assign_draft_slots(req, n)
+            if slots:
+                plan.spec[req.request_id] = slots
+
+    def running_demand(self, req: Request, budget: int, threshold: int) -> tuple[int, str]:
+        """Tokens to schedule for a running request, or (0, why not)."""
+        # Max-tokens rule: the in-flight step emits at least one token; if that reaches
+        # max_tokens, this request never needs another step.
+        if (req.num_output_placeholders > 0 and req.num_computed_tokens + 2 - req.num_output_placeholders
+                >= req.num_prompt_tokens + req.max_tokens):
+            return 0, "max_tokens"
+        n = req.num_tokens_with_spec + req.num_output_placeholders - req.num_computed_tokens
+        if 0 < threshold < n:
+            n = threshold
+        n = min(n, budget, self.config.max_model_len - req.num_computed_tokens - 1)
+        return n, "no_tokens"
+
+    def allocate_or_preempt(self, req: Request, n: int, plan: StepPlan) -> bool:
+        """Allocate KV slots for `req`, preempting from the tail of `running` (FCFS) until they
+        fit. False if `req` itself had to be preempted."""
+        while True:
+            new = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n,
+                                         self.config.num_lookahead_tokens)
+            if new is not None:
+                plan.new_blocks[req.request_id] = new
+                return True
+            victim = self.running.pop()
+            self.preempt_request(victim)
+            plan.preempted.append(victim)
+            self.skip_reasons[victim.request_id] = "preempted"
+            if victim is req:
+                return False
+
+    def preempt_request(self, req: Request, drop_stale_output: bool = False) -> None:
+        """vLLM 0.32: C and P reset; the in-flight output is marked stale: still delivered but no
+        longer moving the counters (deliver mode, a preemption for KV blocks), or ignored
+        altogether (drop mode, a cache reset). An undrained drop-mode share stays in drop mode."""
+        self.kv.release(req.request_id)
+        req.status = Status.PREEMPTED
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []
+        req.drop_stale_output = drop_stale_output or (req.drop_stale_output and req.num_stale_output_tokens > 0)
+        # Assigned, not added: the in-flight count already holds any undrained stale share.
+        req.num_stale_output_tokens = req.num_in_flight_tokens
+        req.num_output_placeholders = 0
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+        self.preempted_req_ids.add(req.request_id)
+
+    def assign_draft_slots(self, req: Request, n: int) -> list[int]:
+        """The draft slots inside `n`; the request's spec list is cleared once scheduled."""
+        if not req.spec_token_ids:
+            return []
+        num_spec = n + req.num_computed_tokens - req.num_tokens - req.num_output_placeholders
+        slots = req.spec_token_ids[:num_spec] if num_spec > 0 else []
+        req.spec_token_ids = []
+        return list(slots)
+
+    def admit_waiting(self, plan: StepPlan) -> None:
+        """Waiting requests holding KV blocks first (streaming sessions with their next chunk),
+        then, unless paused, the waiting queue (new and preempted requests)."""
+        skipped: dict[int, list[Request]] = {id(self.kv_holding): [], id(self.waiting): []}
+        while plan.budget > 0:
+            queue = self.kv_holding if self.kv_holding else self.waiting if self.pause_state == "unpaused" else None
+            if not queue:
+                break
+            # Sessions between turns are not running but keep their slot in the model runner.
+            if len(self.running) + self.num_waiting_for_streaming_input >= self.config.max_num_seqs:
+                break
+            req = queue[0]
+            if req.status == Status.WAITING_FOR_STREAMING_REQ or (req.num_stale_output_tokens
+                                                                   and not req.drop_stale_output):
+                # Waiting for its next input chunk; or stale output of its preempted life is
+                # still in flight, and resuming now would deliver it out of order. Next step.
+                skipped[id(queue)].append(queue.popleft())
+                continue
+            need = req.num_tokens - req.num_computed_tokens
+            padded = self.pad_to_draft_width(req, need, plan)
+            if padded is None:
+                break  # the padded step does not fit the budget: vLLM prefers not to schedule
+            n = padded
+            if 0 < plan.threshold < n:
+                n = plan.threshold
+            n = min(n, plan.budget)
+            if n <= 0:  # vLLM: assert num_new_tokens > 0
+                raise EngineCrash(f"scheduler assert: request {req.request_id!r} admitted with {n} tokens to "
+                                  f"schedule (num_computed_tokens {req.num_computed_tokens} >= num_tokens "
+                                  f"{req.num_tokens})", kind="scheduler-assert")
+            # vLLM 0.32 admits a waiting request only if its whole sequence fits in the free
+            # blocks (scheduler_reserve_full_isl, on by default), not just this chunk.
+            if not self.kv.fits(req.request_id, req.num_tokens):
+                break
+            new = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n,
+                                         self.config.num_lookahead_tokens)
+            if new is None:
+                break
+            if padded != need and n != padded:  # vLLM asserts this only once the blocks are allocated
+                raise EngineCrash(f"scheduler assert: request {req.request_id!r} padded to {padded} tokens "
+                                  f"for spec decode but cut to {n} (long_prefill_token_threshold)",
+                                  kind="scheduler-assert")
+            queue.popleft()
+            self.running.append(req)
+            (plan.new if req.status == Status.WAITING else plan.resumed).append(req)
+            plan.new_blocks[req.request_id] = self.kv.block_ids(req.request_id)
+            plan.num_scheduled[req.request_id] = n
+            plan.budget -= n
+            req.status = Status.RUNNING
+            if padded != need:
+                plan.spec[req.request_id] = [-1] * self.k  # the padding's placeholder drafts
+        self.kv_holding.extendleft(reversed(skipped[id(self.kv_holding)]))
+        self.waiting.extendleft(reversed(skipped[id(self.waiting)]))
+
+    def pad_to_draft_width(self, req: Request, n: int, plan: StepPlan) -> int | None:
+        """vLLM 0.32 pads an admission that needs exactly 1 token to 1 + k tokens (k placeholder
+        drafts) so the step keeps a uniform spec-decode shape, when no running request scheduled
+        in this step is mid-prefill. None: the padded step does not fit the budget."""
+        if not (self.k and n == 1 and not plan.prefill_scheduled and (plan.running or req.num_computed_tokens > 0)):
+            return n
+        if req.num_computed_tokens + 1 + self.k + 1 > self.config.max_model_len:
+            return n
+        return 1 + self.k if 1 + self.k <= plan.budget else None
+
+    def make_output(self, plan: StepPlan) -> SchedulerOutput:
+        cached = CachedRequestData()
+        for req in plan.running + plan.resumed:
+            rid = req.request_id
+            cached.req_ids.append(rid)
+            cached.new_block_ids.append(plan.new_blocks.get(rid, []))
+            cached.num_computed_tokens.append(req.num_computed_tokens)
+            cached.num_output_tokens.append(req.num_output_tokens + req.num_output_placeholders)
+            if rid not in self.prev_step_scheduled_req_ids:
+                cached.all_token_ids[rid] = list(req.all_token_ids)
+        cached.resumed_req_ids = {req.request_id for req in plan.resumed}
+        new = [NewRequestData(req.request_id, list(req.prompt_token_ids),
+                              self.kv.block_ids(req.request_id), req.num_computed_tokens)
+               for req in plan.new]
+        out = SchedulerOutput(
+            step=self.step,
+            scheduled_new_reqs=new,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=plan.num_scheduled,
+            total_num_scheduled_tokens=sum(plan.num_scheduled.values()),
+            scheduled_spec_decode_tokens=plan.spec,
+            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids=self.preempted_req_ids,
+            num_spec_tokens_to_schedule=self.k,
+        )
+        self.prev_step_scheduled_req_ids = set(plan.num_scheduled)
+        return out
+
+    def update_after_schedule(self, out: SchedulerOutput) -> None:
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self.requests[rid]
+            req.num_computed_tokens += n
+            req.num_in_flight_tokens += n
+            req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
+        # New sets: the old ones live on inside `out`.
+        self.finished_req_ids = set()
+        self.preempted_req_ids = set()
+
+    # ---------------------------------------------------------------- update_from_output()
+    def update_from_output(self, out: SchedulerOutput, model_output: ModelRunnerOutput) -> dict[str, ApplyReport]:
+        reports: dict[str, ApplyReport] = {}
+        stopped: list[Request] = []
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self.requests.get(rid)
+            stale = False
+            if req is not None:
+                req.num_in_flight_tokens -= n
+                if req.num_stale_output_tokens > 0:
+                    stale = True
+                    req.num_stale_output_tokens -= n
+                    if req.num_stale_output_tokens < 0:  # vLLM asserts: the stale share did not match
+                        raise EngineCrash(f"scheduler assert: request {rid!r} num_stale_output_tokens "
+                                          f"{req.num_stale_output_tokens} < 0", kind="scheduler-assert")
+            if req is None or req.status.finished:
+                continue  # finished or aborted while this step was in flight: output ignored
+            slots = out.scheduled_spec_decode_tokens.get(rid)
+            if stale and req.drop_stale_output:
+                # Drop mode: nothing of this output is used (its positions are resampled).
+                reports[rid] = ApplyReport(n, len(slots or ()), 0, (), "", req.num_computed_tokens,
+                                           req.num_output_placeholders, "dropped", req.life)
+                continue
+            index = model_output.req_id_to_index.get(rid)
+            generated = list(model_output.sampled_token_ids[index]) if index is not None else []
+            rejected = 0
+            if slots and generated:
+                rejected = len(slots) - (len(generated) - 1)
+                # A stale rejection count predates the preemption's reset and must not apply.
+                if not stale:
+                    if req.num_computed_tokens > 0:
+                        req.num_computed_tokens -= rejected
+                    if req.num_output_placeholders > 0:
+                        req.num_output_placeholders -= rejected
+            finish = ""
+            prompt_len, first_output = req.num_prompt_tokens, req.num_output_tokens
+            if generated:
+                generated, finish = self.append_output(req, generated, stale)
+                if finish:
+                    # As vLLM: the stop is handled at once (a streaming session may start its
+                    # next turn here), the queues are tidied after the loop.
+                    was_running = req.status == Status.RUNNING
+                    stopped.append((req, self.handle_stopped_request(req), was_running, finish))
+            reports[rid] = ApplyReport(n, len(slots or ()), rejected, tuple(generated), finish,
+                                       req.num_computed_tokens, req.num_output_placeholders,
+                                       "stale_delivered" if stale else "applied", req.life, prompt_len, first_output)
+        for req, finished, was_running, finish in stopped:
+            if was_running:
+                self.running.remove(req)
+            else:
+                # A request stopped by output delivered after its preemption: vLLM removes every
+                # copy from the waiting queues, even the one _handle_stopped_request just queued.
+                self.remove_from_waiting(req)
+            if finished:
+                self._free(req, Status.FINISHED_STOPPED if finish == "stop" else Status.FINISHED_LENGTH)
+        return reports
+
+    def append_output(self, req: Request, tokens: list[int], stale: bool) -> tuple[list[int], str]:
+        """Append tokens one by one with the stop check after each; truncate after a stop."""
+        finish = ""
+        for count, token in enumerate(tokens, 1):
+            req.all_token_ids.append(token)
+            if req.stop_token_id is not None and token == req.stop_token_id:
+                finish = "stop"
+            elif req.num_tokens >= self.config.max_model_len or req.num_output_tokens >= req.max_tokens:
+                finish = "length"
+            if finish:
+                del tokens[count:]
+                break
+        return tokens, finish
+
+    def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
+        """Sync mode only: the worker's real drafts become the requests' spec lists."""
+        for rid, draft in zip(req_ids, drafts):
+            req = self.requests.get(rid)
+            if req is None or req.status.finished:
+                continue
+            if req.is_prefill_chunk:
+                req.spec_token_ids = []
+                continue
+            req.spec_token_ids = list(draft)
+
+
+class AsyncScheduler(Scheduler):
+    """vLLM 0.32.0 `AsyncScheduler`: two batches in flight, -1 placeholders for drafts."""
+
+    is_async = True
+
+    def update_after_schedule(self, out: SchedulerOutput) -> None:
+        super().update_after_schedule(out)
+        # One shared read-only placeholder list of this step's draft width, as vLLM does.
+        placeholders = [-1] * out.num_spec_tokens_to_schedule
+        for rid in out.num_scheduled_tokens:
+            req = self.requests[rid]
+            if req.is_prefill_chunk:
+                continue
+            req.num_output_placeholders += 1 + len(out.scheduled_spec_decode_tokens.get(rid, ()))
+            req.spec_token_ids = placeholders
+
+    def append_output(self, req: Request, tokens: list[int], stale: bool) -> tuple[list[int], str]:
+        tokens, finish = super().append_output(req, tokens, stale)
+        # Placeholders were zeroed at preemption; a stale delivery must not decrement them.
+        if not stale:
+            req.num_output_placeholders -= len(tokens)
+            if req.num_output_placeholders < 0:  # vLLM asserts here and EngineCore dies
+                raise EngineCrash(f"scheduler assert: request {req.request_id!r} num_output_placeholders "
+                                  f"{req.num_output_placeholders} < 0", kind="scheduler-assert")
+        return tokens, finish

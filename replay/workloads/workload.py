@@ -1,0 +1,383 @@
+"""Workloads: the requests, their timing, the acceptance rule and the engine config of a run.
+
+Where it sits: the input of record (replay); stored whole in every trace's metadata (traces), so
+`replay` and `gate` can run the same workload through another implementation.
+
+File format (TOML or JSON, same keys)::
+
+    name = "mine"            # optional
+    seed = 7                 # seeds prompts, the target model and random acceptance
+    acceptance = "all"       # all | none | alternate | random:P  (P in [0, 1])
+    max_steps = 2000         # stop the run after this many engine steps
+    [config]                 # any EngineConfig field, see replay/config.py
+    max_num_batched_tokens = 40
+    [[requests]]
+    id = "0"                 # unique request id
+    arrival_step = 1         # engine step before whose schedule() the request is added
+    prompt_len = 3
+    max_tokens = 12
+    abort_step = 5           # optional: aborted before the apply of that step
+    stop_at = 4              # optional: its expected 4th output token is a stop token id (finish
+                             # "stop" at the first output equal to it, as vLLM's stop_token_ids)
+    acceptance = "none"      # optional: per-request override
+    streaming = true         # optional: a streaming-input session (vLLM's resumable request), fed
+                             # by stream_append events; its stream ends after its last one
+    [[events]]               # optional control events, applied in list order within a step
+    step = 6                 # engine step they land at
+    kind = "pause"           # see EVENT_KINDS below
+    mode = "keep"            # pause only: keep | wait | abort (vLLM's PauseMode)
+
+Control events, as vLLM 0.32.0's engine receives them between steps (`when = "before"`, the
+default: with the input queue, before that step's schedule()), or, for an abort only, after the
+step's schedule() and before the oldest batch in flight is applied (`when = "after"`, vLLM's
+early aborts queue; the same as a request's `abort_step`):
+
+    pause                 mode = keep (PAUSED_ALL: nothing scheduled) | wait (PAUSED_NEW: running
+                          requests go on, no admissions) | abort (abort all, then PAUSED_NEW);
+                          clear_cache = true (vLLM's default): once nothing is in flight or
+                          schedulable, reset_prefix_cache(reset_running_requests=True)
+    resume                back to UNPAUSED
+    reset_prefix_cache    reset_running = true preempts every running request first (their
+                          in-flight outputs are then dropped); false only resets an idle cache
+    abort                 request = "ID": finish_requests([ID], FINISHED_ABORTED)
+    resubmit              request = "ID": add the same request (same prompt and max_tokens) again
+                          under the same id, a new life of it; the id's previous life must have
+                          finished or been aborted by then, or vLLM asserts ("duplicate request id")
+    stream_append         request = "ID" (a streaming request), tokens = N prompt tokens appended,
+                          max_tokens = M for the turn they start (default: the request's). vLLM
+                          0.32 streams input turn by turn: a chunk that arrives while a turn runs
+                          waits for it to end; the next turn's prompt is everything computed so
+                          far (the turn's last sampled token is discarded) plus the chunk
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specreplay.replay.workloads.config import EngineConfig
+from specreplay.traces.errors import InputError
+
+ACCEPTANCE_KINDS = ("all", "none", "alternate", "random")
+EVENT_KINDS = ("pause", "resume", "reset_prefix_cache", "abort", "resubmit", "stream_append")
+PAUSE_MODES = ("keep", "wait", "abort")
+
+
+def parse_acceptance(text: str, where: str = "acceptance") -> tuple[str, float]:
+    """'all' | 'none' | 'alternate' | 'random:P' -> (kind, p)."""
+    if not isinstance(text, str):
+        raise InputError(f"{where}: expected a string like 'all' or 'random:0.7', got {text!r}")
+    kind, _, arg = text.partition(":")
+    if kind not in ACCEPTANCE_KINDS:
+        raise InputError(f"{where}: unknown acceptance {text!r}; use all, none, alternate or random:P")
+    if kind == "random":
+        try:
+            p = float(arg)
+        except ValueError:
+            raise InputError(f"{where}: random acceptance needs a probability, like random:0.7") from None
+        if not 0.0 <= p <= 1.0:
+            raise InputError(f"{where}: acceptance probability {p} is outside [0, 1]")
+        return kind, p
+    if arg:
+        raise InputError(f"{where}: acceptance {kind!r} takes no argument")
+    return kind, 1.0 if kind == "all" else 0.0
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    request_id: str
+    arrival_step: int = 1
+    prompt_len: int = 8
+    max_tokens: int = 16
+    abort_step: int | None = None
+    stop_at: int | None = None
+    acceptance: str | None = None
+    streaming: bool = False
+
+
+@dataclass(frozen=True)
+class Event:
+    """One control event of a workload (see the module docstring)."""
+
+    step: int
+    kind: str
+    request: str | None = None  # abort, resubmit
+    when: str = "before"  # before | after (abort only)
+    mode: str = "keep"  # pause
+    clear_cache: bool = True  # pause
+    reset_running: bool = False  # reset_prefix_cache
+    tokens: int = 0  # stream_append: prompt tokens appended
+    max_tokens: int | None = None  # stream_append: the next turn's max_tokens (None: the request's)
+
+    def to_dict(self) -> dict[str, Any]:
+        item: dict[str, Any] = {"step": self.step, "kind": self.kind}
+        if self.request is not None:
+            item["request"] = self.request
+        if self.when != "before":
+            item["when"] = self.when
+        if self.kind == "pause":
+            item["mode"] = self.mode
+            item["clear_cache"] = self.clear_cache
+        if self.kind == "reset_prefix_cache":
+            item["reset_running"] = self.reset_running
+        if self.kind == "stream_append":
+            item["tokens"] = self.tokens
+            if self.max_tokens is not None:
+                item["max_tokens"] = self.max_tokens
+        return item
+
+    def label(self) -> str:
+        """How the trace's step_event column names an engine-level event."""
+        if self.kind == "pause":
+            return f"pause({self.mode}{', clear_cache' if self.clear_cache else ''})"
+        if self.kind == "reset_prefix_cache":
+            return "reset_prefix_cache(running)" if self.reset_running else "reset_prefix_cache"
+        if self.request is not None:
+            return f"{self.kind}({self.request})"
+        return self.kind
+
+
+@dataclass(frozen=True)
+class Workload:
+    requests: tuple[RequestSpec, ...]
+    config: EngineConfig = field(default_factory=EngineConfig)
+    name: str = "workload"
+    seed: int = 0
+    acceptance: str = "all"
+    max_steps: int = 10_000
+    events: tuple[Event, ...] = ()
+
+    def acceptance_for(self, spec: RequestSpec) -> tuple[str, float]:
+        return parse_acceptance(spec.acceptance or self.acceptance)
+
+    def turns(self, spec: RequestSpec) -> list[tuple[int, int]]:
+        """A request's turns as (tokens of input, max_tokens): its prompt, then one per
+        stream_append event in order. An ordinary request has one."""
+        turns = [(spec.prompt_len, spec.max_tokens)]
+        for event in sorted(self.events, key=lambda e: e.step):  # as the engine applies them
+            if event.kind == "stream_append" and event.request == spec.request_id:
+                turns.append((event.tokens, event.max_tokens or spec.max_tokens))
+        return turns
+
+    def to_dict(self) -> dict[str, Any]:
+        requests = []
+        for spec in self.requests:
+            item = {"id": spec.request_id, "arrival_step": spec.arrival_step,
+                    "prompt_len": spec.prompt_len, "max_tokens": spec.max_tokens}
+            for key in ("abort_step", "stop_at", "acceptance"):
+                if getattr(spec, key) is not None:
+                    item[key] = getattr(spec, key)
+            if spec.streaming:
+                item["streaming"] = True
+            requests.append(item)
+        data = {"name": self.name, "seed": self.seed, "acceptance": self.acceptance,
+                "max_steps": self.max_steps, "config": self.config.to_dict(), "requests": requests}
+        if self.events:
+            data["events"] = [event.to_dict() for event in self.events]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "workload") -> "Workload":
+        if not isinstance(data, dict):
+            raise InputError(f"{where}: expected a table/object at the top level")
+        known = {"name", "seed", "acceptance", "max_steps", "config", "requests", "events"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InputError(f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        config = EngineConfig.from_dict(_table(data.get("config", {}), f"{where}: config"), f"{where}: config")
+        seed = _int(data.get("seed", 0), f"{where}: seed", low=0)
+        acceptance = data.get("acceptance", "all")
+        parse_acceptance(acceptance, f"{where}: acceptance")
+        max_steps = _int(data.get("max_steps", 10_000), f"{where}: max_steps", low=1)
+        raw_requests = data.get("requests")
+        if not isinstance(raw_requests, list) or not raw_requests:
+            raise InputError(f"{where}: needs a non-empty list of [[requests]]")
+        requests = []
+        seen: set[str] = set()
+        for i, raw in enumerate(raw_requests):
+            requests.append(_request(raw, f"{where}: requests[{i}]", config))
+            if requests[-1].request_id in seen:
+                raise InputError(f"{where}: requests[{i}]: duplicate id {requests[-1].request_id!r}")
+            seen.add(requests[-1].request_id)
+        name = data.get("name", "workload")
+        if not isinstance(name, str):
+            raise InputError(f"{where}: name must be a string")
+        raw_events = data.get("events", [])
+        if not isinstance(raw_events, list):
+            raise InputError(f"{where}: events must be a list of [[events]] tables")
+        specs = {spec.request_id: spec for spec in requests}
+        events = tuple(_event(raw, f"{where}: events[{i}]", specs) for i, raw in enumerate(raw_events))
+        check_events(events, f"{where}: events")
+        workload = cls(requests=tuple(requests), config=config, name=name, seed=seed,
+                       acceptance=acceptance, max_steps=max_steps, events=events)
+        for i, spec in enumerate(requests):
+            if spec.streaming:
+                _check_session(workload, spec, f"{where}: requests[{i}]")
+        return workload
+
+
+def check_events(events: tuple[Event, ...], where: str) -> None:
+    """Rules across events: every pause is followed by a resume (a run paused for good never
+    finishes its requests)."""
+    paused_at = None
+    for event in sorted(events, key=lambda e: e.step):
+        if event.kind == "pause" and paused_at is None:
+            paused_at = event.step
+        elif event.kind == "resume":
+            paused_at = None
+    if paused_at is not None:
+        raise InputError(f"{where}: the pause at step {paused_at} has no later resume; its requests would never finish")
+
+
+def _check_session(workload: "Workload", spec: RequestSpec, where: str) -> None:
+    """A streaming session's whole sequence (each turn keeps all but its last output) must fit."""
+    config = workload.config
+    turns = workload.turns(spec)
+    total = sum(tokens + max_tokens - 1 for tokens, max_tokens in turns) + 1
+    if total > config.max_model_len:
+        raise InputError(f"{where}: the streaming session's turns need {total} tokens, above max_model_len "
+                         f"{config.max_model_len}")
+    blocks_needed = -(-min(total + config.num_spec_tokens + config.num_lookahead_tokens, config.max_model_len)
+                      // config.block_size)
+    if blocks_needed > config.num_blocks - 1:
+        raise InputError(f"{where}: the streaming session needs {blocks_needed} KV blocks alone, the cache has "
+                         f"{config.num_blocks - 1} usable")
+
+
+def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
+    raw = _table(raw, where)
+    kind = raw.get("kind")
+    if kind not in EVENT_KINDS:
+        raise InputError(f"{where}: kind must be one of {', '.join(EVENT_KINDS)}, got {kind!r}")
+    allowed = {"step", "kind", "when"} | {
+        "pause": {"mode", "clear_cache"}, "resume": set(), "reset_prefix_cache": {"reset_running"},
+        "abort": {"request"}, "resubmit": {"request"},
+        "stream_append": {"request", "tokens", "max_tokens"}}[kind]
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise InputError(f"{where}: {kind} takes no {unknown[0]!r}; it takes {', '.join(sorted(allowed))}")
+    if "step" not in raw:
+        raise InputError(f"{where}: missing 'step'")
+    step = _int(raw["step"], f"{where}: step", low=1)
+    when = raw.get("when", "before")
+    if when not in ("before", "after"):
+        raise InputError(f"{where}: when must be 'before' or 'after', got {when!r}")
+    if when == "after" and kind != "abort":
+        raise InputError(f"{where}: only an abort can land after a step's schedule() in vLLM 0.32 "
+                         "(its early aborts queue); use when = 'before'")
+    request = None
+    if kind in ("abort", "resubmit", "stream_append"):
+        request = raw.get("request")
+        if isinstance(request, int) and not isinstance(request, bool):
+            request = str(request)
+        if not isinstance(request, str) or request not in specs:
+            raise InputError(f"{where}: request must name a request of the workload, got {request!r}")
+        if step < specs[request].arrival_step + (kind == "resubmit"):
+            raise InputError(f"{where}: step {step} is before request {request!r} arrives "
+                             f"(arrival_step {specs[request].arrival_step})")
+    tokens, max_tokens = 0, None
+    if kind == "stream_append":
+        if not specs[request].streaming:
+            raise InputError(f"{where}: request {request!r} is not a streaming request (set streaming = true)")
+        if "tokens" not in raw:
+            raise InputError(f"{where}: missing 'tokens' (prompt tokens appended)")
+        tokens = _int(raw["tokens"], f"{where}: tokens", low=1)
+        if raw.get("max_tokens") is not None:
+            max_tokens = _int(raw["max_tokens"], f"{where}: max_tokens", low=1)
+    if kind == "resubmit" and specs[request].streaming:
+        raise InputError(f"{where}: resubmitting streaming request {request!r} is not supported (the same id "
+                         "is the session's next chunk to vLLM)")
+    mode = raw.get("mode", "keep")
+    if mode not in PAUSE_MODES:
+        raise InputError(f"{where}: mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+    flags = {}
+    for key, default in (("clear_cache", True), ("reset_running", False)):
+        flags[key] = raw.get(key, default)
+        if not isinstance(flags[key], bool):
+            raise InputError(f"{where}: {key} must be true or false, got {flags[key]!r}")
+    return Event(step=step, kind=kind, request=request, when=when, mode=mode, tokens=tokens, max_tokens=max_tokens,
+                 **flags)
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Load a TOML (.toml) or JSON (anything else) workload file; InputError on any problem."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read workload file ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: workload file is not UTF-8 text") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        kind = "TOML" if path.suffix == ".toml" else "JSON"
+        raise InputError(f"{path}: not valid {kind} ({' '.join(str(exc).split())[:120]})") from None
+    return Workload.from_dict(data, str(path))
+
+
+def _table(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InputError(f"{where}: expected a table/object")
+    return value
+
+
+def _int(value: Any, where: str, low: int | None = None, high: int = 1 << 30) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{where}: expected an integer, got {value!r}")
+    if low is not None and value < low:
+        raise InputError(f"{where}: must be >= {low}, got {value}")
+    if value > high:
+        raise InputError(f"{where}: {value} is unreasonably large (limit {high})")
+    return value
+
+
+def _request(raw: Any, where: str, config: EngineConfig) -> RequestSpec:
+    raw = _table(raw, where)
+    known = {"id", "arrival_step", "prompt_len", "max_tokens", "abort_step", "stop_at", "acceptance", "streaming"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise InputError(f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    if "id" not in raw:
+        raise InputError(f"{where}: missing 'id'")
+    rid = raw["id"]
+    if isinstance(rid, int) and not isinstance(rid, bool):
+        rid = str(rid)
+    if not isinstance(rid, str) or not rid or len(rid) > 200:
+        raise InputError(f"{where}: id must be a non-empty string")
+    spec = RequestSpec(
+        request_id=rid,
+        arrival_step=_int(raw.get("arrival_step", 1), f"{where}: arrival_step", low=1),
+        prompt_len=_int(raw.get("prompt_len", 8), f"{where}: prompt_len", low=1),
+        max_tokens=_int(raw.get("max_tokens", 16), f"{where}: max_tokens", low=1),
+        abort_step=None if raw.get("abort_step") is None else _int(raw["abort_step"], f"{where}: abort_step", low=1),
+        stop_at=None if raw.get("stop_at") is None else _int(raw["stop_at"], f"{where}: stop_at", low=1),
+        acceptance=raw.get("acceptance"),
+        streaming=raw.get("streaming", False),
+    )
+    if not isinstance(spec.streaming, bool):
+        raise InputError(f"{where}: streaming must be true or false")
+    if spec.streaming and spec.stop_at is not None:
+        raise InputError(f"{where}: a streaming request takes no stop_at (its turns end at max_tokens)")
+    if spec.acceptance is not None:
+        parse_acceptance(spec.acceptance, f"{where}: acceptance")
+    if spec.prompt_len + spec.max_tokens > config.max_model_len:
+        raise InputError(f"{where}: prompt_len + max_tokens = {spec.prompt_len + spec.max_tokens} "
+                         f"exceeds max_model_len {config.max_model_len}")
+    # Block 0 is vLLM's null block; a request must fit alone (drafts and lookahead included) or
+    # it can never be admitted, or preempts itself forever.
+    longest = min(spec.prompt_len + spec.max_tokens + config.num_spec_tokens + config.num_lookahead_tokens,
+                  config.max_model_len)
+    blocks_needed = -(-longest // config.block_size)
+    if blocks_needed > config.num_blocks - 1:
+        raise InputError(f"{where}: needs {blocks_needed} KV blocks alone, the cache has {config.num_blocks - 1} "
+                         f"usable (num_blocks {config.num_blocks}, block 0 reserved)")
+    return spec
+
+
+__all__ = ["Event", "RequestSpec", "Workload", "load_workload", "parse_acceptance"]
