@@ -77,7 +77,7 @@ class Prepared:
 # ------------------------------------------------------------------ engines under measure
 def reference_run(workload: Workload) -> int:
     """Scheduler + runner + recording (the trace table built): request-steps done."""
-    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
 
     trace = run_workload(workload, resolve("upstream", allow_import=False))
@@ -86,7 +86,7 @@ def reference_run(workload: Workload) -> int:
 
 def have_vllm() -> bool:
     try:
-        from specreplay.replay.engines.real_scheduler import load_vllm
+        from specreplay.replay.engines.vllm_setup import load_vllm
 
         load_vllm()
         return True
@@ -106,15 +106,16 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
 
     adapter = VllmSchedulerAdapter(workload.config)
     oracle = Oracle(workload)
-    for order, spec in enumerate(workload.requests):
-        adapter.add_request(Request(spec.request_id, oracle.prompt(spec.request_id), spec.max_tokens, None, order))
+    for spec in workload.requests:
+        adapter.add_request(Request(spec.request_id, oracle.prompt(spec.request_id), spec.max_tokens, None))
     sched = adapter.real
     sink = None
     if tap:
-        from specreplay.replay.engines import plugin as vllm_live
+        from specreplay.replay.engines import plugin
+        from specreplay.replay.impls.registry import resolve
 
-        sink = vllm_live.new_sink()
-        vllm_live.CoreTap(sched, vllm_live._Sink(sink, "core"), workload.config, "upstream")
+        sink = plugin.new_sink()  # the live engine's scheduler observer, as its plugin attaches it
+        plugin.attach_to_core(sched, plugin.Sink(sink, "core"), workload.config, resolve("upstream", allow_import=False))
     depth = workload.config.depth
 
     def loop() -> int:
@@ -133,9 +134,9 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
                     continue
             sched.update_from_output(*queue.pop())
         if sink:
-            from specreplay.replay.engines import plugin as vllm_live
+            from specreplay.replay.engines import plugin
 
-            vllm_live.clean_sink(sink)
+            plugin.clean_sink(sink)
         return done
 
     return Prepared(loop)
@@ -202,7 +203,7 @@ def tiled(trace, copies: int):
 
 def big_trace(rows_wanted: int, folder: str) -> str:
     """A trace of about `rows_wanted` request-steps: a recorded 64-request decode run, tiled."""
-    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
     from specreplay.traces.io import write_trace
 
@@ -267,7 +268,7 @@ def fig_gpu(args, out: dict) -> None:
     if not torch.cuda.is_available():
         out["gpu"] = {"note": "n/a: no CUDA on this machine"}
         return
-    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
 
     row = {}

@@ -1,11 +1,16 @@
-"""Drive a tiny live vLLM engine through a workload and return its recorded trace.
+"""`--engine vllm`: drive a tiny live vLLM engine through a workload and return its recorded trace.
 
-Where it sits: **record** for `--engine vllm`. Builds `vllm.LLM` from the workload's engine config
-(dummy weights, a tiny model config written on the fly, no tokenizer, no hub), feeds it the
-workload's requests at their arrival steps and its aborts, steps it to the end, and merges the
-parts that the taps of `replay/vllm_live.py` wrote into one trace. `--executor inproc` keeps the
-engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0); `multiproc` runs it, and on a
-CPU the worker too, in processes of their own, each writing its part.
+Where it sits: workloads -> models -> impls -> record -> **engines** -> check. Builds `vllm.LLM`
+from the workload's engine config (dummy weights, a tiny model config written on the fly, no
+tokenizer, no hub) and steps it: a live engine drives its own scheduler and runner, so what
+this module drives is its input side, with the same input driver as the other engines
+(arrivals at their steps, aborts). The plugin (engines/plugin.py) attaches the same observers
+as the other engines inside vLLM's processes; their part files are merged into one trace.
+`--executor inproc` keeps the engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0);
+`multiproc` runs it, and on a CPU the worker too, in processes of their own.
+
+On a CPU machine the recipe's two patches are applied inside specreplay's run only (no pinned
+memory; keep async scheduling on), and stamped into the trace metadata.
 """
 
 from __future__ import annotations
@@ -13,24 +18,26 @@ from __future__ import annotations
 import gc
 import json
 import os
-import platform
-import time
-from typing import Any
+from dataclasses import replace
+from typing import Any, Callable
 
-from specreplay.replay.engines import plugin as vllm_live
+from specreplay.replay.engines import plugin
+from specreplay.replay.engines.inputs import InputDriver
 from specreplay.replay.impls.registry import Implementation
+from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
 from specreplay.traces.trace import Trace
 
 
-def run_live(workload: Workload, impl: Implementation, device: str = "cpu", model: str | None = None) -> Trace:
+def run_live(workload: Workload, impl: Implementation, device: str = "cpu", model: str | None = None,
+             progress: Callable[[int, int], None] | None = None) -> Trace:
     """`model`: a model folder or hub name with real weights; None: the tiny dummy-weight model."""
-    from specreplay.replay.engines.real_scheduler import load_vllm, sampling_params, speculative_config, tiny_model_dir
+    from specreplay.replay.engines.run import trace_header
+    from specreplay.replay.engines.vllm_setup import load_vllm, speculative_config, tiny_model_dir
 
-    if impl.name not in vllm_live.LIVE_IMPLS:
-        raise InputError(f"--engine vllm runs {', '.join(vllm_live.LIVE_IMPLS)}; {impl.name} has no live form")
+    impl.require_real_forms("vllm")
     if workload.events:
         raise InputError(f"--engine vllm does not drive control events yet ({len(workload.events)} in this workload); "
                          "use --engine vllm-scheduler, which calls the real scheduler's pause, reset and abort methods")
@@ -39,16 +46,16 @@ def run_live(workload: Workload, impl: Implementation, device: str = "cpu", mode
 
     on_cpu = current_platform.is_cpu()
     config = cpu_attention_config(workload.config) if on_cpu else workload.config
-    sink = vllm_live.new_sink()
+    sink = plugin.new_sink()
     env = {
         "HF_HUB_OFFLINE": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if impl.executor == "multiproc" else "0",
-        vllm_live.SINK_ENV: sink,
-        vllm_live.IMPL_ENV: impl.name,
-        vllm_live.CONFIG_ENV: json.dumps(config.to_dict()),
+        plugin.SINK_ENV: sink,
+        plugin.IMPL_ENV: impl.name,
+        plugin.CONFIG_ENV: json.dumps(config.to_dict()),
     }
     if on_cpu:
-        env[vllm_live.CPU_ENV] = "1"
+        env[plugin.CPU_ENV] = "1"
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
     if os.environ.get("VLLM_PLUGINS") is not None and "specreplay" not in os.environ["VLLM_PLUGINS"].split(","):
         env["VLLM_PLUGINS"] = os.environ["VLLM_PLUGINS"] + ",specreplay"
@@ -57,7 +64,7 @@ def run_live(workload: Workload, impl: Implementation, device: str = "cpu", mode
     outcome: dict[str, Any] = {"status": "completed"}
     llm = None
     try:
-        vllm_live.register()  # this process; vLLM loads the same entry point in the ones it starts
+        plugin.register()  # this process; vLLM loads the same entry point in the ones it starts
         try:
             weights = ({"model": tiny_model_dir(config), "load_format": "dummy", "dtype": "float32"} if model is None
                        else {"model": model, "dtype": "auto"})
@@ -71,7 +78,7 @@ def run_live(workload: Workload, impl: Implementation, device: str = "cpu", mode
                 speculative_config=speculative_config(config), disable_log_stats=True)
         except (ValueError, TypeError) as exc:
             raise InputError(f"vllm rejects this engine config: {' '.join(str(exc).split())[:200]}") from None
-        counts, outcome = _drive(llm, workload, sampling_params)
+        counts, outcome = drive(llm, workload, progress)
         outcome["engine_output_tokens"] = counts
     finally:
         if llm is not None:
@@ -83,26 +90,22 @@ def run_live(workload: Workload, impl: Implementation, device: str = "cpu", mode
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    rows = vllm_live.merge_parts(sink)
-    vllm_live.clean_sink(sink)
+    rows = plugin.merge_parts(sink)
+    plugin.clean_sink(sink)
     impl_doc = {"name": impl.name, "engine": "vllm", "executor": impl.executor,
                 "scheduler": "AsyncScheduler" if config.async_scheduling else "Scheduler",
                 "runner": "GPUModelRunner (live)", "models": f"vllm {vllm.__version__}",
                 "model": model or "tiny dummy-weight llama (written on the fly)",
                 "drafter": "ngram_gpu" if config.async_scheduling else "ngram",
-                "patches": list(vllm_live.CPU_PATCHES) if on_cpu else []}
-    return Trace(table=vllm_live.rows_to_table(rows), workload=workload.to_dict(), config=config.to_dict(),
-                 impl=impl_doc, outcome=outcome, seed=workload.seed, device="cpu" if on_cpu else device,
-                 volatile={"created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                           "host": platform.node(), "python": platform.python_version()})
+                "patches": list(plugin.CPU_PATCHES) if on_cpu else []}
+    header = trace_header(workload, impl_doc, "cpu" if on_cpu else device, outcome, config)
+    return replace(header, table=plugin.rows_to_table(rows))
 
 
-def cpu_attention_config(config):
+def cpu_attention_config(config: EngineConfig) -> EngineConfig:
     """vLLM's CPU attention takes block sizes in multiples of 32: round the block size up and
     scale the block count to keep the KV capacity (tokens) the workload asked for. The trace's
     config metadata holds what actually ran."""
-    from dataclasses import replace
-
     if config.block_size % 32 == 0:
         return config
     block_size = -(-config.block_size // 32) * 32
@@ -110,28 +113,25 @@ def cpu_attention_config(config):
     return replace(config, block_size=block_size, num_blocks=1 + max(1, usable_tokens // block_size))
 
 
-def _drive(llm: Any, workload: Workload, sampling_params: Any) -> tuple[dict[str, int], dict[str, Any]]:
-    """Add requests at their arrival steps (one LLMEngine.step() per engine step), abort at their
-    abort steps, and step until nothing is left. Returns each request's output token count as
-    the engine itself reports it, and the run's outcome."""
-    oracle = Oracle(workload)
+def drive(llm: Any, workload: Workload, progress: Callable[[int, int], None] | None = None
+          ) -> tuple[dict[str, int], dict[str, Any]]:
+    """Feed the engine its inputs (one LLMEngine.step() per engine step) and step until nothing
+    is left. Returns each request's output token count as the engine itself reports it, and the
+    run's outcome."""
+    from specreplay.replay.engines.vllm_setup import sampling_params
+
+    inputs = InputDriver(workload, Oracle(workload))
     engine = llm.llm_engine
-    arrivals: dict[int, list] = {}
-    for spec in workload.requests:
-        arrivals.setdefault(spec.arrival_step, []).append(spec)
-    aborts: dict[int, list[str]] = {}
-    for spec in workload.requests:
-        if spec.abort_step:
-            aborts.setdefault(spec.abort_step, []).append(spec.request_id)
     counts: dict[str, int] = {}
     step = 0
     while True:
         step += 1
-        for spec in arrivals.pop(step, ()):
-            params = sampling_params(spec.max_tokens, oracle.stop_token(spec.request_id))
-            engine.add_request(spec.request_id, {"prompt_token_ids": oracle.prompt(spec.request_id)}, params)
-        if aborts.get(step):
-            engine.abort_request(aborts.pop(step))
+        for spec in inputs.pop_arrivals(step):
+            prompt, max_tokens, stop = inputs.submit(spec)
+            engine.add_request(spec.request_id, {"prompt_token_ids": prompt}, sampling_params(max_tokens, stop))
+        aborts = inputs.pop_aborts(step)
+        if aborts:
+            engine.abort_request(aborts)
         try:
             outputs = engine.step()
         except Exception as exc:  # the engine died: that is the run's outcome, not specreplay's crash
@@ -140,7 +140,9 @@ def _drive(llm: Any, workload: Workload, sampling_params: Any) -> tuple[dict[str
         for out in outputs:
             if out.finished:
                 counts[out.request_id] = len(out.outputs[0].token_ids) if out.outputs else 0
-        if not engine.has_unfinished_requests() and not arrivals:
+        if progress is not None:
+            progress(step, workload.max_steps)
+        if not engine.has_unfinished_requests() and inputs.next_input_step(step) is None:
             return counts, {"status": "completed"}
         if step >= workload.max_steps:
             return counts, {"status": "step_limit", "step": step}

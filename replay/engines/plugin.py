@@ -1,28 +1,23 @@
-"""`--engine vllm`: record a live vLLM engine, the real scheduler and the real GPU model runner.
+"""`--engine vllm`: the vLLM plugin that attaches specreplay's observers inside a live engine.
 
-Where it sits: **record** -> traces, for a real engine. Two taps attach to the engine's own
-objects, wherever they live:
+Where it sits: workloads -> models -> impls -> record -> **engines** -> check, for a real
+engine. vLLM loads the `vllm.general_plugins` entry point `register` in every process it
+starts; when specreplay's live run set SPECREPLAY_LIVE_SINK, it attaches, wherever the objects
+live (in-process, or an engine-core process and its worker processes):
 
-- `CoreTap` wraps the engine core's scheduler (`schedule`, `update_from_output`,
-  `finish_requests`, `add_request`) and records the scheduler view with the ordinary `Recorder`,
-  reading the real `Request`s through `RealSchedulerView`;
-- `RunnerTap` wraps the `GPUModelRunner` (`execute_model`, `_update_states`, `_prepare_inputs`,
-  `sample_tokens`) and records the worker view: batch row, `num_computed_tokens` after the
-  deferred correction, the device position it writes from, cached drafts, the drafts fed to the
-  rejection sampler (before the -1 clamp), accepted and emitted counts.
+- to the engine core's scheduler, the scheduler observer (record/scheduler_observer.py), the
+  same one that watches the reference and the real scheduler in the other engines;
+- to every `GPUModelRunner`, the worker observer (record/worker_observer.py), reading its inputs
+  with `VllmInputs`.
 
-Each tap appends one JSON line per event to its own file under a sink folder, so the taps work
-in-process and with the engine core and the workers in other processes (vLLM loads the
-`vllm.general_plugins` entry point `register` in every process it starts); `run_live` merges the
-parts into one trace. Ground-truth columns stay null: a live engine has no oracle.
-
-On a CPU machine `run_live` applies the recipe's two patches inside specreplay's run only (no
-pinned memory; keep async scheduling on), and stamps them into the trace metadata.
+The implementation's real forms (impls/) replace the scheduler's and the runner's classes. Each
+observer appends one JSON line per event to its own file under the sink folder (a process that
+dies loses nothing it wrote); `merge_parts` joins the parts into rows. Ground-truth columns stay
+null: a live engine has no oracle.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import glob
 import json
@@ -38,261 +33,112 @@ SINK_ENV = "SPECREPLAY_LIVE_SINK"
 IMPL_ENV = "SPECREPLAY_LIVE_IMPL"
 CONFIG_ENV = "SPECREPLAY_LIVE_CONFIG"
 CPU_ENV = "SPECREPLAY_LIVE_CPU"
-LIVE_IMPLS = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
 CPU_PATCHES = ("torch.zeros drops pin_memory (no pinned allocator on CPU)",
                "CpuPlatform.check_and_update_config keeps async_scheduling on")
 
 _SUFFIX = re.compile(r"^(.*)-[0-9a-f]{8}$")
-#: What a schedule event carries: the keys and the scheduler view (the rest comes as patches).
-_SCHEDULE_COLUMNS = [n for n in schema.COLUMN_NAMES if not n.startswith(("apply_", "worker_", "truth_"))]
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def external_id(internal: str) -> str:
     """vLLM's engine appends '-' and 8 hex digits to the caller's request id; strip them.
-    (Cached: the tap asks for every request at every step.)"""
+    (Cached: the observers ask for every request at every step.)"""
     m = _SUFFIX.match(internal)
     return m.group(1) if m else internal
 
 
-class _Sink:
+class Sink:
+    """One process's part file under the sink folder: one JSON line per event, flushed."""
+
     def __init__(self, folder: str, role: str) -> None:
         self.path = os.path.join(folder, f"{role}-{os.getpid()}-{id(self)}.jsonl")
         self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, event: dict[str, Any]) -> None:
-        # One line per event, flushed: a process that dies loses nothing it wrote before.
         self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
         self._file.flush()
 
 
-# ====================================================================== scheduler side
-class CoreTap:
-    """Records the real scheduler's view, step by step, as trace rows."""
+def sink_recorder(sink: Sink):
+    """A Recorder that also streams its rows and patches to `sink` as they are written."""
+    from specreplay.replay.record.recorder import SCHEDULE_COLUMNS, Recorder
 
-    def __init__(self, scheduler: Any, sink: _Sink, config: Any, impl: str) -> None:
-        from specreplay.replay.record.recorder import Recorder
-        from specreplay.replay.engines.real_scheduler import RealSchedulerView
+    names = ["step", "step_total_scheduled_tokens", "step_event", *SCHEDULE_COLUMNS]
 
-        if impl == "sched-clear":
-            from specreplay.replay.impls.variants import clear_stale_placeholders_on
+    class SinkRecorder(Recorder):
+        def append_step(self, step, total_scheduled, step_event, rows):
+            index = super().append_step(step, total_scheduled, step_event, rows)
+            c = self.cols
+            sink.write({"e": "rows", "names": names, "rows": [[c[n][i] for n in names] for i in index.values()]})
+            return index
 
-            scheduler.__class__ = clear_stale_placeholders_on(type(scheduler))
-        self.scheduler = scheduler
+        def fill(self, at, values):
+            super().fill(at, values)
+            sink.write({"e": "patch", "rows": [[self.cols["step"][at], self.cols["request_id"][at], values]]})
+
+    return SinkRecorder()
+
+
+class SinkWriter:
+    """The worker observer's rows of one step, as one patch line."""
+
+    def __init__(self, sink: Sink) -> None:
         self.sink = sink
-        self.view = RealSchedulerView(scheduler, config, external_id)
-        self.rec = Recorder(None)
-        self.step = 0
-        self.order = 0
-        for request in scheduler.requests.values():  # added before the tap attached (first step)
-            self._track(request)
-        self._wrap()
+        self.rows: list[list[Any]] = []
 
-    def _track(self, request: Any) -> None:
-        self.rec.add_request(self.view.track(request, self.order))
-        self.order += 1
+    def write(self, step: int, rid: str, values: dict[str, Any]) -> None:
+        self.rows.append([step, rid, dict(values)])
 
-    def _wrap(self) -> None:
-        s = self.scheduler
-        add, schedule, update, finish = s.add_request, s.schedule, s.update_from_output, s.finish_requests
-
-        @functools.wraps(add)
-        def add_request(request, *a, **kw):
-            result = add(request, *a, **kw)
-            self._track(request)
-            return result
-
-        @functools.wraps(schedule)
-        def schedule_(*a, **kw):
-            self.rec.snapshot(self.view)
-            self.view.before_schedule()
-            so = schedule(*a, **kw)
-            self.step += 1
-            so._specreplay_step = self.step  # travels with the object (pickled) to the workers
-            start = len(self.rec.cols["step"])
-            self.rec.record_schedule(self.view.after_schedule(so, self.step, light=True), self.view)
-            cols = self.rec.cols
-            self.sink.write({"e": "rows", "names": _SCHEDULE_COLUMNS, "rows": [
-                [cols[name][i] for name in _SCHEDULE_COLUMNS] for i in range(start, len(cols["step"]))]})
-            return so
-
-        @functools.wraps(update)
-        def update_from_output(so, model_output, *a, **kw):
-            before = self.view.before_update(so, model_output)
-            result = update(so, model_output, *a, **kw)
-            step = getattr(so, "_specreplay_step", None)
-            if step is not None:
-                filled = self.rec.record_apply(step, self.view.after_update(so, before), self.step)
-                self._patch(filled, [n for n in schema.COLUMN_NAMES if n.startswith("apply_")])
-            return result
-
-        @functools.wraps(finish)
-        def finish_requests(request_ids, *a, **kw):
-            ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or ())
-            live = [r for r in ids if r in s.requests and not s.requests[r].is_finished()]
-            result = finish(request_ids, *a, **kw)
-            done = [r for r in live if r not in s.requests or s.requests[r].is_finished()]
-            rows = [self.rec.record_abort(self.step, external_id(r)) for r in done]
-            self._patch([i for i in rows if i is not None], ["apply_finish_reason"])
-            self.view.forget_finished()
-            return result
-
-        s.add_request, s.schedule, s.update_from_output = add_request, schedule_, update_from_output
-        s.finish_requests = finish_requests
-
-    def _patch(self, indexes: list[int], names: list[str]) -> None:
-        if not indexes:
-            return
-        c = self.rec.cols
-        self.sink.write({"e": "patch", "rows": [[c["step"][i], c["request_id"][i], {n: c[n][i] for n in names}]
-                                                for i in indexes]})
+    def step_done(self, step: int) -> None:
+        if self.rows:
+            self.sink.write({"e": "patch", "rows": self.rows})
+        self.rows = []
 
 
-# ====================================================================== worker side
-class RunnerTap:
-    """Records the real GPUModelRunner's view of each step it executes."""
+def attach_to_core(scheduler: Any, sink: Sink, config: Any, impl: Any) -> None:
+    """The scheduler observer on a live engine core's scheduler (its variant class first)."""
+    from specreplay.replay.record.scheduler_observer import SchedulerObserver, attach
 
-    def __init__(self, runner: Any, sink: _Sink, impl: str) -> None:
-        self.runner = runner
-        self.sink = sink
-        self.impl = impl
-        self.step: int | None = None
-        self.rows: dict[str, dict[str, Any]] = {}
-        self._wrap()
+    scheduler.__class__ = impl.real_scheduler_class(type(scheduler), config)
+    observer = SchedulerObserver(scheduler, sink_recorder(sink), max_num_batched_tokens=config.max_num_batched_tokens,
+                                 max_model_len=config.max_model_len, external_id=external_id)
+    for rid in list(scheduler.requests):  # added before the observer attached (the first step)
+        observer.request_added(rid)
+    clock = {"step": 0}
 
-    def _wrap(self) -> None:
-        rn = self.runner
-        execute, update_states, prepare, sample = (rn.execute_model, rn._update_states, rn._prepare_inputs,
-                                                   rn.sample_tokens)
+    def next_step(_so: Any) -> int:
+        clock["step"] += 1
+        return clock["step"]
 
-        @functools.wraps(execute)
-        def execute_model(so, *a, **kw):
-            self.step = getattr(so, "_specreplay_step", None)
-            self.booked = {r: (n, len(so.scheduled_spec_decode_tokens.get(r, ())))
-                           for r, n in so.num_scheduled_tokens.items()}
-            self.width = 0 if rn._draft_token_ids is None else int(rn._draft_token_ids.shape[-1])
-            self.edited: set[str] = set()
-            self.rows = {}
-            so = self._variant(so)
-            result = execute(so, *a, **kw)
-            for rid, row in self.rows.items():  # the deferred correction ran at the end of execute_model
-                st = rn.requests.get(rid)
-                if st is not None:
-                    row["worker_correction"] = row.pop("_optimistic") - st.num_computed_tokens
-                    row["worker_num_computed_tokens"] = st.num_computed_tokens
-            if so.total_num_scheduled_tokens == 0:
-                self._flush()  # empty step: no sample_tokens follows
-            return result
+    attach(observer, step_of=next_step, apply_step=lambda: clock["step"])
+    finish = scheduler.finish_requests
 
-        @functools.wraps(update_states)
-        def _update_states(so, *a, **kw):
-            closure = update_states(so, *a, **kw)
-            batch = rn.input_batch
-            prev = batch.prev_req_id_to_index or {}
-            for rid, n in so.num_scheduled_tokens.items():
-                st = rn.requests[rid]
-                self.rows[rid] = {
-                    "worker_num_scheduled_tokens": n,
-                    "worker_num_draft_slots": len(so.scheduled_spec_decode_tokens.get(rid, ())),
-                    "_optimistic": st.num_computed_tokens,
-                    "worker_in_prev_map": rid in prev,
-                    "worker_cached_drafts": self.width if rid in prev else 0,
-                    "worker_num_output_tokens": len(st.output_token_ids),
-                    "worker_edited_output": rid in self.edited or self.booked.get(rid) != (
-                        n, len(so.scheduled_spec_decode_tokens.get(rid, ()))),
-                }
-            return closure
+    @functools.wraps(finish)
+    def finish_requests(request_ids, *a, **kw):
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or ())
+        live = [r for r in ids if r in scheduler.requests and not scheduler.requests[r].is_finished()]
+        result = finish(request_ids, *a, **kw)
+        for rid in live:
+            if rid not in scheduler.requests or scheduler.requests[rid].is_finished():
+                observer.abort_landed(clock["step"], external_id(rid))
+        return result
 
-        @functools.wraps(prepare)
-        def _prepare_inputs(so, *a, **kw):
-            result = prepare(so, *a, **kw)
-            batch = rn.input_batch
-            ids = batch.req_ids[:batch.num_reqs]
-            metadata = result[1] if isinstance(result, tuple) and len(result) > 1 else None
-            drafts: dict[str, list[int]] = {}
-            if metadata is not None:  # gathered before the clamp: the -1 placeholders are still there
-                flat = metadata.draft_token_ids.tolist()
-                at = 0
-                for rid, n in zip(ids, metadata.num_draft_tokens):
-                    drafts[rid] = flat[at:at + n]
-                    at += n
-            starts = rn.query_start_loc.np[:len(ids)].tolist()
-            total = sum(so.num_scheduled_tokens.values())
-            positions = rn.positions[:total].tolist() if total else []
-            for x, rid in enumerate(ids):
-                row = self.rows.get(rid)
-                if row is None:
-                    continue
-                fed = drafts.get(rid, [])
-                row["worker_row"] = x
-                row["worker_draft_ids"] = fed
-                row["worker_negative_inputs"] = sum(1 for t in fed if t < 0)
-                row["worker_first_position"] = positions[starts[x]] if starts[x] < len(positions) else None
-            return result
+    scheduler.finish_requests = finish_requests
 
-        @functools.wraps(sample)
-        def sample_tokens(*a, **kw):
-            result = sample(*a, **kw)
-            batch = rn.input_batch
-            ids = batch.req_ids[:batch.num_reqs]
-            counts = rn.valid_sampled_token_count_cpu
-            counts = counts[:len(ids)].tolist() if counts is not None else None
-            sampled = batch.prev_req_id_to_index or {}
-            for x, rid in enumerate(ids):
-                row = self.rows.get(rid)
-                if row is None:
-                    continue
-                emitted = counts[x] if counts is not None else (1 if rid in sampled else 0)
-                row["worker_num_emitted"] = emitted
-                row["worker_num_accepted"] = emitted - 1 if emitted else None
-            self._flush()
-            return result
 
-        rn.execute_model, rn._update_states, rn._prepare_inputs = execute_model, _update_states, _prepare_inputs
-        rn.sample_tokens = sample_tokens
+def attach_to_runner(runner: Any, sink: Sink, impl: Any, is_async: bool) -> None:
+    """The worker observer on a live GPUModelRunner (its variant class first)."""
+    from specreplay.replay.record.worker_observer import VllmInputs, WorkerObserver, attach_runner
 
-    def _variant(self, so: Any) -> Any:
-        """pr30796: drop the draft slots of a request re-entering the batch, in the scheduler's own
-        object (in-process executor) or in a private copy (pr30796-copy)."""
-        if self.impl not in ("pr30796", "pr30796-copy"):
-            return so
-        batch = self.runner.input_batch
-        reentering = [r for r in so.scheduled_spec_decode_tokens
-                      if r in self.runner.requests and r not in batch.req_id_to_index]
-        if not reentering:
-            return so
-        if self.impl == "pr30796-copy":
-            so = copy.copy(so)
-            so.num_scheduled_tokens = dict(so.num_scheduled_tokens)
-            so.scheduled_spec_decode_tokens = dict(so.scheduled_spec_decode_tokens)
-        for rid in reentering:
-            slots = so.scheduled_spec_decode_tokens.pop(rid)
-            so.num_scheduled_tokens[rid] -= len(slots)
-            so.total_num_scheduled_tokens -= len(slots)
-            self.edited.add(rid)
-        return so
-
-    def _flush(self) -> None:
-        if self.step is None or not self.rows:
-            return
-        rows = []
-        for rid, row in self.rows.items():
-            row.pop("_optimistic", None)
-            if "worker_row" not in row:
-                continue  # not run this step (the worker dropped it)
-            row.setdefault("worker_num_emitted", 0)
-            row.setdefault("worker_num_accepted", None)
-            rows.append([self.step, external_id(rid), row])
-        self.sink.write({"e": "patch", "rows": rows})
-        self.rows = {}
+    runner.__class__ = impl.real_runner_class(type(runner))
+    attach_runner(runner, [WorkerObserver(SinkWriter(sink), external_id, is_async)], VllmInputs)
 
 
 # ====================================================================== the vLLM plugin
 def register() -> None:
     """vllm.general_plugins entry point, run by vLLM in every process it starts. Does nothing
     unless specreplay's live recorder set SPECREPLAY_LIVE_SINK for this run."""
-    sink = os.environ.get(SINK_ENV)
-    if not sink:
+    if not os.environ.get(SINK_ENV):
         return
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -302,16 +148,23 @@ def register() -> None:
     if getattr(EngineCore, "_specreplay_patched", False):
         return
     EngineCore._specreplay_patched = True
-    impl = os.environ.get(IMPL_ENV, "upstream")
+
+    def run_settings() -> tuple[Any, Any, str]:
+        """This run's implementation and config, read when first needed (the sink may change
+        between two live runs in one process: each attach reads the current one)."""
+        from specreplay.replay.impls.registry import resolve
+        from specreplay.replay.workloads.config import EngineConfig
+
+        impl = resolve(os.environ.get(IMPL_ENV, "upstream"), allow_import=True)
+        return impl, EngineConfig.from_dict(json.loads(os.environ[CONFIG_ENV])), os.environ[SINK_ENV]
 
     def core_tap(step_fn):
         @functools.wraps(step_fn)
         def step(self, *a, **kw):
-            if "_specreplay_tap" not in self.__dict__:
-                from specreplay.replay.workloads.config import EngineConfig
-
-                config = EngineConfig.from_dict(json.loads(os.environ[CONFIG_ENV]))
-                self._specreplay_tap = CoreTap(self.scheduler, _Sink(sink, "core"), config, impl)
+            if os.environ.get(SINK_ENV) and "_specreplay_attached" not in self.__dict__:
+                impl, config, folder = run_settings()
+                attach_to_core(self.scheduler, Sink(folder, "core"), config, impl)
+                self._specreplay_attached = True
             return step_fn(self, *a, **kw)
         return step
 
@@ -321,8 +174,10 @@ def register() -> None:
     original_execute = GPUModelRunner.execute_model
 
     def execute_model(self, *a, **kw):
-        if "_specreplay_tap" not in self.__dict__:
-            self._specreplay_tap = RunnerTap(self, _Sink(sink, "runner"), impl)
+        if os.environ.get(SINK_ENV) and "_specreplay_attached" not in self.__dict__:
+            impl, config, folder = run_settings()
+            self._specreplay_attached = True
+            attach_to_runner(self, Sink(folder, "runner"), impl, config.async_scheduling)
             return self.execute_model(*a, **kw)  # the instance wrapper now
         return original_execute(self, *a, **kw)
 
@@ -389,7 +244,7 @@ def merge_parts(folder: str) -> list[dict[str, Any]]:
 def rows_to_table(rows: list[dict[str, Any]]):
     from specreplay.replay.record.recorder import Recorder
 
-    rec = Recorder(None)
+    rec = Recorder()
     for row in rows:
         for name in schema.COLUMN_NAMES:
             rec.cols[name].append(row.get(name))

@@ -1,6 +1,9 @@
 """Implementations under test: a registry of scheduler + runner + executor combinations.
 
-Where it sits: replay. `record`, `replay` and `gate` resolve `--impl NAME` here. A name from a
+Where it sits: workloads -> models -> **impls** -> record -> engines -> check. `record`,
+`replay` and `gate` resolve `--impl NAME` here; every engine takes a variant from here, in the
+form that engine runs (the reference form on the reference models, the real form on vLLM's
+classes), never by its name. A name from a
 trace resolves only through this registry; `module:attr` (loaded only when the user passes it on
 the command line) may name an `Implementation`, a `Scheduler` subclass or a `GPUModelRunner`
 subclass.
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
 EXECUTORS = ("inproc", "multiproc")
 #: reference: specreplay's models of vLLM 0.32.0; vllm-scheduler: the installed vLLM's real
 #: Scheduler / AsyncScheduler with the reference runner.
-ENGINES = ("reference", "vllm-scheduler", "vllm")  # vllm: a live engine, see replay/live_engine.py
+ENGINES = ("reference", "vllm-scheduler", "vllm")  # vllm: a live engine, see engines/live.py
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,9 @@ class Implementation:
     # The same variant on the real vLLM: takes the real (Async)Scheduler class, returns the
     # variant's subclass of it. None with `scheduler` set: the variant has no real-code form.
     real_scheduler: Callable[[type], type] | None = None
+    # Likewise for the runner: takes vLLM's GPUModelRunner class (a live engine's), returns the
+    # variant's subclass. None with `runner` set: no live form.
+    real_runner: Callable[[type], type] | None = None
 
     def make_scheduler(self, config: EngineConfig, engine: str = "reference") -> Any:
         if engine == "vllm-scheduler":
@@ -75,16 +81,33 @@ class Implementation:
         return self.scheduler is not None and (config.async_scheduling
                                                or not issubclass(self.scheduler, AsyncScheduler))
 
-    def _make_vllm_scheduler(self, config: EngineConfig) -> Any:
-        from specreplay.replay.engines.real_scheduler import VllmSchedulerAdapter, real_scheduler_class
-
+    def require_real_forms(self, engine: str) -> None:
+        """Refuse, in one line, a variant that has no form for the real classes `engine` runs."""
         if self.scheduler is not None and self.real_scheduler is None:
             raise InputError(f"{self.name} changes the reference scheduler only; it has no form for "
-                             "--engine vllm-scheduler (give it a real_scheduler, see the README)")
-        cls = real_scheduler_class(config.async_scheduling)
+                             f"--engine {engine} (give it a real_scheduler, see the README)")
+        if engine == "vllm" and self.runner is not None and self.real_runner is None:
+            raise InputError(f"{self.name} changes the reference runner only; it has no form for a live vLLM "
+                             "(give it a real_runner, see the README)")
+
+    def _make_vllm_scheduler(self, config: EngineConfig) -> Any:
+        from specreplay.replay.engines.real_scheduler import VllmSchedulerAdapter
+        from specreplay.replay.engines.vllm_setup import real_scheduler_class
+
+        self.require_real_forms("vllm-scheduler")
+        return VllmSchedulerAdapter(config, self.real_scheduler_class(real_scheduler_class(config.async_scheduling),
+                                                                     config))
+
+    def real_scheduler_class(self, real_cls: type, config: EngineConfig) -> type:
+        """The class to run on the real vLLM for this variant: `real_cls` or its subclass."""
         if self.real_scheduler is not None and self._variant_applies(config):
-            cls = self.real_scheduler(cls)
-        return VllmSchedulerAdapter(config, cls)
+            return self.real_scheduler(real_cls)
+        return real_cls
+
+    def real_runner_class(self, real_cls: type) -> type:
+        """The runner class a live vLLM runs for this variant: `real_cls` or its subclass."""
+        self.require_real_forms("vllm")
+        return self.real_runner(real_cls) if self.real_runner is not None else real_cls
 
     def make_runner(self, config: EngineConfig, oracle: "Oracle", device: str) -> "GPUModelRunner":
         from specreplay.replay.models.runner import GPUModelRunner
@@ -96,8 +119,8 @@ class Implementation:
         return out if self.executor == "inproc" else out.private_copy()
 
     def describe(self, scheduler: Any, engine: str = "reference") -> dict[str, Any]:
-        """What made a trace: stamped into its metadata."""
-        cls = type(getattr(scheduler, "real", scheduler))
+        """What made a trace: stamped into its metadata. `scheduler`: the one that ran."""
+        cls = type(scheduler)
         runner = self.runner.__name__ if self.runner else "GPUModelRunner"
         if engine == "vllm-scheduler":
             import vllm
@@ -115,9 +138,10 @@ def _builtin() -> dict[str, Implementation]:
     items = [
         Implementation("upstream", "vLLM 0.32.0 behaviour (AsyncScheduler + V1 GPUModelRunner)"),
         Implementation("pr30796", "worker drops draft slots of re-entering requests, editing the shared SchedulerOutput",
-                       runner=variants.DropReentryDraftsRunner),
+                       runner=variants.DropReentryDraftsRunner, real_runner=variants.drop_reentry_drafts_on),
         Implementation("pr30796-copy", "the pr30796 edit on a private copy of the SchedulerOutput (multiprocess executor)",
-                       runner=variants.DropReentryDraftsRunner, executor="multiproc"),
+                       runner=variants.DropReentryDraftsRunner, real_runner=variants.drop_reentry_drafts_on,
+                       executor="multiproc"),
         Implementation("sched-clear", "scheduler clears all -1 draft placeholders of running requests it did not schedule",
                        scheduler=variants.ClearStalePlaceholdersScheduler,
                        real_scheduler=variants.clear_stale_placeholders_on),

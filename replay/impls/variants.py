@@ -11,17 +11,47 @@ from specreplay.replay.models.runner import GPUModelRunner
 from specreplay.replay.models.scheduler import AsyncScheduler
 
 
+def drop_draft_slots(out, rid: str) -> bool:
+    """PR #30796's edit: take request `rid`'s draft slots out of the SchedulerOutput `out` (its
+    num_scheduled_tokens, the total and scheduled_spec_decode_tokens). True if there were any."""
+    slots = out.scheduled_spec_decode_tokens.pop(rid, None)
+    if not slots:
+        return False
+    out.num_scheduled_tokens[rid] -= len(slots)
+    out.total_num_scheduled_tokens -= len(slots)
+    return True
+
+
 class DropReentryDraftsRunner(GPUModelRunner):
     """PR #30796: a request re-entering the batch has no cached drafts, so drop its draft slots
     from the SchedulerOutput (num_scheduled_tokens, total and scheduled_spec_decode_tokens)."""
 
     def on_reentry(self, out: SchedulerOutput, rid: str) -> bool:
-        slots = out.scheduled_spec_decode_tokens.pop(rid, None)
-        if not slots:
-            return False
-        out.num_scheduled_tokens[rid] -= len(slots)
-        out.total_num_scheduled_tokens -= len(slots)
-        return True
+        return drop_draft_slots(out, rid)
+
+
+def drop_reentry_drafts_on(real_cls: type) -> type:
+    """pr30796 on vLLM's GPUModelRunner: before execute_model reads the SchedulerOutput, drop
+    the draft slots of every request it knows that has no row in the batch (re-entering)."""
+
+    class DropReentryDrafts(real_cls):  # type: ignore[misc, valid-type]
+        def execute_model(self, scheduler_output, *args, **kwargs):
+            rows = self.input_batch.req_id_to_index
+            for rid in [r for r in scheduler_output.scheduled_spec_decode_tokens if r in self.requests and r not in rows]:
+                drop_draft_slots(scheduler_output, rid)
+            return super().execute_model(scheduler_output, *args, **kwargs)
+
+    DropReentryDrafts.__qualname__ = f"DropReentryDrafts({real_cls.__name__})"
+    return DropReentryDrafts
+
+
+def clear_stale_placeholders(running, out) -> None:
+    """PRs #37629 / #46899's rule: a running request not scheduled in `out` keeps no all -1
+    placeholder list (reference and real requests alike: vLLM's field names)."""
+    for req in running:
+        if req.request_id not in out.num_scheduled_tokens and req.spec_token_ids \
+                and all(t == -1 for t in req.spec_token_ids):
+            req.spec_token_ids = []
 
 
 class ClearStalePlaceholdersScheduler(AsyncScheduler):
@@ -30,10 +60,7 @@ class ClearStalePlaceholdersScheduler(AsyncScheduler):
 
     def update_after_schedule(self, out: SchedulerOutput) -> None:
         super().update_after_schedule(out)
-        for req in self.running:
-            if req.request_id not in out.num_scheduled_tokens and req.spec_token_ids \
-                    and all(t == -1 for t in req.spec_token_ids):
-                req.spec_token_ids = []
+        clear_stale_placeholders(self.running, out)
 
 
 def clear_stale_placeholders_on(real_cls: type) -> type:
@@ -43,10 +70,7 @@ def clear_stale_placeholders_on(real_cls: type) -> type:
     class ClearStalePlaceholders(real_cls):  # type: ignore[misc, valid-type]
         def _update_after_schedule(self, scheduler_output):
             super()._update_after_schedule(scheduler_output)
-            for req in self.running:
-                if req.request_id not in scheduler_output.num_scheduled_tokens and req.spec_token_ids \
-                        and all(t == -1 for t in req.spec_token_ids):
-                    req.spec_token_ids = []
+            clear_stale_placeholders(self.running, scheduler_output)
 
     ClearStalePlaceholders.__qualname__ = f"ClearStalePlaceholders({real_cls.__name__})"
     return ClearStalePlaceholders
@@ -65,7 +89,7 @@ def _hide_other_lives(requests: dict, scheduled_for: dict) -> dict:
 
 
 def _restore(requests: dict, order: list, hidden: dict) -> dict:
-    """`requests` with the hidden ones back, in their original order (the recorder's row order)."""
+    """`requests` with the hidden ones back, in their original order."""
     merged = {**requests, **hidden}
     return {rid: merged[rid] for rid in order if rid in merged} | {rid: r for rid, r in merged.items() if rid not in order}
 

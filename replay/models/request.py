@@ -1,7 +1,8 @@
 """The scheduler's per-request state, modelled on vLLM 0.32.0's `vllm/v1/request.py`.
 
-Where it sits: replay, scheduler side. The recorder reads these fields into the `sched_*`
-columns; nothing on the worker side ever sees this object.
+Where it sits: workloads -> **models** -> impls -> record -> engines -> check. The scheduler
+observer reads these fields, by the names vLLM's `Request` gives them, into the `sched_*`
+columns; nothing on the worker side ever sees this object. Status names are vLLM's too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
-    FINISHED_LENGTH = "length"
+    FINISHED_LENGTH_CAPPED = "length"
     FINISHED_STOPPED = "stop"
     FINISHED_ABORTED = "aborted"
     #: A streaming session between turns: it keeps its KV blocks and waits for its next input chunk.
@@ -21,14 +22,7 @@ class Status(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in (Status.FINISHED_LENGTH, Status.FINISHED_STOPPED, Status.FINISHED_ABORTED)
-
-    @property
-    def trace_status(self) -> str:
-        """The trace's sched_status (schema.STATUSES)."""
-        if self.finished:
-            return "finished"
-        return "waiting" if self is Status.WAITING_FOR_STREAMING_REQ else self.value
+        return self in (Status.FINISHED_LENGTH_CAPPED, Status.FINISHED_STOPPED, Status.FINISHED_ABORTED)
 
 
 class Request:
@@ -38,11 +32,11 @@ class Request:
         "request_id", "prompt_token_ids", "max_tokens", "stop_token_id", "all_token_ids",
         "num_prompt_tokens", "num_computed_tokens", "num_output_placeholders", "spec_token_ids",
         "status", "is_prefill_chunk", "num_preemptions", "num_in_flight_tokens",
-        "num_stale_output_tokens", "drop_stale_output", "order", "life", "resumable", "streaming_queue", "output_start",
+        "num_stale_output_tokens", "drop_stale_output", "resumable", "streaming_queue", "output_start",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
-                 stop_token_id: int | None = None, order: int = 0, life: int = 0, resumable: bool = False) -> None:
+                 stop_token_id: int | None = None, resumable: bool = False) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -63,14 +57,13 @@ class Request:
         self.num_in_flight_tokens = 0
         self.num_stale_output_tokens = 0
         self.drop_stale_output = False
-        self.order = order  # arrival order: the recorder's row order
-        # Which submission of this id the object is (0, then +1 per resubmission). vLLM has no
-        # such field: the engine loop sets it, and the recorder stores it; nothing decides on it.
-        self.life = life
         # Streaming input (vLLM's resumable requests): the session's queued input chunks, a
         # StreamingUpdate or None (the end of the stream) each; None for an ordinary request.
         self.resumable = resumable
         self.streaming_queue = None
+
+    def is_finished(self) -> bool:
+        return self.status.finished
 
     @property
     def num_tokens(self) -> int:

@@ -1,10 +1,14 @@
 """Reference GPU runner: vLLM 0.32.0's `GPUModelRunner` state handling, on real torch tensors.
 
-Where it sits: replay, worker side. `execute_model(S_m)` runs `_update_states` (removals,
-re-adds, the deferred correction of `num_computed_tokens`), builds input ids by scattering the
-previous step's sampled tokens and cached drafts, runs the tiny target model, writes the KV
-cache, rejection-samples, proposes drafts and does the bookkeeping for the next step. It fills a
-`WorkerView` (columnar, one entry per scheduled request) that the recorder stores.
+Where it sits: workloads -> **models** -> impls -> record -> engines -> check, worker side. As
+vLLM's runner, a step is two calls: `execute_model(S_m)` runs `_update_states` (removals,
+re-adds, the deferred correction of `num_computed_tokens` booked), `_prepare_inputs` (the
+previous step's sampled tokens and cached drafts scattered into the input ids, the clamp), the
+tiny target model and the KV write; `sample_tokens()` rejection-samples, proposes drafts and
+does the bookkeeping for the next step. The runner reports on nothing: the worker observer
+(record/worker_observer.py) and the KV ground truth (record/truth.py) watch these calls from
+outside, reading the state by vLLM's names (`requests`, `input_batch`, `_draft_token_ids`,
+`valid_sampled_token_count`).
 
 Hooks a variant may override (README, "Writing an implementation"):
   remove_finished(out) / remove_unscheduled(out)     the removals at the top of _update_states
@@ -14,7 +18,7 @@ Hooks a variant may override (README, "Writing an implementation"):
                                                      edited `out`
   write_spec_ids(state, row, out)                    draft slots into the token buffer
   apply_deferred_corrections(deferred)               the correction closure (design B)
-  prepare_input_ids(out, rows) -> inputs             gather, scatter, clamp
+  _prepare_inputs(out, rows) -> inputs               gather, scatter, clamp
   rejection_sample(...) / propose_drafts(...) / bookkeeping(...)
 
 Worked example of the correction (k = 3): the scheduler booked step m-1 as if all 3 drafts were
@@ -48,35 +52,6 @@ class MalformedSchedulerOutput(EngineCrash):
 
 
 @dataclass
-class WorkerView:
-    """The worker's view of one step, columnar: entry i describes request `req_ids[i]`."""
-
-    req_ids: list[str] = field(default_factory=list)
-    row: list[int | None] = field(default_factory=list)
-    num_scheduled: list[int] = field(default_factory=list)
-    num_drafts: list[int] = field(default_factory=list)
-    num_computed: list[int] = field(default_factory=list)
-    correction: list[int] = field(default_factory=list)
-    in_prev_map: list[bool] = field(default_factory=list)
-    cached_drafts: list[int] = field(default_factory=list)
-    draft_ids: list[list[int]] = field(default_factory=list)
-    negative_inputs: list[int] = field(default_factory=list)
-    accepted: list[int | None] = field(default_factory=list)
-    emitted: list[int] = field(default_factory=list)
-    num_output_tokens: list[int] = field(default_factory=list)
-    edited: list[bool] = field(default_factory=list)
-    first_position: list[int] = field(default_factory=list)
-    truth_before: list[int] = field(default_factory=list)
-    truth_after: list[int] = field(default_factory=list)
-    kv_ok: list[bool] = field(default_factory=list)
-    #: Ground truth for requests the worker knows but did not run this step.
-    idle_truth: dict[str, tuple[int, bool]] = field(default_factory=dict)
-
-    def index(self) -> dict[str, int]:
-        return {rid: i for i, rid in enumerate(self.req_ids)}
-
-
-@dataclass
 class PreparedInputs:
     rows: list[str]
     starts: list[int]  # first position per row (the GPU-side corrected num_computed_tokens)
@@ -105,31 +80,56 @@ class GPUModelRunner:
         self.use_async = config.async_scheduling
         self.model = TargetModel(config.vocab_size, self.device)
         self.requests: dict[str, CachedRequestState] = {}
-        self.batch = InputBatch()
+        self.input_batch = InputBatch()
         # Results of the previous non-empty step, indexed by its rows.
         self.prev_sampled_token_ids: torch.Tensor | None = None
-        self.draft_token_ids: torch.Tensor | None = None
-        self.valid_sampled_token_count: list[int] = []
+        self._draft_token_ids: torch.Tensor | None = None
+        self.valid_sampled_token_count_cpu: list[int] = []
         self.prev_starts: list[int] = []
         self.prev_num_draft_tokens: list[int] = []
         self.sync_drafts: tuple[list[str], list[list[int]]] = ([], [])
         # The KV cache holds, per slot, the token id whose KV was written there.
         slots = config.num_blocks * config.block_size
         self.kv_tokens = torch.full((slots,), -1, dtype=torch.int64, device=self.device)
-        self.truth: dict[str, int] = {}
-        self.truth_ok: dict[str, bool] = {}
-        self.view = WorkerView()
+        self._pending: tuple[PreparedInputs, torch.Tensor] | None = None  # between the two halves
 
     # ================================================================ execute_model
-    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        self.view = view = WorkerView()
-        self.edited: set[str] = set()
-        self._output_len_at_update: dict[str, int] = {}
+    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput | None:
+        """The forward half of a step. None: sample_tokens() follows (vLLM's async split); an
+        empty step returns its (empty) output at once."""
+        self._pending = None
+        deferred = self._update_states(out)
+        if out.total_num_scheduled_tokens == 0:
+            # Empty step: no forward and no sample_tokens; the previous step's drafts and sampled
+            # tokens survive, but the removals above already emptied their prev-map entries.
+            return ModelRunnerOutput()
+        rows = [rid for rid in self.input_batch.req_ids if rid is not None]
+        inputs = self._prepare_inputs(out, rows)
+        targets = self.model.forward(inputs.input_ids, inputs.positions, self._hashes(inputs))
+        # Design B: the CPU correction runs once the forward is launched (its positions came
+        # from the device-side corrected values in _prepare_inputs).
+        self.apply_deferred_corrections(deferred)
+        self.write_kv(inputs)
+        self._pending = (inputs, targets)
+        return None
+
+    def sample_tokens(self) -> ModelRunnerOutput:
+        """The sampling half: rejection sampling, drafts for the next step, bookkeeping."""
+        inputs, targets = self._pending
+        self._pending = None
+        emitted, accepted, discarded = self.rejection_sample(inputs, targets)
+        self.propose_drafts(inputs, emitted, discarded)
+        self.bookkeeping(inputs, emitted, accepted, discarded)
+        rows = inputs.rows
+        return ModelRunnerOutput(req_ids=rows, req_id_to_index={rid: x for x, rid in enumerate(rows)},
+                                 sampled_token_ids=emitted)
+
+    def _update_states(self, out: SchedulerOutput) -> list[tuple[str, int]]:
+        """vLLM's _update_states: removals, new and cached requests, the batch condensed. Returns
+        the deferred corrections (request, optimistic draft count) for after the forward."""
+        self.edited: set[str] = set()  # requests whose draft slots on_reentry took out of `out`
         self.remove_finished(out)
         self.remove_unscheduled(out)
-        # After the removals: who has a scatter source row from the previous step.
-        prev_map_now = dict(self.batch.prev_req_id_to_index)
-        width = self.draft_token_ids.shape[1] if (self.use_async and self.draft_token_ids is not None) else 0
         to_add = [self.add_new_request(data) for data in out.scheduled_new_reqs]
         self.prev_num_draft_tokens = [0] * len(self.prev_num_draft_tokens)
         deferred: list[tuple[str, int]] = []
@@ -138,50 +138,10 @@ class GPUModelRunner:
             if state is not None:
                 to_add.append(state)
         for state in to_add:
-            row = self.batch.add_request(state)
+            row = self.input_batch.add_request(state)
             self.write_spec_ids(state, row, out)
-        self.batch.condense()
-        for rid, st in self.requests.items():
-            if rid not in self.batch.req_id_to_index:
-                view.idle_truth[rid] = (self.truth.get(rid, 0), self.truth_ok.get(rid, True))
-        if out.total_num_scheduled_tokens == 0:
-            # Empty step: no forward and no sample_tokens; the previous step's drafts and sampled
-            # tokens survive, but the removals above already emptied their prev-map entries.
-            return ModelRunnerOutput()
-        rows = [rid for rid in self.batch.req_ids if rid is not None]
-        inputs = self.prepare_input_ids(out, rows)
-        targets = self.model.forward(inputs.input_ids, inputs.positions, self._hashes(inputs))
-        # Design B: the CPU correction runs once the forward is launched (its positions came
-        # from the device-side corrected values in prepare_input_ids).
-        corrections = self.apply_deferred_corrections(deferred)
-        truth_before = [self.truth.get(rid, 0) for rid in rows]
-        self.write_kv(inputs)
-        emitted, accepted, discarded = self.rejection_sample(inputs, targets)
-        self.update_truth(inputs, emitted, accepted, discarded)
-        self.propose_drafts(inputs, emitted, discarded)
-        self.bookkeeping(inputs, emitted, accepted, discarded)
-        for x, rid in enumerate(rows):
-            st = self.requests[rid]
-            view.req_ids.append(rid)
-            view.row.append(x)
-            view.num_scheduled.append(inputs.num_scheduled[x])
-            view.num_drafts.append(inputs.num_drafts[x])
-            view.num_computed.append(st.num_computed_tokens)
-            view.correction.append(corrections.get(rid, 0))
-            view.in_prev_map.append(rid in prev_map_now)
-            view.cached_drafts.append(width if rid in prev_map_now else 0)
-            view.draft_ids.append(inputs.draft_ids[x])
-            view.negative_inputs.append(inputs.negatives[x])
-            view.accepted.append(None if discarded[x] else accepted[x])
-            view.emitted.append(len(emitted[x]))
-            view.num_output_tokens.append(self._output_len_at_update[rid])
-            view.edited.append(rid in self.edited)
-            view.first_position.append(inputs.starts[x])
-            view.truth_before.append(truth_before[x])
-            view.truth_after.append(self.truth[rid])
-            view.kv_ok.append(self.truth_ok[rid])
-        return ModelRunnerOutput(req_ids=rows, req_id_to_index={rid: x for x, rid in enumerate(rows)},
-                                 sampled_token_ids=emitted)
+        self.input_batch.condense()
+        return deferred
 
     def take_draft_token_ids(self) -> tuple[list[str], list[list[int]]]:
         """Sync mode: the drafts proposed after the last step, for update_draft_token_ids."""
@@ -192,15 +152,13 @@ class GPUModelRunner:
     def remove_finished(self, out: SchedulerOutput) -> None:
         for rid in out.finished_req_ids:
             self.requests.pop(rid, None)
-            self.batch.remove_request(rid)
-            self.truth.pop(rid, None)
-            self.truth_ok.pop(rid, None)
+            self.input_batch.remove_request(rid)
 
     def remove_unscheduled(self, out: SchedulerOutput) -> None:
         resumed = out.scheduled_cached_reqs.resumed_req_ids
         scheduled = set(out.num_scheduled_tokens) - resumed
-        for rid in [r for r in self.batch.req_id_to_index if r not in scheduled]:
-            self.batch.remove_request(rid)
+        for rid in [r for r in self.input_batch.req_id_to_index if r not in scheduled]:
+            self.input_batch.remove_request(rid)
 
     def add_new_request(self, data: NewRequestData) -> CachedRequestState:
         if data.req_id in self.requests:
@@ -208,9 +166,6 @@ class GPUModelRunner:
         state = CachedRequestState(data.req_id, list(data.prompt_token_ids), list(data.block_ids),
                                    data.num_computed_tokens)
         self.requests[data.req_id] = state
-        self.truth[data.req_id] = data.num_computed_tokens
-        self.truth_ok[data.req_id] = True
-        self._output_len_at_update[data.req_id] = 0
         return state
 
     def update_streaming_request(self, data: NewRequestData) -> CachedRequestState:
@@ -219,15 +174,13 @@ class GPUModelRunner:
         and drafts in the previous-step map), its state takes the new prompt and blocks, and the
         KV it keeps is what the scheduler counts as computed."""
         rid = data.req_id
-        self.batch.remove_request(rid)
+        self.input_batch.remove_request(rid)
         state = self.requests[rid]
         state.prompt_token_ids = list(data.prompt_token_ids)
         state.block_ids = list(data.block_ids)
         state.num_computed_tokens = data.num_computed_tokens
         state.output_token_ids = []
         state.prev_num_draft_len = 0
-        self.truth[rid] = min(self.truth.get(rid, 0), data.num_computed_tokens)
-        self._output_len_at_update[rid] = 0
         return state
 
     def update_cached_request(self, out: SchedulerOutput, i: int, rid: str,
@@ -238,7 +191,7 @@ class GPUModelRunner:
         st = self.requests[rid]
         num_computed = cached.num_computed_tokens[i]
         num_output = cached.num_output_tokens[i]
-        row = self.batch.req_id_to_index.get(rid)
+        row = self.input_batch.req_id_to_index.get(rid)
         if st.prev_num_draft_len and self.use_async:
             if row is None:
                 st.prev_num_draft_len = 0  # re-entry: the scheduler's value is already exact
@@ -246,18 +199,17 @@ class GPUModelRunner:
                 optimistic = st.prev_num_draft_len
                 st.output_token_ids.extend([-1] * optimistic)
                 deferred.append((rid, optimistic))
-                prev_row = self.batch.prev_req_id_to_index.get(rid)
+                prev_row = self.input_batch.prev_req_id_to_index.get(rid)
                 if prev_row is not None:
                     self.prev_num_draft_tokens[prev_row] = optimistic
         st.num_computed_tokens = num_computed
         if num_output < len(st.output_token_ids):
             del st.output_token_ids[num_output:]
             if row is not None:
-                self.batch.num_tokens_no_spec[row] = len(st.prompt_token_ids) + num_output
+                self.input_batch.num_tokens_no_spec[row] = len(st.prompt_token_ids) + num_output
         new_blocks = cached.new_block_ids[i]
         if rid in cached.resumed_req_ids:
-            st.block_ids = list(new_blocks)
-            self.truth[rid] = 0  # its old blocks were freed at preemption: nothing valid remains
+            st.block_ids = list(new_blocks)  # its old blocks were freed at preemption
         else:
             st.block_ids.extend(new_blocks)
         if row is None:
@@ -265,11 +217,9 @@ class GPUModelRunner:
                 self.edited.add(rid)
             if self.use_async and num_output > 0:
                 st.output_token_ids = list(cached.all_token_ids[rid][-num_output:])
-            self._output_len_at_update[rid] = len(st.output_token_ids)
             return st
-        self._output_len_at_update[rid] = len(st.output_token_ids)
-        self.batch.num_computed_tokens_cpu[row] = num_computed
-        self.batch.block_table[row].extend(new_blocks)
+        self.input_batch.num_computed_tokens_cpu[row] = num_computed
+        self.input_batch.block_table[row].extend(new_blocks)
         self.write_spec_ids(st, row, out)
         return None
 
@@ -279,28 +229,28 @@ class GPUModelRunner:
 
     def write_spec_ids(self, st: CachedRequestState, row: int, out: SchedulerOutput) -> None:
         spec = out.scheduled_spec_decode_tokens.get(st.req_id, [])
-        self.batch.write_spec_ids(row, spec)
+        self.input_batch.write_spec_ids(row, spec)
         st.prev_num_draft_len = len(spec)
 
     def apply_deferred_corrections(self, deferred: list[tuple[str, int]]) -> dict[str, int]:
         """Design B's closure, run after the forward is launched: subtract the drafts of step m-1
         that were rejected, using that step's valid sampled counts (1 + accepted)."""
         corrections: dict[str, int] = {}
-        prev_map = self.batch.prev_req_id_to_index
+        prev_map = self.input_batch.prev_req_id_to_index
         for rid, optimistic in deferred:
             prev_row = prev_map.get(rid)
-            if prev_row is None or prev_row >= len(self.valid_sampled_token_count):
+            if prev_row is None or prev_row >= len(self.valid_sampled_token_count_cpu):
                 continue
-            correction = optimistic - (self.valid_sampled_token_count[prev_row] - 1)
+            correction = optimistic - (self.valid_sampled_token_count_cpu[prev_row] - 1)
             self.requests[rid].num_computed_tokens -= correction
-            row = self.batch.req_id_to_index.get(rid)
+            row = self.input_batch.req_id_to_index.get(rid)
             if row is not None:
-                self.batch.num_computed_tokens_cpu[row] -= correction
+                self.input_batch.num_computed_tokens_cpu[row] -= correction
             corrections[rid] = correction
         return corrections
 
     # ================================================================ inputs and forward
-    def prepare_input_ids(self, out: SchedulerOutput, rows: list[str]) -> PreparedInputs:
+    def _prepare_inputs(self, out: SchedulerOutput, rows: list[str]) -> PreparedInputs:
         starts, ns, ds, cu, flat, positions = [], [], [], [], [], []
         discarded: list[bool] = []
         seq_lens: list[int] = []
@@ -308,8 +258,8 @@ class GPUModelRunner:
         scatter_src: list[int] = []
         draft_at: list[int] = []
         draft_src: list[int] = []
-        prev_map = self.batch.prev_req_id_to_index
-        width = self.draft_token_ids.shape[1] if self.draft_token_ids is not None else 0
+        prev_map = self.input_batch.prev_req_id_to_index
+        width = self._draft_token_ids.shape[1] if self._draft_token_ids is not None else 0
         total = 0
         for x, rid in enumerate(rows):
             n = out.num_scheduled_tokens[rid]
@@ -317,13 +267,13 @@ class GPUModelRunner:
             if d >= n:
                 raise MalformedSchedulerOutput(
                     f"request {rid!r} has {d} draft slots inside {n} scheduled tokens at step {out.step}")
-            cpu_start = self.batch.num_computed_tokens_cpu[x]
+            cpu_start = self.input_batch.num_computed_tokens_cpu[x]
             prev_row = prev_map.get(rid, -1) if self.use_async else -1
             start = cpu_start
             if prev_row >= 0 and prev_row < len(self.prev_num_draft_tokens) and self.prev_num_draft_tokens[prev_row] > 0:
                 # The GPU kernel: true start of m-1 plus its valid count is the true start of m.
-                start = self.prev_starts[prev_row] + self.valid_sampled_token_count[prev_row]
-            tokens = self.batch.token_ids[x][cpu_start:cpu_start + n]
+                start = self.prev_starts[prev_row] + self.valid_sampled_token_count_cpu[prev_row]
+            tokens = self.input_batch.token_ids[x][cpu_start:cpu_start + n]
             # Past the row's known tokens the real buffer holds whatever an earlier row left there;
             # the reference pads with 0 so the run stays deterministic.
             tokens = tokens + [0] * (n - len(tokens))
@@ -333,7 +283,7 @@ class GPUModelRunner:
             if prev_row >= 0 and self.prev_sampled_token_ids is not None:
                 scatter_at.append(total - 1 - d)
                 scatter_src.append(prev_row)
-                if self.draft_token_ids is not None:
+                if self._draft_token_ids is not None:
                     for j in range(min(d, width)):
                         draft_at.append(total - d + j)
                         draft_src.append(prev_row * width + j)
@@ -350,7 +300,7 @@ class GPUModelRunner:
             ids[at] = self.prev_sampled_token_ids[torch.tensor(scatter_src, device=self.device)]
         if draft_at:
             at = torch.tensor(draft_at, dtype=torch.int64, device=self.device)
-            ids[at] = self.draft_token_ids.reshape(-1)[torch.tensor(draft_src, device=self.device)]
+            ids[at] = self._draft_token_ids.reshape(-1)[torch.tensor(draft_src, device=self.device)]
         # Spec metadata (the drafts the rejection sampler verifies) is read before the clamp.
         host = ids.tolist()
         draft_ids = [host[cu[x] - ds[x]:cu[x]] for x in range(len(rows))]
@@ -377,20 +327,18 @@ class GPUModelRunner:
 
     def write_kv(self, inputs: PreparedInputs) -> None:
         """Write every scheduled token's id into its KV slot; a position outside the request's
-        blocks is a broken write (truth not ok) and is dropped."""
+        blocks has no slot and is dropped (the KV ground truth marks it broken)."""
         bs = self.config.block_size
         slots: list[int] = []
         keep: list[int] = []
         begin = 0
-        for x, rid in enumerate(inputs.rows):
-            blocks = self.batch.block_table[x]
+        for x in range(len(inputs.rows)):
+            blocks = self.input_batch.block_table[x]
             for j in range(inputs.num_scheduled[x]):
                 pos = inputs.starts[x] + j
                 if 0 <= pos // bs < len(blocks):
                     slots.append(blocks[pos // bs] * bs + pos % bs)
                     keep.append(begin + j)
-                else:
-                    self.truth_ok[rid] = False
             begin = inputs.cu[x]
         if slots:
             index = torch.tensor(keep, dtype=torch.int64, device=self.device)
@@ -429,33 +377,6 @@ class GPUModelRunner:
         emitted = [[] if discarded[x] else target_host[x][:accepted[x] + 1] for x in range(num_rows)]
         return emitted, accepted, discarded
 
-    def update_truth(self, inputs: PreparedInputs, emitted: list[list[int]], accepted: list[int],
-                     discarded: list[bool]) -> None:
-        """Ground truth: how many leading positions of each request's KV hold its expected
-        tokens. A write that starts past the valid prefix leaves a gap; one that starts before it
-        rewrites positions; a wrong token ends the valid prefix where it landed."""
-        host = inputs.input_ids.tolist()
-        begin = 0
-        for x, rid in enumerate(inputs.rows):
-            n, d, start = inputs.num_scheduled[x], inputs.num_drafts[x], inputs.starts[x]
-            before = self.truth.get(rid, 0)
-            kept = n if discarded[x] else n - d + accepted[x]  # positions whose KV stays valid
-            expected = self.oracle.expected(rid, len(self.requests[rid].prompt_token_ids))
-            written = host[begin:begin + kept]
-            begin = inputs.cu[x]
-            good = 0
-            while good < kept and start + good < len(expected) and written[good] == expected[start + good]:
-                good += 1
-            if start > before:
-                self.truth_ok[rid] = False  # positions before..start-1 were never written
-                after = before
-            elif good < kept:
-                self.truth_ok[rid] = False
-                after = min(before, start + good) if start + good < before else start + good
-            else:
-                after = max(before, start + kept)
-            self.truth[rid] = after
-
     def propose_drafts(self, inputs: PreparedInputs, emitted: list[list[int]], discarded: list[bool]) -> None:
         """The drafter proposes k tokens after each row's last emitted token, from the seeded
         acceptance rule (schedule-independent). Discarded rows get zeros, and so does every row
@@ -470,7 +391,7 @@ class GPUModelRunner:
             last_position = inputs.starts[x] + inputs.num_scheduled[x] - inputs.num_drafts[x] - 1 + len(emitted[x])
             proposals.append(self.oracle.drafts(rid, last_position + 1, self.k, len(self.requests[rid].prompt_token_ids)))
         if self.use_async:
-            self.draft_token_ids = torch.tensor(proposals, dtype=torch.int64, device=self.device).reshape(len(inputs.rows), self.k)
+            self._draft_token_ids = torch.tensor(proposals, dtype=torch.int64, device=self.device).reshape(len(inputs.rows), self.k)
         else:
             keep = [x for x in range(len(inputs.rows)) if not discarded[x]]
             self.sync_drafts = ([inputs.rows[x] for x in keep], [proposals[x] for x in keep])
@@ -480,8 +401,8 @@ class GPUModelRunner:
         """Cache this step's results for the next one and extend the output lists (one -1 per
         sampled row under async; the real tokens in sync mode)."""
         rows = inputs.rows
-        self.batch.prev_req_id_to_index = {rid: x for x, rid in enumerate(rows) if not discarded[x]}
-        self.valid_sampled_token_count = [0 if discarded[x] else len(emitted[x]) for x in range(len(rows))]
+        self.input_batch.prev_req_id_to_index = {rid: x for x, rid in enumerate(rows) if not discarded[x]}
+        self.valid_sampled_token_count_cpu = [0 if discarded[x] else len(emitted[x]) for x in range(len(rows))]
         self.prev_starts = list(inputs.starts)
         self.prev_num_draft_tokens = [0] * len(rows)
         backup = [emitted[x][-1] if emitted[x] else 0 for x in range(len(rows))]
@@ -492,8 +413,8 @@ class GPUModelRunner:
             st = self.requests[rid]
             new = [-1] if self.use_async else list(emitted[x])
             st.output_token_ids.extend(new)
-            end = self.batch.num_tokens_no_spec[x]
-            tokens = self.batch.token_ids[x]
+            end = self.input_batch.num_tokens_no_spec[x]
+            tokens = self.input_batch.token_ids[x]
             del tokens[end:]
             tokens.extend(new)
-            self.batch.num_tokens_no_spec[x] = end + len(new)
+            self.input_batch.num_tokens_no_spec[x] = end + len(new)

@@ -12,7 +12,7 @@ Hooks, in the order a step uses them:
   assign_draft_slots(req, n) -> list[int]               the draft slots booked inside n
   admit_waiting(plan)                                   the waiting queue (new and resumed)
   update_after_schedule(out)                            C += n; (async) placeholders
-  update_from_output(out, model_output) -> reports      rejections, placeholders, stops
+  update_from_output(out, model_output)                 rejections, placeholders, stops
   update_draft_token_ids(req_ids, drafts)               sync mode: real drafts from the worker
 
 Control events (between steps, from the engine loop): add_request (a new request, or the next
@@ -37,6 +37,7 @@ from specreplay.replay.models.kv import BlockPool
 from specreplay.replay.models.messages import (CachedRequestData, EngineCrash, ModelRunnerOutput, NewRequestData,
                                         SchedulerOutput)
 from specreplay.replay.models.request import Request, Status
+from specreplay.replay.models.rules import reaches_max_tokens_in_flight
 
 #: vLLM's PauseState: UNPAUSED, PAUSED_NEW (running requests go on, nothing is admitted),
 #: PAUSED_ALL (nothing is scheduled).
@@ -66,25 +67,6 @@ class StepPlan:
     preempted: list[Request] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class ApplyReport:
-    """What `update_from_output` did to one request (the recorder's `apply_*` columns)."""
-
-    num_scheduled_tokens: int  # as read back from the SchedulerOutput
-    num_draft_slots: int
-    num_rejected: int
-    tokens: tuple[int, ...]
-    finish_reason: str  # "" | "length" | "stop"
-    num_computed_tokens: int
-    num_output_placeholders: int
-    outcome: str = "applied"  # applied | stale_delivered | dropped (schema.APPLY_OUTCOMES)
-    life: int = 0  # the life of the request object the output was given to
-    # Where the tokens went: the prompt length and the output count before the apply (a streaming
-    # turn that ends here may already have moved on to its next chunk). -1: not given.
-    num_prompt_tokens: int = -1
-    first_output_index: int = -1
-
-
 class Scheduler:
     """vLLM 0.32.0 `Scheduler` (one batch in flight): FCFS, chunked prefill, no prefix caching."""
 
@@ -106,12 +88,10 @@ class Scheduler:
         self.kv = BlockPool(config.num_blocks, config.block_size, config.max_model_len)
         self.step = 0
         self.pause_state = "unpaused"
-        #: Why each live request got no tokens in the last schedule() (recorder only).
-        self.skip_reasons: dict[str, str] = {}
 
     # ---------------------------------------------------------------- requests in and out
     def add_request(self, request: Request) -> Request:
-        """Queue a new request; returns the object the scheduler tracks (the recorder reads it).
+        """Queue a new request; returns the object the scheduler tracks.
 
         An id that is still live is a streaming session's next input chunk (`request.resumable`)
         or the end of its stream (not resumable): taken at once by a session between turns,
@@ -237,7 +217,6 @@ class Scheduler:
     # ---------------------------------------------------------------- schedule()
     def schedule(self) -> SchedulerOutput:
         self.step += 1
-        self.skip_reasons = {}
         budget = 0 if self.pause_state == "paused_all" else self.config.max_num_batched_tokens
         plan = StepPlan(budget=budget, threshold=self.long_prefill_threshold())
         self.schedule_running(plan)
@@ -257,9 +236,8 @@ class Scheduler:
         # The loop stops as soon as the budget is 0: later requests are not even visited.
         while i < len(self.running) and plan.budget > 0:
             req = self.running[i]
-            n, skip = self.running_demand(req, plan.budget, plan.threshold)
+            n = self.running_demand(req, plan.budget, plan.threshold)
             if n <= 0:
-                self.skip_reasons[req.request_id] = skip
                 i += 1
                 continue
             if not self.allocate_or_preempt(req, n, plan):
@@ -273,18 +251,15 @@ class Scheduler:
             if slots:
                 plan.spec[req.request_id] = slots
 
-    def running_demand(self, req: Request, budget: int, threshold: int) -> tuple[int, str]:
-        """Tokens to schedule for a running request, or (0, why not)."""
-        # Max-tokens rule: the in-flight step emits at least one token; if that reaches
-        # max_tokens, this request never needs another step.
-        if (req.num_output_placeholders > 0 and req.num_computed_tokens + 2 - req.num_output_placeholders
-                >= req.num_prompt_tokens + req.max_tokens):
-            return 0, "max_tokens"
+    def running_demand(self, req: Request, budget: int, threshold: int) -> int:
+        """Tokens to schedule for a running request (0: none this step)."""
+        if reaches_max_tokens_in_flight(req.num_computed_tokens, req.num_output_placeholders,
+                                        req.num_prompt_tokens, req.max_tokens):
+            return 0
         n = req.num_tokens_with_spec + req.num_output_placeholders - req.num_computed_tokens
         if 0 < threshold < n:
             n = threshold
-        n = min(n, budget, self.config.max_model_len - req.num_computed_tokens - 1)
-        return n, "no_tokens"
+        return min(n, budget, self.config.max_model_len - req.num_computed_tokens - 1)
 
     def allocate_or_preempt(self, req: Request, n: int, plan: StepPlan) -> bool:
         """Allocate KV slots for `req`, preempting from the tail of `running` (FCFS) until they
@@ -298,7 +273,6 @@ class Scheduler:
             victim = self.running.pop()
             self.preempt_request(victim)
             plan.preempted.append(victim)
-            self.skip_reasons[victim.request_id] = "preempted"
             if victim is req:
                 return False
 
@@ -430,9 +404,10 @@ class Scheduler:
         self.preempted_req_ids = set()
 
     # ---------------------------------------------------------------- update_from_output()
-    def update_from_output(self, out: SchedulerOutput, model_output: ModelRunnerOutput) -> dict[str, ApplyReport]:
-        reports: dict[str, ApplyReport] = {}
-        stopped: list[Request] = []
+    def update_from_output(self, out: SchedulerOutput, model_output: ModelRunnerOutput) -> None:
+        """Apply step `out`'s output. As vLLM, the output's token lists are trimmed in place to
+        what each request took (after a stop, nothing more)."""
+        stopped: list[tuple[Request, bool, bool, str]] = []
         for rid, n in out.num_scheduled_tokens.items():
             req = self.requests.get(rid)
             stale = False
@@ -448,12 +423,9 @@ class Scheduler:
                 continue  # finished or aborted while this step was in flight: output ignored
             slots = out.scheduled_spec_decode_tokens.get(rid)
             if stale and req.drop_stale_output:
-                # Drop mode: nothing of this output is used (its positions are resampled).
-                reports[rid] = ApplyReport(n, len(slots or ()), 0, (), "", req.num_computed_tokens,
-                                           req.num_output_placeholders, "dropped", req.life)
-                continue
+                continue  # drop mode: nothing of this output is used (its positions are resampled)
             index = model_output.req_id_to_index.get(rid)
-            generated = list(model_output.sampled_token_ids[index]) if index is not None else []
+            generated = model_output.sampled_token_ids[index] if index is not None else []
             rejected = 0
             if slots and generated:
                 rejected = len(slots) - (len(generated) - 1)
@@ -463,18 +435,13 @@ class Scheduler:
                         req.num_computed_tokens -= rejected
                     if req.num_output_placeholders > 0:
                         req.num_output_placeholders -= rejected
-            finish = ""
-            prompt_len, first_output = req.num_prompt_tokens, req.num_output_tokens
             if generated:
-                generated, finish = self.append_output(req, generated, stale)
+                _, finish = self.append_output(req, generated, stale)
                 if finish:
                     # As vLLM: the stop is handled at once (a streaming session may start its
                     # next turn here), the queues are tidied after the loop.
                     was_running = req.status == Status.RUNNING
                     stopped.append((req, self.handle_stopped_request(req), was_running, finish))
-            reports[rid] = ApplyReport(n, len(slots or ()), rejected, tuple(generated), finish,
-                                       req.num_computed_tokens, req.num_output_placeholders,
-                                       "stale_delivered" if stale else "applied", req.life, prompt_len, first_output)
         for req, finished, was_running, finish in stopped:
             if was_running:
                 self.running.remove(req)
@@ -483,11 +450,12 @@ class Scheduler:
                 # copy from the waiting queues, even the one _handle_stopped_request just queued.
                 self.remove_from_waiting(req)
             if finished:
-                self._free(req, Status.FINISHED_STOPPED if finish == "stop" else Status.FINISHED_LENGTH)
-        return reports
+                self._free(req, Status.FINISHED_STOPPED if finish == "stop" else Status.FINISHED_LENGTH_CAPPED)
 
     def append_output(self, req: Request, tokens: list[int], stale: bool) -> tuple[list[int], str]:
-        """Append tokens one by one with the stop check after each; truncate after a stop."""
+        """Append tokens one by one with the stop check after each; after a stop, the rest of
+        `tokens` is cut, in place, as vLLM does. Returns `tokens` and the finish reason
+        ("" | "length" | "stop")."""
         finish = ""
         for count, token in enumerate(tokens, 1):
             req.all_token_ids.append(token)

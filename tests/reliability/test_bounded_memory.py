@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.traces.io import write_trace
 

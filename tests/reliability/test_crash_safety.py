@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from specreplay.cli.main import main
-from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.traces.errors import TraceError
 from specreplay.traces.io import read_trace

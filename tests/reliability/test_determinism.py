@@ -10,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 from click.testing import CliRunner
 
 from specreplay.cli.main import main
-from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.traces.io import read_trace

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specreplay.cli.main import main
-from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces import schema

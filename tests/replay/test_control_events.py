@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from specreplay.cli.main import main
 from specreplay.replay.check.checker import check_trace
-from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import Implementation, resolve
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.replay.models.scheduler import AsyncScheduler
@@ -250,4 +250,4 @@ def test_shrink_keeps_the_events_the_finding_needs():
     # resubmission while it is live) would be another crash, and is not taken.
     assert [(e.kind, e.request) for e in w.events] == [("resubmit", "0")]
     assert "num_output_placeholders" in result.trace.outcome["message"]
-    assert w.config.max_num_seqs == 1 and len(result.steps) > 10
+    assert w.config.max_num_seqs == 1 and len(result.reductions) > 10

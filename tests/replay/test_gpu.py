@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.scenarios import build_scenario
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from specreplay.replay.check.checker import check_trace
 from specreplay.replay.workloads.config import EngineConfig
-from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.replay.workloads.workload import RequestSpec, Workload

@@ -44,7 +44,7 @@ def test_reentering_request_is_removed_then_readded_without_correction(reentry_t
 
 def test_decode_rows_are_corrected_by_the_rejections_of_the_previous_step():
     from specreplay.replay.workloads.config import EngineConfig
-    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.workload import RequestSpec, Workload
 
@@ -63,7 +63,7 @@ def test_drafter_is_skipped_for_the_whole_batch_near_max_model_len():
     """vLLM caches zero drafts for every row once the longest optimistic sequence plus k no
     longer fits the drafter (max_model_len here)."""
     from specreplay.replay.workloads.config import EngineConfig
-    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.workload import RequestSpec, Workload
 
@@ -81,11 +81,11 @@ def test_drafter_is_skipped_for_the_whole_batch_near_max_model_len():
 
 
 def test_the_recorder_fills_every_schema_column_once_per_row():
-    """record_schedule fills columns in bulk from its row tuples: each schema column must come from
+    """The scheduler observer fills columns in bulk from its row tuples: each schema column must come from
     exactly one place (the step, the step total, a scheduler field, or the later apply, worker and
     truth groups), or a trace would shift columns against each other."""
     from specreplay.replay.record import recorder
     from specreplay.traces import schema
 
-    sources = ("step", "step_total_scheduled_tokens", "step_event") + recorder._SCHEDULE_COLUMNS + recorder._LATER_COLUMNS
+    sources = ("step", "step_total_scheduled_tokens", "step_event") + recorder.SCHEDULE_COLUMNS + recorder._LATER_COLUMNS
     assert sorted(sources) == sorted(schema.COLUMN_NAMES)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from specreplay.replay.workloads.config import EngineConfig
-from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.models.messages import ModelRunnerOutput
 from specreplay.replay.models.request import Request, Status
+from specreplay.replay.models.rules import reaches_max_tokens_in_flight
 from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
 from specreplay.replay.workloads.workload import RequestSpec, Workload
 
@@ -73,7 +74,10 @@ def test_max_tokens_rule_skips_a_request_whose_in_flight_step_finishes_it():
     sched.add_request(r)
     sched.schedule()
     s2 = sched.schedule()  # P = 1, C + 2 - P = 4 >= 3 + 1
-    assert "a" not in s2.num_scheduled_tokens and sched.skip_reasons["a"] == "max_tokens"
+    assert "a" not in s2.num_scheduled_tokens and reaches_max_tokens_in_flight(3, 1, 3, 1)
+    # The observer names the skip from the same rule: the recorded row says why.
+    _, df = steps(Workload((RequestSpec("a", 1, 3, 1),), EngineConfig(num_spec_tokens=0)))
+    assert list(df[df.step == 2].sched_skip) == ["max_tokens"]
 
 
 def test_finish_by_length_truncates_and_announces_next_step():
@@ -83,9 +87,10 @@ def test_finish_by_length_truncates_and_announces_next_step():
     s1 = sched.schedule()
     s2 = sched.schedule()
     sched.update_from_output(s1, output(s1, {"a": 1}))
-    reports = sched.update_from_output(s2, output(s2, {"a": 4}))  # 4 tokens, only 2 fit
-    assert reports["a"].tokens == (5, 5) and reports["a"].finish_reason == "length"
-    assert r.status == Status.FINISHED_LENGTH and r.num_output_tokens == 3
+    out2 = output(s2, {"a": 4})
+    sched.update_from_output(s2, out2)  # 4 tokens, only 2 fit: as vLLM, the list is cut in place
+    assert out2.sampled_token_ids[0] == [5, 5]
+    assert r.status == Status.FINISHED_LENGTH_CAPPED and r.num_output_tokens == 3
     assert sched.schedule().finished_req_ids == {"a"}
 
 
@@ -100,7 +105,9 @@ def test_abort_removes_the_request_and_its_in_flight_output_is_ignored():
     sched.add_request(req("a"))
     s1 = sched.schedule()
     sched.finish_requests(["a"])
-    assert sched.update_from_output(s1, output(s1, {"a": 1})) == {}
+    out = output(s1, {"a": 1})
+    sched.update_from_output(s1, out)
+    assert out.sampled_token_ids == [[5]] and "a" not in sched.requests  # nothing took the token
     assert not sched.has_requests() and sched.schedule().finished_req_ids == {"a"}
 
 

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from specreplay.replay.check.checker import check_trace
-from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.scenarios import build_scenario, reentry, reentry_sync
 from specreplay.replay.check.tracediff import diff_traces
@@ -183,13 +183,13 @@ def test_cli_records_and_diffs_the_real_scheduler(tmp_path):
 def test_missing_or_wrong_vllm_is_one_line(monkeypatch):
     import sys
 
-    from specreplay.replay.engines import real_scheduler as vllm_scheduler
+    from specreplay.replay.engines import vllm_setup
     from specreplay.traces.errors import InputError
 
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(InputError, match="needs vllm, which is not installed"):
-        vllm_scheduler.load_vllm()
+        vllm_setup.load_vllm()
     monkeypatch.setitem(sys.modules, "vllm", type(sys)("vllm"))
     sys.modules["vllm"].__version__ = "0.99.0"
     with pytest.raises(InputError, match="vllm 0.99.0 is installed; --engine vllm-scheduler supports 0.32.0"):
-        vllm_scheduler.load_vllm()
+        vllm_setup.load_vllm()

@@ -1,0 +1,81 @@
+"""The input driver: what reaches the engine, and when, from a workload.
+
+Where it sits: workloads -> models -> impls -> record -> **engines** -> check. One place says
+which inputs land at which step, for every engine: arrivals (each submission of an id is a new
+life), aborts (a request's `abort_step`, or an `[[events]]` abort after a schedule: they land
+before the oldest batch is applied), and the control events taken with the input queue before
+a step's `schedule()` (vLLM's EngineCoreProc). Streaming sessions: each `stream_append` sends
+the session's next input chunk (same id, resumable), and after the last one the end of the
+stream (AsyncLLM's final one-token request).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from specreplay.replay.workloads.oracle import Oracle
+from specreplay.replay.workloads.workload import Event, RequestSpec, Workload
+
+
+class InputDriver:
+    """The workload's inputs, step by step; `pop_*` hand out what is due."""
+
+    def __init__(self, workload: Workload, oracle: Oracle) -> None:
+        self.workload = workload
+        self.oracle = oracle
+        self.arrivals: dict[int, list[RequestSpec]] = defaultdict(list)
+        for spec in workload.requests:
+            self.arrivals[spec.arrival_step].append(spec)
+        self.aborts = sorted([(s.abort_step, s.request_id) for s in workload.requests if s.abort_step]
+                             + [(e.step, e.request) for e in workload.events if e.when == "after"])
+        self.events: dict[int, list[Event]] = defaultdict(list)  # step -> events before its schedule()
+        for event in workload.events:
+            if event.when == "before":
+                self.events[event.step].append(event)
+        self.order = {spec.request_id: i for i, spec in enumerate(workload.requests)}  # the row order
+        self.spec_of = {spec.request_id: spec for spec in workload.requests}
+        self.lives: dict[str, int] = {}  # request id -> submissions so far
+        self.turns_sent: dict[str, int] = {}  # streaming request -> input chunks sent after its prompt
+        self.appends_left = {rid: len(inputs) - 1 for rid, inputs in oracle.inputs.items()}
+
+    def pop_arrivals(self, step: int) -> list[RequestSpec]:
+        """Requests arriving with the input queue before step `step`'s schedule()."""
+        return self.arrivals.pop(step, [])
+
+    def pop_events(self, step: int) -> list[Event]:
+        return self.events.pop(step, [])
+
+    def pop_aborts(self, step: int) -> list[str]:
+        """Aborts due by step `step` (after its schedule), not applied yet."""
+        due = []
+        while self.aborts and self.aborts[0][0] <= step:
+            due.append(self.aborts.pop(0)[1])
+        return due
+
+    def next_input_step(self, step: int) -> int | None:
+        """With the engine idle after step `step`: the step before which the next input lands
+        (arrivals and events before their step's schedule(), aborts after it), or None."""
+        pending = [s - 1 for s in (*self.arrivals, *self.events) if s > step + 1]
+        pending += [s for s, _ in self.aborts if s > step]
+        return min(pending) if pending else None
+
+    def submit(self, spec: RequestSpec) -> tuple[list[int], int, int | None]:
+        """A submission of `spec`: its prompt, max_tokens and stop token; counts the life."""
+        self.lives[spec.request_id] = self.lives.get(spec.request_id, -1) + 1
+        rid = spec.request_id
+        return self.oracle.prompt(rid), spec.max_tokens, self.oracle.stop_token(rid)
+
+    def ends_at_once(self, spec: RequestSpec) -> bool:
+        """A streaming request with no chunk to come: its stream ends right after the prompt."""
+        return spec.streaming and not self.appends_left.get(spec.request_id)
+
+    def drop_chunk(self, rid: str) -> None:
+        """The session ended (aborted): its client stops streaming; the chunk is not sent."""
+        self.appends_left[rid] -= 1
+
+    def next_chunk(self, rid: str) -> tuple[list[int], int, bool]:
+        """A streaming session's next input chunk: (tokens, max_tokens, last chunk?)."""
+        self.appends_left[rid] -= 1
+        turn = self.turns_sent[rid] = self.turns_sent.get(rid, 0) + 1
+        _, max_tokens = self.oracle.inputs[rid][turn]
+        return self.oracle.chunk(rid, turn), max_tokens, not self.appends_left[rid]

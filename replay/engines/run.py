@@ -1,0 +1,108 @@
+"""One entry point for every engine: run a workload through an implementation, get its trace.
+
+Where it sits: workloads -> models -> impls -> record -> **engines** -> check. `run_workload`
+picks the driver (the loop for the reference and the real scheduler; a live vLLM drives itself
+and the input driver feeds it), guards the calls into user code, keeps the journal, and builds
+the trace with one header.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import time
+from typing import Any, Callable
+
+from specreplay.replay.engines.loop import EngineLoop
+from specreplay.replay.impls.registry import Implementation
+from specreplay.replay.models.messages import EngineCrash
+from specreplay.replay.record.recorder import FLUSH_EVERY
+from specreplay.replay.workloads.workload import Workload
+from specreplay.traces import schema
+from specreplay.traces.errors import InputError
+from specreplay.traces.journal import JournalWriter
+from specreplay.traces.trace import Trace
+
+ProgressFn = Callable[[int, int], None]  # (steps done, max steps)
+
+
+def run_workload(workload: Workload, impl: Implementation, device: str = "cpu",
+                 progress: ProgressFn | None = None, engine: str = "reference", model: str | None = None,
+                 journal: str | os.PathLike[str] | None = None, flush_every: int = FLUSH_EVERY) -> Trace:
+    """Run `workload` through `impl` and return the recorded trace. An exception raised inside
+    outside code (a `module:attr` implementation) becomes one InputError line naming it.
+
+    `journal`: a path where settled rows are appended every `flush_every` steps and everything
+    recorded on any exception (traces.journal); the caller deletes it once the trace is written."""
+    if engine == "vllm":
+        from specreplay.replay.engines.live import run_live
+
+        return run_live(workload, impl, device, model, progress)  # its observers write part files as they go
+    if model is not None:
+        raise InputError("--model is for --engine vllm (a live engine); the other engines run the reference model")
+    loop = _guarded(impl, EngineLoop, workload, impl, device, engine)
+    # Outside the guard: a journal path that cannot be written is the user's file error, not
+    # something the implementation raised.
+    header = trace_header(workload, impl.describe(loop.parts.observed, engine), device, loop.outcome)
+    writer = JournalWriter(journal, header) if journal is not None else None
+    return _guarded(impl, _run, loop, header, progress, writer, flush_every)
+
+
+def _guarded(impl: Implementation, fn: Callable, *args):
+    """Call into the engine; an exception from a `module:attr` implementation's code becomes one
+    InputError line naming it (a built-in implementation's is a specreplay bug: it propagates)."""
+    if not impl.user_code:
+        return fn(*args)
+    try:
+        return fn(*args)
+    except InputError:
+        raise
+    except Exception as exc:  # the user's scheduler or runner failed: say where, no traceback
+        raise InputError(f"implementation {impl.name} raised {type(exc).__name__}: {exc}") from None
+
+
+def _run(loop: Any, header: Trace, progress: ProgressFn | None, writer: JournalWriter | None,
+         flush_every: int) -> Trace:
+    rec = loop.parts.recorder
+    if writer is not None:
+        rec.journal = writer
+        rec.flush_every = flush_every
+    try:
+        while loop.step():
+            rec.maybe_flush(loop.step_no)
+            if progress is not None and loop.step_no:
+                progress(loop.step_no, loop.workload.max_steps)
+    except EngineCrash as exc:  # an assert in the scheduler, or the worker unable to run a step
+        loop.outcome = {"status": "crashed", "step": loop.step_no, "kind": exc.kind, "message": str(exc)}
+    except BaseException:
+        # Anything else (a bug, Ctrl-C): what was recorded goes to the journal before it propagates.
+        rec.flush(everything=True)
+        if writer is not None:
+            writer.close()
+        raise
+    if loop.outcome["status"] == "completed":
+        held = loop.unfinished()
+        if held:  # idle for good with requests it holds: a request lost by the scheduler
+            loop.outcome = {"status": "completed", "step": loop.step_no, "unfinished": held}
+    rec.flush(everything=True)
+    if writer is not None:
+        writer.close()
+    return dataclasses.replace(header, table=rec.table(), outcome=loop.outcome)
+
+
+def trace_header(workload: Workload, impl_doc: dict[str, Any], device: str, outcome: dict[str, Any],
+                 config: Any = None) -> Trace:
+    """A trace's metadata, no rows (the journal's header, and every engine's trace). `config`:
+    the engine config that ran, where it differs from the workload's (a live engine on a CPU)."""
+    return Trace(
+        table=schema.SCHEMA.empty_table(),
+        workload=workload.to_dict(),
+        config=(config or workload.config).to_dict(),
+        impl=impl_doc,
+        outcome=outcome,
+        seed=workload.seed,
+        device=device,
+        volatile={"created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "host": platform.node(), "python": platform.python_version()},
+    )

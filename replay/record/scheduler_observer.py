@@ -1,0 +1,312 @@
+"""The scheduler observer: watches any vLLM-shaped scheduler from outside and writes its rows.
+
+Where it sits: workloads -> models -> impls -> **record** -> engines -> check. `attach` wraps a
+scheduler instance's `add_request`, `schedule` and `update_from_output`: the reference
+scheduler, the installed vLLM's real one (`--engine vllm-scheduler`) and a live engine core's
+alike. The observer reads only what vLLM's own objects have, by vLLM's names: the scheduler's
+`requests` and `running`; each request's counters and `status`; the `SchedulerOutput` and the
+`ModelRunnerOutput`. So every rule that turns what a scheduler did into trace columns is
+written here once, whichever scheduler ran.
+
+What the scheduler does not say, the observer derives:
+- why a running request got no tokens: it replays the running-queue visit (the loop stops once
+  the budget is spent; a visited request was skipped by the max-tokens rule, or had none);
+- what `update_from_output` did to each request: counters before and after, the tokens vLLM
+  left in the output's list (it trims them to what it appended), the status it ended in;
+- which life of an id an object is: a new object under a known id is the id's next life.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from specreplay.replay.models.rules import reaches_max_tokens_in_flight
+from specreplay.replay.record.recorder import Recorder
+
+#: vLLM's RequestStatus names (the reference's Status uses the same) -> the trace's sched_status.
+_TRACE_STATUS = {"WAITING": "waiting", "WAITING_FOR_STREAMING_REQ": "waiting", "RUNNING": "running",
+                 "PREEMPTED": "preempted"}
+_FINISH_REASON = {"FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "stop"}
+#: Of two control events on one request before a schedule(), the row keeps the one that says more.
+EVENT_RANK = {"": 0, "stream_update": 1, "stream_turn": 2, "reset_preempt": 2, "abort": 3, "resubmit": 4}
+
+
+@dataclass
+class Tracked:
+    """A request object the observer knows: its id in the trace, life and row order."""
+
+    request: Any
+    request_id: str
+    life: int
+    order: int
+
+
+@dataclass(frozen=True)
+class Counters:
+    """A request's counters at one moment (before a schedule() or an update_from_output())."""
+
+    num_computed_tokens: int
+    num_output_placeholders: int
+    num_tokens: int
+    num_output_tokens: int
+    num_in_flight_tokens: int
+    num_stale_output_tokens: int
+    num_prompt_tokens: int
+    max_tokens: int
+
+    @classmethod
+    def of(cls, r: Any) -> "Counters":
+        return cls(r.num_computed_tokens, r.num_output_placeholders, r.num_tokens, r.num_output_tokens,
+                   r.num_in_flight_tokens, r.num_stale_output_tokens, r.num_prompt_tokens, r.max_tokens)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One request's share of an output, read before update_from_output."""
+
+    tracked: Tracked
+    before: Counters
+    num_sampled: int  # tokens the worker emitted for it (before vLLM trims the list)
+    outcome: str  # applied | stale_delivered | dropped: vLLM's stale test, read before it drains
+
+
+class SchedulerObserver:
+    """Writes the scheduler's rows of every step, and their apply columns once applied."""
+
+    def __init__(self, scheduler: Any, recorder: Recorder, *, max_num_batched_tokens: int, max_model_len: int,
+                 external_id: Callable[[str], str] | None = None, order: dict[str, int] | None = None,
+                 mismatches: Callable | None = None) -> None:
+        """`external_id`: the trace's id for a scheduler's request id (a live engine appends a
+        suffix); `order`: the row order of known ids (the workload's), later ids after them;
+        `mismatches(rid, first_output_index, tokens, prompt_len)`: the oracle's count of wrong
+        tokens, or None (a live engine has no ground truth)."""
+        self.scheduler = scheduler
+        self.rec = recorder
+        self.budget = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.ext = external_id or (lambda rid: rid)
+        self.order_hint = dict(order or {})
+        self.mismatches = mismatches
+        self.tracked: dict[str, Tracked] = {}  # trace id -> its live (or last) object
+        self.prev_scheduled: set[str] = set()
+        self._before_schedule: list[tuple[Tracked, Counters, int, bool]] = []
+        self._running: list[Any] = []
+        # Control events since the last schedule(), written on the next step's rows.
+        self.request_events: dict[str, str] = {}
+        self.step_events: list[str] = []
+
+    # ------------------------------------------------------------------ requests
+    def request_added(self, internal_id: str) -> None:
+        """After add_request: a new object under this id is a new request or the id's next life;
+        the same object (a streaming session's next chunk) changes nothing."""
+        obj = self.scheduler.requests.get(internal_id)
+        rid = self.ext(internal_id)
+        old = self.tracked.get(rid)
+        if obj is None or (old is not None and old.request is obj):
+            return
+        life = old.life + 1 if old is not None else 0
+        order = self.order_hint.setdefault(rid, len(self.order_hint))
+        self.tracked.pop(rid, None)  # a new life goes to the end of the row order
+        self.tracked[rid] = Tracked(obj, rid, life, order)
+
+    def mark_request_event(self, rid: str, event: str) -> None:
+        """A control event changed request `rid` (schema.EVENTS) before the coming schedule()."""
+        if EVENT_RANK[event] >= EVENT_RANK[self.request_events.get(rid, "")]:
+            self.request_events[rid] = event
+
+    def mark_step_event(self, label: str) -> None:
+        """An engine-level control event (pause, resume, cache reset) before the coming schedule()."""
+        self.step_events.append(label)
+
+    def abort_landed(self, step: int, rid: str) -> None:
+        """An abort applied in step `step`'s iteration, with that step in flight: on its row."""
+        at = self.rec.rows_of_step.get(step, {}).get(rid)
+        if at is not None:
+            self.rec.fill(at, {"apply_finish_reason": "aborted"})
+
+    def live(self) -> list[Tracked]:
+        return [t for t in self.tracked.values() if not t.request.is_finished()]
+
+    # ------------------------------------------------------------------ E1(m)
+    def before_schedule(self) -> None:
+        """Every live request's counters, right before schedule()."""
+        self._running = list(self.scheduler.running)
+        snap = []
+        for t in self.live():
+            r = t.request
+            spec = r.spec_token_ids
+            snap.append((t, Counters.of(r), len(spec), bool(spec) and min(spec) == -1 == max(spec)))
+        self._before_schedule = snap
+
+    def after_schedule(self, so: Any, step: int) -> None:
+        x = self.ext
+        scheduled = {x(rid): n for rid, n in so.num_scheduled_tokens.items()}
+        slots = {x(rid): len(s) for rid, s in so.scheduled_spec_decode_tokens.items()}
+        new_ids = {x(d.req_id) for d in so.scheduled_new_reqs}
+        resumed = {x(rid) for rid in so.scheduled_cached_reqs.resumed_req_ids}
+        announced = {x(rid) for rid in so.finished_req_ids}
+        skips = self.skip_reasons(so)
+        events, self.request_events = self.request_events, {}
+        rows = list(self._before_schedule)
+        live = {t.request_id for t, *_ in rows}
+        for rid in sorted(announced - live, key=lambda r: self.tracked[r].order if r in self.tracked else 0):
+            t = self.tracked.get(rid)
+            if t is not None:
+                rows.append((t, Counters.of(t.request), len(t.request.spec_token_ids), False))
+        out = []
+        for t, was, spec_len, spec_placeholders in rows:
+            rid, r = t.request_id, t.request
+            n = scheduled.get(rid, 0)
+            if n:
+                kind = ("new" if rid in new_ids else "resumed" if rid in resumed
+                        else "cached" if rid in self.prev_scheduled else "reentering")
+                skip = ""
+            else:
+                kind = "unscheduled"
+                status = r.status.name
+                if r.is_finished():
+                    skip = "finished"
+                elif rid in skips:
+                    skip = skips[rid]
+                else:
+                    skip = "budget" if status == "RUNNING" else "waiting"
+            status = "finished" if r.is_finished() else _TRACE_STATUS.get(r.status.name, "waiting")
+            out.append((rid, t.life, events.get(rid, ""), status, kind, skip, n, slots.get(rid, 0),
+                        was.num_computed_tokens, was.num_output_placeholders, was.num_tokens, was.num_output_tokens,
+                        r.num_prompt_tokens, spec_len, spec_placeholders, bool(n) and bool(r.is_prefill_chunk),
+                        rid in announced, skips.get(rid) == "preempted", was.num_in_flight_tokens,
+                        was.num_stale_output_tokens))
+        self.rec.append_step(step, so.total_num_scheduled_tokens, "; ".join(self.step_events), out)
+        self.step_events = []
+        self.prev_scheduled = set(scheduled)
+
+    def skip_reasons(self, so: Any) -> dict[str, str]:
+        """Why running requests got no tokens in this schedule(). Preempted: listed in the output
+        and not by a cache reset before it. Otherwise the visit is replayed: it stops once the
+        budget is spent; a visited request was skipped by the max-tokens rule or had nothing to
+        schedule; one never visited is left to the caller (budget)."""
+        x = self.ext
+        reset = {rid for rid, event in self.request_events.items() if event == "reset_preempt"}
+        skips = {x(rid): "preempted" for rid in (so.preempted_req_ids or ()) if x(rid) not in reset}
+        before = {id(t.request): was for t, was, *_ in self._before_schedule}
+        budget = self.budget
+        for r in self._running:
+            rid = x(r.request_id)
+            n = so.num_scheduled_tokens.get(r.request_id, 0)
+            if rid in skips:
+                continue
+            if n:
+                budget -= n
+            elif budget > 0:
+                was = before.get(id(r))
+                rule = was is not None and reaches_max_tokens_in_flight(
+                    was.num_computed_tokens, was.num_output_placeholders, r.num_prompt_tokens, r.max_tokens)
+                skips[rid] = "max_tokens" if rule else "no_tokens"
+        return skips
+
+    # ------------------------------------------------------------------ E4(j)
+    def before_update(self, so: Any, model_output: Any) -> dict[str, Delivery]:
+        """Counters before update_from_output, which trims the output's token lists in place."""
+        index = model_output.req_id_to_index or {}
+        sampled = model_output.sampled_token_ids or []
+        deliveries = {}
+        for rid in so.num_scheduled_tokens:
+            t = self.tracked.get(self.ext(rid))
+            if t is None or t.request.is_finished():
+                continue
+            r = t.request
+            i = index.get(rid)
+            stale = r.num_stale_output_tokens > 0
+            outcome = ("dropped" if r.drop_stale_output else "stale_delivered") if stale else "applied"
+            deliveries[rid] = Delivery(t, Counters.of(r), len(sampled[i]) if i is not None and i < len(sampled) else 0,
+                                       outcome)
+        return deliveries
+
+    def after_update(self, so: Any, model_output: Any, deliveries: dict[str, Delivery], step: int,
+                     apply_step: int) -> None:
+        """Fill the apply columns of step `step`'s rows; outputs the scheduler gave to nobody
+        (the request finished, was aborted, or a variant withheld it) are marked ignored."""
+        rec = self.rec
+        index = rec.rows_of_step.pop(step, {})
+        out_index = model_output.req_id_to_index or {}
+        given = set()
+        for rid, d in deliveries.items():
+            r, was = d.tracked.request, d.before
+            if r.num_in_flight_tokens == was.num_in_flight_tokens:
+                continue  # untouched: the scheduler did not give this output to this object
+            trace_id = d.tracked.request_id
+            at = index.get(trace_id)
+            if at is None:
+                continue
+            given.add(trace_id)
+            slots = len(so.scheduled_spec_decode_tokens.get(rid, ()))
+            dropped = d.outcome == "dropped"
+            rejected = slots - (d.num_sampled - 1) if slots and d.num_sampled and not dropped else 0
+            i = out_index.get(rid)
+            tokens = () if dropped or i is None else tuple(model_output.sampled_token_ids[i])
+            finish = self.finish_reason(r, was, tokens)
+            if finish and not r.is_finished():
+                self.mark_request_event(trace_id, "stream_turn")  # a streaming turn ended; the session goes on
+            rec.fill(at, {
+                "apply_step": apply_step, "apply_outcome": d.outcome, "apply_life": d.tracked.life,
+                "apply_num_scheduled_tokens": so.num_scheduled_tokens[rid], "apply_num_draft_slots": slots,
+                "apply_num_rejected": rejected, "apply_num_tokens": len(tokens),
+                "apply_token_mismatches": (None if self.mismatches is None else
+                                           self.mismatches(trace_id, was.num_output_tokens, tokens,
+                                                           was.num_prompt_tokens)),
+                "apply_num_computed_tokens": r.num_computed_tokens,
+                "apply_num_output_placeholders": r.num_output_placeholders,
+                "apply_finish_reason": finish,
+            })
+        scheduled = rec.cols["sched_num_scheduled_tokens"]
+        for rid, at in index.items():
+            if rid not in given and scheduled[at]:
+                rec.fill(at, {"apply_step": apply_step, "apply_outcome": "ignored"})
+
+    def finish_reason(self, r: Any, was: Counters, tokens: tuple) -> str:
+        """"length" or "stop" if this output ended the request (or a streaming session's turn:
+        the session goes on waiting, so its status does not say; the counters do), else ""."""
+        if r.is_finished():
+            return _FINISH_REASON.get(r.status.name, "")
+        if not tokens or not getattr(r, "resumable", False) or r.status.name not in ("WAITING",
+                                                                                   "WAITING_FOR_STREAMING_REQ"):
+            return ""
+        reached = (was.num_output_tokens + len(tokens) >= was.max_tokens
+                   or was.num_tokens + len(tokens) >= self.max_model_len)
+        return "length" if reached else "stop"
+
+
+def attach(observer: SchedulerObserver, step_of: Callable[[Any], int], apply_step: Callable[[], int]) -> None:
+    """Wrap the observed scheduler's add_request, schedule and update_from_output on the
+    instance. `step_of(so)`: the engine step a new SchedulerOutput belongs to (stamped on it as
+    `_specreplay_step`, which travels with it, pickled, to a worker process); `apply_step()`: the
+    engine step in whose iteration an output is applied."""
+    s = observer.scheduler
+    add, schedule, update = s.add_request, s.schedule, s.update_from_output
+
+    @functools.wraps(add)
+    def add_request(request, *a, **kw):
+        result = add(request, *a, **kw)
+        observer.request_added(request.request_id)
+        return result
+
+    @functools.wraps(schedule)
+    def schedule_(*a, **kw):
+        observer.before_schedule()
+        so = schedule(*a, **kw)
+        so._specreplay_step = step = step_of(so)
+        observer.after_schedule(so, step)
+        return so
+
+    @functools.wraps(update)
+    def update_from_output(so, model_output, *a, **kw):
+        deliveries = observer.before_update(so, model_output)
+        result = update(so, model_output, *a, **kw)
+        step = getattr(so, "_specreplay_step", None)
+        if step is not None:
+            observer.after_update(so, model_output, deliveries, step, apply_step())
+        return result
+
+    s.add_request, s.schedule, s.update_from_output = add_request, schedule_, update_from_output

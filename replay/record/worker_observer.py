@@ -1,0 +1,209 @@
+"""The worker observer: watches a GPU model runner execute each step and writes the worker view.
+
+Where it sits: workloads -> models -> impls -> **record** -> engines -> check. `attach_runner`
+wraps a runner instance's `execute_model`, `_update_states`, `_prepare_inputs` and
+`sample_tokens`, the four calls the reference runner shares with vLLM's `GPUModelRunner`, and
+hands each observer what the call left behind. The worker columns are derived here once,
+whichever runner ran:
+
+    worker_num_scheduled_tokens / _draft_slots   the SchedulerOutput as the worker ran it
+    worker_edited_output                         the worker changed it (draft slots dropped)
+    worker_num_computed_tokens, _correction      num_computed_tokens after _update_states
+                                                 (optimistic) and after the deferred correction
+    worker_in_prev_map, worker_cached_drafts     a scatter source row from the previous step
+    worker_row, _draft_ids, _negative_inputs,    from _prepare_inputs: the batch row, the drafts
+    worker_first_position                        fed to the rejection sampler (before the clamp)
+    worker_num_emitted, worker_num_accepted      from sample_tokens' valid sampled counts
+
+Only reading the prepared inputs differs between runners (`ReferenceInputs` / `VllmInputs`).
+The observers write through a `RowWriter`: the in-process recorder, or a live engine's sink.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Protocol
+
+
+class RowWriter(Protocol):
+    """Where a worker-side observer's values go: row (step, request id) of the trace."""
+
+    def write(self, step: int, rid: str, values: dict[str, Any]) -> None: ...
+
+    def step_done(self, step: int) -> None: ...
+
+
+class RecorderWriter:
+    """In-process: straight into the recorder's rows of a step still in flight."""
+
+    def __init__(self, recorder: Any) -> None:
+        self.rec = recorder
+
+    def write(self, step: int, rid: str, values: dict[str, Any]) -> None:
+        at = self.rec.rows_of_step.get(step, {}).get(rid)
+        if at is not None:  # else the worker ran a request the scheduler did not list: X1 sees it
+            self.rec.fill(at, values)
+
+    def step_done(self, step: int) -> None:
+        self.rec.step_done(step)
+
+
+class ReferenceInputs:
+    """Reads the reference runner's `PreparedInputs`."""
+
+    @staticmethod
+    def read(runner: Any, so: Any, inputs: Any) -> list[tuple[str, list[int], int, int]]:
+        """Per batch row: (request id, drafts fed, negative input ids, first position)."""
+        return [(rid, inputs.draft_ids[x], inputs.negatives[x], inputs.starts[x]) for x, rid in enumerate(inputs.rows)]
+
+
+class VllmInputs:
+    """Reads vLLM 0.32.0's GPUModelRunner after `_prepare_inputs`: the spec-decode metadata
+    (drafts gathered before the clamp, so the -1 placeholders are still there), the query start
+    locations and the positions buffer."""
+
+    @staticmethod
+    def read(runner: Any, so: Any, result: Any) -> list[tuple[str, list[int], int, int | None]]:
+        batch = runner.input_batch
+        ids = batch.req_ids[:batch.num_reqs]
+        metadata = result[1] if isinstance(result, tuple) and len(result) > 1 else None
+        drafts: dict[str, list[int]] = {}
+        if metadata is not None:
+            flat = metadata.draft_token_ids.tolist()
+            at = 0
+            for rid, n in zip(ids, metadata.num_draft_tokens):
+                drafts[rid] = flat[at:at + n]
+                at += n
+        starts = runner.query_start_loc.np[:len(ids)].tolist()
+        total = sum(so.num_scheduled_tokens.values())
+        positions = runner.positions[:total].tolist() if total else []
+        rows = []
+        for x, rid in enumerate(ids):
+            fed = drafts.get(rid, [])
+            rows.append((rid, fed, sum(1 for t in fed if t < 0), positions[starts[x]] if starts[x] < len(positions) else None))
+        return rows
+
+
+class WorkerObserver:
+    """The worker view of each step a runner executes."""
+
+    def __init__(self, writer: RowWriter, external_id: Any = None, is_async: bool = True) -> None:
+        self.writer = writer
+        self.ext = external_id or (lambda rid: rid)
+        self.is_async = is_async
+        self.step: int | None = None
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.optimistic: dict[str, int] = {}
+
+    def on_execute(self, runner: Any, so: Any) -> None:
+        """execute_model called: what the scheduler booked, before any edit by the worker."""
+        self.step = getattr(so, "_specreplay_step", None)
+        self.booked = {rid: (n, len(so.scheduled_spec_decode_tokens.get(rid, ())))
+                       for rid, n in so.num_scheduled_tokens.items()}
+        drafts = getattr(runner, "_draft_token_ids", None)
+        self.width = int(drafts.shape[-1]) if self.is_async and hasattr(drafts, "shape") else 0
+        self.rows, self.optimistic = {}, {}
+
+    def on_states(self, runner: Any, so: Any) -> None:
+        """_update_states returned: the optimistic count, the previous-step map, any edit."""
+        prev = runner.input_batch.prev_req_id_to_index or {}
+        edited = getattr(runner, "edited", ())
+        for rid, n in so.num_scheduled_tokens.items():
+            st = runner.requests[rid]
+            slots = len(so.scheduled_spec_decode_tokens.get(rid, ()))
+            self.optimistic[rid] = st.num_computed_tokens
+            self.rows[rid] = {
+                "worker_num_scheduled_tokens": n,
+                "worker_num_draft_slots": slots,
+                "worker_in_prev_map": rid in prev,
+                "worker_cached_drafts": self.width if rid in prev else 0,
+                "worker_num_output_tokens": len(st.output_token_ids),
+                "worker_edited_output": rid in edited or self.booked.get(rid) != (n, slots),
+            }
+
+    def on_inputs(self, rows: list[tuple[str, list[int], int, int | None]]) -> None:
+        for x, (rid, fed, negatives, first_position) in enumerate(rows):
+            row = self.rows.get(rid)
+            if row is not None:
+                row.update(worker_row=x, worker_draft_ids=fed, worker_negative_inputs=negatives,
+                           worker_first_position=first_position)
+
+    def on_executed(self, runner: Any, so: Any) -> None:
+        """execute_model returned: the deferred correction has run."""
+        for rid, row in self.rows.items():
+            st = runner.requests.get(rid)
+            if st is not None:
+                row["worker_correction"] = self.optimistic[rid] - st.num_computed_tokens
+                row["worker_num_computed_tokens"] = st.num_computed_tokens
+
+    def on_sampled(self, runner: Any) -> None:
+        batch = runner.input_batch
+        ids = batch.req_ids[:batch.num_reqs]
+        counts = runner.valid_sampled_token_count_cpu
+        counts = [int(c) for c in counts[:len(ids)]] if counts is not None else None
+        sampled = batch.prev_req_id_to_index or {}
+        for x, rid in enumerate(ids):
+            row = self.rows.get(rid)
+            if row is not None:
+                emitted = counts[x] if counts is not None else (1 if rid in sampled else 0)
+                row["worker_num_emitted"] = emitted
+                row["worker_num_accepted"] = emitted - 1 if emitted else None
+
+    def flush(self) -> None:
+        """The step's worker rows, for the requests the worker ran."""
+        if self.step is None:
+            return
+        for rid, row in self.rows.items():
+            if "worker_row" not in row:
+                continue  # not run this step (the worker dropped it)
+            row.setdefault("worker_num_emitted", 0)
+            row.setdefault("worker_num_accepted", None)
+            self.writer.write(self.step, self.ext(rid), row)
+        self.writer.step_done(self.step)
+        self.rows = {}
+
+
+def attach_runner(runner: Any, observers: list[Any], inputs: Any) -> None:
+    """Wrap the runner instance's four calls; each observer gets the hooks it defines.
+    `inputs`: ReferenceInputs or VllmInputs, the reader of `_prepare_inputs`' result."""
+    execute, update_states, prepare, sample = (runner.execute_model, runner._update_states,
+                                               runner._prepare_inputs, runner.sample_tokens)
+
+    def each(hook: str, *args: Any) -> None:
+        for obs in observers:
+            fn = getattr(obs, hook, None)
+            if fn is not None:
+                fn(*args)
+
+    @functools.wraps(execute)
+    def execute_model(so, *a, **kw):
+        each("on_execute", runner, so)
+        result = execute(so, *a, **kw)
+        each("on_executed", runner, so)
+        if so.total_num_scheduled_tokens == 0:
+            each("flush")  # empty step: no sample_tokens follows
+        return result
+
+    @functools.wraps(update_states)
+    def _update_states(so, *a, **kw):
+        result = update_states(so, *a, **kw)
+        each("on_states", runner, so)
+        return result
+
+    @functools.wraps(prepare)
+    def _prepare_inputs(so, *a, **kw):
+        result = prepare(so, *a, **kw)
+        rows = inputs.read(runner, so, result)
+        each("on_inputs", rows)
+        each("on_prepared", runner, so, result)
+        return result
+
+    @functools.wraps(sample)
+    def sample_tokens(*a, **kw):
+        result = sample(*a, **kw)
+        each("on_sampled", runner)
+        each("flush")
+        return result
+
+    runner.execute_model, runner._update_states, runner._prepare_inputs = execute_model, _update_states, _prepare_inputs
+    runner.sample_tokens = sample_tokens
