@@ -126,12 +126,12 @@ def attach_to_core(scheduler: Any, sink: Sink, config: Any, impl: Any) -> None:
     scheduler.finish_requests = finish_requests
 
 
-def attach_to_runner(runner: Any, sink: Sink, impl: Any, is_async: bool) -> None:
+def attach_to_runner(runner: Any, sink: Sink, impl: Any) -> None:
     """The worker observer on a live GPUModelRunner (its variant class first)."""
-    from specreplay.replay.record.worker_observer import VllmInputs, WorkerObserver, attach_runner
+    from specreplay.replay.record.worker_observer import VllmReader, WorkerObserver, attach_runner
 
     runner.__class__ = impl.real_runner_class(type(runner))
-    attach_runner(runner, [WorkerObserver(SinkWriter(sink), external_id, is_async)], VllmInputs)
+    attach_runner(runner, [WorkerObserver(SinkWriter(sink), VllmReader, external_id)], VllmReader)
 
 
 # ====================================================================== the vLLM plugin
@@ -177,7 +177,7 @@ def register() -> None:
         if os.environ.get(SINK_ENV) and "_specreplay_attached" not in self.__dict__:
             impl, config, folder = run_settings()
             self._specreplay_attached = True
-            attach_to_runner(self, Sink(folder, "runner"), impl, config.async_scheduling)
+            attach_to_runner(self, Sink(folder, "runner"), impl)
             return self.execute_model(*a, **kw)  # the instance wrapper now
         return original_execute(self, *a, **kw)
 

@@ -12,15 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from specreplay.replay.impls.registry import Implementation
+from specreplay.replay.impls.registry import ENGINES, Implementation
 from specreplay.replay.models.messages import ModelRunnerOutput, SchedulerOutput
 from specreplay.replay.models.request import Request
 from specreplay.replay.record.recorder import Recorder
 from specreplay.replay.record.scheduler_observer import SchedulerObserver, attach
 from specreplay.replay.record.truth import KvTruth
-from specreplay.replay.record.worker_observer import RecorderWriter, ReferenceInputs, WorkerObserver, attach_runner
+from specreplay.replay.record.worker_observer import RecorderWriter, ReferenceReader, WorkerObserver, attach_runner
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
+from specreplay.traces.errors import InputError
 
 
 class SchedulerPort(Protocol):
@@ -76,8 +77,18 @@ def wire(workload: Workload, impl: Implementation, device: str, engine: str,
     `step_now()`: the engine step being scheduled or applied (the loop's clock)."""
     config = workload.config
     oracle = Oracle(workload)
-    scheduler = impl.make_scheduler(config, engine)
-    observed = scheduler.real if engine == "vllm-scheduler" else scheduler  # the adapter's real one
+    if engine == "reference":
+        scheduler = observed = impl.make_scheduler(config)
+    elif engine == "vllm-scheduler":
+        from specreplay.replay.engines.real_scheduler import VllmSchedulerAdapter
+        from specreplay.replay.engines.vllm_setup import real_scheduler_class
+
+        impl.require_real_forms(engine)
+        scheduler = VllmSchedulerAdapter(config, impl.real_scheduler_class(
+            real_scheduler_class(config.async_scheduling), config))
+        observed = scheduler.real  # the observer watches the real scheduler, not the adapter
+    else:
+        raise InputError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
     runner = impl.make_runner(config, oracle, device)
     recorder = Recorder()
     observer = SchedulerObserver(observed, recorder, max_num_batched_tokens=config.max_num_batched_tokens,
@@ -86,6 +97,6 @@ def wire(workload: Workload, impl: Implementation, device: str, engine: str,
                                  mismatches=oracle.mismatches)
     attach(observer, step_of=lambda so: step_now(), apply_step=step_now)
     writer = RecorderWriter(recorder)
-    attach_runner(runner, [WorkerObserver(writer, is_async=config.async_scheduling),
-                           KvTruth(oracle, writer, config.block_size)], ReferenceInputs)
+    attach_runner(runner, [WorkerObserver(writer, ReferenceReader), KvTruth(oracle, writer, config.block_size)],
+                  ReferenceReader)
     return EngineParts(impl, oracle, scheduler, observed, runner, recorder, observer)

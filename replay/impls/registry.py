@@ -63,11 +63,8 @@ class Implementation:
     # variant's subclass. None with `runner` set: no live form.
     real_runner: Callable[[type], type] | None = None
 
-    def make_scheduler(self, config: EngineConfig, engine: str = "reference") -> Any:
-        if engine == "vllm-scheduler":
-            return self._make_vllm_scheduler(config)
-        if engine != "reference":
-            raise InputError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    def make_scheduler(self, config: EngineConfig) -> Scheduler:
+        """The reference form of this variant's scheduler."""
         if self.scheduler is not None and config.async_scheduling and not issubclass(self.scheduler, AsyncScheduler):
             raise InputError(f"{self.name}: {self.scheduler.__name__} is a synchronous Scheduler but the workload uses "
                              "async scheduling; subclass AsyncScheduler or set async_scheduling = false")
@@ -89,14 +86,6 @@ class Implementation:
         if engine == "vllm" and self.runner is not None and self.real_runner is None:
             raise InputError(f"{self.name} changes the reference runner only; it has no form for a live vLLM "
                              "(give it a real_runner, see the README)")
-
-    def _make_vllm_scheduler(self, config: EngineConfig) -> Any:
-        from specreplay.replay.engines.real_scheduler import VllmSchedulerAdapter
-        from specreplay.replay.engines.vllm_setup import real_scheduler_class
-
-        self.require_real_forms("vllm-scheduler")
-        return VllmSchedulerAdapter(config, self.real_scheduler_class(real_scheduler_class(config.async_scheduling),
-                                                                     config))
 
     def real_scheduler_class(self, real_cls: type, config: EngineConfig) -> type:
         """The class to run on the real vLLM for this variant: `real_cls` or its subclass."""

@@ -77,7 +77,7 @@ class GPUModelRunner:
         self.oracle = oracle
         self.device = torch.device(device)
         self.k = config.num_spec_tokens
-        self.use_async = config.async_scheduling
+        self.use_async_scheduling = config.async_scheduling
         self.model = TargetModel(config.vocab_size, self.device)
         self.requests: dict[str, CachedRequestState] = {}
         self.input_batch = InputBatch()
@@ -192,7 +192,7 @@ class GPUModelRunner:
         num_computed = cached.num_computed_tokens[i]
         num_output = cached.num_output_tokens[i]
         row = self.input_batch.req_id_to_index.get(rid)
-        if st.prev_num_draft_len and self.use_async:
+        if st.prev_num_draft_len and self.use_async_scheduling:
             if row is None:
                 st.prev_num_draft_len = 0  # re-entry: the scheduler's value is already exact
             else:
@@ -215,7 +215,7 @@ class GPUModelRunner:
         if row is None:
             if self.on_reentry(out, rid):
                 self.edited.add(rid)
-            if self.use_async and num_output > 0:
+            if self.use_async_scheduling and num_output > 0:
                 st.output_token_ids = list(cached.all_token_ids[rid][-num_output:])
             return st
         self.input_batch.num_computed_tokens_cpu[row] = num_computed
@@ -268,7 +268,7 @@ class GPUModelRunner:
                 raise MalformedSchedulerOutput(
                     f"request {rid!r} has {d} draft slots inside {n} scheduled tokens at step {out.step}")
             cpu_start = self.input_batch.num_computed_tokens_cpu[x]
-            prev_row = prev_map.get(rid, -1) if self.use_async else -1
+            prev_row = prev_map.get(rid, -1) if self.use_async_scheduling else -1
             start = cpu_start
             if prev_row >= 0 and prev_row < len(self.prev_num_draft_tokens) and self.prev_num_draft_tokens[prev_row] > 0:
                 # The GPU kernel: true start of m-1 plus its valid count is the true start of m.
@@ -390,7 +390,7 @@ class GPUModelRunner:
                 continue
             last_position = inputs.starts[x] + inputs.num_scheduled[x] - inputs.num_drafts[x] - 1 + len(emitted[x])
             proposals.append(self.oracle.drafts(rid, last_position + 1, self.k, len(self.requests[rid].prompt_token_ids)))
-        if self.use_async:
+        if self.use_async_scheduling:
             self._draft_token_ids = torch.tensor(proposals, dtype=torch.int64, device=self.device).reshape(len(inputs.rows), self.k)
         else:
             keep = [x for x in range(len(inputs.rows)) if not discarded[x]]
@@ -411,7 +411,7 @@ class GPUModelRunner:
             if discarded[x]:
                 continue
             st = self.requests[rid]
-            new = [-1] if self.use_async else list(emitted[x])
+            new = [-1] if self.use_async_scheduling else list(emitted[x])
             st.output_token_ids.extend(new)
             end = self.input_batch.num_tokens_no_spec[x]
             tokens = self.input_batch.token_ids[x]

@@ -270,8 +270,7 @@ class SchedulerObserver:
         the session goes on waiting, so its status does not say; the counters do), else ""."""
         if r.is_finished():
             return _FINISH_REASON.get(r.status.name, "")
-        if not tokens or not getattr(r, "resumable", False) or r.status.name not in ("WAITING",
-                                                                                   "WAITING_FOR_STREAMING_REQ"):
+        if not tokens or not r.resumable or r.status.name not in ("WAITING", "WAITING_FOR_STREAMING_REQ"):
             return ""
         reached = (was.num_output_tokens + len(tokens) >= was.max_tokens
                    or was.num_tokens + len(tokens) >= self.max_model_len)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from specreplay.replay.record.worker_observer import RowWriter
+from specreplay.replay.record.worker_observer import RowWriter, RunnerObserver
 
 
-class KvTruth:
+class KvTruth(RunnerObserver):
     def __init__(self, oracle: Any, writer: RowWriter, block_size: int) -> None:
         self.oracle = oracle
         self.writer = writer
@@ -52,7 +52,7 @@ class KvTruth:
             self.valid[rid] = 0  # its old blocks were freed at preemption: nothing valid remains
         self.before = dict(self.valid)
 
-    def on_prepared(self, runner: Any, so: Any, inputs: Any) -> None:
+    def on_inputs(self, rows: list, runner: Any, so: Any, inputs: Any) -> None:
         """A position outside the request's blocks has no KV slot: the write is broken."""
         self.inputs = inputs
         bs = self.block_size

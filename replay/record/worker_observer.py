@@ -15,8 +15,9 @@ whichever runner ran:
     worker_first_position                        fed to the rejection sampler (before the clamp)
     worker_num_emitted, worker_num_accepted      from sample_tokens' valid sampled counts
 
-Only reading the prepared inputs differs between runners (`ReferenceInputs` / `VllmInputs`).
-The observers write through a `RowWriter`: the in-process recorder, or a live engine's sink.
+Only two readings differ between runners (`ReferenceReader` / `VllmReader`: the prepared
+inputs, the worker's own edits). The observers write through a
+`RowWriter`: the in-process recorder, or a live engine's sink.
 """
 
 from __future__ import annotations
@@ -48,22 +49,42 @@ class RecorderWriter:
         self.rec.step_done(step)
 
 
-class ReferenceInputs:
-    """Reads the reference runner's `PreparedInputs`."""
+class RunnerReader(Protocol):
+    """The readings of a runner that differ between the reference runner and vLLM's."""
+
+    def inputs(self, runner: Any, so: Any, result: Any) -> list[tuple[str, list[int], int, int | None]]:
+        """After _prepare_inputs: per batch row, (request id, drafts fed to the rejection sampler
+        before the clamp, negative input ids, first position written)."""
+        ...
+
+    def edited(self, runner: Any) -> set[str]:
+        """Requests whose SchedulerOutput entries the worker itself changed this step."""
+        ...
+
+
+class ReferenceReader:
+    """Reads the reference runner: its `PreparedInputs` and `edited`."""
 
     @staticmethod
-    def read(runner: Any, so: Any, inputs: Any) -> list[tuple[str, list[int], int, int]]:
-        """Per batch row: (request id, drafts fed, negative input ids, first position)."""
+    def inputs(runner: Any, so: Any, inputs: Any) -> list[tuple[str, list[int], int, int | None]]:
         return [(rid, inputs.draft_ids[x], inputs.negatives[x], inputs.starts[x]) for x, rid in enumerate(inputs.rows)]
 
+    @staticmethod
+    def edited(runner: Any) -> set[str]:
+        return runner.edited
 
-class VllmInputs:
-    """Reads vLLM 0.32.0's GPUModelRunner after `_prepare_inputs`: the spec-decode metadata
+
+class VllmReader:
+    """Reads vLLM 0.32.0's GPUModelRunner: after `_prepare_inputs`, the spec-decode metadata
     (drafts gathered before the clamp, so the -1 placeholders are still there), the query start
-    locations and the positions buffer."""
+    locations and the positions buffer. Its edits show as counts that differ from the booked ones."""
 
     @staticmethod
-    def read(runner: Any, so: Any, result: Any) -> list[tuple[str, list[int], int, int | None]]:
+    def edited(runner: Any) -> set[str]:
+        return set()
+
+    @staticmethod
+    def inputs(runner: Any, so: Any, result: Any) -> list[tuple[str, list[int], int, int | None]]:
         batch = runner.input_batch
         ids = batch.req_ids[:batch.num_reqs]
         metadata = result[1] if isinstance(result, tuple) and len(result) > 1 else None
@@ -84,13 +105,36 @@ class VllmInputs:
         return rows
 
 
-class WorkerObserver:
+class RunnerObserver:
+    """The hooks `attach_runner` calls, in a step's order; an observer overrides what it needs."""
+
+    def on_execute(self, runner: Any, so: Any) -> None:
+        """execute_model was called with `so` (before any edit by the worker)."""
+
+    def on_states(self, runner: Any, so: Any) -> None:
+        """_update_states returned."""
+
+    def on_inputs(self, rows: list[tuple[str, list[int], int, int | None]], runner: Any, so: Any,
+                  result: Any) -> None:
+        """_prepare_inputs returned `result`; `rows` is the reader's account of it."""
+
+    def on_executed(self, runner: Any, so: Any) -> None:
+        """execute_model returned (the deferred correction has run)."""
+
+    def on_sampled(self, runner: Any) -> None:
+        """sample_tokens returned."""
+
+    def flush(self) -> None:
+        """The step is over on the worker (after sample_tokens, or an empty execute_model)."""
+
+
+class WorkerObserver(RunnerObserver):
     """The worker view of each step a runner executes."""
 
-    def __init__(self, writer: RowWriter, external_id: Any = None, is_async: bool = True) -> None:
+    def __init__(self, writer: RowWriter, reader: RunnerReader, external_id: Any = None) -> None:
         self.writer = writer
+        self.reader = reader
         self.ext = external_id or (lambda rid: rid)
-        self.is_async = is_async
         self.step: int | None = None
         self.rows: dict[str, dict[str, Any]] = {}
         self.optimistic: dict[str, int] = {}
@@ -100,14 +144,14 @@ class WorkerObserver:
         self.step = getattr(so, "_specreplay_step", None)
         self.booked = {rid: (n, len(so.scheduled_spec_decode_tokens.get(rid, ())))
                        for rid, n in so.num_scheduled_tokens.items()}
-        drafts = getattr(runner, "_draft_token_ids", None)
-        self.width = int(drafts.shape[-1]) if self.is_async and hasattr(drafts, "shape") else 0
+        drafts = runner._draft_token_ids  # async: [rows, k] on the device; sync: a list or None
+        self.width = int(drafts.shape[-1]) if runner.use_async_scheduling and drafts is not None else 0
         self.rows, self.optimistic = {}, {}
 
     def on_states(self, runner: Any, so: Any) -> None:
         """_update_states returned: the optimistic count, the previous-step map, any edit."""
         prev = runner.input_batch.prev_req_id_to_index or {}
-        edited = getattr(runner, "edited", ())
+        edited = self.reader.edited(runner)
         for rid, n in so.num_scheduled_tokens.items():
             st = runner.requests[rid]
             slots = len(so.scheduled_spec_decode_tokens.get(rid, ()))
@@ -121,7 +165,8 @@ class WorkerObserver:
                 "worker_edited_output": rid in edited or self.booked.get(rid) != (n, slots),
             }
 
-    def on_inputs(self, rows: list[tuple[str, list[int], int, int | None]]) -> None:
+    def on_inputs(self, rows: list[tuple[str, list[int], int, int | None]], runner: Any, so: Any,
+                  result: Any) -> None:
         for x, (rid, fed, negatives, first_position) in enumerate(rows):
             row = self.rows.get(rid)
             if row is not None:
@@ -163,17 +208,15 @@ class WorkerObserver:
         self.rows = {}
 
 
-def attach_runner(runner: Any, observers: list[Any], inputs: Any) -> None:
-    """Wrap the runner instance's four calls; each observer gets the hooks it defines.
-    `inputs`: ReferenceInputs or VllmInputs, the reader of `_prepare_inputs`' result."""
+def attach_runner(runner: Any, observers: list[RunnerObserver], reader: RunnerReader) -> None:
+    """Wrap the runner instance's four calls and call every observer's hooks around them.
+    `reader`: ReferenceReader or VllmReader, for `_prepare_inputs`' result."""
     execute, update_states, prepare, sample = (runner.execute_model, runner._update_states,
                                                runner._prepare_inputs, runner.sample_tokens)
 
     def each(hook: str, *args: Any) -> None:
         for obs in observers:
-            fn = getattr(obs, hook, None)
-            if fn is not None:
-                fn(*args)
+            getattr(obs, hook)(*args)
 
     @functools.wraps(execute)
     def execute_model(so, *a, **kw):
@@ -193,9 +236,7 @@ def attach_runner(runner: Any, observers: list[Any], inputs: Any) -> None:
     @functools.wraps(prepare)
     def _prepare_inputs(so, *a, **kw):
         result = prepare(so, *a, **kw)
-        rows = inputs.read(runner, so, result)
-        each("on_inputs", rows)
-        each("on_prepared", runner, so, result)
+        each("on_inputs", reader.inputs(runner, so, result), runner, so, result)
         return result
 
     @functools.wraps(sample)
