@@ -35,7 +35,7 @@ def run_live(workload: Workload, impl: Implementation, device: str = "cpu", mode
              progress: Callable[[int, int], None] | None = None) -> Trace:
     """`model`: a model folder or hub name with real weights; None: the tiny dummy-weight model."""
     from specreplay.replay.engines.run import trace_header
-    from specreplay.replay.engines.vllm_setup import load_vllm, speculative_config, tiny_model_dir
+    from specreplay.replay.engines.vllm_setup import load_vllm
 
     impl.require_real_forms("vllm")
     if workload.events:
@@ -47,37 +47,14 @@ def run_live(workload: Workload, impl: Implementation, device: str = "cpu", mode
     on_cpu = current_platform.is_cpu()
     config = cpu_attention_config(workload.config) if on_cpu else workload.config
     sink = plugin.new_sink()
-    env = {
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if impl.executor == "multiproc" else "0",
-        plugin.SINK_ENV: sink,
-        plugin.IMPL_ENV: impl.name,
-        plugin.CONFIG_ENV: json.dumps(config.to_dict()),
-    }
-    if on_cpu:
-        env[plugin.CPU_ENV] = "1"
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    if os.environ.get("VLLM_PLUGINS") is not None and "specreplay" not in os.environ["VLLM_PLUGINS"].split(","):
-        env["VLLM_PLUGINS"] = os.environ["VLLM_PLUGINS"] + ",specreplay"
+    env = live_environment(impl, config, sink, on_cpu)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     outcome: dict[str, Any] = {"status": "completed"}
     llm = None
     try:
         plugin.register()  # this process; vLLM loads the same entry point in the ones it starts
-        try:
-            weights = ({"model": tiny_model_dir(config), "load_format": "dummy", "dtype": "float32"} if model is None
-                       else {"model": model, "dtype": "auto"})
-            llm = vllm.LLM(
-                **weights, skip_tokenizer_init=True,
-                max_model_len=config.max_model_len, max_num_batched_tokens=config.max_num_batched_tokens,
-                max_num_seqs=config.max_num_seqs, block_size=config.block_size,
-                num_gpu_blocks_override=config.num_blocks, enable_prefix_caching=False,
-                long_prefill_token_threshold=config.long_prefill_token_threshold, enforce_eager=True,
-                async_scheduling=config.async_scheduling, seed=workload.seed,
-                speculative_config=speculative_config(config), disable_log_stats=True)
-        except (ValueError, TypeError) as exc:
-            raise InputError(f"vllm rejects this engine config: {' '.join(str(exc).split())[:200]}") from None
+        llm = build_llm(vllm, config, model, workload.seed)
         counts, outcome = drive(llm, workload, progress)
         outcome["engine_output_tokens"] = counts
     finally:
@@ -100,6 +77,43 @@ def run_live(workload: Workload, impl: Implementation, device: str = "cpu", mode
                 "patches": list(plugin.CPU_PATCHES) if on_cpu else []}
     header = trace_header(workload, impl_doc, "cpu" if on_cpu else device, outcome, config)
     return replace(header, table=plugin.rows_to_table(rows))
+
+
+def live_environment(impl: Implementation, config: EngineConfig, sink: str, on_cpu: bool) -> dict[str, str]:
+    """The environment of a live run: where the plugin writes, which implementation and config
+    it attaches, in-process or multiprocess engine core, and the CPU recipe's settings."""
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if impl.executor == "multiproc" else "0",
+        plugin.SINK_ENV: sink,
+        plugin.IMPL_ENV: impl.name,
+        plugin.CONFIG_ENV: json.dumps(config.to_dict()),
+    }
+    if on_cpu:
+        env[plugin.CPU_ENV] = "1"
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    if os.environ.get("VLLM_PLUGINS") is not None and "specreplay" not in os.environ["VLLM_PLUGINS"].split(","):
+        env["VLLM_PLUGINS"] = os.environ["VLLM_PLUGINS"] + ",specreplay"
+    return env
+
+
+def build_llm(vllm: Any, config: EngineConfig, model: str | None, seed: int) -> Any:
+    """`vllm.LLM` on the workload's engine config: the tiny dummy-weight model unless `model`."""
+    from specreplay.replay.engines.vllm_setup import speculative_config, tiny_model_dir
+
+    weights = ({"model": tiny_model_dir(config), "load_format": "dummy", "dtype": "float32"} if model is None
+               else {"model": model, "dtype": "auto"})
+    try:
+        return vllm.LLM(
+            **weights, skip_tokenizer_init=True,
+            max_model_len=config.max_model_len, max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs, block_size=config.block_size,
+            num_gpu_blocks_override=config.num_blocks, enable_prefix_caching=False,
+            long_prefill_token_threshold=config.long_prefill_token_threshold, enforce_eager=True,
+            async_scheduling=config.async_scheduling, seed=seed,
+            speculative_config=speculative_config(config), disable_log_stats=True)
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"vllm rejects this engine config: {' '.join(str(exc).split())[:200]}") from None
 
 
 def cpu_attention_config(config: EngineConfig) -> EngineConfig:

@@ -301,9 +301,17 @@ class GPUModelRunner:
         if draft_at:
             at = torch.tensor(draft_at, dtype=torch.int64, device=self.device)
             ids[at] = self._draft_token_ids.reshape(-1)[torch.tensor(draft_src, device=self.device)]
-        # Spec metadata (the drafts the rejection sampler verifies) is read before the clamp.
+        draft_ids, negatives = self.clamp_inputs(out, rows, ids, cu, ds)
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        return PreparedInputs(rows, starts, ns, ds, cu, ids, pos, draft_ids, negatives, discarded, seq_lens)
+
+    def clamp_inputs(self, out: SchedulerOutput, rows: list[str], ids: torch.Tensor, cu: list[int],
+                     num_drafts: list[int]) -> tuple[list[list[int]], list[int]]:
+        """The drafts each row feeds the rejection sampler and its negative input ids, read
+        before the clamp (vLLM gathers the spec metadata first); then the clamp, or without it
+        (`clamps_negative_ids = False`) the embedding's failure."""
         host = ids.tolist()
-        draft_ids = [host[cu[x] - ds[x]:cu[x]] for x in range(len(rows))]
+        draft_ids = [host[cu[x] - num_drafts[x]:cu[x]] for x in range(len(rows))]
         negatives = []
         begin = 0
         for x in range(len(rows)):
@@ -316,8 +324,7 @@ class GPUModelRunner:
                 bad = next(rows[x] for x in range(len(rows)) if negatives[x])
                 raise NegativeInputIdError(
                     f"input id -1 reached the embedding for request {bad!r} at step {out.step}")
-        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
-        return PreparedInputs(rows, starts, ns, ds, cu, ids, pos, draft_ids, negatives, discarded, seq_lens)
+        return draft_ids, negatives
 
     def _hashes(self, inputs: PreparedInputs) -> torch.Tensor:
         per_token: list[int] = []
