@@ -53,6 +53,12 @@ class Trace:
             return 0
         return int(pa.compute.max(self.table["step"]).as_py())
 
+    def batches(self, columns: tuple[str, ...] | None = None):
+        """The rows as record batches with the given columns (all by default): the same call a
+        trace file (traces.io) answers by streaming, so readers take either."""
+        table = self.table if columns is None else self.table.select(list(columns))
+        return table.to_batches(max_chunksize=1 << 20)
+
     def metadata(self) -> dict[bytes, bytes]:
         """Key/value metadata as stored in the Parquet file."""
         def js(value: Any) -> bytes:

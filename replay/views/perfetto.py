@@ -41,8 +41,7 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
     events: list[dict[str, Any]] = []
     pids: dict[str, int] = {}
     flows: list[tuple[int, int, int, str]] = []  # (pid, scheduled step, applied step, id)
-    batches = trace.batches(columns=_COLUMNS) if hasattr(trace, "batches") else \
-        trace.table.select(list(_COLUMNS)).to_batches(max_chunksize=1 << 20)
+    batches = trace.batches(columns=_COLUMNS)
     import pyarrow.compute as pc
 
     slices: dict[int, set[int]] = {}  # pid -> steps with a scheduler slice (flow ends bind to them)
@@ -67,29 +66,8 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
                 pid = pids[rid] = len(pids) + 1
                 events += [_meta(pid, 0, "process_name", f"request {rid}"), _meta(pid, 0, "process_sort_index", pid),
                            _meta(pid, SCHED_TID, "thread_name", "scheduler"), _meta(pid, WORKER_TID, "thread_name", "worker")]
-            ts = (step - first) * STEP_US
-            events.append({"name": _describe(row), "ph": "X", "ts": ts,
-                           "dur": STEP_US, "pid": pid, "tid": SCHED_TID, "cat": "scheduler",
-                           "args": {"step": step, "kind": row["sched_kind"], "skip": row["sched_skip"],
-                                    "num_scheduled_tokens": row["sched_num_scheduled_tokens"],
-                                    "num_draft_slots": row["sched_num_draft_slots"],
-                                    "num_computed_tokens": row["sched_num_computed_tokens"],
-                                    "num_output_placeholders": row["sched_num_output_placeholders"],
-                                    "control_event": row["sched_event"], "life": row["sched_life"]}})
+            events += _row_events(row, pid, (step - first) * STEP_US)
             slices.setdefault(pid, set()).add(step)
-            if row["worker_row"] is not None:
-                negative = any(t < 0 for t in row["worker_draft_ids"] or ())
-                name = "ran " + amount(row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"])
-                events.append({"name": name + (" (-1 drafts)" if negative else ""), "ph": "X", "ts": ts, "dur": STEP_US, "pid": pid,
-                               "tid": WORKER_TID, "cat": "worker",
-                               "args": {"step": step, "row": row["worker_row"],
-                                        "num_scheduled_tokens": row["worker_num_scheduled_tokens"],
-                                        "num_draft_slots": row["worker_num_draft_slots"],
-                                        "num_computed_tokens": row["worker_num_computed_tokens"],
-                                        "draft_ids": row["worker_draft_ids"], "accepted": row["worker_num_accepted"]}})
-                events.append(_counter(pid, ts, "num_computed_tokens (worker)", row["worker_num_computed_tokens"]))
-            events.append(_counter(pid, ts, "num_computed_tokens (scheduler)", row["sched_num_computed_tokens"]))
-            events.append(_counter(pid, ts, "num_output_placeholders", row["sched_num_output_placeholders"]))
             # An arrow per output update_from_output used; one popped while the engine drained
             # (no schedule() since its own) has no later step to point at.
             if row["sched_num_scheduled_tokens"] and row["apply_outcome"] not in (None, "ignored") \
@@ -97,6 +75,48 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
                 flows.append((pid, step, row["apply_step"], f"{rid}@{step}"))
         if current is not None and last == current and rows_taken >= max_rows:
             break
+    events += _flow_events(flows, slices, first)
+    for f in findings:
+        pid = pids.get(f.request_id) if f.request_id is not None else None
+        if first <= f.step <= last and pid is not None:
+            events.append({"name": f.code, "ph": "i", "s": "t", "ts": (f.step - first) * STEP_US + STEP_US // 4,
+                           "pid": pid, "tid": SCHED_TID if short_code(f.code)[0] == "S" else WORKER_TID,
+                           "cat": "finding", "args": {"severity": f.severity, "field": f.field, "message": f.message}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"specreplay": "one engine step = 1 ms", "first_step": first, "last_step": last}}
+
+
+def _row_events(row: dict[str, Any], pid: int, ts: int) -> list[dict[str, Any]]:
+    """One row's scheduler slice, worker slice (if it ran) and counters."""
+    step = row["step"]
+    events = [{"name": _describe(row), "ph": "X", "ts": ts,
+               "dur": STEP_US, "pid": pid, "tid": SCHED_TID, "cat": "scheduler",
+               "args": {"step": step, "kind": row["sched_kind"], "skip": row["sched_skip"],
+                        "num_scheduled_tokens": row["sched_num_scheduled_tokens"],
+                        "num_draft_slots": row["sched_num_draft_slots"],
+                        "num_computed_tokens": row["sched_num_computed_tokens"],
+                        "num_output_placeholders": row["sched_num_output_placeholders"],
+                        "control_event": row["sched_event"], "life": row["sched_life"]}}]
+    if row["worker_row"] is not None:
+        negative = any(t < 0 for t in row["worker_draft_ids"] or ())
+        name = "ran " + amount(row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"])
+        events.append({"name": name + (" (-1 drafts)" if negative else ""), "ph": "X", "ts": ts, "dur": STEP_US,
+                       "pid": pid, "tid": WORKER_TID, "cat": "worker",
+                       "args": {"step": step, "row": row["worker_row"],
+                                "num_scheduled_tokens": row["worker_num_scheduled_tokens"],
+                                "num_draft_slots": row["worker_num_draft_slots"],
+                                "num_computed_tokens": row["worker_num_computed_tokens"],
+                                "draft_ids": row["worker_draft_ids"], "accepted": row["worker_num_accepted"]}})
+        events.append(_counter(pid, ts, "num_computed_tokens (worker)", row["worker_num_computed_tokens"]))
+    events.append(_counter(pid, ts, "num_computed_tokens (scheduler)", row["sched_num_computed_tokens"]))
+    events.append(_counter(pid, ts, "num_output_placeholders", row["sched_num_output_placeholders"]))
+    return events
+
+
+def _flow_events(flows: list[tuple[int, int, int, str]], slices: dict[int, set[int]], first: int
+                 ) -> list[dict[str, Any]]:
+    """An arrow from each scheduled step to the step that applied its output, both in the window."""
+    events = []
     flow_id = 0
     for pid, start, end, name in flows:
         if end not in slices.get(pid, ()):  # applied outside the window (or after the request's last row)
@@ -106,14 +126,7 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
                        "tid": SCHED_TID, "ts": (start - first) * STEP_US + STEP_US // 2})
         events.append({"name": "output applied", "cat": "apply", "ph": "f", "bp": "e", "id": flow_id, "pid": pid,
                        "tid": SCHED_TID, "ts": (end - first) * STEP_US + STEP_US // 2, "args": {"scheduled_at": name}})
-    for f in findings:
-        pid = pids.get(f.request_id) if f.request_id is not None else None
-        if first <= f.step <= last and pid is not None:
-            events.append({"name": f.code, "ph": "i", "s": "t", "ts": (f.step - first) * STEP_US + STEP_US // 4,
-                           "pid": pid, "tid": SCHED_TID if short_code(f.code)[0] == "S" else WORKER_TID,
-                           "cat": "finding", "args": {"severity": f.severity, "field": f.field, "message": f.message}})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"specreplay": "one engine step = 1 ms", "first_step": first, "last_step": last}}
+    return events
 
 
 def _describe(row: dict[str, Any]) -> str:

@@ -137,8 +137,7 @@ def build_timeline(trace, findings: list, requests: list[str] | None = None,
     columns = list(_COLUMNS)
     if field_name:
         columns += [c for c in FIELDS[field_name] if c]
-    batches = trace.batches(columns=tuple(columns)) if hasattr(trace, "batches") else \
-        trace.table.select(columns).to_batches(max_chunksize=1 << 20)
+    batches = trace.batches(columns=tuple(columns))
     if not requests:  # default: the requests with findings (a long trace has too many to show)
         requests = list(dict.fromkeys(f.request_id for f in findings if f.request_id is not None))[:MAX_DEFAULT_REQUESTS] or None
     wanted = set(requests) if requests else None
@@ -171,27 +170,33 @@ def build_timeline(trace, findings: list, requests: list[str] | None = None,
     if events:
         lanes.append(Lane("engine", "events", events))
     for rid in ids:
-        sched, worker, marks = Lane(rid, "sched"), Lane(rid, "worker"), Lane(rid, "findings")
-        extra = [Lane(rid, f"{side} {FIELD_LABELS[field_name]}") for side, col in zip(("sched", "worker"), FIELDS.get(field_name, ()))
-                 if col] if field_name else []
-        for step in range(lo, hi + 1):
-            row = rows.get((rid, step))
-            if row is None:
-                continue
-            sched.cells[step] = sched_cell(row)
-            worker.cells[step] = worker_cell(row)
-            for lane, col in zip(extra, [c for c in FIELDS.get(field_name, ()) if c]):
-                value = row[col]
-                lane.cells[step] = Cell("." if value is None else str(value)[:CELL], "dim" if value is None else "")
-            here = by_place.get((step, rid))
-            if here:
-                # errors before warnings: the cell names the worst thing that happened there
-                codes = [short_code(c) for c in sorted({f.code for f in here}, key=lambda c: (
-                    next(f.severity for f in here if f.code == c) != "error", c))]
-                text = codes[0] + ("*" if len(codes) > 1 else "")
-                marks.cells[step] = Cell(text[:CELL], "bad" if any(f.severity == "error" for f in here) else "warn")
-        lanes += [sched, worker] + extra + ([marks] if marks.cells else [])
+        lanes += request_lanes(rid, rows, by_place, lo, hi, field_name)
     return Timeline(lo, hi, lanes, by_place, len(order))
+
+
+def request_lanes(rid: str, rows: dict[tuple[str, int], dict[str, Any]], by_place: dict[tuple[int, str], list[Any]],
+                  lo: int, hi: int, field_name: str | None) -> list[Lane]:
+    """One request's lanes over steps lo..hi: scheduler, worker, the chosen field, findings."""
+    sched, worker, marks = Lane(rid, "sched"), Lane(rid, "worker"), Lane(rid, "findings")
+    extra = [Lane(rid, f"{side} {FIELD_LABELS[field_name]}") for side, col in zip(("sched", "worker"), FIELDS.get(field_name, ()))
+             if col] if field_name else []
+    for step in range(lo, hi + 1):
+        row = rows.get((rid, step))
+        if row is None:
+            continue
+        sched.cells[step] = sched_cell(row)
+        worker.cells[step] = worker_cell(row)
+        for lane, col in zip(extra, [c for c in FIELDS.get(field_name, ()) if c]):
+            value = row[col]
+            lane.cells[step] = Cell("." if value is None else str(value)[:CELL], "dim" if value is None else "")
+        here = by_place.get((step, rid))
+        if here:
+            # errors before warnings: the cell names the worst thing that happened there
+            codes = [short_code(c) for c in sorted({f.code for f in here}, key=lambda c: (
+                next(f.severity for f in here if f.code == c) != "error", c))]
+            text = codes[0] + ("*" if len(codes) > 1 else "")
+            marks.cells[step] = Cell(text[:CELL], "bad" if any(f.severity == "error" for f in here) else "warn")
+    return [sched, worker] + extra + ([marks] if marks.cells else [])
 
 
 def _array(values: list[str]):
