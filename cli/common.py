@@ -1,7 +1,8 @@
 """Shared CLI pieces: error translation, shared options, consoles, progress.
 
 Where it sits: cli. Library functions raise `InputError`; `handle_errors` turns it into one line
-on stderr and exit code 2. Rendering to a console happens here and in cli/render.py only.
+on stderr and exit code 2. Options that more than one command takes are declared here, once.
+Rendering to a console happens in the command modules, here and in cli/render.py only.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import functools
 import os
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import click
@@ -63,10 +65,16 @@ def console(stderr: bool = False):
     return Console(stderr=stderr, width=width, no_color="NO_COLOR" in os.environ, highlight=False, markup=False)
 
 
+# Shared options and arguments, declared once: every command that takes one uses these.
 format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                              show_default=True, help="Output format.")
 fail_on_option = click.option("--fail-on", type=click.Choice(["error", "warning", "never"]), default="error",
                               show_default=True, help="Exit 1 when findings at or above this severity exist.")
+impl_option = click.option("--impl", "impl_name", default="upstream", show_default=True,
+                           help="Implementation: a name from `specreplay impls`, or module:attr.")
+trace_impl_option = click.option(
+    "--impl", "impl_name", default=None,
+    help="Implementation: a name from `specreplay impls`, or module:attr (default: the trace's own).")
 device_option = click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
                              help="Where the reference runner's tensors live.")
 engine_option = click.option(
@@ -78,14 +86,18 @@ engine_option = click.option(
 executor_option = click.option("--executor", type=click.Choice(["inproc", "multiproc"]), default=None,
                                help="How the SchedulerOutput reaches the worker: the shared object (inproc) or a "
                                     "private copy (multiproc). Default: the implementation's own.")
+jobs_option = click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+                           help="Worker processes on this machine.")
+trace_argument = click.argument("trace_path", type=click.Path(path_type=Path))
 
 
-def check_device(device: str) -> None:
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise InputError("--device cuda: CUDA is not available on this machine; use --device cpu")
+def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--scenario or --workload, and --seed: what `pick_workload` takes."""
+    fn = click.option("--seed", type=click.IntRange(min=0), default=None,
+                      help="Seed of the workload: a scenario's (default 0), or overriding a workload file's.")(fn)
+    fn = click.option("--workload", "workload_file", type=click.Path(path_type=Path),
+                      help="A workload file (TOML or JSON).")(fn)
+    return click.option("--scenario", help="A built-in scenario (see `specreplay scenarios`).")(fn)
 
 
 @contextmanager

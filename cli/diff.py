@@ -1,7 +1,8 @@
 """`specreplay diff`: one trace against its own views and ground truth, or two traces against each other.
 
-Where it sits: cli over traces -> **diff**. Calls `replay.checker.check_trace` or
-`replay.tracediff.diff_traces`, renders findings, and sets the exit code from `--fail-on`.
+Where it sits: cli over traces -> **diff**. Calls `replay.check.checker.check_batches` or
+`replay.check.tracediff.diff_batches` on the opened traces, renders findings, and sets the exit
+code from `--fail-on`.
 """
 
 from __future__ import annotations
@@ -35,49 +36,69 @@ def diff(traces, fmt, fail_on, story) -> None:
       specreplay diff pr30796.parquet
       specreplay diff upstream.parquet sched-clear.parquet --format json
     """
-    from specreplay.cli.render import STORY_COLUMNS, code_counts, findings_json, findings_lines, story_table, trace_header
-    from specreplay.replay.check.findings import fails, verdict
     from specreplay.traces.io import open_trace
 
     if len(traces) > 2:
         raise InputError(f"diff takes one or two traces, got {len(traces)}")
     # Opened, not loaded: the rows stream by row group, so memory stays bounded on long traces.
     loaded = [open_trace(p) for p in traces]
-    out = console()
     if len(loaded) == 1:
-        from specreplay.replay.check.checker import NEEDED, check_batches
+        sys.exit(_check_one(loaded[0], str(traces[0]), fmt, fail_on, story))
+    sys.exit(_compare_two(loaded, [str(t) for t in traces], fmt, fail_on))
 
-        trace = loaded[0]
-        findings = check_batches(trace, trace.batches(columns=NEEDED))
-        if fmt == "json":
-            click.echo(findings_json(findings, {"trace": str(traces[0]), "impl": trace.impl_name}))
+
+def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
+    """One trace against its own views and ground truth; returns the exit code."""
+    from specreplay.cli.render import code_counts, findings_json, findings_lines
+    from specreplay.replay.check.checker import NEEDED, check_batches
+    from specreplay.replay.check.findings import fails, verdict
+
+    findings = check_batches(trace, trace.batches(columns=NEEDED))
+    if fmt == "json":
+        click.echo(findings_json(findings, {"trace": path, "impl": trace.impl_name}))
+    else:
+        from specreplay.cli.render import trace_header
+
+        out = console()
+        out.print(trace_header(trace, path))
+        if not findings:
+            out.print("verdict: ok - the scheduler view, the worker view and the KV cache agree at every step")
         else:
-            out.print(trace_header(trace, str(traces[0])))
-            if not findings:
-                out.print("verdict: ok - the scheduler view, the worker view and the KV cache agree at every step")
-            else:
-                first = next((f for f in findings if f.severity == "error"), findings[0])
-                out.print(f"verdict: {verdict(findings)} - {len(findings)} findings ({code_counts(findings)})")
-                out.print(f"first divergence: step {first.step}, request {first.request_id!r}, {first.field}: "
-                          f"{first.message}")
-                for line in findings_lines(findings, str(traces[0])):
-                    out.print(line, soft_wrap=True)
-                if story and first.request_id is not None:
-                    columns = tuple(dict.fromkeys(("request_id",) + tuple(name for name, _ in STORY_COLUMNS)))
-                    rows = trace.rows_of(first.request_id, first.step - STORY_STEPS, first.step, columns)
-                    out.print(story_table(rows, first.request_id, first.step))
-        sys.exit(EXIT_FINDINGS if fails(findings, fail_on) else EXIT_OK)
+            first = next((f for f in findings if f.severity == "error"), findings[0])
+            out.print(f"verdict: {verdict(findings)} - {len(findings)} findings ({code_counts(findings)})")
+            out.print(f"first divergence: step {first.step}, request {first.request_id!r}, {first.field}: "
+                      f"{first.message}")
+            for line in findings_lines(findings, path):
+                out.print(line, soft_wrap=True)
+            if story and first.request_id is not None:
+                _story(out, trace, first)
+    return EXIT_FINDINGS if fails(findings, fail_on) else EXIT_OK
+
+
+def _story(out, trace, first) -> None:
+    """The first finding's request over the steps up to it."""
+    from specreplay.cli.render import STORY_COLUMNS, story_table
+
+    columns = tuple(dict.fromkeys(("request_id",) + tuple(name for name, _ in STORY_COLUMNS)))
+    rows = trace.rows_of(first.request_id, first.step - STORY_STEPS, first.step, columns)
+    out.print(story_table(rows, first.request_id, first.step))
+
+
+def _compare_two(loaded, paths: list[str], fmt: str, fail_on: str) -> int:
+    """The first step, request and field where two traces part; returns the exit code."""
+    from specreplay.cli.render import findings_json, findings_lines, trace_header
     from specreplay.replay.check.tracediff import diff_batches
 
     result = diff_batches(loaded[0], loaded[1], loaded[0].batches(), loaded[1].batches())
     if fmt == "json":
-        click.echo(findings_json(result.findings, {"a": str(traces[0]), "b": str(traces[1]),
+        click.echo(findings_json(result.findings, {"a": paths[0], "b": paths[1],
                                                    "differing_rows_per_field": dict(result.fields),
                                                    "rows_only_in_a": result.only_a, "rows_only_in_b": result.only_b},
                                  verdict_text="same" if result.same else "differ"))
     else:
-        out.print(trace_header(loaded[0], "A " + str(traces[0])))
-        out.print(trace_header(loaded[1], "B " + str(traces[1])))
+        out = console()
+        out.print(trace_header(loaded[0], "A " + paths[0]))
+        out.print(trace_header(loaded[1], "B " + paths[1]))
         if result.same:
             out.print(f"verdict: same - {result.rows_compared} rows compared, no difference")
         else:
@@ -89,6 +110,4 @@ def diff(traces, fmt, fail_on, story) -> None:
                 out.print(line, soft_wrap=True)
             summary = ", ".join(f"{name} x{n}" for name, n in result.fields.most_common())
             out.print(f"differing rows per field: {summary}")
-    sys.exit(EXIT_FINDINGS if (not result.same and fail_on != "never") else EXIT_OK)
-
-
+    return EXIT_FINDINGS if (not result.same and fail_on != "never") else EXIT_OK

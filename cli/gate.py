@@ -1,7 +1,8 @@
 """`specreplay gate`: the CI regression gate over a corpus of golden traces.
 
-Where it sits: cli over the whole path, for many traces at once. Calls `replay.gate.run_gate`
-(or `update_goldens` with --update) and renders with `cli/gate_reports.py`.
+Where it sits: cli over the whole path, for many traces at once. Calls
+`replay.workflows.gate.run_gate` (or `update_goldens` with --update) and renders with
+`cli/gate_reports.py`.
 """
 
 from __future__ import annotations
@@ -13,25 +14,24 @@ from pathlib import Path
 import click
 
 from specreplay.cli.common import (CONTEXT, EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, console, device_option,
-                                   engine_option, executor_option, handle_errors)
+                                   engine_option, executor_option, fail_on_option, format_option, handle_errors,
+                                   jobs_option, trace_impl_option)
 from specreplay.traces.errors import InputError
 
 
 @click.command(context_settings=CONTEXT)
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--impl", "impl_name", default=None,
-              help="Implementation under test (default: each golden's own). A registry name or module:attr.")
+@trace_impl_option
 @engine_option
 @executor_option
 @device_option
-@click.option("--fail-on", type=click.Choice(["error", "warning", "never"]), default="error", show_default=True,
-              help="Invariant findings at or above this severity fail a trace.")
+@fail_on_option
 @click.option("--allow-changed", is_flag=True, help="Behaviour that differs from the golden does not fail the gate.")
 @click.option("--update", is_flag=True, help="Rewrite the goldens from the implementation under test.")
 @click.option("--junit", "junit_file", type=click.Path(path_type=Path), help="Write JUnit XML here.")
 @click.option("--github", is_flag=True, help="Print GitHub workflow annotations; write $GITHUB_STEP_SUMMARY if set.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--jobs", type=click.IntRange(1, 64), default=1, show_default=True, help="Replay in N processes.")
+@format_option
+@jobs_option
 @handle_errors
 def gate(paths, impl_name, engine, executor, device, fail_on, allow_changed, update, junit_file, github, fmt, jobs) -> None:
     """Replay golden traces (files or folders; default: the shipped corpus) through an
@@ -46,10 +46,8 @@ def gate(paths, impl_name, engine, executor, device, fail_on, allow_changed, upd
       specreplay gate --impl sched-clear --allow-changed --junit gate.xml
       specreplay gate goldens/ --impl mypkg.sched:Fixed --jobs 2
     """
-    from specreplay.cli.common import check_device
     from specreplay.replay.workflows.gate import GateOptions, corpus_dir, run_gate, update_goldens
 
-    check_device(device)
     options = GateOptions(impl=impl_name, executor=executor, fail_on=fail_on, device=device, engine=engine)
     targets = list(paths) or [corpus_dir()]
     if update:
@@ -57,15 +55,23 @@ def gate(paths, impl_name, engine, executor, device, fail_on, allow_changed, upd
         return
     results = run_gate(targets, options, jobs=jobs)
     _report(results, fmt, junit_file, github)
-    outcome = {r.result for r in results}
-    if "error" in outcome:
+    if any(r.result == "error" for r in results):
         sys.exit(EXIT_INPUT)
-    if "fail" in outcome or ("changed" in outcome and not allow_changed):
-        sys.exit(EXIT_FINDINGS)
-    sys.exit(EXIT_OK)
+    sys.exit(EXIT_FINDINGS if any(r.failed(allow_changed) for r in results) else EXIT_OK)
 
 
 def _report(results, fmt: str, junit_file: Path | None, github: bool) -> None:
+    from specreplay.cli import gate_reports
+
+    _ci_reports(results, junit_file, github)
+    if fmt == "json":
+        click.echo(gate_reports.gate_json(results))
+        return
+    _table(results)
+
+
+def _ci_reports(results, junit_file: Path | None, github: bool) -> None:
+    """JUnit XML to a file; GitHub annotations to stdout and the step summary to its file."""
     from specreplay.cli import gate_reports
 
     if junit_file is not None:
@@ -80,10 +86,12 @@ def _report(results, fmt: str, junit_file: Path | None, github: bool) -> None:
         if summary:
             with open(summary, "a", encoding="utf-8") as fh:
                 fh.write(gate_reports.markdown_summary(results))
-    if fmt == "json":
-        click.echo(gate_reports.gate_json(results))
-        return
+
+
+def _table(results) -> None:
     from rich.table import Table
+
+    from specreplay.cli import gate_reports
 
     c = gate_reports.counts(results)
     table = Table(title=f"specreplay gate: {len(results)} traces, {c['pass']} pass, {c['fail']} fail, "

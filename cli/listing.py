@@ -5,15 +5,13 @@ Where it sits: cli, beside the main path; read-only.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from specreplay.cli.common import CONTEXT, console, format_option, handle_errors
+from specreplay.cli.common import CONTEXT, console, format_option, handle_errors, trace_argument
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("trace_path", type=click.Path(path_type=Path))
+@trace_argument
 @format_option
 @handle_errors
 def info(trace_path, fmt) -> None:

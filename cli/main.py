@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from specreplay.cli import diff, explore, gate, listing, record, show
+from specreplay.cli import diff, explore, gate, listing, record, show, shrink
 from specreplay.cli.common import CONTEXT
 
 
@@ -28,6 +28,6 @@ def main() -> None:
 
 
 for command in (record.record, record.replay, record.recover, record.compare, diff.diff, gate.gate,
-                explore.explore, explore.shrink, show.show, show.export, listing.info, listing.scenarios, listing.impls, listing.codes,
-                listing.schema):
+                explore.explore, shrink.shrink, show.show, show.export, listing.info, listing.scenarios, listing.impls,
+                listing.codes, listing.schema):
     main.add_command(command)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from specreplay.cli.common import CONTEXT, console, handle_errors
+from specreplay.cli.common import CONTEXT, console, handle_errors, trace_argument
 from specreplay.replay.views.timeline import FIELDS  # plain data, no torch: --help stays fast
 from specreplay.traces.errors import InputError
 
@@ -34,7 +34,7 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("trace_path", type=click.Path(path_type=Path))
+@trace_argument
 @click.option("--request", "requests", multiple=True, help="Request id to show (repeatable; default: those with findings).")
 @click.option("--steps", "steps_text", default=None, help="Steps A:B to show (default: all, or a window around "
               "the first finding on a long trace).")
@@ -72,20 +72,24 @@ def show(trace_path, requests, steps_text, field_name, svg_file) -> None:
     out.print(title)
     render(out, timeline)
     if svg_file is not None:
-        import io
-
-        from rich.console import Console
-
-        # Drawn again on a recording console in colour (whatever the terminal), then saved.
-        picture = Console(file=io.StringIO(), record=True, width=out.width, force_terminal=True,
-                          color_system="truecolor", highlight=False, markup=False)
-        picture.print(title)
-        render(picture, timeline)
-        try:
-            picture.save_svg(str(svg_file), title=f"specreplay show {trace_path.name}")
-        except OSError as exc:
-            raise InputError(f"{svg_file}: cannot write ({exc.strerror or exc})") from None
+        _save_svg(svg_file, title, timeline, out.width, trace_path.name)
         click.echo(f"wrote {svg_file}")
+
+
+def _save_svg(svg_file: Path, title: str, timeline, width: int, name: str) -> None:
+    """The same picture drawn again on a recording console in colour (whatever the terminal), saved as SVG."""
+    import io
+
+    from rich.console import Console
+
+    picture = Console(file=io.StringIO(), record=True, width=width, force_terminal=True,
+                      color_system="truecolor", highlight=False, markup=False)
+    picture.print(title)
+    render(picture, timeline)
+    try:
+        picture.save_svg(str(svg_file), title=f"specreplay show {name}")
+    except OSError as exc:
+        raise InputError(f"{svg_file}: cannot write ({exc.strerror or exc})") from None
 
 
 def render(out, timeline) -> None:
@@ -124,7 +128,7 @@ def render(out, timeline) -> None:
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("trace_path", type=click.Path(path_type=Path))
+@trace_argument
 @click.option("--perfetto", "out_file", type=click.Path(path_type=Path), required=True,
               help="Chrome/Perfetto trace-event JSON to write (open it in ui.perfetto.dev).")
 @click.option("--steps", "steps_text", default=None, help="Steps A:B to export (default: from step 1).")

@@ -12,18 +12,25 @@ Coverage guidance: a profile whose candidates reach a situation no earlier candi
 (re-entry, preemption with output in flight, a finish in flight, ...) is drawn more often in the
 next generation. The candidates of a generation depend only on the explore seed and the results
 of earlier generations, and results are gathered in candidate order, so the findings are the same
-whether the candidates run inline, in `--jobs N` processes or on a Ray cluster.
+whether the candidates run inline, in `--jobs N` processes or on a Ray cluster (backends.py).
+`explore_to` runs the search and writes what `specreplay explore` leaves in its folder.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.workload import RequestSpec, Workload
+from specreplay.traces.errors import InputError
+
+if TYPE_CHECKING:
+    from specreplay.replay.workflows.backends import Backend
 
 PROFILES = ("burst", "budget-edge", "long-prompts", "kv-pressure", "aborts", "acceptance", "idle-gaps", "sync",
             "events")
@@ -108,9 +115,8 @@ def run_candidate(impl_name: str, engine: str, candidate: Candidate) -> CaseResu
     """Run one candidate and keep what the search needs (module level: process pools and Ray
     workers import it)."""
     from specreplay.replay.check.checker import check_trace
-    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
-    from specreplay.traces.errors import InputError
 
     try:
         impl = resolve(impl_name, allow_import=True)
@@ -211,10 +217,13 @@ def candidates_for(seed: int, generation: int, weights: dict[str, float], start:
 
 
 def explore(impl: str, engine: str = "reference", seed: int = 0, budget: int | None = 200,
-            seconds: float | None = None, runner: "Runner | None" = None,
+            seconds: float | None = None, backend: Backend | None = None,
             progress: Callable[[int, Exploration], None] | None = None) -> Exploration:
-    """Run generations of candidates until `budget` candidates ran or `seconds` passed."""
-    runner = runner or InlineRunner()
+    """Run generations of candidates until `budget` candidates ran or `seconds` passed, on
+    `backend` (default: inline; the caller closes it)."""
+    from specreplay.replay.workflows.backends import InlineBackend
+
+    backend = backend or InlineBackend()
     result = Exploration(impl, engine, seed)
     weights = {p: 1.0 for p in PROFILES}
     started = time.monotonic()
@@ -224,7 +233,7 @@ def explore(impl: str, engine: str = "reference", seed: int = 0, budget: int | N
         if left <= 0 or (seconds is not None and time.monotonic() - started >= seconds):
             break
         batch = candidates_for(seed, generation, weights, len(result.results), left)
-        for case in runner.run(impl, engine, batch):
+        for case in backend.run(impl, engine, batch):
             new = [s for s in case.features if s not in result.coverage]
             for s in case.features:
                 result.coverage[s] = result.coverage.get(s, 0) + 1
@@ -238,59 +247,96 @@ def explore(impl: str, engine: str = "reference", seed: int = 0, budget: int | N
     return result
 
 
-# ---------------------------------------------------------------------- where candidates run
-class InlineRunner:
-    def run(self, impl: str, engine: str, batch: list[Candidate]) -> list[CaseResult]:
-        return [run_candidate(impl, engine, c) for c in batch]
-
-    def close(self) -> None:
-        pass
+# ---------------------------------------------------------------------- to a folder
+DEFAULT_BUDGET = 200  # workloads, when neither a budget nor a time is given
+SUMMARY = "explore.json"
 
 
-class ProcessRunner:
-    """`--jobs N`: a pool of local processes, kept across generations."""
+@dataclass
+class ExploreReport:
+    """What `explore_to` wrote: the summary (as in explore.json) and where."""
 
-    def __init__(self, jobs: int) -> None:
-        from concurrent.futures import ProcessPoolExecutor
+    output_dir: Path
+    summary: dict[str, Any]
 
-        self.pool = ProcessPoolExecutor(max_workers=jobs)
+    def fails(self, fail_on: str) -> bool:
+        """A finding at or above `fail_on` (error, warning or never)."""
+        severities = [f["severity"] for f in self.summary["findings"].values()]
+        return fail_on != "never" and ("error" in severities or (fail_on == "warning" and bool(severities)))
 
-    def run(self, impl: str, engine: str, batch: list[Candidate]) -> list[CaseResult]:
-        return list(self.pool.map(run_candidate, [impl] * len(batch), [engine] * len(batch), batch))
+    def most_hit(self) -> str | None:
+        """The code most workloads hit, errors before warnings: the one to shrink first."""
+        found = self.summary["findings"]
+        return max(found, key=lambda c: (found[c]["severity"] == "error", found[c]["workloads"]), default=None)
 
-    def close(self) -> None:
-        self.pool.shutdown()
-
-
-class RayRunner:
-    """`--ray ADDRESS`: candidates as Ray tasks ('local' starts a one-machine cluster)."""
-
-    def __init__(self, address: str) -> None:
-        from specreplay.traces.errors import InputError
-
-        try:
-            import ray
-        except ImportError:
-            raise InputError("--ray needs Ray: pip install 'specreplay[ray]'") from None
-        self.ray = ray
-        self.started = not ray.is_initialized()
-        if self.started:
-            ray.init(address=None if address == "local" else address, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
-        self.task = ray.remote(run_candidate)
-
-    def run(self, impl: str, engine: str, batch: list[Candidate]) -> list[CaseResult]:
-        return self.ray.get([self.task.remote(impl, engine, c) for c in batch])  # in submission order
-
-    def close(self) -> None:
-        if self.started:
-            self.ray.shutdown()
+    def implementation_error(self) -> str | None:
+        """Why the implementation could not run some workloads (bad input, like `record` with an
+        implementation that raises), or None when every workload ran."""
+        s = self.summary
+        if not s["implementation_errors"]:
+            return None
+        first = s["first_errors"][0]
+        return (f"{s['implementation_errors']} of {s['workloads']} workloads failed to run through {s['impl']} "
+                f"(first, seed {first['seed']}: {first['error']})")
 
 
-Runner = InlineRunner | ProcessRunner | RayRunner
+def explore_to(output_dir: Path, impl: str, *, engine: str = "reference", seed: int = 0, budget: int | None = None,
+               seconds: float | None = None, jobs: int = 1, ray_address: str | None = None,
+               progress: Callable[[int, Exploration], None] | None = None) -> ExploreReport:
+    """Search (`explore`; DEFAULT_BUDGET workloads unless `budget` or `seconds`), then write into
+    `output_dir` one trace per distinct finding code, its smallest reproduction, and explore.json.
+    Traces an earlier explore left there are removed first, so every trace is this run's."""
+    from specreplay.replay.impls.registry import resolve
+    from specreplay.replay.workflows.backends import make_backend
+
+    implementation = resolve(impl, allow_import=True)  # fail fast on an unknown name
+    if output_dir.exists() and not output_dir.is_dir():
+        raise InputError(f"{output_dir}: exists and is not a folder")
+    backend = make_backend(jobs, ray_address)
+    try:
+        result = explore(impl, engine, seed, budget if budget or seconds else DEFAULT_BUDGET, seconds,
+                         backend=backend, progress=progress)
+    finally:
+        backend.close()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_traces(output_dir)
+    summary = _summary(result)
+    summary["findings"] = _write_findings(output_dir, result, implementation)
+    (output_dir / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    return ExploreReport(output_dir, summary)
 
 
-def make_runner(jobs: int = 1, ray_address: str | None = None) -> Runner:
-    if ray_address:
-        return RayRunner(ray_address)
-    return ProcessRunner(jobs) if jobs > 1 else InlineRunner()
+def _remove_stale_traces(output_dir: Path) -> None:
+    """Traces an earlier explore left here would read as this run's."""
+    from specreplay.replay.check.checker import all_codes
+
+    for code, *_ in all_codes():
+        (output_dir / f"{code}.parquet").unlink(missing_ok=True)
+
+
+def _summary(result: Exploration) -> dict[str, Any]:
+    errors = [r for r in result.results if r.error]
+    return {"impl": result.impl, "engine": result.engine, "seed": result.seed, "workloads": len(result.results),
+            "seconds": round(result.seconds, 1), "coverage": dict(sorted(result.coverage.items())), "findings": {},
+            "implementation_errors": len(errors),
+            "first_errors": [{"seed": r.seed, "profiles": list(r.profiles), "error": r.error} for r in errors[:10]]}
+
+
+def _write_findings(output_dir: Path, result: Exploration, impl) -> dict[str, dict[str, Any]]:
+    """Per finding code, the smallest workload that hit it, run again here and written as
+    CODE.parquet (deterministic: the trace its worker saw), and what explore.json says of it."""
+    from specreplay.replay.engines.run import run_workload
+    from specreplay.traces.io import write_trace
+
+    findings = {}
+    for code, hits in result.by_code().items():
+        first = hits[0]
+        finding = first.findings[code]
+        trace = run_workload(Candidate(first.index, first.seed, first.profiles).workload(), impl, engine=result.engine)
+        path = output_dir / f"{code}.parquet"
+        write_trace(trace, path)
+        findings[code] = {"severity": finding["severity"], "workloads": len(hits), "seed": first.seed,
+                          "profiles": list(first.profiles), "step": finding["step"],
+                          "request_id": finding["request_id"], "message": finding["message"],
+                          "trace": path.name}  # beside explore.json
+    return findings

@@ -1,9 +1,9 @@
 """The regression gate: replay each golden trace through an implementation, check it, compare it.
 
 Where it sits: traces -> replay -> **diff**, over a corpus. `run_gate` returns one `GateResult`
-per golden (pass, fail, changed or error) and never prints; `cli/gate.py` renders the results
-(table, JSON, JUnit XML, GitHub annotations). `update_goldens` rewrites goldens from the current
-implementation and says what changed.
+per golden (pass, fail, changed or error) and never prints; `GateResult.failed` says which fail
+the gate; `cli/gate.py` renders the results (table, JSON, JUnit XML, GitHub annotations).
+`update_goldens` rewrites goldens from the current implementation and says what changed.
 """
 
 from __future__ import annotations
@@ -51,6 +51,10 @@ class GateResult:
     notes: list[str] = field(default_factory=list)  # fingerprint mismatches and the like
     message: str = ""  # one line: why, for fail / changed / error
 
+    def failed(self, allow_changed: bool = False) -> bool:
+        """Whether this trace fails the gate: fail and error always, changed unless allowed."""
+        return self.result in ("fail", "error") or (self.result == "changed" and not allow_changed)
+
     @property
     def first(self) -> Finding | None:
         pool = self.findings or self.changes
@@ -83,7 +87,7 @@ def replay_golden(path: str | Path, options: GateOptions):
     """Read a golden and run its workload through the implementation under test (default: the
     golden's own, by registry name only) on its engine. Returns (golden, impl, new trace); the
     golden is opened, not loaded (`TraceFile`): its rows stream when it is compared."""
-    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.workload import Workload
     from specreplay.traces.io import open_trace
@@ -137,6 +141,9 @@ def gate_one(path: str, options: GateOptions) -> GateResult:
 
 def run_gate(paths: list[Path], options: GateOptions, jobs: int = 1) -> list[GateResult]:
     """Gate every trace under `paths`; results in path order whatever `jobs` is."""
+    from specreplay.replay.workflows.recording import check_device
+
+    check_device(options.device)
     files = [str(p) for p in collect(paths)]
     if jobs <= 1 or len(files) == 1:
         return [gate_one(f, options) for f in files]
@@ -156,8 +163,10 @@ class UpdateResult:
 def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult]:
     """Re-record each golden from the implementation under test and write it in place."""
     from specreplay.replay.check.tracediff import diff_traces
+    from specreplay.replay.workflows.recording import check_device
     from specreplay.traces.io import write_trace
 
+    check_device(options.device)
     out: list[UpdateResult] = []
     for path in collect(paths):
         try:

@@ -23,7 +23,7 @@ def gate_or_fail(impl: str | None = None, paths: list[str | Path] | None = None,
 
     targets = [Path(p) for p in paths] if paths else [corpus_dir()]
     results = run_gate(targets, GateOptions(impl=impl, fail_on=fail_on), jobs=jobs)
-    bad = [r for r in results if r.result in ("fail", "error") or (r.result == "changed" and not allow_changed)]
+    bad = [r for r in results if r.failed(allow_changed)]
     if bad:
         lines = [f"specreplay gate: {len(bad)} of {len(results)} traces did not pass"]
         for r in bad:

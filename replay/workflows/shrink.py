@@ -6,7 +6,8 @@ max_tokens, move arrivals earlier, drop aborts, stops and per-request acceptance
 shrink control events, simplify the acceptance, lower the draft width, the budget and the batch size, relax KV pressure and the
 long-prefill threshold), each candidate replayed through the same implementation and engine and
 kept only if the finding code still fires. Greedy and deterministic: the same trace and code give
-the same minimal workload. `emit_pytest` turns the result into a self-contained regression test.
+the same minimal workload. `emit_pytest` turns the result into a self-contained regression test;
+`shrink_to` does all of it from a trace file to the files `specreplay shrink` writes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import pprint
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 from specreplay.replay.workloads.workload import RequestSpec, Workload
@@ -27,7 +29,7 @@ class Shrunk:
     trace: Trace
     code: str
     runs: int = 0  # replays tried
-    steps: list[str] = field(default_factory=list)  # the reductions kept, in order
+    reductions: list[str] = field(default_factory=list)  # the reductions kept, in order (labels)
 
 
 def size(workload: Workload, trace: Trace) -> tuple[int, ...]:
@@ -47,7 +49,7 @@ def size(workload: Workload, trace: Trace) -> tuple[int, ...]:
 def shrink(workload: Workload, impl, code: str, engine: str = "reference", max_runs: int = 3000,
            progress: Callable[[Shrunk], None] | None = None) -> Shrunk:
     """The smallest workload (greedy) whose run through `impl` still fires `code`."""
-    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.engines.run import run_workload
 
     def fires(w: Workload) -> Trace | None:
         from specreplay.replay.check.checker import check_trace
@@ -73,14 +75,14 @@ def shrink(workload: Workload, impl, code: str, engine: str = "reference", max_r
     improved = True
     while improved and best.runs < max_runs:
         improved = False
-        for label, candidate in reductions(best.workload):
+        for label, candidate in candidate_reductions(best.workload):
             if best.runs >= max_runs:
                 break
             best.runs += 1
             trace = fires(candidate)
             if trace is not None and size(candidate, trace) < size(best.workload, best.trace):
                 best.workload, best.trace = candidate, trace
-                best.steps.append(label)
+                best.reductions.append(label)
                 improved = True
                 if progress is not None:
                     progress(best)
@@ -98,84 +100,116 @@ def crash_signature(trace: Trace) -> str | None:
     return f"{trace.outcome.get('kind')}: {re.sub(r'-?[0-9]+', 'N', message)}"
 
 
-def reductions(w: Workload) -> Iterator[tuple[str, Workload]]:
-    """Candidate reductions, biggest first."""
+def candidate_reductions(w: Workload) -> Iterator[tuple[str, Workload]]:
+    """Candidate reductions of `w` as (label, smaller workload), biggest first: fewer requests,
+    simpler control events, smaller requests, a simpler acceptance and engine."""
+    yield from _fewer_requests(w)
+    yield from _simpler_events(w)
+    yield from _smaller_requests(w)
+    yield from _simpler_config(w)
+
+
+def _with_requests(w: Workload, new: list[RequestSpec]) -> Workload:
+    ids = {r.request_id for r in new}  # a dropped request's events go with it
+    return dataclasses.replace(w, requests=tuple(new),
+                               events=tuple(e for e in w.events if e.request is None or e.request in ids))
+
+
+def _with_request(w: Workload, i: int, **changes) -> Workload:
     reqs = list(w.requests)
-    cfg = w.config
+    return _with_requests(w, reqs[:i] + [dataclasses.replace(reqs[i], **changes)] + reqs[i + 1:])
 
-    def with_requests(new: list[RequestSpec]) -> Workload:
-        ids = {r.request_id for r in new}  # a dropped request's events go with it
-        return dataclasses.replace(w, requests=tuple(new),
-                                   events=tuple(e for e in w.events if e.request is None or e.request in ids))
 
-    def with_events(new: list) -> Workload:
-        return dataclasses.replace(w, events=tuple(new))
+def _with_events(w: Workload, new: list) -> Workload:
+    return dataclasses.replace(w, events=tuple(new))
 
-    def with_config(**changes) -> Workload:
-        return dataclasses.replace(w, config=dataclasses.replace(cfg, **changes))
 
-    def with_request(i: int, **changes) -> Workload:
-        return with_requests(reqs[:i] + [dataclasses.replace(reqs[i], **changes)] + reqs[i + 1:])
+def _with_event(w: Workload, i: int, **changes) -> Workload:
+    events = list(w.events)
+    return _with_events(w, events[:i] + [dataclasses.replace(events[i], **changes)] + events[i + 1:])
 
+
+def _with_config(w: Workload, **changes) -> Workload:
+    return dataclasses.replace(w, config=dataclasses.replace(w.config, **changes))
+
+
+def _fewer_requests(w: Workload) -> Iterator[tuple[str, Workload]]:
+    """Drop half the requests, then each one; move every arrival earlier together."""
+    reqs = list(w.requests)
     if len(reqs) > 1:
         half = len(reqs) // 2
         if half > 1:
-            yield f"drop requests {reqs[half].request_id}..", with_requests(reqs[:half])
-            yield f"drop requests ..{reqs[half - 1].request_id}", with_requests(reqs[half:])
+            yield f"drop requests {reqs[half].request_id}..", _with_requests(w, reqs[:half])
+            yield f"drop requests ..{reqs[half - 1].request_id}", _with_requests(w, reqs[half:])
         for i, r in enumerate(reqs):
-            yield f"drop request {r.request_id}", with_requests(reqs[:i] + reqs[i + 1:])
+            yield f"drop request {r.request_id}", _with_requests(w, reqs[:i] + reqs[i + 1:])
     first_arrival = min(r.arrival_step for r in reqs)
     if first_arrival > 1:
         shift = first_arrival - 1  # aborts move with the arrivals they follow
-        earlier = with_requests([dataclasses.replace(
+        earlier = _with_requests(w, [dataclasses.replace(
             r, arrival_step=r.arrival_step - shift, abort_step=None if r.abort_step is None else max(1, r.abort_step - shift))
             for r in reqs])
         yield "arrive earlier", dataclasses.replace(earlier, events=tuple(
             dataclasses.replace(e, step=max(1, e.step - shift)) for e in earlier.events))
+
+
+def _simpler_events(w: Workload) -> Iterator[tuple[str, Workload]]:
+    """Drop each control event, move it earlier, shrink what a streaming append adds."""
     events = list(w.events)
     for i, e in enumerate(events):
         name = f"event {e.kind}@{e.step}" + (f" ({e.request})" if e.request else "")
-        yield f"drop {name}", with_events(events[:i] + events[i + 1:])
+        yield f"drop {name}", _with_events(w, events[:i] + events[i + 1:])
         for step in sorted({1, e.step // 2, e.step - 1} - {0, e.step}):
-            yield f"{name} at step {step}", with_events(events[:i] + [dataclasses.replace(e, step=step)] + events[i + 1:])
+            yield f"{name} at step {step}", _with_event(w, i, step=step)
         if e.kind == "stream_append":
             if e.tokens > 1:
-                yield f"{name} tokens {e.tokens // 2}", with_events(
-                    events[:i] + [dataclasses.replace(e, tokens=e.tokens // 2)] + events[i + 1:])
+                yield f"{name} tokens {e.tokens // 2}", _with_event(w, i, tokens=e.tokens // 2)
             if (e.max_tokens or 2) > 1:
-                yield f"{name} max_tokens 1", with_events(events[:i] + [dataclasses.replace(e, max_tokens=1)] + events[i + 1:])
-    for i, r in enumerate(reqs):
+                yield f"{name} max_tokens 1", _with_event(w, i, max_tokens=1)
+
+
+def _smaller_requests(w: Workload) -> Iterator[tuple[str, Workload]]:
+    """Per request: shorter output and prompt, an earlier arrival, no abort, stop token,
+    acceptance of its own or streaming."""
+    for i, r in enumerate(w.requests):
+        rid = r.request_id
         if r.max_tokens > 1:
-            yield f"request {r.request_id} max_tokens {r.max_tokens // 2}", with_request(i, max_tokens=max(1, r.max_tokens // 2))
-            yield f"request {r.request_id} max_tokens {r.max_tokens - 1}", with_request(i, max_tokens=r.max_tokens - 1)
+            yield f"request {rid} max_tokens {r.max_tokens // 2}", _with_request(w, i, max_tokens=max(1, r.max_tokens // 2))
+            yield f"request {rid} max_tokens {r.max_tokens - 1}", _with_request(w, i, max_tokens=r.max_tokens - 1)
         if r.prompt_len > 1:
-            yield f"request {r.request_id} prompt_len {r.prompt_len // 2}", with_request(i, prompt_len=max(1, r.prompt_len // 2))
-            yield f"request {r.request_id} prompt_len {r.prompt_len - 1}", with_request(i, prompt_len=r.prompt_len - 1)
+            yield f"request {rid} prompt_len {r.prompt_len // 2}", _with_request(w, i, prompt_len=max(1, r.prompt_len // 2))
+            yield f"request {rid} prompt_len {r.prompt_len - 1}", _with_request(w, i, prompt_len=r.prompt_len - 1)
         if r.arrival_step > 1:
             for arrival in sorted({1, r.arrival_step // 2, r.arrival_step - 1} - {r.arrival_step}):
                 moved = None if r.abort_step is None else max(1, r.abort_step - (r.arrival_step - arrival))
-                yield f"request {r.request_id} arrives at {arrival}", with_request(i, arrival_step=arrival, abort_step=moved)
+                yield f"request {rid} arrives at {arrival}", _with_request(w, i, arrival_step=arrival, abort_step=moved)
         if r.abort_step is not None:
-            yield f"request {r.request_id} not aborted", with_request(i, abort_step=None)
+            yield f"request {rid} not aborted", _with_request(w, i, abort_step=None)
         if r.stop_at is not None:
-            yield f"request {r.request_id} no stop token", with_request(i, stop_at=None)
+            yield f"request {rid} no stop token", _with_request(w, i, stop_at=None)
         if r.acceptance is not None:
-            yield f"request {r.request_id} default acceptance", with_request(i, acceptance=None)
+            yield f"request {rid} default acceptance", _with_request(w, i, acceptance=None)
         if r.streaming:
-            plain = with_request(i, streaming=False)
-            yield f"request {r.request_id} not streaming", dataclasses.replace(plain, events=tuple(
-                e for e in plain.events if not (e.kind == "stream_append" and e.request == r.request_id)))
+            plain = _with_request(w, i, streaming=False)
+            yield f"request {rid} not streaming", dataclasses.replace(plain, events=tuple(
+                e for e in plain.events if not (e.kind == "stream_append" and e.request == rid)))
+
+
+def _simpler_config(w: Workload) -> Iterator[tuple[str, Workload]]:
+    """All-or-nothing acceptance, then a narrower draft, no long-prefill threshold, a smaller
+    batch and budget."""
+    cfg = w.config
     for simpler in ("all", "none"):
         if w.acceptance != simpler:
             yield f"acceptance {simpler}", dataclasses.replace(w, acceptance=simpler)
     if cfg.num_spec_tokens > 1:
-        yield f"num_spec_tokens {cfg.num_spec_tokens - 1}", with_config(num_spec_tokens=cfg.num_spec_tokens - 1)
+        yield f"num_spec_tokens {cfg.num_spec_tokens - 1}", _with_config(w, num_spec_tokens=cfg.num_spec_tokens - 1)
     if cfg.long_prefill_token_threshold:
-        yield "no long-prefill threshold", with_config(long_prefill_token_threshold=0)
+        yield "no long-prefill threshold", _with_config(w, long_prefill_token_threshold=0)
     if cfg.max_num_seqs > 1:
-        yield f"max_num_seqs {cfg.max_num_seqs - 1}", with_config(max_num_seqs=cfg.max_num_seqs - 1)
+        yield f"max_num_seqs {cfg.max_num_seqs - 1}", _with_config(w, max_num_seqs=cfg.max_num_seqs - 1)
     if cfg.max_num_batched_tokens > cfg.max_num_seqs:
-        yield f"budget {cfg.max_num_batched_tokens - 1}", with_config(max_num_batched_tokens=cfg.max_num_batched_tokens - 1)
+        yield f"budget {cfg.max_num_batched_tokens - 1}", _with_config(w, max_num_batched_tokens=cfg.max_num_batched_tokens - 1)
 
 
 def emit_pytest(shrunk: Shrunk, source: str, impl_name: str, engine: str) -> str:
@@ -198,7 +232,7 @@ SPECREPLAY_IMPL (a registry name or module:attr; default {impl_name!r}).
 import os
 
 from specreplay.replay.check.checker import check_trace
-from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.workload import Workload
 
@@ -219,3 +253,53 @@ def _findings(trace: Trace):
     from specreplay.replay.check.checker import check_trace
 
     return check_trace(trace)
+
+
+# ---------------------------------------------------------------------- from a file to files
+@dataclass
+class ShrinkReport:
+    """What `shrink_to` did: sizes are `size()` tuples (requests, steps, tokens, ...)."""
+
+    source: Path
+    output: Path
+    impl: str  # the implementation's name
+    shrunk: Shrunk
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+    pytest_file: Path | None = None
+
+
+def shrink_to(source: Path, output: Path, *, code: str | None = None, impl: str | None = None,
+              engine: str | None = None, max_runs: int = 3000, pytest_file: Path | None = None) -> ShrinkReport:
+    """Shrink the workload of the trace at `source` while `code` (default: its first error, else
+    its first finding) still fires through `impl` (default: the trace's own, by registry name
+    only) on `engine` (default: the trace's own); write the minimal trace to `output` and, given
+    `pytest_file`, a regression test there."""
+    from specreplay.replay.impls.registry import resolve
+    from specreplay.traces.io import read_trace, write_trace
+
+    trace = read_trace(source)
+    workload = Workload.from_dict(trace.workload, f"{source}: workload metadata")
+    implementation = resolve(impl or trace.impl_name, allow_import=impl is not None)
+    engine = engine or trace.impl.get("engine", "reference")
+    code = _target_code(trace, source, code)
+    result = shrink(workload, implementation, code, engine=engine, max_runs=max_runs)
+    write_trace(result.trace, output)
+    if pytest_file is not None:
+        pytest_file.write_text(emit_pytest(result, str(source), implementation.name, engine))
+    return ShrinkReport(source, output, implementation.name, result, size(workload, trace),
+                        size(result.workload, result.trace), pytest_file)
+
+
+def _target_code(trace: Trace, source: Path, code: str | None) -> str:
+    """The code to keep firing: `code` when it is one, else the trace's first error, else its first finding."""
+    from specreplay.replay.check.checker import all_codes
+
+    if code is not None:
+        if code not in {c[0] for c in all_codes()}:
+            raise InputError(f"--code {code!r} is not a finding code; see `specreplay codes`")
+        return code
+    findings = _findings(trace)
+    if not findings:
+        raise InputError(f"{source}: no finding to shrink toward; this trace is clean")
+    return next((f.code for f in findings if f.severity == "error"), findings[0].code)

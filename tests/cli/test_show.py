@@ -129,7 +129,7 @@ def test_perfetto_export_of_the_reentry_trace(reentry, tmp_path):
 
 def test_perfetto_export_stays_bounded_on_a_10000_step_trace(tmp_path):
     from benchmarks.run import decode_workload, tiled
-    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
     from specreplay.traces.io import write_trace
 
@@ -152,7 +152,7 @@ def test_perfetto_export_stays_bounded_on_a_10000_step_trace(tmp_path):
 
 def test_a_clean_trace_with_many_requests_shows_a_few_and_says_so(tmp_path):
     from benchmarks.run import decode_workload
-    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
     from specreplay.traces.io import write_trace
 

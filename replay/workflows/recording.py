@@ -1,0 +1,187 @@
+"""Recording to a file: run a workload through an implementation and write the trace, with the
+journal that keeps every settled step if the run dies on the way.
+
+Where it sits: workflows, over engines -> record -> traces; what `specreplay record`, `replay`,
+`recover` and `compare` call. `record_to` owns the journal's whole life: it lies next to the
+output (`OUT.parquet.partial`), a recording refuses to start while an unfinished one there holds
+steps (they are nobody's to drop), the engine appends settled rows to it while it runs, and it is
+removed once the trace is written. When the implementation raises (bad input: exit 2), the steps
+recorded before it stay in the journal and the error says how to recover them; `recover_to` turns
+such a journal into an ordinary trace. Nothing here prints: progress goes to a callback.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Sequence
+
+from specreplay.replay.record.recorder import FLUSH_EVERY
+from specreplay.replay.workloads.workload import Workload
+from specreplay.traces.errors import InputError
+from specreplay.traces.journal import SUFFIX
+from specreplay.traces.trace import Trace
+
+#: Steps done so far and the total (0 when unknown), called as the engine goes.
+Update = Callable[[int, int], None]
+#: Given a label, a context that yields an `Update` (or None: no progress shown). cli.common.progress is one.
+ProgressBar = Callable[[str], ContextManager[Update | None]]
+
+
+def _no_progress(label: str) -> ContextManager[None]:
+    return nullcontext(None)
+
+
+@dataclass
+class Recorded:
+    """A trace written to `path`. `findings` runs the checker on first use."""
+
+    path: Path
+    trace: Trace
+
+    @functools.cached_property
+    def findings(self) -> list:
+        from specreplay.replay.check.checker import check_trace
+
+        return check_trace(self.trace)
+
+
+def check_device(device: str) -> None:
+    """`cuda` needs CUDA on this machine (torch is imported only to ask)."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("--device cuda: CUDA is not available on this machine; use --device cpu")
+
+
+def pick_workload(scenario: str | None = None, workload_file: Path | None = None, seed: int | None = None,
+                  max_steps: int | None = None) -> Workload:
+    """Exactly one of a built-in scenario (seed default 0) or a workload file (seed, when given,
+    overrides the file's); `max_steps` overrides the workload's own."""
+    from specreplay.replay.workloads.scenarios import build_scenario
+    from specreplay.replay.workloads.workload import load_workload
+
+    if (scenario is None) == (workload_file is None):
+        raise InputError("give exactly one of --scenario NAME or --workload FILE")
+    if scenario:
+        workload = build_scenario(scenario, seed or 0)
+    else:
+        workload = load_workload(workload_file)
+        workload = workload if seed is None else replace(workload, seed=seed)
+    return workload if max_steps is None else replace(workload, max_steps=max_steps)
+
+
+def record_to(output: Path, workload: Workload, impl: str, *, allow_import: bool = True, executor: str | None = None,
+              engine: str = "reference", device: str = "cpu", model: str | None = None,
+              flush_every: int = FLUSH_EVERY, progress: ProgressBar | None = None) -> Recorded:
+    """Run `workload` through `impl` (a registry name; module:attr too with `allow_import`, i.e.
+    typed by the user) on `engine` and write the trace to `output`.
+
+    While it runs, settled rows go to the journal `output.partial` every `flush_every` steps.
+    Refuses to start while an unfinished journal there holds steps. On an InputError from the run
+    (the implementation raised, the engine refused the workload) the journal keeps what was
+    recorded when it holds steps, and the error names it; any other exception leaves it as it is.
+    On success the journal is removed."""
+    from specreplay.replay.engines.run import run_workload
+    from specreplay.replay.impls.registry import resolve
+    from specreplay.traces.io import write_trace
+    from specreplay.traces.journal import holds_steps
+
+    implementation = resolve(impl, allow_import=allow_import, executor=executor)
+    check_device(device)
+    journal = _claim_journal(output)
+    with (progress or _no_progress)(f"{workload.name} via {implementation.name}") as update:
+        try:
+            trace = run_workload(workload, implementation, device=device, progress=update, engine=engine,
+                                 model=model, journal=journal, flush_every=flush_every)
+        except InputError as exc:
+            if journal.exists() and holds_steps(journal):
+                raise InputError(f"{exc}; the steps recorded before it are in {journal} "
+                                 f"(`specreplay recover {journal}`)") from None
+            journal.unlink(missing_ok=True)
+            raise
+    write_trace(trace, output)
+    journal.unlink(missing_ok=True)  # the trace is written: the journal has served its purpose
+    return Recorded(output, trace)
+
+
+def _claim_journal(output: Path) -> Path:
+    """The journal path for `output`, free to write: an empty leftover is removed, one holding
+    steps (an earlier recording to this path died) is refused."""
+    from specreplay.traces.journal import holds_steps, journal_path
+
+    if output.exists() and output.is_dir():
+        raise InputError(f"{output}: is a directory; -o takes a file path like out.parquet")
+    journal = journal_path(output)
+    if journal.exists():
+        if holds_steps(journal):  # its rows are not ours to drop
+            raise InputError(f"{journal}: a recording to {output} did not finish; recover it first "
+                             f"(`specreplay recover {journal}`) or delete it")
+        journal.unlink()  # it died before its first flush: nothing in it
+    return journal
+
+
+def replay_to(output: Path, source: Path, impl: str | None = None, *, executor: str | None = None,
+              engine: str | None = None, device: str = "cpu", flush_every: int = FLUSH_EVERY,
+              progress: ProgressBar | None = None) -> Recorded:
+    """Record a trace's workload (from its metadata: no rows are read) again, through `impl`
+    (default: the trace's own, by registry name only) on `engine` (default: the trace's own)."""
+    from specreplay.traces.io import open_trace
+
+    trace = open_trace(source)
+    workload = Workload.from_dict(trace.workload, f"{source}: workload metadata")
+    return record_to(output, workload, impl or trace.impl_name, allow_import=impl is not None, executor=executor,
+                     engine=engine or trace.impl.get("engine", "reference"), device=device,
+                     flush_every=flush_every, progress=progress)
+
+
+def recovered_path(journal: Path) -> Path:
+    """Where `recover_to` writes by default: `run.parquet.partial` -> `run.recovered.parquet`."""
+    return journal.with_name(Path(journal.name.removesuffix(SUFFIX)).stem + ".recovered.parquet")
+
+
+def recover_to(journal: Path, output: Path | None = None) -> Recorded:
+    """Write the complete steps of an unfinished recording's journal as a trace (outcome
+    `partial`) to `output` (default `recovered_path(journal)`); never overwrites a file."""
+    from specreplay.traces.io import write_trace
+    from specreplay.traces.journal import recover
+
+    output = recovered_path(journal) if output is None else output
+    if output.exists():
+        raise InputError(f"{output}: exists; choose another path with -o (a trace is never overwritten by recover)")
+    trace = recover(journal)
+    write_trace(trace, output)
+    return Recorded(output, trace)
+
+
+@dataclass
+class Comparison:
+    workload: Workload
+    results: list[dict[str, Any]]  # per implementation: verdict, counts, first finding, trace path
+
+
+def compare_to(output_dir: Path, workload: Workload, impls: Sequence[str], *, engine: str = "reference",
+               device: str = "cpu", progress: ProgressBar | None = None) -> Comparison:
+    """Record `workload` through each implementation into `output_dir` (one trace each, named
+    after the workload and the implementation) and check each one."""
+    from specreplay.replay.check.findings import verdict
+
+    if not impls:
+        raise InputError("--impls: give at least one implementation name")
+    if output_dir.exists() and not output_dir.is_dir():
+        raise InputError(f"{output_dir}: exists and is not a folder")
+    results = []
+    for name in impls:
+        path = output_dir / f"{workload.name}-{name.replace(':', '_').replace('/', '_')}.parquet"
+        recorded = record_to(path, workload, name, engine=engine, device=device, progress=progress)
+        findings, trace = recorded.findings, recorded.trace
+        first = next((f for f in findings if f.severity == "error"), findings[0] if findings else None)
+        results.append({"impl": name, "executor": trace.impl.get("executor"), "verdict": verdict(findings),
+                        "errors": sum(f.severity == "error" for f in findings),
+                        "warnings": sum(f.severity == "warning" for f in findings),
+                        "first": None if first is None else first.to_dict(), "trace": str(path),
+                        "outcome": trace.outcome.get("status")})
+    return Comparison(workload, results)
