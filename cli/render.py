@@ -20,8 +20,10 @@ EXAMPLES_PER_CODE = 3
 
 
 def findings_json(findings: list[Finding], extra: dict[str, Any] | None = None, verdict_text: str | None = None) -> str:
+    # The finding keys `diff --json` documents (README; tests/cli pins them). The evidence fields
+    # (expected, actual, life, detail) that Finding.to_dict() adds stay out of this output.
     doc: dict[str, Any] = {"verdict": verdict_text or verdict(findings),
-                           "findings": [f.to_dict() for f in findings]}
+                           "findings": [f.to_dict(evidence=False) for f in findings]}
     if extra:
         doc.update(extra)
     return json.dumps(doc, indent=2, default=str)

@@ -1,7 +1,15 @@
 """Findings: what the checker and the trace diff report, as frozen data.
 
-Where it sits: replay -> **diff**. Produced by `checker.check_trace`, rendered by the CLI (table or
-JSON); nothing here prints.
+Where it sits: replay -> **check**. Produced by `checker.check_trace` (and the trace diff),
+rendered by the CLI (table or JSON); nothing here prints.
+
+A finding is evidence: besides where it fires (step, request) and the one-line message, it
+carries what the rule expected, what the trace holds instead, the request's life, and the other
+values the rule read or derived (`detail`, by trace column name where the value is one). The
+message is rendered from that evidence (one template per code, in the catalogue).
+
+`scheduler` and `worker` are the two values specreplay 0.1 reported (which side is which varies
+by code: the catalogue row says); they stay, with the same values, for JSON consumers.
 """
 
 from __future__ import annotations
@@ -9,11 +17,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+#: The keys of a finding in specreplay 0.1's JSON (`specreplay diff --json`, documented in the README).
+BASE_KEYS = ("code", "severity", "step", "request_id", "field", "scheduler", "worker", "message")
 
 
 @dataclass(frozen=True)
 class Finding:
-    code: str  # stable, e.g. "X2-worker-computed-tokens"
+    code: str  # stable, e.g. "X2-sched-worker-computed"
     severity: str  # "error" | "warning"
     step: int
     request_id: str | None
@@ -21,9 +31,23 @@ class Finding:
     scheduler: Any  # the scheduler side's value (or expected value)
     worker: Any  # the worker side's value (or the ground truth)
     message: str  # one line: what disagrees and why it matters
+    # The evidence, named.
+    expected: Any = None  # what the rule derives `field` must be (None: the rule bounds it rather than derives it)
+    actual: Any = None  # what the trace holds instead
+    life: int | None = None  # the request's life (the trace's sched_life); None where no request
+    detail: tuple[tuple[str, Any], ...] = ()  # the other values the rule read or derived, by name
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def facts(self) -> dict[str, Any]:
+        """`detail` as a dict."""
+        return dict(self.detail)
+
+    def to_dict(self, evidence: bool = True) -> dict[str, Any]:
+        """The 0.1 keys, then (with `evidence`) expected, actual, life and detail (a dict)."""
+        doc = asdict(self)
+        if not evidence:
+            return {key: doc[key] for key in BASE_KEYS}
+        doc["detail"] = self.facts()
+        return doc
 
 
 def fails(findings: list[Finding], fail_on: str) -> bool:

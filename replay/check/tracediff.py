@@ -1,8 +1,9 @@
 """Trace against trace: the first (step, request, field) where two traces part, and what differs after.
 
-Where it sits: traces -> **diff**. Rows are matched on (step, request_id); every schema column
-is compared. Differences come back as findings (code `D1-trace-differs`, scheduler = trace A's
-value, worker = trace B's) so the CLI renders them like any other finding.
+Where it sits: traces -> **check**. Rows are matched on (step, request_id); every schema column
+is compared. Differences come back as findings (code `D1-trace-differs`; expected = trace A's
+value, actual = trace B's, life = the row's sched_life; scheduler and worker repeat A and B for
+the 0.1 JSON) so the CLI renders them like any other finding.
 
 Both traces stream in step order (row groups from `TraceFile.batches()`, or an in-memory table in
 slices) and are compared a run of whole steps at a time, vectorised: when the two sides hold the
@@ -14,8 +15,8 @@ tests/replay/test_tracediff.py holds it to a row-by-row statement of the same co
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -61,9 +62,9 @@ def diff_batches(a, b, batches_a: Iterable, batches_b: Iterable) -> TraceDiff:
     # Messages may be worded differently by different engines; status, step and kind must agree.
     if _outcome_key(a) != _outcome_key(b):
         out.fields["(outcome)"] += 1
-        first_per_field["(outcome)"] = Finding("D1-trace-differs", "error", max(a.num_steps, b.num_steps), None,
-                                               "(outcome)", a.outcome.get("status"), b.outcome.get("status"),
-                                               f"run outcome: {a.outcome} in A, {b.outcome} in B")
+        first_per_field["(outcome)"] = _differs(max(a.num_steps, b.num_steps), None, None, "(outcome)",
+                                                a.outcome.get("status"), b.outcome.get("status"),
+                                                f"run outcome: {a.outcome} in A, {b.outcome} in B")
     out.findings = sorted(first_per_field.values(), key=lambda f: (f.step, schema.COLUMN_NAMES.index(f.field)
                                                                     if f.field in schema.COLUMN_NAMES else 99))
     return out
@@ -131,8 +132,8 @@ def _compare(ta: pa.Table, tb: pa.Table, out: TraceDiff, first_per_field: dict[s
         if name not in first_per_field:
             i = int(rows[0])
             va, vb = ta[name][i].as_py(), tb[name][i].as_py()
-            first_per_field[name] = Finding("D1-trace-differs", "error", ta["step"][i].as_py(), ta["request_id"][i].as_py(),
-                                            name, va, vb, f"{name}: {va!r} in A, {vb!r} in B")
+            first_per_field[name] = _differs(ta["step"][i].as_py(), ta["request_id"][i].as_py(), ta["sched_life"][i].as_py(),
+                                             name, va, vb, f"{name}: {va!r} in A, {vb!r} in B")
 
 
 def _match(ta: pa.Table, tb: pa.Table, out: TraceDiff, first_per_field: dict[str, Finding]) -> tuple[pa.Table, pa.Table]:
@@ -154,13 +155,21 @@ def _match(ta: pa.Table, tb: pa.Table, out: TraceDiff, first_per_field: dict[str
         out.fields["(row)"] += len(only_a) + len(only_b)
         if "(row)" not in first_per_field:
             # Both sides are sorted: each side's first lone row is its smallest; take the smaller.
-            firsts = [(ta["step"][int(only_a[0])].as_py(), ta["request_id"][int(only_a[0])].as_py(), "A")] if len(only_a) else []
+            firsts = [(ta["step"][int(only_a[0])].as_py(), ta["request_id"][int(only_a[0])].as_py(), "A",
+                       ta["sched_life"][int(only_a[0])].as_py())] if len(only_a) else []
             if len(only_b):
-                firsts.append((tb["step"][int(only_b[0])].as_py(), tb["request_id"][int(only_b[0])].as_py(), "B"))
-            step, rid, side = min(firsts)
-            first_per_field["(row)"] = Finding("D1-trace-differs", "error", step, rid, "(row)", side == "A", side == "B",
-                                               f"request {rid!r} has a row at step {step} only in trace {side}")
+                firsts.append((tb["step"][int(only_b[0])].as_py(), tb["request_id"][int(only_b[0])].as_py(), "B",
+                               tb["sched_life"][int(only_b[0])].as_py()))
+            step, rid, side, life = min(firsts)
+            first_per_field["(row)"] = _differs(step, rid, life, "(row)", side == "A", side == "B",
+                                                f"request {rid!r} has a row at step {step} only in trace {side}")
     return ta.take(pa.array(rows_a)), tb.take(pa.array(rows_b))
+
+
+def _differs(step: int, request_id: str | None, life: int | None, field: str, in_a, in_b, message: str) -> Finding:
+    """A D1 finding: trace A's value is the expected one (the golden's, in the gate), B's the actual."""
+    return Finding("D1-trace-differs", "error", step, request_id, field, in_a, in_b, message,
+                   expected=in_a, actual=in_b, life=life)
 
 
 def _keys(table: pa.Table) -> pa.Array:
@@ -189,7 +198,6 @@ def _differing_rows(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
     values = pc.fill_null(pc.not_equal(a, b), False)
     differ |= as_numpy(values)
     return np.flatnonzero(differ)
-
 
 
 def _outcome_key(trace) -> tuple:

@@ -1,9 +1,10 @@
-"""The invariants stated row by row: the executable specification of replay/checker.py.
+"""The invariants stated row by row: the executable specification of the checker's rules.
 
-specreplay's checker (replay/checker.py) is vectorised and streams a trace by row groups; this
-module states every invariant the plain way, one row at a time over the whole trace, and
-tests/replay/test_checker_equivalence.py holds the two to the same findings. It is the checker
-specreplay 0.1 shipped (too slow for long traces: about 60x the time to read the trace).
+specreplay's checker (replay/check/: a catalogue of codes, rule families in rules_*.py, a
+framework that streams a trace by row groups) is vectorised; this module states every rule the
+plain way, one row at a time over the whole trace, and tests/replay/test_checker_equivalence.py
+holds the two to the same findings, evidence included. It is the checker specreplay 0.1 shipped
+(too slow for long traces: about 60x the time to read the trace).
 
 Where it sits: tests, beside traces -> replay -> **diff**. `check_trace` reads only the trace's table and
 metadata, so it works on any trace, whatever recorded it. Each invariant is one function below
@@ -18,11 +19,12 @@ behind them, tokens executed that the scheduler did not book).
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
-# Severities and the order of findings within a step and request are the product's own: what is
-# stated here is the rules, not their presentation.
-from specreplay.replay.check.checker import _RANK, INVARIANTS, SEVERITY, incomplete_findings
+# Severities, the order of findings within a step and request, and how a finding is rendered from
+# its evidence (message, scheduler and worker values) are the product's own, the catalogue's: what
+# is stated here is the rules and the evidence they find, not its presentation.
+from specreplay.replay.check.catalogue import BY_CODE, INVARIANTS, RANK
 from specreplay.replay.check.findings import Finding
 from specreplay.traces.trace import Trace
 
@@ -105,8 +107,15 @@ class TraceRows:
 LOOKBACK = 4
 
 
-def _f(rows: TraceRows, code: str, i: int, field: str, sched, worker, message: str) -> Finding:
-    return Finding(code, SEVERITY[code], rows["step"][i], rows["request_id"][i], field, sched, worker, message)
+def _f(rows: TraceRows, code: str, i: int, field: str, expected, actual, **detail) -> Finding:
+    """The finding of `code` at row i, from its evidence (rendered by the catalogue)."""
+    return BY_CODE[code].finding(rows["step"][i], rows["request_id"][i], rows["sched_life"][i], field, expected, actual,
+                                 **detail)
+
+
+def _latest_life(rows: TraceRows, rid: str | None) -> int | None:
+    lives = [life for (name, life) in rows.by_request if name == rid]
+    return max(lives) if lives else None
 
 
 # ------------------------------------------------------------------ scheduler-internal
@@ -115,8 +124,7 @@ def check_placeholders_nonnegative(rows: TraceRows) -> Iterator[Finding]:
         for name in ("sched_num_output_placeholders", "apply_num_output_placeholders"):
             value = rows[name][i]
             if value is not None and value < 0:
-                yield _f(rows, "S1-placeholders-nonnegative", i, "num_output_placeholders", value, None,
-                         f"num_output_placeholders went negative ({value}); vLLM asserts and the engine dies")
+                yield _f(rows, "S1-placeholders-nonnegative", i, "num_output_placeholders", None, value, column=name)
                 break
 
 
@@ -134,9 +142,8 @@ def check_placeholder_count(rows: TraceRows) -> Iterator[Finding]:
                 expected = 0 if c["sched_num_output_placeholders"][i] == 0 else expected
             got = c["sched_num_output_placeholders"][i]
             if got != expected and got >= 0:
-                yield _f(rows, "S2-placeholder-count", i, "num_output_placeholders", got, expected,
-                         f"num_output_placeholders is {got} but the steps in flight "
-                         f"({', '.join(str(c['step'][j]) for j in flying) or 'none'}) account for {expected}")
+                yield _f(rows, "S2-placeholder-count", i, "num_output_placeholders", expected, got,
+                         steps_in_flight=tuple(c["step"][j] for j in flying))
                 break
 
 
@@ -148,9 +155,10 @@ def check_decode_identity(rows: TraceRows) -> Iterator[Finding]:
             if c["sched_status"][i] in ("running",) and not c["sched_preempted"][i] and c["sched_kind"][i] not in ("new", "resumed"):
                 gap = c["sched_num_tokens"][i] + c["sched_num_output_placeholders"][i] - c["sched_num_computed_tokens"][i]
                 if gap < 1 or (decoding and gap != 1):
-                    yield _f(rows, "S4-decode-identity", i, "num_tokens + placeholders - num_computed_tokens",
-                             gap, 1, f"num_tokens + num_output_placeholders - num_computed_tokens is {gap}, "
-                             "expected 1 for a decoding request (its next demand is wrong)")
+                    yield _f(rows, "S4-decode-identity", i, "num_tokens + placeholders - num_computed_tokens", 1, gap,
+                             sched_num_tokens=c["sched_num_tokens"][i],
+                             sched_num_output_placeholders=c["sched_num_output_placeholders"][i],
+                             sched_num_computed_tokens=c["sched_num_computed_tokens"][i], decoding=decoding)
                     break
             if c["sched_num_scheduled_tokens"][i] > 0:
                 decoding = not c["sched_is_prefill_chunk"][i]
@@ -174,17 +182,16 @@ def check_draft_provenance(rows: TraceRows) -> Iterator[Finding]:
                 last = before[step]
                 why = None
                 if prev is None or c["step"][prev] != last or c["sched_num_scheduled_tokens"][prev] == 0:
-                    why = f"it was not scheduled at step {last}, so the worker holds no drafts for it"
+                    why = "not_scheduled"  # the worker holds no drafts for it
                 elif c["sched_is_prefill_chunk"][prev]:
-                    why = f"its step {last} was a non-final prefill chunk, which proposes no drafts"
+                    why = "prefill_chunk"  # a non-final chunk proposes no drafts
                 elif c["sched_kind"][i] == "resumed":
-                    why = "it resumes from preemption"
+                    why = "resumed"
                 elif c["step_total_scheduled_tokens"][prev] == 0:
-                    why = f"step {last} was empty"
+                    why = "empty_step"
                 if why:
-                    yield _f(rows, "S5-draft-provenance", i, "scheduled_spec_decode_tokens", k, 0,
-                             f"scheduled {k} draft slots with no drafts behind them: {why} "
-                             "(stale -1 placeholders; the slots are verified and wasted)")
+                    yield _f(rows, "S5-draft-provenance", i, "scheduled_spec_decode_tokens", 0, k,
+                             previous_step=last, reason=why)
             prev = i
 
 
@@ -198,17 +205,16 @@ def check_budget(rows: TraceRows) -> Iterator[Finding]:
         totals[s] = totals.get(s, 0) + c["sched_num_scheduled_tokens"][i]
         n = c["sched_num_scheduled_tokens"][i]
         if n and c["sched_num_computed_tokens"][i] + n > max_len - 1:
-            yield _f(rows, "S6-token-budget", i, "num_scheduled_tokens", n, max_len - c["sched_num_computed_tokens"][i] - 1,
-                     f"schedules past max_model_len {max_len}")
+            yield _f(rows, "S6-token-budget", i, "num_scheduled_tokens", max_len - c["sched_num_computed_tokens"][i] - 1, n,
+                     max_model_len=max_len)
     reported: set[int] = set()
     for i in range(rows.num_rows):
         s = c["step"][i]
         declared = c["step_total_scheduled_tokens"][i]
         if s not in reported and (declared != totals[s] or declared > budget):
             reported.add(s)
-            yield Finding("S6-token-budget", "error", s, None, "total_num_scheduled_tokens", declared, totals[s],
-                          f"total_num_scheduled_tokens is {declared}; the requests add up to {totals[s]}; "
-                          f"budget {budget}")
+            yield BY_CODE["S6-token-budget"].finding(s, None, None, "total_num_scheduled_tokens", totals[s], declared,
+                                                     max_num_batched_tokens=budget)
 
 
 def check_draft_slot_count(rows: TraceRows) -> Iterator[Finding]:
@@ -227,8 +233,7 @@ def check_draft_slot_count(rows: TraceRows) -> Iterator[Finding]:
             room = n + c["sched_num_computed_tokens"][i] - c["sched_num_tokens"][i] - c["sched_num_output_placeholders"][i]
             expected = max(0, min(c["sched_spec_len"][i], room))
         if k != expected:
-            yield _f(rows, "S7-draft-slot-count", i, "num_draft_slots", k, expected,
-                     f"{k} draft slots scheduled inside {n} tokens; the counters allow {expected}")
+            yield _f(rows, "S7-draft-slot-count", i, "num_draft_slots", expected, k, sched_num_scheduled_tokens=n)
 
 
 def check_computed_tokens(rows: TraceRows) -> Iterator[Finding]:
@@ -246,27 +251,22 @@ def check_computed_tokens(rows: TraceRows) -> Iterator[Finding]:
             settled = c["sched_num_computed_tokens"][i] - sum(c["apply_num_rejected"][j] for j in flying)
             worker = c["worker_num_computed_tokens"][i]
             position = c["worker_first_position"][i]
-            step = c["step"][i]
+            computed, rejected = c["sched_num_computed_tokens"][i], sum(c["apply_num_rejected"][j] for j in flying)
             if "S3" not in fired and truth is not None and settled != truth:
                 fired.add("S3")
-                yield _f(rows, "S3-scheduler-computed-tokens", i, "num_computed_tokens", settled, truth,
-                         f"the scheduler's num_computed_tokens, once its in-flight rejections are taken off, is "
-                         f"{settled} but the KV cache holds {truth} valid tokens")
+                yield _f(rows, "S3-scheduler-computed-tokens", i, "num_computed_tokens", truth, settled,
+                         sched_num_computed_tokens=computed, rejected_in_flight=rejected)
             if "X2s" not in fired and worker != settled:
                 fired.add("X2s")
                 yield _f(rows, "X2-sched-worker-computed", i, "num_computed_tokens", settled, worker,
-                         f"scheduler and worker disagree on num_computed_tokens at step {step}: "
-                         f"{settled} vs {worker}")
+                         sched_num_computed_tokens=computed, rejected_in_flight=rejected)
             if "X2t" not in fired and truth is not None and position != truth:
                 fired.add("X2t")
-                gap = (f"positions {truth}..{position - 1} are never written" if position > truth
-                       else f"positions {position}..{truth - 1} are written twice")
-                yield _f(rows, "X2-worker-kv-position", i, "num_computed_tokens", c["sched_num_computed_tokens"][i], position,
-                         f"the worker writes step {step} from position {position} but its KV cache holds {truth} valid tokens: {gap}")
+                yield _f(rows, "X2-worker-kv-position", i, "num_computed_tokens", truth, position,
+                         sched_num_computed_tokens=computed)
             if "X2p" not in fired and position != worker:
                 fired.add("X2p")
-                yield _f(rows, "X2-worker-position-mismatch", i, "num_computed_tokens", worker, position,
-                         f"the worker's CPU num_computed_tokens ({worker}) differs from the device position it computes with ({position})")
+                yield _f(rows, "X2-worker-position-mismatch", i, "num_computed_tokens", position, worker)
 
 
 def check_output_length(rows: TraceRows) -> Iterator[Finding]:
@@ -281,7 +281,8 @@ def check_output_length(rows: TraceRows) -> Iterator[Finding]:
             expected = c["sched_num_output_tokens"][i] + c["sched_num_output_placeholders"][i]
             if got != expected:
                 yield _f(rows, "X3-output-length", i, "num_output_tokens", expected, got,
-                         f"the worker holds {got} output tokens, the scheduler sent {expected} (applied + placeholders)")
+                         sched_num_output_tokens=c["sched_num_output_tokens"][i],
+                         sched_num_output_placeholders=c["sched_num_output_placeholders"][i])
                 break
 
 
@@ -293,8 +294,7 @@ def check_membership(rows: TraceRows) -> Iterator[Finding]:
         scheduled = rows.scheduled(i)
         in_batch = c["worker_row"][i] is not None
         if scheduled != in_batch:
-            yield _f(rows, "X1-batch-membership", i, "worker_row", scheduled, in_batch,
-                     "scheduled but not in the worker's batch" if scheduled else "in the worker's batch but not scheduled")
+            yield _f(rows, "X1-batch-membership", i, "worker_row", scheduled, in_batch)
 
 
 def check_executed_work(rows: TraceRows) -> Iterator[Finding]:
@@ -306,8 +306,7 @@ def check_executed_work(rows: TraceRows) -> Iterator[Finding]:
         s = c["sched_num_scheduled_tokens"][i]
         if w != s or c["worker_num_draft_slots"][i] != c["sched_num_draft_slots"][i]:
             yield _f(rows, "X11-executed-other-work", i, "num_scheduled_tokens", s, w,
-                     f"the worker executed {w} tokens ({c['worker_num_draft_slots'][i]} drafts) where the scheduler "
-                     f"booked {s} ({c['sched_num_draft_slots'][i]} drafts)")
+                     sched_num_draft_slots=c["sched_num_draft_slots"][i], worker_num_draft_slots=c["worker_num_draft_slots"][i])
 
 
 def check_output_mutated(rows: TraceRows) -> Iterator[Finding]:
@@ -319,8 +318,7 @@ def check_output_mutated(rows: TraceRows) -> Iterator[Finding]:
         built = (c["sched_num_scheduled_tokens"][i], c["sched_num_draft_slots"][i])
         if (n, slots) != built:
             yield _f(rows, "X10-scheduler-output-mutated", i, "scheduled_spec_decode_tokens", built[1], slots,
-                     f"update_from_output read {n} tokens with {slots} draft slots back from the SchedulerOutput "
-                     f"that was built with {built[0]} and {built[1]}: the worker edited the scheduler's own object")
+                     sched_num_scheduled_tokens=built[0], apply_num_scheduled_tokens=n)
 
 
 def check_draft_inputs(rows: TraceRows) -> Iterator[Finding]:
@@ -331,9 +329,8 @@ def check_draft_inputs(rows: TraceRows) -> Iterator[Finding]:
             continue
         negative = sum(1 for t in drafts if t < 0)
         if negative or (rows.is_async and not c["worker_cached_drafts"][i]):
-            yield _f(rows, "X5-placeholder-drafts", i, "draft_token_ids", len(drafts), c["worker_cached_drafts"][i],
-                     f"the worker verified {len(drafts)} draft slots with no cached drafts behind them"
-                     + (f" ({negative} of them -1, clamped to 0 for the embedding and rejected)" if negative else ""))
+            yield _f(rows, "X5-placeholder-drafts", i, "draft_token_ids", c["worker_cached_drafts"][i], len(drafts),
+                     worker_num_negative_draft_ids=negative)
 
 
 def check_tokens(rows: TraceRows) -> Iterator[Finding]:
@@ -342,9 +339,7 @@ def check_tokens(rows: TraceRows) -> Iterator[Finding]:
         for i in idx:
             bad = c["apply_token_mismatches"][i]
             if bad:
-                yield _f(rows, "T1-wrong-token", i, "output_token_ids", c["apply_num_tokens"][i], bad,
-                         f"{bad} of the {c['apply_num_tokens'][i]} tokens applied from step {c['step'][i]} differ "
-                         "from the request's expected sequence (a token lost, duplicated or computed at the wrong position)")
+                yield _f(rows, "T1-wrong-token", i, "output_token_ids", 0, bad, apply_num_tokens=c["apply_num_tokens"][i])
                 break
 
 
@@ -353,8 +348,8 @@ def check_kv_truth(rows: TraceRows) -> Iterator[Finding]:
     for rid, idx in rows.by_request.items():
         for i in idx:
             if c["truth_kv_ok"][i] is False and rows.scheduled(i):
-                yield _f(rows, "K1-kv-content", i, "kv_cache", None, c["truth_num_computed_tokens"][i],
-                         "the KV cache no longer holds the request's expected tokens in every valid position")
+                yield _f(rows, "K1-kv-content", i, "kv_cache", True, False,
+                         truth_num_computed_tokens=c["truth_num_computed_tokens"][i])
                 break
 
 
@@ -364,12 +359,9 @@ def check_output_life(rows: TraceRows) -> Iterator[Finding]:
     for idx in rows.by_request.values():
         for i in idx:
             if c["apply_outcome"][i] in ("applied", "stale_delivered", "dropped") and c["apply_life"][i] != c["sched_life"][i]:
-                life, other = c["sched_life"][i], c["apply_life"][i]
-                yield _f(rows, "L1-output-life", i, "request life", life, other,
-                         f"the output of step {c['step'][i]}, scheduled for life {life} of the request, was "
-                         f"given to life {other} (a new request under the same id) at step {c['apply_step'][i]} "
-                         f"({c['apply_outcome'][i]}, {c['apply_num_tokens'][i]} tokens): the old life's tokens and "
-                         "counts land on the new one")
+                yield _f(rows, "L1-output-life", i, "request life", c["sched_life"][i], c["apply_life"][i],
+                         apply_step=c["apply_step"][i], apply_outcome=c["apply_outcome"][i],
+                         apply_num_tokens=c["apply_num_tokens"][i])
                 break
 
 
@@ -384,18 +376,11 @@ def check_stale_outputs(rows: TraceRows) -> Iterator[Finding]:
                     continue
                 stale = rows.epoch[i] > rows.epoch[j]
                 what = c["apply_outcome"][j]
-                if stale and what == "applied":
-                    message = (f"the output of step {c['step'][j]} was in flight when the request was preempted or its "
-                               f"cache reset, yet update_from_output applied it as fresh at step {c['step'][i]}: its "
-                               f"{c['apply_num_tokens'][j]} tokens and {c['apply_num_rejected'][j]} rejections moved the "
-                               "reset counters")
-                elif not stale and what in ("stale_delivered", "dropped"):
-                    message = (f"the output of step {c['step'][j]} belongs to the request's current life (no preemption "
-                               f"or reset since), yet update_from_output treated it as stale ({what}) at step "
-                               f"{c['step'][i]}: its tokens are lost or its counters never settle")
-                else:
+                if not ((stale and what == "applied") or (not stale and what in ("stale_delivered", "dropped"))):
                     continue
-                yield _f(rows, "L2-stale-output", i, "apply_outcome", what, "stale" if stale else "fresh", message)
+                yield _f(rows, "L2-stale-output", i, "apply_outcome", "stale" if stale else "fresh", what,
+                         output_step=c["step"][j], apply_num_tokens=c["apply_num_tokens"][j],
+                         apply_num_rejected=c["apply_num_rejected"][j])
                 done = True
                 break
             if done:
@@ -418,14 +403,9 @@ def check_in_flight_tokens(rows: TraceRows) -> Iterator[Finding]:
             if got_f == want_f and got_s == want_s:
                 continue
             if got_f != want_f:
-                field, got, want, name = "num_in_flight_tokens", got_f, want_f, "in flight"
+                yield _f(rows, "L3-in-flight-tokens", i, "num_in_flight_tokens", want_f, got_f)
             else:
-                field, got, want, name = ("num_stale_output_tokens", got_s, want_s,
-                                          "in flight from before the last preemption or reset")
-            yield _f(rows, "L3-in-flight-tokens", i, field, got, want,
-                     f"{field} is {got} but the scheduled tokens of its outputs {name} add up to {want}"
-                     + (" (a count never goes negative)" if got < 0 else
-                        "; counted in steps or sampled tokens instead of scheduled tokens?" if got and want else ""))
+                yield _f(rows, "L3-in-flight-tokens", i, "num_stale_output_tokens", want_s, got_s)
             break
 
 
@@ -436,7 +416,14 @@ def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
         unfinished = [str(rid) for rid in outcome.get("unfinished", ())]
     else:
         unfinished = sorted(rid for (rid, _), idx in rows.by_request.items() if c["sched_status"][idx[-1]] != "finished")
-    yield from incomplete_findings(outcome, unfinished)
+    e2 = BY_CODE["E2-run-incomplete"]
+    if outcome.get("status") == "step_limit":
+        rid = unfinished[0] if unfinished else None
+        yield e2.finding(outcome.get("step", 0), rid, _latest_life(rows, rid), "outcome", 0, len(unfinished),
+                         status="step_limit", unfinished=tuple(unfinished))
+    elif outcome.get("status") == "completed" and unfinished:
+        yield e2.finding(int(outcome.get("step", 0)), unfinished[0], _latest_life(rows, unfinished[0]), "outcome", 0,
+                         len(unfinished), status="completed", unfinished=tuple(unfinished))
 
 
 def check_crash(rows: TraceRows) -> Iterator[Finding]:
@@ -447,16 +434,18 @@ def check_crash(rows: TraceRows) -> Iterator[Finding]:
     marker = "request '"
     if marker in message:
         rid = message.split(marker, 1)[1].split("'", 1)[0]
+    life = _latest_life(rows, rid)
     if rows.trace.outcome.get("kind", "negative-input-id") == "negative-input-id":
-        yield Finding("X5-negative-input-id", "error", rows.crash_step, rid, "input_ids", None, -1,
-                      f"{message}: on a GPU a device-side assert, the engine dies")
+        yield BY_CODE["X5-negative-input-id"].finding(rows.crash_step, rid, life, "input_ids", None, -1,
+                                                      outcome_message=message)
     else:
-        yield Finding("E1-engine-crash", "error", rows.crash_step, rid, "scheduler_output", None, None,
-                      f"the engine dies at step {rows.crash_step}: {message}")
+        yield BY_CODE["E1-engine-crash"].finding(rows.crash_step, rid, life, "scheduler_output", None, None,
+                                                 outcome_message=message)
 
 
-#: The row-by-row statement of each product invariant, by code: the codes, severities and
-#: statements are the product's (replay.checker.INVARIANTS); only the rules are restated here.
+#: The row-by-row statement of each product rule, by the code that heads it in the catalogue: the
+#: codes, severities, statements and messages are the product's (replay/check/catalogue.py); only
+#: the rules are restated here.
 CHECKS: dict[str, Callable[[TraceRows], Iterator[Finding]]] = {
     "S1-placeholders-nonnegative": check_placeholders_nonnegative,
     "S2-placeholder-count": check_placeholder_count,
@@ -484,7 +473,7 @@ def check_trace(trace: Trace) -> list[Finding]:
     """Every invariant over the whole trace; findings sorted by step, request, code."""
     rows = TraceRows(trace)
     findings: list[Finding] = []
-    for inv in INVARIANTS:  # every product invariant must have its statement here (KeyError otherwise)
+    for inv in INVARIANTS:  # every product rule must have its statement here (KeyError otherwise)
         findings.extend(CHECKS[inv.code](rows))
-    findings.sort(key=lambda f: (f.step, f.request_id or "", _RANK.get(f.code, len(_RANK)), f.code))
+    findings.sort(key=lambda f: (f.step, f.request_id or "", RANK.get(f.code, len(RANK)), f.code))
     return findings

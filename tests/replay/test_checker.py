@@ -85,7 +85,7 @@ def test_pr30796_copy_leaves_the_worker_ahead_of_its_kv(reentry_traces):
 
 
 def test_a_run_that_hits_the_step_limit_is_an_error():
-    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.scenarios import reentry
 
@@ -96,7 +96,7 @@ def test_a_run_that_hits_the_step_limit_is_an_error():
 
 
 def test_malformed_scheduler_output_is_an_engine_crash():
-    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.scenarios import reentry_sync
 
@@ -109,7 +109,7 @@ def test_padded_admission_cut_by_the_long_prefill_threshold_is_vllms_assert():
     """Real vLLM 0.32 asserts (scheduler.py, `num_new_tokens == 1 + num_spec_tokens`) when a
     1-token admission padded to 1 + k is then cut by a smaller long_prefill_token_threshold;
     the reference reproduces the crash and the checker reports it."""
-    from specreplay.replay.engines.loop import run_workload
+    from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
     from tests.conftest import padded_admission_cut_by_threshold
 

@@ -1,6 +1,6 @@
 """The vectorised, streaming checker finds exactly what the row-by-row statement of the invariants
-finds: on every scenario and implementation, on random workloads, on thousands of mutated traces,
-and whatever the batch size the rows arrive in."""
+finds, evidence included (expected, actual, life, detail): on every scenario and implementation, on
+random workloads, on thousands of mutated traces, and whatever the batch size the rows arrive in."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from specreplay.replay.check.checker import check_trace
-from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.traces import schema

@@ -8,7 +8,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.replay.check.tracediff import diff_traces
@@ -70,4 +70,7 @@ def test_same_result_as_row_by_row(pairs):
             assert (diff.only_a, diff.only_b, diff.rows_compared) == (only_a, only_b, compared)
             got = {f.field: ((f.step, f.request_id), f.scheduler, f.worker) for f in diff.findings if f.field != "(outcome)"}
             assert got == first
+            # The evidence: A's value expected, B's actual; the life of the row named.
+            assert [(f.expected, f.actual) for f in diff.findings] == [(f.scheduler, f.worker) for f in diff.findings]
+            assert [f.life is None for f in diff.findings] == [f.request_id is None for f in diff.findings]
     assert parted >= 10  # most pairs differ, several with rows on one side only

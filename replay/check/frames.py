@@ -1,0 +1,194 @@
+"""Frames: a trace's rows as numpy columns, a chunk of whole steps at a time, with their history.
+
+Where it sits: inside check. The framework (framework.py) cuts the streamed row batches at step
+boundaries, loads each batch's columns here (`load_columns`) and hands the rules a `Frame`: the
+chunk's own rows after the carried context rows (the last `LOOKBACK` steps before the chunk),
+with each row's earlier rows of the same request (`lags`) and whether their outputs were still
+in flight (`flying`).
+
+The column names are the trace's (traces/schema.py): a nullable column is read with its nulls
+filled (see `INT_COLUMNS`) and, where a rule needs to tell them apart, a `<column>_is_null`
+mask. Enum columns hold int8 codes into the schema's tuples (constants below). Besides those, a
+frame holds a few columns derived while loading:
+
+    request                         the request life's code (`Checker.names` gives its id); a
+                                    resubmitted id is another request
+    truth_kv_not_ok                 truth_kv_ok is False (null: not known, so not False)
+    worker_num_draft_ids            the length of worker_draft_ids (null: 0)
+    worker_num_negative_draft_ids   how many of worker_draft_ids are negative (-1 placeholders)
+    cuts                            how many cuts (a preemption, a cache reset, a streaming
+                                    turn's end) the request life has had up to its row's step,
+                                    filled per chunk by the framework
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from specreplay.traces import schema
+from specreplay.traces.validate import as_numpy, enum_codes
+
+#: How many steps back an unapplied output can be in flight (two batches, plus slack for
+#: empty steps, which the engine pops without a forward).
+LOOKBACK = 4
+
+#: The columns the checker reads.
+NEEDED = (
+    "step", "request_id", "step_total_scheduled_tokens", "sched_status", "sched_kind",
+    "sched_num_scheduled_tokens", "sched_num_draft_slots", "sched_num_computed_tokens",
+    "sched_num_output_placeholders", "sched_num_tokens", "sched_num_output_tokens",
+    "sched_spec_len", "sched_is_prefill_chunk", "sched_preempted", "apply_step",
+    "apply_num_scheduled_tokens", "apply_num_draft_slots", "apply_num_rejected", "apply_num_tokens",
+    "apply_token_mismatches", "apply_num_output_placeholders", "worker_row", "worker_num_scheduled_tokens",
+    "worker_num_draft_slots", "worker_num_computed_tokens", "worker_first_position",
+    "worker_cached_drafts", "worker_draft_ids", "worker_num_output_tokens",
+    "truth_num_computed_tokens", "truth_kv_ok", "sched_life", "sched_event", "sched_num_in_flight_tokens",
+    "sched_num_stale_output_tokens", "apply_outcome", "apply_life",
+)
+
+RUNNING, PREEMPTED, WAITING, FINISHED = (schema.STATUSES.index(s) for s in ("running", "preempted", "waiting", "finished"))
+NEW, RESUMED, UNSCHEDULED = (schema.KINDS.index(k) for k in ("new", "resumed", "unscheduled"))
+RESET_PREEMPT, STREAM_TURN = schema.EVENTS.index("reset_preempt"), schema.EVENTS.index("stream_turn")
+APPLIED, STALE_DELIVERED, DROPPED, IGNORED = (schema.APPLY_OUTCOMES.index(o) for o in schema.APPLY_OUTCOMES)
+
+#: Integer columns: (column, the value a null reads as, keep a `<column>_is_null` mask).
+INT_COLUMNS = (
+    ("step_total_scheduled_tokens", 0, False), ("sched_num_scheduled_tokens", 0, False),
+    ("sched_num_draft_slots", 0, False), ("sched_num_computed_tokens", 0, False),
+    ("sched_num_output_placeholders", 0, False), ("sched_num_tokens", 0, False),
+    ("sched_num_output_tokens", 0, False), ("sched_spec_len", 0, False),
+    ("apply_step", -1, True), ("apply_num_scheduled_tokens", -1, False),
+    ("apply_num_draft_slots", -1, True), ("apply_num_rejected", 0, True),
+    ("apply_num_tokens", 0, False), ("apply_token_mismatches", 0, False),
+    ("apply_num_output_placeholders", 0, True), ("worker_row", -1, True),
+    ("worker_num_scheduled_tokens", -1, True), ("worker_num_draft_slots", -1, False),
+    ("worker_num_computed_tokens", 0, True), ("worker_first_position", 0, False),
+    ("worker_cached_drafts", 0, False), ("worker_num_output_tokens", 0, True),
+    ("truth_num_computed_tokens", 0, True), ("sched_life", 0, False),
+    ("sched_num_in_flight_tokens", 0, False), ("sched_num_stale_output_tokens", 0, False),
+    ("apply_life", -1, True),
+)
+#: Boolean columns (never null).
+BOOL_COLUMNS = ("sched_is_prefill_chunk", "sched_preempted")
+#: Enum columns, as codes into these tuples (-1 for null).
+ENUM_COLUMNS = (("sched_status", schema.STATUSES), ("sched_kind", schema.KINDS),
+                ("sched_event", schema.EVENTS), ("apply_outcome", schema.APPLY_OUTCOMES))
+
+Columns = dict[str, np.ndarray]
+
+
+def load_columns(batch: pa.Table | pa.RecordBatch, request_code: Callable[[tuple[str, int]], int]) -> Columns:
+    """A batch's columns as numpy, in native widths (int32, int16: the rules widen where they
+    must; no copies to int64). `request_code` gives the code of a (request id, life)."""
+    cols: Columns = {"step": as_numpy(batch.column("step"))}
+    ids = batch.column("request_id")
+    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    encoded = pc.dictionary_encode(ids)
+    names = encoded.dictionary.to_pylist()
+    index = as_numpy(encoded.indices).astype(np.int64)
+    lives = as_numpy(batch.column("sched_life")).astype(np.int64)
+    if lives.any():
+        # A resubmitted id: each (id, life) is its own request to the invariants.
+        pairs, inverse = np.unique(index * (1 << 16) + (lives & 0xFFFF), return_inverse=True)
+        lookup = np.array([request_code((names[p >> 16], p & 0xFFFF)) for p in pairs.tolist()], dtype=np.int64)
+        cols["request"] = lookup[inverse.reshape(-1)]
+    else:
+        lookup = np.array([request_code((name, 0)) for name in names], dtype=np.int64)
+        cols["request"] = lookup[index]
+    for name, values in ENUM_COLUMNS:
+        cols[name] = enum_codes(batch.column(name), values)
+    cols["cuts"] = np.zeros(batch.num_rows, dtype=np.int64)  # filled per chunk
+    for name, fill, keep_mask in INT_COLUMNS:
+        col = batch.column(name)
+        if keep_mask:
+            cols[name + "_is_null"] = as_numpy(col.is_null())
+        cols[name] = as_numpy(pc.fill_null(col, fill) if col.null_count else col)
+    for name in BOOL_COLUMNS:
+        cols[name] = as_numpy(batch.column(name))
+    cols["truth_kv_not_ok"] = as_numpy(pc.fill_null(pc.invert(batch.column("truth_kv_ok")), False))
+    drafts = batch.column("worker_draft_ids")
+    drafts = drafts.combine_chunks() if isinstance(drafts, pa.ChunkedArray) else drafts
+    cols["worker_num_draft_ids"] = as_numpy(pc.fill_null(pc.list_value_length(drafts), 0)).astype(np.int64)
+    flat = as_numpy(pc.list_flatten(drafts))
+    parents = as_numpy(pc.list_parent_indices(drafts))
+    cols["worker_num_negative_draft_ids"] = np.bincount(parents[flat < 0], minlength=batch.num_rows)
+    return cols
+
+
+def concat(parts: list[Columns]) -> Columns:
+    if len(parts) == 1:
+        return parts[0]
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+
+def row_range(cols: Columns, start: int, stop: int | None) -> Columns:
+    """Rows start:stop of every column (views, no copies)."""
+    return {name: values[start:stop] for name, values in cols.items()}
+
+
+def dense(codes: np.ndarray) -> np.ndarray:
+    """The same grouping with codes 0..R-1 in the narrowest type: a stable argsort of 16-bit
+    keys is a radix sort, several times faster than one of int64 keys."""
+    mark = np.zeros(int(codes.max()) + 1 if len(codes) else 1, dtype=np.int64)
+    mark[codes] = 1
+    local = np.cumsum(mark) - 1
+    return local[codes].astype(np.uint16 if local[-1] < 1 << 16 else np.uint32)
+
+
+class Frame:
+    """One chunk of rows as numpy columns: the carried context rows (history only, the last
+    LOOKBACK steps before the chunk) followed by the chunk's own rows (`own`), in step order.
+    `lags[L - 1]` is each row's L-th earlier row of the same request (-1: none in the frame) and
+    `flying[L - 1]` says whether that row's output was still in flight when this row's step was
+    scheduled (not applied yet, not cut off by a preemption, a cache reset or LOOKBACK).
+    Rows are grouped per request life: a resubmitted id is another request here."""
+
+    def __init__(self, cols: Columns, num_context: int) -> None:
+        self.c = cols
+        size = len(cols["step"])
+        self.size = size
+        self.own = np.arange(size) >= num_context
+        self.num_context = num_context
+        order = np.argsort(dense(cols["request"]), kind="stable")  # per request, rows stay in step order
+        prev = np.full(size, -1, dtype=np.int64)
+        same = cols["request"][order[1:]] == cols["request"][order[:-1]]
+        prev[order[1:][same]] = order[:-1][same]
+        self.order = order
+        step = cols["step"]
+        scheduled = cols["sched_num_scheduled_tokens"]
+        self.lags: list[np.ndarray] = []
+        self.flying: list[np.ndarray] = []
+        lag = prev
+        alive = np.ones(size, dtype=bool)
+        later = np.arange(size)  # the row one step nearer (the row itself for lag 1)
+        # In-flight outputs cut off before this row's schedule(): a cache reset, a streaming turn's end.
+        reset = (cols["sched_event"] == RESET_PREEMPT) | (cols["sched_event"] == STREAM_TURN)
+        for _ in range(LOOKBACK):
+            at = np.maximum(lag, 0)
+            alive = alive & (lag >= 0) & (step[at] >= step - LOOKBACK) & ~cols["sched_preempted"][at] & ~reset[later]
+            self.lags.append(lag)
+            self.flying.append(alive & (scheduled[at] > 0)
+                               & (cols["apply_step_is_null"][at] | (cols["apply_step"][at] >= step)))
+            later = at
+            lag = np.where(lag >= 0, prev[at], -1)
+
+    def at(self, name: str, lag: int) -> np.ndarray:
+        """Column `name` of each row's `lag`-th earlier row (garbage where there is none: mask it)."""
+        return self.c[name][np.maximum(self.lags[lag - 1], 0)]
+
+    def own_by_request(self) -> np.ndarray:
+        """The chunk's own rows, grouped per request, each request's rows in step order."""
+        return self.order[self.own[self.order]]
+
+    def flying_steps(self, i: int, non_chunk_only: bool = False) -> list[int]:
+        """The steps of row `i`'s request whose outputs were in flight at its step, oldest first."""
+        out = []
+        for lag in range(LOOKBACK, 0, -1):
+            j = int(self.lags[lag - 1][i])
+            if self.flying[lag - 1][i] and not (non_chunk_only and self.c["sched_is_prefill_chunk"][j]):
+                out.append(int(self.c["step"][j]))
+        return out

@@ -1,0 +1,167 @@
+"""The framework: streams a trace's row batches through the catalogue's rules, frame by frame.
+
+Where it sits: inside check. `Checker.feed` takes batches in step order (a trace's row groups),
+holds back each batch's last step until it is whole, and checks each run of whole steps as one
+`Frame` (frames.py): every rule of scope "rows" runs over it. What a rule needs from earlier steps
+is carried between frames: the rows of the last `LOOKBACK` steps (the frame's context) and a few
+per-request values (whether the request is decoding, its cuts so far, its last status, which codes
+already fired for it). So memory is bounded by the batch size, not the trace. `findings()` checks
+what is held back, runs the rules of scope "run" (the run's outcome) and sorts the findings.
+
+Rules report through `finding` (a row of the frame), `step_finding` (a whole step) or
+`run_finding` (the run): they give the evidence (expected, actual and the values the message
+needs, by name), and the code's catalogue row renders the Finding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from specreplay.replay.check import catalogue
+from specreplay.replay.check.catalogue import Invariant
+from specreplay.replay.check.findings import Finding
+from specreplay.replay.check.frames import (FINISHED, LOOKBACK, RESET_PREEMPT, STREAM_TURN, Columns, Frame, concat,
+                                            load_columns, row_range)
+
+
+class Checker:
+    """Streams batches of one trace through the rules of `invariants` (default: the whole
+    catalogue; each rule runs once, however many codes it reports, and only the codes of
+    `invariants` are kept); `findings()` at the end."""
+
+    def __init__(self, config: dict[str, Any], outcome: dict[str, Any],
+                 invariants: Sequence[Invariant] | None = None) -> None:
+        self.config = config
+        self.outcome = outcome
+        self.is_async = bool(config.get("async_scheduling", True))
+        self.crash_step = outcome.get("step") if outcome.get("status") == "crashed" else None
+        rows = catalogue.CATALOGUE if invariants is None else tuple(invariants)
+        self.rules_per_frame = catalogue.rules_of(rows, "rows")
+        self.rules_at_end = catalogue.rules_of(rows, "run")
+        self.codes = frozenset(row.code for row in rows)
+        self.ids: dict[tuple[str, int], int] = {}  # (request id, life) -> the request's code
+        self.names: list[str] = []  # code -> request id
+        # Per request (by code): carried from frame to frame.
+        self.decoding = np.zeros(0, dtype=bool)
+        self.cuts = np.zeros(0, dtype=np.int64)  # cuts (preemptions, cache resets, turn ends) so far
+        self.last_status = np.full(0, -1, dtype=np.int8)
+        self.fired: dict[str, np.ndarray] = {}  # code -> has it fired for the request
+        self.context: Columns | None = None  # rows of the last LOOKBACK steps checked
+        self.pending: list[Columns] = []  # rows of a step that may not be whole yet
+        self.found: list[Finding] = []
+
+    # ------------------------------------------------------------------ streaming
+    def feed(self, batch: pa.Table | pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        cols = load_columns(batch, self._code)
+        # The batch's last step may continue in the next batch: hold it back until it is whole.
+        whole_until = int(np.searchsorted(cols["step"], cols["step"][-1], side="left"))
+        if whole_until == 0:
+            self.pending.append(cols)
+            return
+        whole = self.pending + [row_range(cols, 0, whole_until)]
+        self.pending = [row_range(cols, whole_until, None)]
+        self._check_frame(whole)
+
+    def findings(self) -> list[Finding]:
+        if self.pending:
+            self._check_frame(self.pending)
+            self.pending = []
+        for rule in self.rules_at_end:
+            self.found.extend(f for f in rule(None, self) if f.code in self.codes)
+        self.found.sort(key=lambda f: (f.step, f.request_id or "", catalogue.RANK.get(f.code, len(catalogue.RANK)), f.code))
+        return self.found
+
+    def _code(self, key: tuple[str, int]) -> int:
+        """The code of a (request id, life); findings name the request id."""
+        code = self.ids.get(key)
+        if code is None:
+            code = self.ids[key] = len(self.names)
+            self.names.append(key[0])
+        return code
+
+    def _check_frame(self, parts: list[Columns]) -> None:
+        grow = len(self.names) - len(self.decoding)
+        if grow > 0:
+            self.decoding = np.concatenate([self.decoding, np.zeros(grow, dtype=bool)])
+            self.cuts = np.concatenate([self.cuts, np.zeros(grow, dtype=np.int64)])
+            self.last_status = np.concatenate([self.last_status, np.full(grow, -1, dtype=np.int8)])
+            for code in self.fired:
+                self.fired[code] = np.concatenate([self.fired[code], np.zeros(grow, dtype=bool)])
+        cols = concat(([] if self.context is None else [self.context]) + parts)
+        frame = Frame(cols, 0 if self.context is None else len(self.context["step"]))
+        self._count_cuts(frame)
+        for rule in self.rules_per_frame:
+            self.found.extend(f for f in rule(frame, self) if f.code in self.codes)
+        own = frame.own_by_request()
+        ends = np.r_[cols["request"][own[1:]] != cols["request"][own[:-1]], True]
+        self.last_status[cols["request"][own[ends]]] = cols["sched_status"][own[ends]]
+        # The rows of the last LOOKBACK + 1 steps the trace has (steps a pause left out do not count).
+        steps = np.unique(cols["step"][-min(len(cols["step"]), 1 << 16):])
+        keep = int(np.searchsorted(cols["step"], min(steps[-(LOOKBACK + 1):][0], cols["step"][-1] - LOOKBACK),
+                                   side="left"))
+        self.context = {name: values[keep:].copy() for name, values in cols.items()}
+
+    def _count_cuts(self, frame: Frame) -> None:
+        """Each own row's `cuts`: how many cuts (a preemption, a cache reset, a turn's end) its
+        request life has had up to and including its step, carried across frames. An output is
+        stale exactly when the cuts at its apply step are more than at the step it was scheduled in."""
+        c = frame.c
+        own = frame.own_by_request()
+        if not len(own):
+            return
+        reqs = c["request"][own]
+        event = c["sched_event"][own]
+        is_cut = (c["sched_preempted"][own] | (event == RESET_PREEMPT) | (event == STREAM_TURN)).astype(np.int64)
+        starts = np.r_[True, reqs[1:] != reqs[:-1]]
+        total = np.cumsum(is_cut)
+        first = np.flatnonzero(starts)
+        before_group = (total[first] - is_cut[first])[np.cumsum(starts) - 1]
+        c["cuts"][own] = self.cuts[reqs] + total - before_group
+        ends = np.r_[starts[1:], True]
+        self.cuts[reqs[ends]] = c["cuts"][own][ends]
+
+    # ------------------------------------------------------------------ for the rules
+    def first_per_request(self, code: str, frame: Frame, violated: np.ndarray) -> np.ndarray:
+        """Rows where `code` fires for the first time for their request (one finding per request)."""
+        rows = np.flatnonzero(violated & frame.own)
+        if not len(rows):
+            return rows
+        fired = self.fired.setdefault(code, np.zeros(len(self.names), dtype=bool))
+        reqs = frame.c["request"][rows]
+        _, first = np.unique(reqs, return_index=True)
+        rows = rows[first]
+        rows = rows[~fired[frame.c["request"][rows]]]
+        fired[frame.c["request"][rows]] = True
+        return np.sort(rows)
+
+    def finding(self, frame: Frame, code: str, i: int, field: str, expected: Any, actual: Any, **detail: Any) -> Finding:
+        """A finding at row `i` of the frame (its step, request and life)."""
+        c = frame.c
+        return catalogue.BY_CODE[code].finding(int(c["step"][i]), self.names[c["request"][i]], int(c["sched_life"][i]),
+                                               field, expected, actual, **detail)
+
+    def step_finding(self, code: str, step: int, field: str, expected: Any, actual: Any, **detail: Any) -> Finding:
+        """A finding about a whole step (no request)."""
+        return catalogue.BY_CODE[code].finding(step, None, None, field, expected, actual, **detail)
+
+    def run_finding(self, code: str, step: int, request_id: str | None, field: str, expected: Any, actual: Any,
+                    **detail: Any) -> Finding:
+        """A finding about the run (its outcome), naming a request by id: its latest life."""
+        return catalogue.BY_CODE[code].finding(step, request_id, self.latest_life(request_id), field, expected, actual,
+                                               **detail)
+
+    def latest_life(self, request_id: str | None) -> int | None:
+        """The highest life of `request_id` the trace has (None: no row has that id)."""
+        lives = [life for (name, life) in self.ids if name == request_id]
+        return max(lives) if lives else None
+
+    def unfinished(self) -> list[str]:
+        """The ids of the requests whose last row is not finished, sorted (one per unfinished life)."""
+        return sorted(self.names[r] for r in np.flatnonzero(self.last_status != FINISHED))
+

@@ -1,0 +1,54 @@
+"""The run as a whole, from the trace's outcome: the engine does not die, and every request finishes.
+
+Codes: E1 (the engine crashed), X5-negative-input-id (it crashed because a negative id reached
+the embedding: a device-side assert on a GPU), E2 (the run hit the step limit, or went idle with
+requests held for good). These rules run once, after the last frame (scope "run").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from specreplay.replay.check.findings import Finding
+
+if TYPE_CHECKING:
+    from specreplay.replay.check.frames import Frame
+    from specreplay.replay.check.framework import Checker
+
+
+def check_run_completes(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
+    """E2: no request is left unfinished (the step limit), none held for good by an idle engine."""
+    if chk.outcome.get("status") == "completed":  # the requests the scheduler held when it went idle
+        unfinished = [str(rid) for rid in chk.outcome.get("unfinished", ())]
+    else:  # cut by the step limit: requests whose last row is not finished
+        unfinished = chk.unfinished()
+    yield from incomplete_findings(chk, unfinished)
+
+
+def incomplete_findings(chk: Checker, unfinished: list[str]) -> Iterable[Finding]:
+    """E2 for a run cut by the step limit, or one that completed with requests held for good."""
+    outcome: dict[str, Any] = chk.outcome
+    if outcome.get("status") == "step_limit":
+        yield chk.run_finding("E2-run-incomplete", outcome.get("step", 0), unfinished[0] if unfinished else None,
+                              "outcome", 0, len(unfinished), status="step_limit", unfinished=tuple(unfinished))
+    elif outcome.get("status") == "completed" and unfinished:
+        yield chk.run_finding("E2-run-incomplete", int(outcome.get("step", 0)), unfinished[0], "outcome", 0,
+                              len(unfinished), status="completed", unfinished=tuple(unfinished))
+
+
+def check_crash(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
+    """E1, or X5-negative-input-id for the crash kind that is a negative id in the model's input."""
+    if chk.crash_step is None:
+        return
+    message = chk.outcome.get("message", "engine crashed")
+    rid = None
+    marker = "request '"
+    if marker in message:
+        rid = message.split(marker, 1)[1].split("'", 1)[0]
+    if chk.outcome.get("kind", "negative-input-id") == "negative-input-id":
+        yield chk.run_finding("X5-negative-input-id", chk.crash_step, rid, "input_ids", None, -1,
+                              outcome_message=message)
+    else:
+        yield chk.run_finding("E1-engine-crash", chk.crash_step, rid, "scheduler_output", None, None,
+                              outcome_message=message)
