@@ -5,9 +5,8 @@ Where it sits: inside check. Each row (`Invariant`) holds:
     code, severity  stable; `specreplay codes` lists them
     statement       the rule in one line
     source          the invariant it enforces, by its name in the reference (docs/reference.md
-                    section 4.2, written from the research note
-                    ../shared/reference/vllm-async-spec-state.md with the same section numbers),
-                    or the group of section 4.3 it belongs to: request lives, ground truth, engine
+                    section 4.2), or the group of section 4.3 it belongs to: request lives,
+                    ground truth, engine
     rank            within one step and request, the finding that explains the others comes first
     rule            the function of a rule family (rules_*.py) that reports the code
     message, sides  how its finding is rendered from the evidence: the one-line message, and which

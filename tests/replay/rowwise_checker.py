@@ -9,7 +9,7 @@ holds the two to the same findings, evidence included. It is the checker specrep
 Where it sits: tests, beside traces -> replay -> **diff**. `check_trace` reads only the trace's table and
 metadata, so it works on any trace, whatever recorded it. Each invariant is one function below
 with a stable code, a severity and the reference section it comes from
-(../shared/reference/vllm-async-spec-state.md, section 4.2). A violated invariant of the
+(docs/reference.md, section 4.2). A violated invariant of the
 implementation under test is a finding, never an exception.
 
 Severity: error = the views or the ground truth disagree, a token is lost, duplicated or wrong,
