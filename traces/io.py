@@ -251,7 +251,7 @@ def _check_columns(where: str, file_schema: pa.Schema) -> None:
 
 
 def _check_metadata(where: str, config: dict[str, Any], outcome: dict[str, Any], impl: dict[str, Any]) -> None:
-    from specreplay.replay.config import EngineConfig
+    from specreplay.replay.workloads.config import EngineConfig
     from specreplay.traces.errors import InputError
 
     try:

@@ -1,6 +1,6 @@
 """The trace schema: one explicit pyarrow schema for every specreplay trace.
 
-Where it sits: record -> **traces** -> replay -> diff. The recorder (`specreplay.replay.recorder`)
+Where it sits: record -> **traces** -> replay -> diff. The recorder (`specreplay.replay.record.recorder`)
 fills these columns, the writer stamps the metadata, the reader validates files against this
 schema, and the checker and the trace diff read nothing else.
 
