@@ -23,7 +23,8 @@ import sys
 import tempfile
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.workload import RequestSpec, Workload
@@ -33,10 +34,15 @@ def decode_workload(num_requests: int, steps: int, k: int = 3, async_scheduling:
     """`num_requests` decoding requests that all run every step for about `steps` steps: no draft
     accepted (1 token per step), a budget that fits everyone."""
     prompt = 16
-    config = EngineConfig(max_num_batched_tokens=max(num_requests * (1 + k), prompt * num_requests),
-                          max_num_seqs=num_requests, num_spec_tokens=k, async_scheduling=async_scheduling,
-                          block_size=16, num_blocks=1 + num_requests * (-(-(prompt + steps + 2 * k + 2) // 16)),
-                          max_model_len=prompt + steps + 2 * k + 4)
+    config = EngineConfig(
+        max_num_batched_tokens=max(num_requests * (1 + k), prompt * num_requests),
+        max_num_seqs=num_requests,
+        num_spec_tokens=k,
+        async_scheduling=async_scheduling,
+        block_size=16,
+        num_blocks=1 + num_requests * (-(-(prompt + steps + 2 * k + 2) // 16)),
+        max_model_len=prompt + steps + 2 * k + 4,
+    )
     requests = tuple(RequestSpec(str(i), 1, prompt, steps) for i in range(num_requests))
     return Workload(requests, config, name=f"bench-{num_requests}x{steps}", acceptance="none", max_steps=steps + 8)
 
@@ -100,9 +106,9 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
     is built and the requests added before the timed loop."""
     from vllm.v1.outputs import ModelRunnerOutput
 
-    from specreplay.replay.workloads.oracle import Oracle
-    from specreplay.replay.models.request import Request
     from specreplay.replay.engines.real_scheduler import VllmSchedulerAdapter
+    from specreplay.replay.models.request import Request
+    from specreplay.replay.workloads.oracle import Oracle
 
     adapter = VllmSchedulerAdapter(workload.config)
     oracle = Oracle(workload)
@@ -115,7 +121,9 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
         from specreplay.replay.impls.registry import resolve
 
         sink = plugin.new_sink()  # the live engine's scheduler observer, as its plugin attaches it
-        plugin.attach_to_core(sched, plugin.Sink(sink, "core"), workload.config, resolve("upstream", allow_import=False))
+        plugin.attach_to_core(
+            sched, plugin.Sink(sink, "core"), workload.config, resolve("upstream", allow_import=False)
+        )
     depth = workload.config.depth
 
     def loop() -> int:
@@ -127,8 +135,11 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
                 ids = list(so.num_scheduled_tokens)
                 done += len(ids)
                 partial = {r for r in ids if sched.requests[r].is_prefill_chunk}
-                out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                        sampled_token_ids=[[] if r in partial else [7] for r in ids])
+                out = ModelRunnerOutput(
+                    req_ids=ids,
+                    req_id_to_index={r: i for i, r in enumerate(ids)},
+                    sampled_token_ids=[[] if r in partial else [7] for r in ids],
+                )
                 queue.appendleft((so, out))
                 if so.total_num_scheduled_tokens and len(queue) < depth:
                     continue
@@ -161,16 +172,18 @@ def fig_throughput(args, out: dict) -> None:
 def fig_growth(args, out: dict) -> None:
     per_req = {}
     for n in (16, 64, 256, 1024):
-        t, done = median_time(lambda: reference_run(decode_workload(n, args.growth_steps)), args.repeat)
+        t, done = median_time(lambda n=n: reference_run(decode_workload(n, args.growth_steps)), args.repeat)
         per_req[n] = t / done * 1e6
     per_steps = {}
     for s in (args.growth_steps, 10 * args.growth_steps):
-        t, done = median_time(lambda: reference_run(decode_workload(64, s)), max(1, args.repeat // 2))
+        t, done = median_time(lambda s=s: reference_run(decode_workload(64, s)), max(1, args.repeat // 2))
         per_steps[s] = t / done * 1e6
-    out["cost_growth"] = {"us_per_request_step_by_requests": per_req,
-                          "flat_64_to_1024": per_req[1024] / per_req[64],
-                          "us_per_request_step_by_steps": per_steps,
-                          "steps_ratio": per_steps[10 * args.growth_steps] / per_steps[args.growth_steps]}
+    out["cost_growth"] = {
+        "us_per_request_step_by_requests": per_req,
+        "flat_64_to_1024": per_req[1024] / per_req[64],
+        "us_per_request_step_by_steps": per_steps,
+        "steps_ratio": per_steps[10 * args.growth_steps] / per_steps[args.growth_steps],
+    }
 
 
 def fig_live_overhead(args, out: dict) -> None:
@@ -178,10 +191,14 @@ def fig_live_overhead(args, out: dict) -> None:
         out["live_recording_overhead"] = {"note": "n/a: vllm not installed"}
         return
     w = decode_workload(256, args.steps // 2)
-    res = interleaved({"off": lambda: real_scheduler_run(w), "on": lambda: real_scheduler_run(w, tap=True)},
-                      args.repeat)
-    out["live_recording_overhead"] = {"off_s": res["off"][0], "on_s": res["on"][0],
-                                      "overhead": res["on"][0] / res["off"][0] - 1}
+    res = interleaved(
+        {"off": lambda: real_scheduler_run(w), "on": lambda: real_scheduler_run(w, tap=True)}, args.repeat
+    )
+    out["live_recording_overhead"] = {
+        "off_s": res["off"][0],
+        "on_s": res["on"][0],
+        "overhead": res["on"][0] / res["off"][0] - 1,
+    }
 
 
 def tiled(trace, copies: int):
@@ -195,7 +212,9 @@ def tiled(trace, copies: int):
     for i in range(copies):
         offset = pa.scalar(i * span, pa.int32())
         tile = base.set_column(0, "step", pc.add(base["step"], offset))
-        tile = tile.set_column(1, "request_id", pc.binary_join_element_wise(pa.scalar(f"t{i}-"), base["request_id"], ""))
+        tile = tile.set_column(
+            1, "request_id", pc.binary_join_element_wise(pa.scalar(f"t{i}-"), base["request_id"], "")
+        )
         at = tile.schema.get_field_index("apply_step")
         tiles.append(tile.set_column(at, "apply_step", pc.add(base["apply_step"], offset)))
     return pa.concat_tables(tiles).combine_chunks()
@@ -218,8 +237,16 @@ def _peak_rss_mb(code: str) -> tuple[float, float]:
     """Run `code` in a fresh interpreter; (wall seconds, peak RSS MB). VmHWM, not ru_maxrss:
     Linux carries ru_maxrss over from the parent through fork and exec."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code + "\nprint([l.split()[1] for l in open('/proc/self/status') "
-                           "if l.startswith('VmHWM')][0])"], capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code + "\nprint([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     wall = time.perf_counter() - t0
     return wall, int(proc.stdout.strip().splitlines()[-1]) / 1024
 
@@ -231,8 +258,10 @@ def fig_diff_and_size(args, out: dict) -> None:
         path = big_trace(args.diff_rows, folder)
         rows = pq.ParquetFile(path).metadata.num_rows
         read_code = f"import pyarrow.parquet as pq; t = pq.read_table({path!r}); print(t.nbytes)"
-        diff_code = ("import sys; from specreplay.cli.main import main; sys.argv = ['specreplay', 'diff', "
-                     f"{path!r}, '--format', 'json']\ntry:\n    main()\nexcept SystemExit as e:\n    assert e.code == 0, e.code")
+        diff_code = (
+            "import sys; from specreplay.cli.main import main; sys.argv = ['specreplay', 'diff', "
+            f"{path!r}, '--format', 'json']\ntry:\n    main()\nexcept SystemExit as e:\n    assert e.code == 0, e.code"
+        )
         reads, diffs = [], []
         for _ in range(max(1, args.repeat // 2)):
             reads.append(_peak_rss_mb(read_code))
@@ -240,14 +269,23 @@ def fig_diff_and_size(args, out: dict) -> None:
         table_mb = pq.read_table(path).nbytes / 2**20
         read_t = statistics.median(r[0] for r in reads)
         diff_t = statistics.median(d[0] for d in diffs)
-        out["diff_cost"] = {"rows": rows, "read_s": read_t, "diff_s": diff_t, "ratio": diff_t / read_t,
-                            "diff_peak_rss_mb": statistics.median(d[1] for d in diffs), "table_mb": table_mb,
-                            "memory_ratio": statistics.median(d[1] for d in diffs) / table_mb}
+        out["diff_cost"] = {
+            "rows": rows,
+            "read_s": read_t,
+            "diff_s": diff_t,
+            "ratio": diff_t / read_t,
+            "diff_peak_rss_mb": statistics.median(d[1] for d in diffs),
+            "table_mb": table_mb,
+            "memory_ratio": statistics.median(d[1] for d in diffs) / table_mb,
+        }
         size = os.path.getsize(path)
         sample = pq.read_table(path).slice(0, 100_000).to_pylist()
         json_bytes = sum(len(json.dumps(r, default=str)) + 1 for r in sample) * rows / len(sample)
-        out["trace_size"] = {"bytes_per_request_step": size / rows, "json_lines_bytes_per_request_step":
-                             json_bytes / rows, "json_ratio": json_bytes / size}
+        out["trace_size"] = {
+            "bytes_per_request_step": size / rows,
+            "json_lines_bytes_per_request_step": json_bytes / rows,
+            "json_ratio": json_bytes / size,
+        }
 
 
 def fig_startup(args, out: dict) -> None:
@@ -256,8 +294,10 @@ def fig_startup(args, out: dict) -> None:
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "specreplay.cli", "--help"], capture_output=True, check=True)
         times.append(time.perf_counter() - t0)
-    probe = ("import sys\nfrom specreplay.cli.main import main\ntry:\n    main(['diff', '--help'])\n"
-             "except SystemExit:\n    pass\nprint('torch' in sys.modules)")
+    probe = (
+        "import sys\nfrom specreplay.cli.main import main\ntry:\n    main(['diff', '--help'])\n"
+        "except SystemExit:\n    pass\nprint('torch' in sys.modules)"
+    )
     imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
     out["startup"] = {"help_s": statistics.median(times), "diff_imports_torch": imported.endswith("True")}
 
@@ -275,14 +315,25 @@ def fig_gpu(args, out: dict) -> None:
     for n in (256, 1024, 4096):
         w = decode_workload(n, max(20, args.growth_steps // 10))
         impl = resolve("upstream", allow_import=False)
-        res = interleaved({"cpu": lambda: run_workload(w, impl, device="cpu"),
-                           "cuda": lambda: run_workload(w, impl, device="cuda")}, max(1, args.repeat // 2))
+        res = interleaved(
+            {
+                "cpu": lambda w=w, impl=impl: run_workload(w, impl, device="cpu"),
+                "cuda": lambda w=w, impl=impl: run_workload(w, impl, device="cuda"),
+            },
+            max(1, args.repeat // 2),
+        )
         row[n] = {"cpu_s": res["cpu"][0], "cuda_s": res["cuda"][0]}
     out["gpu"] = row
 
 
-FIGURES = {"throughput": fig_throughput, "growth": fig_growth, "live": fig_live_overhead,
-           "diff": fig_diff_and_size, "startup": fig_startup, "gpu": fig_gpu}
+FIGURES = {
+    "throughput": fig_throughput,
+    "growth": fig_growth,
+    "live": fig_live_overhead,
+    "diff": fig_diff_and_size,
+    "startup": fig_startup,
+    "gpu": fig_gpu,
+}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -295,8 +346,15 @@ def main(argv: list[str] | None = None) -> dict:
     args.steps = 300 if args.quick else 2000
     args.growth_steps = 100 if args.quick else 1000
     args.diff_rows = 1_000_000 if args.quick else 10_000_000
-    out: dict[str, Any] = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
-                                       "cpus": os.cpu_count(), "quick": args.quick, "repeat": args.repeat}}
+    out: dict[str, Any] = {
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "quick": args.quick,
+            "repeat": args.repeat,
+        }
+    }
     for name in args.only or FIGURES:
         FIGURES[name](args, out)
     from benchmarks.table import print_table

@@ -18,42 +18,74 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     t = out.get("replay_throughput")
     if t:
         if "ratio" in t:
-            add("replay throughput", f"reference {t['reference_request_steps_per_s']:,.0f}/s, vllm "
-                f"{t['vllm_request_steps_per_s']:,.0f}/s: {t['ratio']:.2f}x", ">= 5x the real scheduler",
-                t["ratio"] >= 5)
+            add(
+                "replay throughput",
+                f"reference {t['reference_request_steps_per_s']:,.0f}/s, vllm "
+                f"{t['vllm_request_steps_per_s']:,.0f}/s: {t['ratio']:.2f}x",
+                ">= 5x the real scheduler",
+                t["ratio"] >= 5,
+            )
         else:
-            add("replay throughput", f"reference {t['reference_request_steps_per_s']:,.0f}/s (no vllm)",
-                ">= 5x the real scheduler", None)
+            add(
+                "replay throughput",
+                f"reference {t['reference_request_steps_per_s']:,.0f}/s (no vllm)",
+                ">= 5x the real scheduler",
+                None,
+            )
     g = out.get("cost_growth")
     if g:
         by = ", ".join(f"{n}: {us:.1f}" for n, us in g["us_per_request_step_by_requests"].items())
-        add("cost by running requests (us/request-step)", f"{by}; 1024 vs 64: {g['flat_64_to_1024']:.2f}x",
-            "flat within 2x from 64 to 1024", g["flat_64_to_1024"] <= 2)
+        add(
+            "cost by running requests (us/request-step)",
+            f"{by}; 1024 vs 64: {g['flat_64_to_1024']:.2f}x",
+            "flat within 2x from 64 to 1024",
+            g["flat_64_to_1024"] <= 2,
+        )
         steps = ", ".join(f"{s}: {us:.1f}" for s, us in g["us_per_request_step_by_steps"].items())
-        add("cost by steps (us/request-step)", f"{steps}; ratio {g['steps_ratio']:.2f}", "linear (ratio ~1)",
-            0.5 <= g["steps_ratio"] <= 2)
+        add(
+            "cost by steps (us/request-step)",
+            f"{steps}; ratio {g['steps_ratio']:.2f}",
+            "linear (ratio ~1)",
+            0.5 <= g["steps_ratio"] <= 2,
+        )
     live = out.get("live_recording_overhead")
     if live:
         if "overhead" in live:
-            add("live recording overhead", f"{live['overhead'] * 100:+.1f}% ({live['off_s']:.2f}s -> {live['on_s']:.2f}s)",
-                "<= 3%", live["overhead"] <= 0.03)
+            add(
+                "live recording overhead",
+                f"{live['overhead'] * 100:+.1f}% ({live['off_s']:.2f}s -> {live['on_s']:.2f}s)",
+                "<= 3%",
+                live["overhead"] <= 0.03,
+            )
         else:
             add("live recording overhead", live["note"], "<= 3%", None)
     d = out.get("diff_cost")
     if d:
-        add(f"diff cost ({d['rows']:,} request-steps)", f"{d['diff_s']:.1f}s vs read {d['read_s']:.1f}s: "
+        add(
+            f"diff cost ({d['rows']:,} request-steps)",
+            f"{d['diff_s']:.1f}s vs read {d['read_s']:.1f}s: "
             f"{d['ratio']:.1f}x; peak {d['diff_peak_rss_mb']:.0f} MB vs table {d['table_mb']:.0f} MB: "
-            f"{d['memory_ratio']:.1f}x", "<= 3x read time; <= 2.5x memory",
-            d["ratio"] <= 3 and d["memory_ratio"] <= 2.5)
+            f"{d['memory_ratio']:.1f}x",
+            "<= 3x read time; <= 2.5x memory",
+            d["ratio"] <= 3 and d["memory_ratio"] <= 2.5,
+        )
     z = out.get("trace_size")
     if z:
-        add("trace size", f"{z['bytes_per_request_step']:.2f} B/request-step; JSON lines "
-            f"{z['json_lines_bytes_per_request_step']:.0f} B ({z['json_ratio']:.0f}x)", "<= 4 B; JSON >= 20x",
-            z["bytes_per_request_step"] <= 4 and z["json_ratio"] >= 20)
+        add(
+            "trace size",
+            f"{z['bytes_per_request_step']:.2f} B/request-step; JSON lines "
+            f"{z['json_lines_bytes_per_request_step']:.0f} B ({z['json_ratio']:.0f}x)",
+            "<= 4 B; JSON >= 20x",
+            z["bytes_per_request_step"] <= 4 and z["json_ratio"] >= 20,
+        )
     s = out.get("startup")
     if s:
-        add("start-up", f"--help {s['help_s']:.2f}s; diff imports torch: {s['diff_imports_torch']}",
-            "<= 0.3 s; no torch", s["help_s"] <= 0.3 and not s["diff_imports_torch"])
+        add(
+            "start-up",
+            f"--help {s['help_s']:.2f}s; diff imports torch: {s['diff_imports_torch']}",
+            "<= 0.3 s; no torch",
+            s["help_s"] <= 0.3 and not s["diff_imports_torch"],
+        )
     gpu = out.get("gpu")
     if gpu:
         if "note" in gpu:
@@ -68,8 +100,11 @@ def print_table(out: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"specreplay benchmarks ({'quick' if out['machine']['quick'] else 'full'}, "
-                        f"{out['machine']['cpus']} CPUs, medians of {out['machine']['repeat']})", title_justify="left")
+    table = Table(
+        title=f"specreplay benchmarks ({'quick' if out['machine']['quick'] else 'full'}, "
+        f"{out['machine']['cpus']} CPUs, medians of {out['machine']['repeat']})",
+        title_justify="left",
+    )
     for column in ("figure", "measured", "target", ""):
         table.add_column(column, overflow="fold")
     for row in rows(out):

@@ -10,9 +10,10 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import click
 
@@ -41,8 +42,11 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             if os.environ.get("SPECREPLAY_DEBUG"):
                 raise
             text = one_line(str(exc))[:200]
-            click.echo(f"error: internal error, {type(exc).__name__}: {text} (a specreplay bug: please report it "
-                       "with the input; SPECREPLAY_DEBUG=1 shows the traceback)", err=True)
+            click.echo(
+                f"error: internal error, {type(exc).__name__}: {text} (a specreplay bug: please report it "
+                "with the input; SPECREPLAY_DEBUG=1 shows the traceback)",
+                err=True,
+            )
             sys.exit(EXIT_INTERNAL)
 
     return wrapper
@@ -66,37 +70,69 @@ def console(stderr: bool = False):
 
 
 # Shared options and arguments, declared once: every command that takes one uses these.
-format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
-                             show_default=True, help="Output format.")
-fail_on_option = click.option("--fail-on", type=click.Choice(["error", "warning", "never"]), default="error",
-                              show_default=True, help="Exit 1 when findings at or above this severity exist.")
-impl_option = click.option("--impl", "impl_name", default="upstream", show_default=True,
-                           help="Implementation: a name from `specreplay impls`, or module:attr.")
+format_option = click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True, help="Output format."
+)
+fail_on_option = click.option(
+    "--fail-on",
+    type=click.Choice(["error", "warning", "never"]),
+    default="error",
+    show_default=True,
+    help="Exit 1 when findings at or above this severity exist.",
+)
+impl_option = click.option(
+    "--impl",
+    "impl_name",
+    default="upstream",
+    show_default=True,
+    help="Implementation: a name from `specreplay impls`, or module:attr.",
+)
 trace_impl_option = click.option(
-    "--impl", "impl_name", default=None,
-    help="Implementation: a name from `specreplay impls`, or module:attr (default: the trace's own).")
-device_option = click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-                             help="Where the reference runner's tensors live.")
+    "--impl",
+    "impl_name",
+    default=None,
+    help="Implementation: a name from `specreplay impls`, or module:attr (default: the trace's own).",
+)
+device_option = click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    default="cpu",
+    show_default=True,
+    help="Where the reference runner's tensors live.",
+)
 engine_option = click.option(
-    "--engine", type=click.Choice(["reference", "vllm-scheduler", "vllm"]), default=None,
+    "--engine",
+    type=click.Choice(["reference", "vllm-scheduler", "vllm"]),
+    default=None,
     help="reference: specreplay's models of vLLM 0.32.0; vllm-scheduler: the installed vLLM's real "
-         "scheduler with the reference runner; vllm: a live tiny vLLM engine, real scheduler and real "
-         "model runner (--executor multiproc: engine core in its own process). Default: reference "
-         "(replay, gate: the trace's own).")
-executor_option = click.option("--executor", type=click.Choice(["inproc", "multiproc"]), default=None,
-                               help="How the SchedulerOutput reaches the worker: the shared object (inproc) or a "
-                                    "private copy (multiproc). Default: the implementation's own.")
-jobs_option = click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-                           help="Worker processes on this machine.")
+    "scheduler with the reference runner; vllm: a live tiny vLLM engine, real scheduler and real "
+    "model runner (--executor multiproc: engine core in its own process). Default: reference "
+    "(replay, gate: the trace's own).",
+)
+executor_option = click.option(
+    "--executor",
+    type=click.Choice(["inproc", "multiproc"]),
+    default=None,
+    help="How the SchedulerOutput reaches the worker: the shared object (inproc) or a "
+    "private copy (multiproc). Default: the implementation's own.",
+)
+jobs_option = click.option(
+    "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes on this machine."
+)
 trace_argument = click.argument("trace_path", type=click.Path(path_type=Path))
 
 
 def workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--scenario or --workload, and --seed: what `pick_workload` takes."""
-    fn = click.option("--seed", type=click.IntRange(min=0), default=None,
-                      help="Seed of the workload: a scenario's (default 0), or overriding a workload file's.")(fn)
-    fn = click.option("--workload", "workload_file", type=click.Path(path_type=Path),
-                      help="A workload file (TOML or JSON).")(fn)
+    fn = click.option(
+        "--seed",
+        type=click.IntRange(min=0),
+        default=None,
+        help="Seed of the workload: a scenario's (default 0), or overriding a workload file's.",
+    )(fn)
+    fn = click.option(
+        "--workload", "workload_file", type=click.Path(path_type=Path), help="A workload file (TOML or JSON)."
+    )(fn)
     return click.option("--scenario", help="A built-in scenario (see `specreplay scenarios`).")(fn)
 
 
@@ -108,8 +144,14 @@ def progress(label: str) -> Iterator[Callable[[int, int], None] | None]:
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("step {task.completed}"),
-                  TimeElapsedColumn(), console=console(stderr=True), transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("step {task.completed}"),
+        TimeElapsedColumn(),
+        console=console(stderr=True),
+        transient=True,
+    ) as bar:
         task = bar.add_task(label, total=None)
 
         def update(done: int, total: int) -> None:

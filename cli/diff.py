@@ -66,8 +66,9 @@ def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
         else:
             first = next((f for f in findings if f.severity == "error"), findings[0])
             out.print(f"verdict: {verdict(findings)} - {len(findings)} findings ({code_counts(findings)})")
-            out.print(f"first divergence: step {first.step}, request {first.request_id!r}, {first.field}: "
-                      f"{first.message}")
+            out.print(
+                f"first divergence: step {first.step}, request {first.request_id!r}, {first.field}: {first.message}"
+            )
             for line in findings_lines(findings, path):
                 out.print(line, soft_wrap=True)
             if story and first.request_id is not None:
@@ -91,10 +92,19 @@ def _compare_two(loaded, paths: list[str], fmt: str, fail_on: str) -> int:
 
     result = diff_batches(loaded[0], loaded[1], loaded[0].batches(), loaded[1].batches())
     if fmt == "json":
-        click.echo(findings_json(result.findings, {"a": paths[0], "b": paths[1],
-                                                   "differing_rows_per_field": dict(result.fields),
-                                                   "rows_only_in_a": result.only_a, "rows_only_in_b": result.only_b},
-                                 verdict_text="same" if result.same else "differ"))
+        click.echo(
+            findings_json(
+                result.findings,
+                {
+                    "a": paths[0],
+                    "b": paths[1],
+                    "differing_rows_per_field": dict(result.fields),
+                    "rows_only_in_a": result.only_a,
+                    "rows_only_in_b": result.only_b,
+                },
+                verdict_text="same" if result.same else "differ",
+            )
+        )
     else:
         out = console()
         out.print(trace_header(loaded[0], "A " + paths[0]))
@@ -103,8 +113,10 @@ def _compare_two(loaded, paths: list[str], fmt: str, fail_on: str) -> int:
             out.print(f"verdict: same - {result.rows_compared} rows compared, no difference")
         else:
             f = result.first
-            out.print(f"verdict: differ - first at step {f.step}, request {f.request_id!r}, field {f.field}: "
-                      f"{f.scheduler!r} in A, {f.worker!r} in B")
+            out.print(
+                f"verdict: differ - first at step {f.step}, request {f.request_id!r}, field {f.field}: "
+                f"{f.scheduler!r} in A, {f.worker!r} in B"
+            )
             out.print("first difference per field (scheduler = A, worker = B):")
             for line in findings_lines(result.findings):
                 out.print(line, soft_wrap=True)

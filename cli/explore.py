@@ -9,30 +9,55 @@ summary; this module draws the progress bar and the summary table and sets the e
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 import click
 
-from specreplay.cli.common import (CONTEXT, EXIT_FINDINGS, EXIT_OK, console, engine_option, fail_on_option,
-                                   handle_errors, impl_option, jobs_option)
+from specreplay.cli.common import (
+    CONTEXT,
+    EXIT_FINDINGS,
+    EXIT_OK,
+    console,
+    engine_option,
+    fail_on_option,
+    handle_errors,
+    impl_option,
+    jobs_option,
+)
 from specreplay.traces.errors import InputError
 
 
 @click.command(context_settings=CONTEXT)
 @impl_option
 @engine_option
-@click.option("--budget", type=click.IntRange(min=1), default=None, help="Workloads to try (default 200 unless --time).")
-@click.option("--time", "seconds", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Stop after this many seconds (at a generation's end).")
+@click.option(
+    "--budget", type=click.IntRange(min=1), default=None, help="Workloads to try (default 200 unless --time)."
+)
+@click.option(
+    "--time",
+    "seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Stop after this many seconds (at a generation's end).",
+)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the search.")
 @jobs_option
-@click.option("--ray", "ray_address", default=None,
-              help="Run candidates on a Ray cluster at this address ('local': a one-machine cluster).")
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    help="Run candidates on a Ray cluster at this address ('local': a one-machine cluster).",
+)
 @fail_on_option
-@click.option("-o", "--output-dir", type=click.Path(path_type=Path), required=True,
-              help="Folder for one trace per distinct finding code and explore.json.")
+@click.option(
+    "-o",
+    "--output-dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Folder for one trace per distinct finding code and explore.json.",
+)
 @handle_errors
 def explore(impl_name, engine, budget, seconds, seed, jobs, ray_address, fail_on, output_dir) -> None:
     """Search seeded workloads and perturbations for findings; save a trace of every distinct
@@ -49,8 +74,17 @@ def explore(impl_name, engine, budget, seconds, seed, jobs, ray_address, fail_on
     from specreplay.replay.workflows.explore import explore_to
 
     with _progress(budget) as update:
-        report = explore_to(output_dir, impl_name, engine=engine or "reference", seed=seed, budget=budget,
-                            seconds=seconds, jobs=jobs, ray_address=ray_address, progress=update)
+        report = explore_to(
+            output_dir,
+            impl_name,
+            engine=engine or "reference",
+            seed=seed,
+            budget=budget,
+            seconds=seconds,
+            jobs=jobs,
+            ray_address=ray_address,
+            progress=update,
+        )
     _report(report)
     error = report.implementation_error()
     if error:  # like `record` with an implementation that raises: the implementation cannot run
@@ -64,8 +98,10 @@ def _report(report) -> None:
     summary, output_dir = report.summary, report.output_dir
     out = console()
     cov = ", ".join(f"{k} {v}" for k, v in summary["coverage"].items()) or "none"
-    out.print(f"explored {summary['workloads']} workloads through {summary['impl']} ({summary['engine']} engine, "
-              f"seed {summary['seed']}) in {summary['seconds']} s")
+    out.print(
+        f"explored {summary['workloads']} workloads through {summary['impl']} ({summary['engine']} engine, "
+        f"seed {summary['seed']}) in {summary['seconds']} s"
+    )
     out.print(f"situations reached (workloads): {cov}")
     if not summary["findings"]:
         out.print("no finding")
@@ -74,12 +110,20 @@ def _report(report) -> None:
     for column in ("code", "severity", "workloads", "smallest: seed", "at", "trace"):
         table.add_column(column, overflow="fold")
     for code, f in summary["findings"].items():
-        table.add_row(code, f["severity"], str(f["workloads"]), str(f["seed"]),
-                      f"step {f['step']} request {f['request_id']}", f["trace"])
+        table.add_row(
+            code,
+            f["severity"],
+            str(f["workloads"]),
+            str(f["seed"]),
+            f"step {f['step']} request {f['request_id']}",
+            f["trace"],
+        )
     out.print(table)
     worst = report.most_hit()  # the divergence to shrink first
-    out.print(f"next: specreplay shrink {output_dir / summary['findings'][worst]['trace']} --code {worst} "
-              "-o min.parquet --emit-pytest test_min.py")
+    out.print(
+        f"next: specreplay shrink {output_dir / summary['findings'][worst]['trace']} --code {worst} "
+        "-o min.parquet --emit-pytest test_min.py"
+    )
 
 
 @contextmanager
@@ -90,9 +134,15 @@ def _progress(budget: int | None) -> Iterator[Callable | None]:
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("exploring"), BarColumn(), TextColumn("{task.completed} workloads"),
-                  TextColumn("{task.fields[found]}"), TimeElapsedColumn(), console=console(stderr=True),
-                  transient=True) as bar:
+    with Progress(
+        TextColumn("exploring"),
+        BarColumn(),
+        TextColumn("{task.completed} workloads"),
+        TextColumn("{task.fields[found]}"),
+        TimeElapsedColumn(),
+        console=console(stderr=True),
+        transient=True,
+    ) as bar:
         task = bar.add_task("explore", total=budget, found="")
 
         def update(done, result):

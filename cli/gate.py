@@ -13,9 +13,21 @@ from pathlib import Path
 
 import click
 
-from specreplay.cli.common import (CONTEXT, EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, console, device_option,
-                                   engine_option, executor_option, fail_on_option, format_option, handle_errors,
-                                   jobs_option, trace_impl_option)
+from specreplay.cli.common import (
+    CONTEXT,
+    EXIT_FINDINGS,
+    EXIT_INPUT,
+    EXIT_OK,
+    console,
+    device_option,
+    engine_option,
+    executor_option,
+    fail_on_option,
+    format_option,
+    handle_errors,
+    jobs_option,
+    trace_impl_option,
+)
 from specreplay.traces.errors import InputError
 
 
@@ -33,7 +45,9 @@ from specreplay.traces.errors import InputError
 @format_option
 @jobs_option
 @handle_errors
-def gate(paths, impl_name, engine, executor, device, fail_on, allow_changed, update, junit_file, github, fmt, jobs) -> None:
+def gate(
+    paths, impl_name, engine, executor, device, fail_on, allow_changed, update, junit_file, github, fmt, jobs
+) -> None:
     """Replay golden traces (files or folders; default: the shipped corpus) through an
     implementation, check every invariant, and compare with the golden.
 
@@ -94,14 +108,20 @@ def _table(results) -> None:
     from specreplay.cli import gate_reports
 
     c = gate_reports.counts(results)
-    table = Table(title=f"specreplay gate: {len(results)} traces, {c['pass']} pass, {c['fail']} fail, "
-                        f"{c['changed']} changed, {c['error']} error", title_justify="left")
+    table = Table(
+        title=f"specreplay gate: {len(results)} traces, {c['pass']} pass, {c['fail']} fail, "
+        f"{c['changed']} changed, {c['error']} error",
+        title_justify="left",
+    )
     for column in ("trace", "impl", "result", "findings", "first finding / why"):
         table.add_column(column, overflow="fold")
     for r in results:
         first = r.first
-        why = r.message if r.result in ("error", "changed") or first is None else \
-            f"step {first.step} req {first.request_id} {first.code}"
+        why = (
+            r.message
+            if r.result in ("error", "changed") or first is None
+            else f"step {first.step} req {first.request_id} {first.code}"
+        )
         if r.notes:
             why += "  [" + "; ".join(r.notes) + "]"
         errors = sum(f.severity == "error" for f in r.findings)
@@ -117,8 +137,10 @@ def _print_updates(updates) -> None:
         elif u.status == "unchanged":
             click.echo(f"same    {u.path}")
         else:
-            what = u.message or (f"first change at step {u.first.step}, request {u.first.request_id}, {u.first.field}; "
-                                 + ", ".join(f"{k} x{v}" for k, v in sorted(u.changed_fields.items())))
+            what = u.message or (
+                f"first change at step {u.first.step}, request {u.first.request_id}, {u.first.field}; "
+                + ", ".join(f"{k} x{v}" for k, v in sorted(u.changed_fields.items()))
+            )
             click.echo(f"updated {u.path}: {what}")
     if any(u.status == "error" for u in updates):
         sys.exit(EXIT_INPUT)

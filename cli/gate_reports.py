@@ -91,9 +91,14 @@ def _escape_property(text: str) -> str:
 
 def markdown_summary(results: list[GateResult]) -> str:
     c = counts(results)
-    lines = ["## specreplay gate", "",
-             f"{len(results)} traces: {c['pass']} pass, {c['fail']} fail, {c['changed']} changed, {c['error']} error", "",
-             "| trace | result | first finding |", "| --- | --- | --- |"]
+    lines = [
+        "## specreplay gate",
+        "",
+        f"{len(results)} traces: {c['pass']} pass, {c['fail']} fail, {c['changed']} changed, {c['error']} error",
+        "",
+        "| trace | result | first finding |",
+        "| --- | --- | --- |",
+    ]
     size = sum(len(line) + 1 for line in lines)
     for i, r in enumerate(results):
         first = r.first
@@ -111,5 +116,8 @@ def markdown_summary(results: list[GateResult]) -> str:
 
 def gate_json(results: list[GateResult]) -> str:
     c = counts(results)
-    return json.dumps({"counts": {k: c[k] for k in ("pass", "fail", "changed", "error")},
-                       "results": [r.to_dict() for r in results]}, indent=2, default=str)
+    return json.dumps(
+        {"counts": {k: c[k] for k in ("pass", "fail", "changed", "error")}, "results": [r.to_dict() for r in results]},
+        indent=2,
+        default=str,
+    )

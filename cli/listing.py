@@ -31,18 +31,40 @@ def info(trace_path, fmt) -> None:
     seen: set[str] = set()
     for batch in trace.batches(columns=("request_id",)):
         seen.update(batch.column("request_id").unique().to_pylist())
-    doc = {"path": str(trace_path), "schema_version": trace.schema_version, "specreplay_version": trace.version,
-           "impl": trace.impl, "config": trace.config, "outcome": trace.outcome, "seed": trace.seed,
-           "device": trace.device, "steps": trace.num_steps, "rows": trace.num_rows,
-           "requests": len(seen), "bytes": trace_path.stat().st_size,
-           "volatile": trace.volatile, "events": _event_counts(trace.workload)}
+    doc = {
+        "path": str(trace_path),
+        "schema_version": trace.schema_version,
+        "specreplay_version": trace.version,
+        "impl": trace.impl,
+        "config": trace.config,
+        "outcome": trace.outcome,
+        "seed": trace.seed,
+        "device": trace.device,
+        "steps": trace.num_steps,
+        "rows": trace.num_rows,
+        "requests": len(seen),
+        "bytes": trace_path.stat().st_size,
+        "volatile": trace.volatile,
+        "events": _event_counts(trace.workload),
+    }
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
         return
     out = console()
     out.print(trace_header(trace, str(trace_path)))
-    for key in ("schema_version", "specreplay_version", "impl", "config", "outcome", "seed", "device",
-                "requests", "events", "bytes", "volatile"):
+    for key in (
+        "schema_version",
+        "specreplay_version",
+        "impl",
+        "config",
+        "outcome",
+        "seed",
+        "device",
+        "requests",
+        "events",
+        "bytes",
+        "volatile",
+    ):
         if key != "events" or doc[key]:
             out.print(f"  {key}: {doc[key]}")
 

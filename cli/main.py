@@ -27,7 +27,21 @@ def main() -> None:
     """
 
 
-for command in (record.record, record.replay, record.recover, record.compare, diff.diff, gate.gate,
-                explore.explore, shrink.shrink, show.show, show.export, listing.info, listing.scenarios, listing.impls,
-                listing.codes, listing.schema):
+for command in (
+    record.record,
+    record.replay,
+    record.recover,
+    record.compare,
+    diff.diff,
+    gate.gate,
+    explore.explore,
+    shrink.shrink,
+    show.show,
+    show.export,
+    listing.info,
+    listing.scenarios,
+    listing.impls,
+    listing.codes,
+    listing.schema,
+):
     main.add_command(command)

@@ -11,17 +11,33 @@ from pathlib import Path
 
 import click
 
-from specreplay.cli.common import (CONTEXT, console, device_option, engine_option, executor_option, format_option,
-                                   handle_errors, impl_option, progress, trace_argument, trace_impl_option,
-                                   workload_options)
+from specreplay.cli.common import (
+    CONTEXT,
+    console,
+    device_option,
+    engine_option,
+    executor_option,
+    format_option,
+    handle_errors,
+    impl_option,
+    progress,
+    trace_argument,
+    trace_impl_option,
+    workload_options,
+)
 from specreplay.replay.workflows.recording import FLUSH_EVERY  # light: the engines load when a command runs
 
 flush_option = click.option(
-    "--flush-every", type=click.IntRange(min=1), default=FLUSH_EVERY, show_default=True,
+    "--flush-every",
+    type=click.IntRange(min=1),
+    default=FLUSH_EVERY,
+    show_default=True,
     help="Steps between appends of settled rows to OUTPUT.partial while recording (and at least every "
-         "0.5 s); a crash keeps them (`specreplay recover`).")
-output_option = click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
-                             help="Trace file to write (.parquet).")
+    "0.5 s); a crash keeps them (`specreplay recover`).",
+)
+output_option = click.option(
+    "-o", "--output", type=click.Path(path_type=Path), required=True, help="Trace file to write (.parquet)."
+)
 
 
 def _summary(recorded) -> None:
@@ -29,8 +45,10 @@ def _summary(recorded) -> None:
     from specreplay.replay.check.findings import verdict
 
     trace, findings, output = recorded.trace, recorded.findings, recorded.path
-    line = (f"wrote {output}: {trace.num_steps} steps, {trace.num_rows} rows, outcome "
-            f"{trace.outcome.get('status')}; check: {verdict(findings)}")
+    line = (
+        f"wrote {output}: {trace.num_steps} steps, {trace.num_rows} rows, outcome "
+        f"{trace.outcome.get('status')}; check: {verdict(findings)}"
+    )
     if findings:
         line += f" ({code_counts(findings)}); see `specreplay diff {output}`"
     click.echo(line)
@@ -42,15 +60,24 @@ def _summary(recorded) -> None:
 @engine_option
 @executor_option
 @device_option
-@click.option("--model", default=None, help="--engine vllm: a model with real weights (folder or hub name); "
-              "default: a tiny dummy-weight model written on the fly.")
+@click.option(
+    "--model",
+    default=None,
+    help="--engine vllm: a model with real weights (folder or hub name); "
+    "default: a tiny dummy-weight model written on the fly.",
+)
 @output_option
-@click.option("--max-steps", type=click.IntRange(min=1), default=None,
-              help="Stop the run after this many engine steps (default: the workload's max_steps).")
+@click.option(
+    "--max-steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Stop the run after this many engine steps (default: the workload's max_steps).",
+)
 @flush_option
 @handle_errors
-def record(scenario, workload_file, seed, impl_name, engine, executor, device, model, output, max_steps,
-           flush_every) -> None:
+def record(
+    scenario, workload_file, seed, impl_name, engine, executor, device, model, output, max_steps, flush_every
+) -> None:
     """Run a workload through an implementation and record both views to a Parquet trace.
 
     While it runs, settled rows go to OUTPUT.partial every --flush-every steps and on any error, so
@@ -63,8 +90,19 @@ def record(scenario, workload_file, seed, impl_name, engine, executor, device, m
     from specreplay.replay.workflows.recording import pick_workload, record_to
 
     workload = pick_workload(scenario, workload_file, seed, max_steps)
-    _summary(record_to(output, workload, impl_name, executor=executor, engine=engine or "reference", device=device,
-                       model=model, flush_every=flush_every, progress=progress))
+    _summary(
+        record_to(
+            output,
+            workload,
+            impl_name,
+            executor=executor,
+            engine=engine or "reference",
+            device=device,
+            model=model,
+            flush_every=flush_every,
+            progress=progress,
+        )
+    )
 
 
 @click.command(context_settings=CONTEXT)
@@ -85,14 +123,29 @@ def replay(trace_path, impl_name, engine, executor, device, output, flush_every)
     """
     from specreplay.replay.workflows.recording import replay_to
 
-    _summary(replay_to(output, trace_path, impl_name, executor=executor, engine=engine, device=device,
-                       flush_every=flush_every, progress=progress))
+    _summary(
+        replay_to(
+            output,
+            trace_path,
+            impl_name,
+            executor=executor,
+            engine=engine,
+            device=device,
+            flush_every=flush_every,
+            progress=progress,
+        )
+    )
 
 
 @click.command(context_settings=CONTEXT)
 @click.argument("journal", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Trace file to write (default: the journal's name with .recovered.parquet).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Trace file to write (default: the journal's name with .recovered.parquet).",
+)
 @handle_errors
 def recover(journal, output) -> None:
     """Turn the journal of a recording that did not finish (OUTPUT.partial, left by a crash or a
@@ -106,8 +159,10 @@ def recover(journal, output) -> None:
 
     recovered = recover_to(journal, output)
     trace, last = recovered.trace, recovered.trace.outcome["step"]
-    click.echo(f"wrote {recovered.path}: steps 1..{last}, {trace.num_rows} rows, outcome partial "
-               f"(the recording stopped after step {last})")
+    click.echo(
+        f"wrote {recovered.path}: steps 1..{last}, {trace.num_rows} rows, outcome partial "
+        f"(the recording stopped after step {last})"
+    )
 
 
 DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
@@ -115,12 +170,23 @@ DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
 
 @click.command(context_settings=CONTEXT)
 @workload_options
-@click.option("--impls", "impl_names", default=",".join(DEFAULT_COMPARE), show_default=True,
-              help="Comma-separated implementations to record side by side.")
+@click.option(
+    "--impls",
+    "impl_names",
+    default=",".join(DEFAULT_COMPARE),
+    show_default=True,
+    help="Comma-separated implementations to record side by side.",
+)
 @engine_option
 @device_option
-@click.option("-o", "--output-dir", type=click.Path(path_type=Path), default=Path("specreplay-traces"),
-              show_default=True, help="Folder for the traces, one per implementation.")
+@click.option(
+    "-o",
+    "--output-dir",
+    type=click.Path(path_type=Path),
+    default=Path("specreplay-traces"),
+    show_default=True,
+    help="Folder for the traces, one per implementation.",
+)
 @format_option
 @handle_errors
 def compare(scenario, workload_file, seed, impl_names, engine, device, output_dir, fmt) -> None:
@@ -137,13 +203,20 @@ def compare(scenario, workload_file, seed, impl_names, engine, device, output_di
     from specreplay.replay.workflows.recording import compare_to, pick_workload
 
     names = [n.strip() for n in impl_names.split(",") if n.strip()]
-    comparison = compare_to(output_dir, pick_workload(scenario, workload_file, seed), names,
-                            engine=engine or "reference", device=device, progress=progress)
+    comparison = compare_to(
+        output_dir,
+        pick_workload(scenario, workload_file, seed),
+        names,
+        engine=engine or "reference",
+        device=device,
+        progress=progress,
+    )
     if fmt == "json":
         import json
 
-        click.echo(json.dumps({"workload": comparison.workload.name, "results": comparison.results}, indent=2,
-                              default=str))
+        click.echo(
+            json.dumps({"workload": comparison.workload.name, "results": comparison.results}, indent=2, default=str)
+        )
         return
     _compare_table(comparison)
 
@@ -152,17 +225,25 @@ def _compare_table(comparison) -> None:
     from rich.table import Table
 
     workload = comparison.workload
-    table = Table(title=f"{workload.name}: {len(workload.requests)} requests, "
-                        f"{'async' if workload.config.async_scheduling else 'sync'}, "
-                        f"budget {workload.config.max_num_batched_tokens}, k={workload.config.num_spec_tokens}",
-                  title_justify="left")
+    table = Table(
+        title=f"{workload.name}: {len(workload.requests)} requests, "
+        f"{'async' if workload.config.async_scheduling else 'sync'}, "
+        f"budget {workload.config.max_num_batched_tokens}, k={workload.config.num_spec_tokens}",
+        title_justify="left",
+    )
     for column in ("impl", "verdict", "errors", "warnings", "first finding", "trace"):
         table.add_column(column, overflow="fold")
     for row in comparison.results:
         f = row["first"]
         first = "-" if f is None else f"step {f['step']} req {f['request_id']} {f['code']}"
-        table.add_row(row["impl"], row["verdict"] + ("" if row["outcome"] == "completed" else f" ({row['outcome']})"),
-                      str(row["errors"]), str(row["warnings"]), first, row["trace"])
+        table.add_row(
+            row["impl"],
+            row["verdict"] + ("" if row["outcome"] == "completed" else f" ({row['outcome']})"),
+            str(row["errors"]),
+            str(row["warnings"]),
+            first,
+            row["trace"],
+        )
     out = console()
     out.print(table)
     out.print("details: specreplay diff TRACE   (exit 1 when it finds errors)")

@@ -22,8 +22,10 @@ EXAMPLES_PER_CODE = 3
 def findings_json(findings: list[Finding], extra: dict[str, Any] | None = None, verdict_text: str | None = None) -> str:
     # The finding keys `diff --json` documents (README; tests/cli pins them). The evidence fields
     # (expected, actual, life, detail) that Finding.to_dict() adds stay out of this output.
-    doc: dict[str, Any] = {"verdict": verdict_text or verdict(findings),
-                           "findings": [f.to_dict(evidence=False) for f in findings]}
+    doc: dict[str, Any] = {
+        "verdict": verdict_text or verdict(findings),
+        "findings": [f.to_dict(evidence=False) for f in findings],
+    }
     if extra:
         doc.update(extra)
     return json.dumps(doc, indent=2, default=str)
@@ -39,12 +41,16 @@ def findings_lines(findings: list[Finding], trace_path: str | None = None) -> li
     for code, items in sorted(by_code.items(), key=lambda kv: (kv[1][0].step, kv[0])):
         for f in items[:EXAMPLES_PER_CODE]:
             req = f.request_id if f.request_id is not None else "-"
-            lines.append(f"  {f.severity:7} {f.code}  step {f.step}  request {req}  {f.field}: "
-                         f"scheduler {_v(f.scheduler)} / worker {_v(f.worker)}")
+            lines.append(
+                f"  {f.severity:7} {f.code}  step {f.step}  request {req}  {f.field}: "
+                f"scheduler {_v(f.scheduler)} / worker {_v(f.worker)}"
+            )
             lines.append(f"          {f.message}")
             if trace_path is not None and f.request_id is not None:
-                lines.append(f"          show: specreplay show {trace_path} --request {f.request_id} "
-                             f"--steps {max(1, f.step - 4)}:{f.step + 4}")
+                lines.append(
+                    f"          show: specreplay show {trace_path} --request {f.request_id} "
+                    f"--steps {max(1, f.step - 4)}:{f.step + 4}"
+                )
         if len(items) > EXAMPLES_PER_CODE:
             lines.append(f"          ... and {len(items) - EXAMPLES_PER_CODE} more {code}")
     return lines
@@ -55,10 +61,20 @@ def _v(value: Any) -> str:
 
 
 STORY_COLUMNS = (
-    ("step", "m"), ("sched_kind", "kind"), ("sched_skip", "skip"), ("sched_num_scheduled_tokens", "n"),
-    ("sched_num_draft_slots", "k"), ("sched_num_computed_tokens", "C"), ("sched_num_output_placeholders", "P"),
-    ("sched_num_tokens", "T"), ("worker_in_prev_map", "pm"), ("worker_cached_drafts", "dr"), ("worker_num_scheduled_tokens", "wn"),
-    ("worker_num_computed_tokens", "wC"), ("worker_num_accepted", "acc"), ("truth_num_computed_tokens", "KV"),
+    ("step", "m"),
+    ("sched_kind", "kind"),
+    ("sched_skip", "skip"),
+    ("sched_num_scheduled_tokens", "n"),
+    ("sched_num_draft_slots", "k"),
+    ("sched_num_computed_tokens", "C"),
+    ("sched_num_output_placeholders", "P"),
+    ("sched_num_tokens", "T"),
+    ("worker_in_prev_map", "pm"),
+    ("worker_cached_drafts", "dr"),
+    ("worker_num_scheduled_tokens", "wn"),
+    ("worker_num_computed_tokens", "wC"),
+    ("worker_num_accepted", "acc"),
+    ("truth_num_computed_tokens", "KV"),
 )
 
 
@@ -67,9 +83,15 @@ def story_table(rows: pa.Table, request_id: str, upto_step: int, steps_before: i
     least those rows (`TraceFile.rows_of`, or a whole trace's table)."""
     from rich import box
 
-    table = Table(title=f"request {request_id!r} up to step {upto_step} (C P T: scheduler before the step; pm: in the "
-                        "worker's prev map; dr: drafts cached for it; wn: tokens the worker ran; wC: worker after correction; KV: valid in cache)",
-                  title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    table = Table(
+        title=f"request {request_id!r} up to step {upto_step} (C P T: scheduler before the step; pm: in the "
+        "worker's prev map; dr: drafts cached for it; wn: tokens the worker ran; wC: worker after correction; "
+        "KV: valid in cache)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+    )
     for _, label in STORY_COLUMNS:
         table.add_column(label, justify="right", no_wrap=True)
     steps = rows["step"].to_pylist()
@@ -77,14 +99,30 @@ def story_table(rows: pa.Table, request_id: str, upto_step: int, steps_before: i
     shown = [i for i, (s, r) in enumerate(zip(steps, rids)) if r == request_id and s <= upto_step][-steps_before:]
     cols = {name: rows[name].to_pylist() for name, _ in STORY_COLUMNS}
     for i in shown:
-        table.add_row(*[_SHORT.get(cols[name][i], _cell(cols[name][i])) if name in ("sched_kind", "sched_skip")
-                        else _cell(cols[name][i]) for name, _ in STORY_COLUMNS])
+        table.add_row(
+            *[
+                _SHORT.get(cols[name][i], _cell(cols[name][i]))
+                if name in ("sched_kind", "sched_skip")
+                else _cell(cols[name][i])
+                for name, _ in STORY_COLUMNS
+            ]
+        )
     return table
 
 
-_SHORT = {"unscheduled": "-", "reentering": "REENTRY", "cached": "cached", "budget": "budget",
-          "max_tokens": "maxtok", "no_tokens": "notok", "preempted": "preempt", "waiting": "wait",
-          "finished": "done", "resumed": "resume", "": ""}
+_SHORT = {
+    "unscheduled": "-",
+    "reentering": "REENTRY",
+    "cached": "cached",
+    "budget": "budget",
+    "max_tokens": "maxtok",
+    "no_tokens": "notok",
+    "preempted": "preempt",
+    "waiting": "wait",
+    "finished": "done",
+    "resumed": "resume",
+    "": "",
+}
 
 
 def _cell(value: Any) -> str:
@@ -104,7 +142,9 @@ def code_counts(findings: list[Finding]) -> str:
 
 def trace_header(trace: Trace, path: str) -> str:
     cfg = trace.config
-    return (f"{path}: {trace.workload.get('name', '?')} via {trace.impl_name} "
-            f"({'async' if cfg.get('async_scheduling') else 'sync'}, budget {cfg.get('max_num_batched_tokens')}, "
-            f"k={cfg.get('num_spec_tokens')}), {trace.num_steps} steps, {trace.num_rows} rows, "
-            f"outcome {trace.outcome.get('status')}")
+    return (
+        f"{path}: {trace.workload.get('name', '?')} via {trace.impl_name} "
+        f"({'async' if cfg.get('async_scheduling') else 'sync'}, budget {cfg.get('max_num_batched_tokens')}, "
+        f"k={cfg.get('num_spec_tokens')}), {trace.num_steps} steps, {trace.num_rows} rows, "
+        f"outcome {trace.outcome.get('status')}"
+    )

@@ -15,8 +15,16 @@ from specreplay.cli.common import CONTEXT, console, handle_errors, trace_argumen
 from specreplay.replay.views.timeline import FIELDS  # plain data, no torch: --help stays fast
 from specreplay.traces.errors import InputError
 
-STYLES = {"ok": "green", "new": "cyan", "reentry": "bold yellow", "skip": "magenta", "bad": "bold red",
-          "warn": "yellow", "dim": "dim", "": ""}
+STYLES = {
+    "ok": "green",
+    "new": "cyan",
+    "reentry": "bold yellow",
+    "skip": "magenta",
+    "bad": "bold red",
+    "warn": "yellow",
+    "dim": "dim",
+    "": "",
+}
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
@@ -35,11 +43,22 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
 
 @click.command(context_settings=CONTEXT)
 @trace_argument
-@click.option("--request", "requests", multiple=True, help="Request id to show (repeatable; default: those with findings).")
-@click.option("--steps", "steps_text", default=None, help="Steps A:B to show (default: all, or a window around "
-              "the first finding on a long trace).")
-@click.option("--field", "field_name", type=click.Choice(sorted(FIELDS)), default=None,
-              help="Also show this counter on both sides.")
+@click.option(
+    "--request", "requests", multiple=True, help="Request id to show (repeatable; default: those with findings)."
+)
+@click.option(
+    "--steps",
+    "steps_text",
+    default=None,
+    help="Steps A:B to show (default: all, or a window around the first finding on a long trace).",
+)
+@click.option(
+    "--field",
+    "field_name",
+    type=click.Choice(sorted(FIELDS)),
+    default=None,
+    help="Also show this counter on both sides.",
+)
 @click.option("--svg", "svg_file", type=click.Path(path_type=Path), default=None, help="Save the picture as SVG too.")
 @handle_errors
 def show(trace_path, requests, steps_text, field_name, svg_file) -> None:
@@ -61,10 +80,16 @@ def show(trace_path, requests, steps_text, field_name, svg_file) -> None:
     window = steps or default_steps(trace.num_steps, findings)
     timeline = build_timeline(trace, findings, list(requests) or None, window, field_name)
     if requests and not timeline.lanes:
-        raise InputError(f"{trace_path}: no request {', '.join(requests)} in steps "
-                         f"{window[0] if window else 1}:{window[1] if window else trace.num_steps}")
+        raise InputError(
+            f"{trace_path}: no request {', '.join(requests)} in steps "
+            f"{window[0] if window else 1}:{window[1] if window else trace.num_steps}"
+        )
     out = console()
-    note = "" if steps or window is None else f" (steps {window[0]}:{window[1]} of {trace.num_steps}; --steps picks others)"
+    note = (
+        ""
+        if steps or window is None
+        else f" (steps {window[0]}:{window[1]} of {trace.num_steps}; --steps picks others)"
+    )
     title = f"{trace_path}: {trace.workload.get('name', '?')} via {trace.impl_name}, {len(findings)} findings{note}"
     shown = len({lane.request_id for lane in timeline.lanes})
     if not requests and shown < timeline.requests_in_range:
@@ -82,8 +107,15 @@ def _save_svg(svg_file: Path, title: str, timeline, width: int, name: str) -> No
 
     from rich.console import Console
 
-    picture = Console(file=io.StringIO(), record=True, width=width, force_terminal=True,
-                      color_system="truecolor", highlight=False, markup=False)
+    picture = Console(
+        file=io.StringIO(),
+        record=True,
+        width=width,
+        force_terminal=True,
+        color_system="truecolor",
+        highlight=False,
+        markup=False,
+    )
     picture.print(title)
     render(picture, timeline)
     try:
@@ -105,7 +137,7 @@ def render(out, timeline) -> None:
     per_block = max(1, (out.width - label_width - 1) // (CELL + 1))
     steps = list(range(timeline.first_step, timeline.last_step + 1))
     for start in range(0, len(steps), per_block):
-        block = steps[start:start + per_block]
+        block = steps[start : start + per_block]
         header = Text(" " * label_width)
         for step in block:
             header.append(f"{step:>{CELL + 1}}", style="bold")
@@ -122,20 +154,41 @@ def render(out, timeline) -> None:
                 line.append(f"{text:>{CELL + 1}}", style=STYLES.get(cell.style, "") if cell else "")
             out.print(line, no_wrap=True, crop=True)
         out.print()
-    out.print(Text("legend: " + "; ".join(f"{glyph} {meaning}" for glyph, meaning in LEGEND)
-                   + "; findings lane: the code where it fires (* more than one); C P n k out T KV: the "
-                   "counter asked for with --field", style="dim"))
+    out.print(
+        Text(
+            "legend: "
+            + "; ".join(f"{glyph} {meaning}" for glyph, meaning in LEGEND)
+            + "; findings lane: the code where it fires (* more than one); C P n k out T KV: the "
+            "counter asked for with --field",
+            style="dim",
+        )
+    )
 
 
 @click.command(context_settings=CONTEXT)
 @trace_argument
-@click.option("--perfetto", "out_file", type=click.Path(path_type=Path), required=True,
-              help="Chrome/Perfetto trace-event JSON to write (open it in ui.perfetto.dev).")
+@click.option(
+    "--perfetto",
+    "out_file",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Chrome/Perfetto trace-event JSON to write (open it in ui.perfetto.dev).",
+)
 @click.option("--steps", "steps_text", default=None, help="Steps A:B to export (default: from step 1).")
-@click.option("--max-steps", type=click.IntRange(min=1), default=2000, show_default=True,
-              help="At most this many steps per file, so the viewer stays fast.")
-@click.option("--max-rows", type=click.IntRange(min=1), default=20_000, show_default=True,
-              help="At most this many request-steps per file (about 700 bytes each).")
+@click.option(
+    "--max-steps",
+    type=click.IntRange(min=1),
+    default=2000,
+    show_default=True,
+    help="At most this many steps per file, so the viewer stays fast.",
+)
+@click.option(
+    "--max-rows",
+    type=click.IntRange(min=1),
+    default=20_000,
+    show_default=True,
+    help="At most this many request-steps per file (about 700 bytes each).",
+)
 @handle_errors
 def export(trace_path, out_file, steps_text, max_steps, max_rows) -> None:
     """Export a trace for the Perfetto UI: per request a scheduler track and a worker track,
@@ -162,5 +215,7 @@ def export(trace_path, out_file, steps_text, max_steps, max_rows) -> None:
     other = doc["otherData"]
     shown_last = min(other["last_step"], trace.num_steps)
     more = "" if shown_last >= trace.num_steps else f" of {trace.num_steps} (--steps for the rest)"
-    click.echo(f"wrote {out_file}: steps {other['first_step']}..{shown_last}{more}, {len(doc['traceEvents'])} events; "
-               "open it in https://ui.perfetto.dev")
+    click.echo(
+        f"wrote {out_file}: steps {other['first_step']}..{shown_last}{more}, {len(doc['traceEvents'])} events; "
+        "open it in https://ui.perfetto.dev"
+    )

@@ -16,15 +16,24 @@ from specreplay.cli.common import CONTEXT, engine_option, handle_errors, trace_a
 
 @click.command(context_settings=CONTEXT)
 @trace_argument
-@click.option("--code", default=None, help="Finding code to keep firing (default: the trace's first error, "
-              "else its first finding).")
+@click.option(
+    "--code",
+    default=None,
+    help="Finding code to keep firing (default: the trace's first error, else its first finding).",
+)
 @trace_impl_option
 @engine_option
-@click.option("--max-runs", type=click.IntRange(min=1), default=3000, show_default=True,
-              help="Stop after this many replays.")
+@click.option(
+    "--max-runs", type=click.IntRange(min=1), default=3000, show_default=True, help="Stop after this many replays."
+)
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Minimal trace to write.")
-@click.option("--emit-pytest", "pytest_file", type=click.Path(path_type=Path), default=None,
-              help="Also write a self-contained pytest module that fails while the code fires.")
+@click.option(
+    "--emit-pytest",
+    "pytest_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Also write a self-contained pytest module that fails while the code fires.",
+)
 @handle_errors
 def shrink(trace_path, code, impl_name, engine, max_runs, output, pytest_file) -> None:
     """Cut a failing trace's workload down while the same finding code still fires: fewer
@@ -37,12 +46,15 @@ def shrink(trace_path, code, impl_name, engine, max_runs, output, pytest_file) -
     """
     from specreplay.replay.workflows.shrink import shrink_to
 
-    report = shrink_to(trace_path, output, code=code, impl=impl_name, engine=engine, max_runs=max_runs,
-                       pytest_file=pytest_file)
+    report = shrink_to(
+        trace_path, output, code=code, impl=impl_name, engine=engine, max_runs=max_runs, pytest_file=pytest_file
+    )
     before, after, shrunk = report.before, report.after, report.shrunk
-    click.echo(f"shrunk {trace_path} while {shrunk.code} fires on {report.impl}: {before[0]} requests, {before[1]} "
-               f"steps, {before[2]} tokens -> {after[0]} requests, {after[1]} steps, {after[2]} tokens "
-               f"({shrunk.runs} replays, {len(shrunk.reductions)} reductions kept)")
+    click.echo(
+        f"shrunk {trace_path} while {shrunk.code} fires on {report.impl}: {before[0]} requests, {before[1]} "
+        f"steps, {before[2]} tokens -> {after[0]} requests, {after[1]} steps, {after[2]} tokens "
+        f"({shrunk.runs} replays, {len(shrunk.reductions)} reductions kept)"
+    )
     click.echo(f"wrote {output}; see `specreplay diff {output}`")
     if pytest_file is not None:
         click.echo(f"wrote {pytest_file}: fails while {shrunk.code} fires (SPECREPLAY_IMPL picks the implementation)")

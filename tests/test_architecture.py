@@ -80,8 +80,12 @@ def test_each_package_imports_only_the_stages_before_it():
 
 
 def test_torch_stays_out_of_the_light_packages():
-    heavy = [f"replay/{package}/{path.name}" for package in NO_TORCH for path in sorted((ROOT / package).glob("*.py"))
-             if any(name == "torch" or name.startswith("torch.") for name in top_level_imports(path))]
+    heavy = [
+        f"replay/{package}/{path.name}"
+        for package in NO_TORCH
+        for path in sorted((ROOT / package).glob("*.py"))
+        if any(name == "torch" or name.startswith("torch.") for name in top_level_imports(path))
+    ]
     assert not heavy, heavy
 
 

@@ -32,7 +32,9 @@ def test_readme_example_implementation_runs(tmp_path, monkeypatch):
     (tmp_path / "myfix.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "mine.parquet"
-    result = CliRunner().invoke(main, ["record", "--scenario", "reentry", "--impl", "myfix:ClearOnSkip", "-o", str(out)])
+    result = CliRunner().invoke(
+        main, ["record", "--scenario", "reentry", "--impl", "myfix:ClearOnSkip", "-o", str(out)]
+    )
     assert result.exit_code == 0, result.output
     assert "check: ok" in result.output
     # A name read from a trace never imports code: replaying it by its own name is refused.

@@ -88,10 +88,16 @@ def section_resolves(section: str, doc: str) -> bool:
 
 
 def unresolved(names: dict[str, list[str]], sections: dict[str, list[str]], doc: str) -> list[str]:
-    missing = [f"{name} (cited at {', '.join(where[:3])})" for name, where in sorted(names.items())
-               if not name_resolves(name, doc)]
-    missing += [f"section {number} (cited at {', '.join(where[:3])})" for number, where in sorted(sections.items())
-                if not section_resolves(number, doc)]
+    missing = [
+        f"{name} (cited at {', '.join(where[:3])})"
+        for name, where in sorted(names.items())
+        if not name_resolves(name, doc)
+    ]
+    missing += [
+        f"section {number} (cited at {', '.join(where[:3])})"
+        for number, where in sorted(sections.items())
+        if not section_resolves(number, doc)
+    ]
     return missing
 
 

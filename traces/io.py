@@ -41,8 +41,9 @@ def write_trace(trace: Trace, path: str | os.PathLike[str], row_group_size: int 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size,
-                       use_dictionary=True, write_statistics=True)
+        pq.write_table(
+            table, tmp, compression="zstd", row_group_size=row_group_size, use_dictionary=True, write_statistics=True
+        )
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a trace is an ordinary file
@@ -70,7 +71,7 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     return open_trace(path).read()
 
 
-def open_trace(path: str | os.PathLike[str]) -> "TraceFile":
+def open_trace(path: str | os.PathLike[str]) -> TraceFile:
     """Open a trace file: its footer (schema, columns, metadata) is validated now, its rows batch
     by batch as they are read. Raises `TraceError` with one line on any problem."""
     path = Path(path)
@@ -86,10 +87,13 @@ def open_trace(path: str | os.PathLike[str]) -> "TraceFile":
         from specreplay.traces.journal import is_journal
 
         if is_journal(path):
-            raise TraceError(f"{where}: is the journal of a recording that did not finish; "
-                             f"turn it into a trace with `specreplay recover {where}`") from None
-        raise TraceError(f"{where}: not a readable Parquet file ({_short(exc)}); "
-                         "record a trace with `specreplay record`") from None
+            raise TraceError(
+                f"{where}: is the journal of a recording that did not finish; "
+                f"turn it into a trace with `specreplay recover {where}`"
+            ) from None
+        raise TraceError(
+            f"{where}: not a readable Parquet file ({_short(exc)}); record a trace with `specreplay record`"
+        ) from None
     meta = file_schema.metadata or {}
     _check_schema_version(where, meta)
     _check_columns(where, file_schema)
@@ -147,8 +151,9 @@ class TraceFile:
             try:
                 group = group.select(list(schema.COLUMN_NAMES)).cast(schema.SCHEMA)
             except (pa.ArrowException, ValueError) as exc:
-                raise TraceError(f"{self.where}: columns do not match schema v{schema.SCHEMA_VERSION} "
-                                 f"({_short(exc)})") from None
+                raise TraceError(
+                    f"{self.where}: columns do not match schema v{schema.SCHEMA_VERSION} ({_short(exc)})"
+                ) from None
             validator.check(group)
             yield group if columns is None else group.select(list(columns))
 
@@ -175,8 +180,10 @@ class TraceFile:
             table.validate(full=True)
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise TraceError(f"{self.where}: Parquet data is damaged or truncated ({_short(exc)})") from None
-        keep = pc.and_(pc.equal(table["request_id"], request_id),
-                       pc.and_(pc.greater_equal(table["step"], first_step), pc.less_equal(table["step"], last_step)))
+        keep = pc.and_(
+            pc.equal(table["request_id"], request_id),
+            pc.and_(pc.greater_equal(table["step"], first_step), pc.less_equal(table["step"], last_step)),
+        )
         return table.filter(keep)
 
 
@@ -209,18 +216,23 @@ def _short(exc: BaseException) -> str:
 def _check_schema_version(where: str, meta: dict[bytes, bytes]) -> None:
     raw = meta.get(schema.META_SCHEMA_VERSION)
     if raw is None:
-        raise TraceError(f"{where}: Parquet file without specreplay metadata (no schema version); "
-                         "it was not written by specreplay")
+        raise TraceError(
+            f"{where}: Parquet file without specreplay metadata (no schema version); it was not written by specreplay"
+        )
     try:
         version = int(raw)
     except ValueError:
         raise TraceError(f"{where}: schema version {raw[:40]!r} is not a number") from None
     if version > schema.SCHEMA_VERSION:
-        raise TraceError(f"{where}: trace schema v{version} is newer than this specreplay reads "
-                         f"(v{schema.SCHEMA_VERSION}); upgrade specreplay")
+        raise TraceError(
+            f"{where}: trace schema v{version} is newer than this specreplay reads "
+            f"(v{schema.SCHEMA_VERSION}); upgrade specreplay"
+        )
     if version == 1:
-        raise TraceError(f"{where}: trace schema v1 (specreplay 0.1, before request lives and control events); "
-                         f"this specreplay reads v{schema.SCHEMA_VERSION}: record the workload again")
+        raise TraceError(
+            f"{where}: trace schema v1 (specreplay 0.1, before request lives and control events); "
+            f"this specreplay reads v{schema.SCHEMA_VERSION}: record the workload again"
+        )
     if version < 1 or version != schema.SCHEMA_VERSION:
         raise TraceError(f"{where}: trace schema v{version} is not supported (expected v{schema.SCHEMA_VERSION})")
 
@@ -234,8 +246,9 @@ def _check_columns(where: str, file_schema: pa.Schema) -> None:
         if field.name in names:
             got = file_schema.field(field.name).type
             want = field.type
-            same = got.equals(want) or (pa.types.is_dictionary(want) and pa.types.is_dictionary(got)
-                                        and got.value_type.equals(want.value_type))
+            same = got.equals(want) or (
+                pa.types.is_dictionary(want) and pa.types.is_dictionary(got) and got.value_type.equals(want.value_type)
+            )
             if not same:
                 mistyped.append(f"{field.name} is {got}, expected {want}")
     problems = []
@@ -246,8 +259,11 @@ def _check_columns(where: str, file_schema: pa.Schema) -> None:
     if mistyped:
         problems.append("mistyped: " + "; ".join(mistyped[:4]) + (" ..." if len(mistyped) > 4 else ""))
     if problems:
-        raise TraceError(f"{where}: does not match trace schema v{schema.SCHEMA_VERSION} ("
-                         + "; ".join(problems) + "); re-record it with this specreplay")
+        raise TraceError(
+            f"{where}: does not match trace schema v{schema.SCHEMA_VERSION} ("
+            + "; ".join(problems)
+            + "); re-record it with this specreplay"
+        )
 
 
 def _check_metadata(where: str, config: dict[str, Any], outcome: dict[str, Any], impl: dict[str, Any]) -> None:

@@ -104,8 +104,9 @@ def recover(path: str | os.PathLike[str]) -> Trace:
     try:
         reader = pa.ipc.open_stream(pa.OSFile(where, "rb"))
     except (pa.ArrowException, OSError, ValueError):
-        raise TraceError(f"{where}: not a specreplay recording journal (no Arrow stream header); "
-                         "nothing to recover") from None
+        raise TraceError(
+            f"{where}: not a specreplay recording journal (no Arrow stream header); nothing to recover"
+        ) from None
     header = header_from_metadata(where, reader.schema.metadata or {}, outcome_required=False)
     batches = []
     while True:
@@ -119,8 +120,10 @@ def recover(path: str | os.PathLike[str]) -> Trace:
         if batch.num_rows:
             batches.append(batch)
     if not batches:
-        raise TraceError(f"{where}: the recording stopped before its first flush; the journal holds no "
-                         "complete step, nothing to recover")
+        raise TraceError(
+            f"{where}: the recording stopped before its first flush; the journal holds no "
+            "complete step, nothing to recover"
+        )
     table = pa.Table.from_batches(batches, schema=reader.schema).replace_schema_metadata(None)
     try:
         table = table.select(list(schema.COLUMN_NAMES)).cast(schema.SCHEMA)
@@ -131,7 +134,10 @@ def recover(path: str | os.PathLike[str]) -> Trace:
     RowValidator(where).check(table)
     last = table["step"][-1].as_py() if table.num_rows else 0
     header.table = table
-    header.outcome = {"status": "partial", "step": last,
-                      "message": f"recording stopped; recovered the {table.num_rows} rows of steps 1..{last} "
-                                 f"flushed before it stopped"}
+    header.outcome = {
+        "status": "partial",
+        "step": last,
+        "message": f"recording stopped; recovered the {table.num_rows} rows of steps 1..{last} "
+        f"flushed before it stopped",
+    }
     return header

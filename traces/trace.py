@@ -61,6 +61,7 @@ class Trace:
 
     def metadata(self) -> dict[bytes, bytes]:
         """Key/value metadata as stored in the Parquet file."""
+
         def js(value: Any) -> bytes:
             return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
@@ -76,10 +77,8 @@ class Trace:
             schema.META_VOLATILE: js(self.volatile),
         }
 
-    def content_equals(self, other: "Trace") -> bool:
+    def content_equals(self, other: Trace) -> bool:
         """Same rows and same non-volatile metadata (creation time, host and device are ignored)."""
-        mine = {k: v for k, v in self.metadata().items()
-                if k not in (schema.META_VOLATILE, schema.META_DEVICE)}
-        theirs = {k: v for k, v in other.metadata().items()
-                  if k not in (schema.META_VOLATILE, schema.META_DEVICE)}
+        mine = {k: v for k, v in self.metadata().items() if k not in (schema.META_VOLATILE, schema.META_DEVICE)}
+        theirs = {k: v for k, v in other.metadata().items() if k not in (schema.META_VOLATILE, schema.META_DEVICE)}
         return mine == theirs and self.table.equals(other.table)

@@ -22,13 +22,29 @@ from specreplay.traces.errors import TraceError
 #: Columns whose values are counts and can never be negative in a well-formed trace.
 #: (Placeholder counts are deliberately absent: a negative one is a finding, not a broken file.)
 NON_NEGATIVE = (
-    "step_total_scheduled_tokens", "sched_num_scheduled_tokens", "sched_num_draft_slots",
-    "sched_num_tokens", "sched_num_output_tokens", "sched_num_prompt_tokens", "sched_spec_len",
-    "apply_num_scheduled_tokens", "apply_num_draft_slots", "apply_num_tokens", "apply_token_mismatches",
-    "worker_num_scheduled_tokens", "worker_num_draft_slots", "worker_cached_drafts",
-    "worker_num_accepted", "worker_num_emitted", "worker_num_output_tokens", "worker_row",
+    "step_total_scheduled_tokens",
+    "sched_num_scheduled_tokens",
+    "sched_num_draft_slots",
+    "sched_num_tokens",
+    "sched_num_output_tokens",
+    "sched_num_prompt_tokens",
+    "sched_spec_len",
+    "apply_num_scheduled_tokens",
+    "apply_num_draft_slots",
+    "apply_num_tokens",
+    "apply_token_mismatches",
+    "worker_num_scheduled_tokens",
+    "worker_num_draft_slots",
+    "worker_cached_drafts",
+    "worker_num_accepted",
+    "worker_num_emitted",
+    "worker_num_output_tokens",
+    "worker_row",
     "worker_first_position",
-    "truth_num_computed_tokens", "truth_kv_after", "sched_life", "apply_life",
+    "truth_num_computed_tokens",
+    "truth_kv_after",
+    "sched_life",
+    "apply_life",
 )
 
 #: Columns filled together: in any row they are all null or all set.
@@ -36,8 +52,12 @@ GROUPS = {
     "worker": tuple(n for n in schema.COLUMN_NAMES if n.startswith("worker_") and n != "worker_num_accepted"),
     # apply_token_mismatches needs ground truth: null in a live engine's trace. apply_step and
     # apply_outcome are also set for an output update_from_output ignored (nothing to count).
-    "apply": tuple(n for n in schema.COLUMN_NAMES if n.startswith("apply_")
-                   and n not in ("apply_finish_reason", "apply_token_mismatches", "apply_step", "apply_outcome")),
+    "apply": tuple(
+        n
+        for n in schema.COLUMN_NAMES
+        if n.startswith("apply_")
+        and n not in ("apply_finish_reason", "apply_token_mismatches", "apply_step", "apply_outcome")
+    ),
     "popped": ("apply_step", "apply_outcome"),
     "truth": tuple(n for n in schema.COLUMN_NAMES if n.startswith("truth_")),
 }
@@ -95,8 +115,10 @@ class RowValidator:
             try:
                 enum_codes(table.column(name), allowed)
             except ValueError as exc:
-                self.fail(f"column {name} holds unknown value {exc.args[0]!r}; "
-                          f"expected one of {', '.join(repr(a) for a in allowed)}")
+                self.fail(
+                    f"column {name} holds unknown value {exc.args[0]!r}; "
+                    f"expected one of {', '.join(repr(a) for a in allowed)}"
+                )
         if pc.list_flatten(table.column("worker_draft_ids")).null_count:
             self.fail("column worker_draft_ids holds null draft ids")
         for group, names in GROUPS.items():
@@ -106,21 +128,27 @@ class RowValidator:
             first = _nulls(table.column(names[0]))
             for name in names[1:]:
                 if not np.array_equal(first, _nulls(table.column(name))):
-                    self.fail(f"column {name} is null where {names[0]} is not (or the reverse); "
-                              f"the {group} columns of a row are filled together")
+                    self.fail(
+                        f"column {name} is null where {names[0]} is not (or the reverse); "
+                        f"the {group} columns of a row are filled together"
+                    )
         mismatches = table.column("apply_token_mismatches")
         if mismatches.null_count < len(mismatches):
             applied = table.column("apply_step")
             if pc.any(pc.and_(pc.is_valid(mismatches), pc.is_null(applied))).as_py():
-                self.fail("column apply_token_mismatches is set where the apply columns are null; "
-                          "only an applied output has tokens to compare")
+                self.fail(
+                    "column apply_token_mismatches is set where the apply columns are null; "
+                    "only an applied output has tokens to compare"
+                )
         outcome = table.column("apply_outcome")
         if outcome.null_count < len(outcome):
             counted = pc.is_valid(table.column("apply_num_tokens"))
             ignored = pc.fill_null(pc.equal(pc.cast(outcome, pa.string()), "ignored"), True)
             if not pc.all(pc.equal(counted, pc.invert(ignored))).as_py():
-                self.fail("column apply_num_tokens is null where apply_outcome says the output was used "
-                          "(or set where it was ignored); the apply columns are filled for used outputs only")
+                self.fail(
+                    "column apply_num_tokens is null where apply_outcome says the output was used "
+                    "(or set where it was ignored); the apply columns are filled for used outputs only"
+                )
         self._check_order(table)
 
     def _check_order(self, table: pa.Table | pa.RecordBatch) -> None:
@@ -128,7 +156,8 @@ class RowValidator:
         if steps.min() < 1:
             self.fail(f"column step holds {int(steps.min())}, steps start at 1")
         if (len(steps) > 1 and (steps[1:] < steps[:-1]).any()) or (
-                self.last_step is not None and steps[0] < self.last_step):
+            self.last_step is not None and steps[0] < self.last_step
+        ):
             self.fail("rows are not in step order; the trace was reordered or damaged")
         ids = table.column("request_id")
         if isinstance(ids, pa.ChunkedArray):

@@ -55,17 +55,31 @@ class Invariant:
         """The rule (specreplay 0.1's name for it)."""
         return self.rule
 
-    def finding(self, step: int, request_id: str | None, life: int | None, field: str, expected: Any, actual: Any,
-                **detail: Any) -> Finding:
+    def finding(
+        self, step: int, request_id: str | None, life: int | None, field: str, expected: Any, actual: Any, **detail: Any
+    ) -> Finding:
         """This code's Finding from its evidence: the message and the scheduler/worker values are
         rendered here, the same way for every rule that reports the code."""
         step, life, expected, actual = _plain(step), _plain(life), _plain(expected), _plain(actual)
         detail = {name: _plain(value) for name, value in detail.items()}
-        evidence = Evidence(step=step, request_id=request_id, life=life, field=field, expected=expected,
-                            actual=actual, **detail)
+        evidence = Evidence(
+            step=step, request_id=request_id, life=life, field=field, expected=expected, actual=actual, **detail
+        )
         scheduler, worker = (None if name is None else getattr(evidence, name) for name in self.sides)
-        return Finding(self.code, self.severity, step, request_id, field, scheduler, worker, self.message(evidence),
-                       expected=expected, actual=actual, life=life, detail=tuple(sorted(detail.items())))
+        return Finding(
+            self.code,
+            self.severity,
+            step,
+            request_id,
+            field,
+            scheduler,
+            worker,
+            self.message(evidence),
+            expected=expected,
+            actual=actual,
+            life=life,
+            detail=tuple(sorted(detail.items())),
+        )
 
 
 def _plain(value: Any) -> Any:
@@ -80,19 +94,25 @@ def _plain(value: Any) -> Any:
 # ------------------------------------------------------------------ messages with more than one shape
 def _s5_message(e: Evidence) -> str:
     s = e.previous_step
-    why = {"not_scheduled": f"it was not scheduled at step {s}, so the worker holds no drafts for it",
-           "prefill_chunk": f"its step {s} was a non-final prefill chunk, which proposes no drafts",
-           "resumed": "it resumes from preemption",
-           "empty_step": f"step {s} was empty"}[e.reason]
-    return (f"scheduled {e.actual} draft slots with no drafts behind them: {why} "
-            "(stale -1 placeholders; the slots are verified and wasted)")
+    why = {
+        "not_scheduled": f"it was not scheduled at step {s}, so the worker holds no drafts for it",
+        "prefill_chunk": f"its step {s} was a non-final prefill chunk, which proposes no drafts",
+        "resumed": "it resumes from preemption",
+        "empty_step": f"step {s} was empty",
+    }[e.reason]
+    return (
+        f"scheduled {e.actual} draft slots with no drafts behind them: {why} "
+        "(stale -1 placeholders; the slots are verified and wasted)"
+    )
 
 
 def _s6_message(e: Evidence) -> str:
     if e.field == "num_scheduled_tokens":  # one request
         return f"schedules past max_model_len {e.max_model_len}"
-    return (f"total_num_scheduled_tokens is {e.actual}; the requests add up to {e.expected}; "
-            f"budget {e.max_num_batched_tokens}")
+    return (
+        f"total_num_scheduled_tokens is {e.actual}; the requests add up to {e.expected}; "
+        f"budget {e.max_num_batched_tokens}"
+    )
 
 
 def _x2_position_message(e: Evidence) -> str:
@@ -103,35 +123,45 @@ def _x2_position_message(e: Evidence) -> str:
 
 def _x5_message(e: Evidence) -> str:
     negative = e.worker_num_negative_draft_ids
-    return (f"the worker verified {e.actual} draft slots with no cached drafts behind them"
-            + (f" ({negative} of them -1, clamped to 0 for the embedding and rejected)" if negative else ""))
+    return f"the worker verified {e.actual} draft slots with no cached drafts behind them" + (
+        f" ({negative} of them -1, clamped to 0 for the embedding and rejected)" if negative else ""
+    )
 
 
 def _l2_message(e: Evidence) -> str:
     if e.expected == "stale":
-        return (f"the output of step {e.output_step} was in flight when the request was preempted or its "
-                f"cache reset, yet update_from_output applied it as fresh at step {e.step}: its "
-                f"{e.apply_num_tokens} tokens and {e.apply_num_rejected} rejections moved the reset counters")
-    return (f"the output of step {e.output_step} belongs to the request's current life (no preemption "
-            f"or reset since), yet update_from_output treated it as stale ({e.actual}) at step "
-            f"{e.step}: its tokens are lost or its counters never settle")
+        return (
+            f"the output of step {e.output_step} was in flight when the request was preempted or its "
+            f"cache reset, yet update_from_output applied it as fresh at step {e.step}: its "
+            f"{e.apply_num_tokens} tokens and {e.apply_num_rejected} rejections moved the reset counters"
+        )
+    return (
+        f"the output of step {e.output_step} belongs to the request's current life (no preemption "
+        f"or reset since), yet update_from_output treated it as stale ({e.actual}) at step "
+        f"{e.step}: its tokens are lost or its counters never settle"
+    )
 
 
 def _l3_message(e: Evidence) -> str:
     got, want = e.actual, e.expected
-    counted = ("in flight" if e.field == "num_in_flight_tokens"
-               else "in flight from before the last preemption or reset")
-    return (f"{e.field} is {got} but the scheduled tokens of its outputs {counted} add up to {want}"
-            + (" (a count never goes negative)" if got < 0 else
-               "; counted in steps or sampled tokens instead of scheduled tokens?" if got and want else ""))
+    counted = "in flight" if e.field == "num_in_flight_tokens" else "in flight from before the last preemption or reset"
+    return f"{e.field} is {got} but the scheduled tokens of its outputs {counted} add up to {want}" + (
+        " (a count never goes negative)"
+        if got < 0
+        else "; counted in steps or sampled tokens instead of scheduled tokens?"
+        if got and want
+        else ""
+    )
 
 
 def _e2_message(e: Evidence) -> str:
     listed = f"({', '.join(e.unfinished[:5])}{'...' if len(e.unfinished) > 5 else ''})"
     if e.status == "step_limit":
         return f"the run hit the step limit with {e.actual} requests unfinished {listed}: livelock or starvation"
-    return (f"the engine went idle for good with {e.actual} requests unfinished {listed}: the scheduler holds them "
-            "but will never schedule them (in no queue it admits from); their clients wait forever")
+    return (
+        f"the engine went idle for good with {e.actual} requests unfinished {listed}: the scheduler holds them "
+        "but will never schedule them (in no queue it admits from); their clients wait forever"
+    )
 
 
 # ------------------------------------------------------------------ the rows
@@ -140,96 +170,283 @@ def _e2_message(e: Evidence) -> str:
 # from it (KV, placeholders, tokens).
 CATALOGUE: tuple[Invariant, ...] = (
     # --- scheduler counters (rules_counters)
-    Invariant("S1-placeholders-nonnegative", "error", 14, "num_output_placeholders >= 0 at all times", "INV-S1",
-              rules_counters.check_placeholders_nonnegative, sides=("actual", None),
-              message=lambda e: f"num_output_placeholders went negative ({e.actual}); vLLM asserts and the engine dies"),
-    Invariant("S2-placeholder-count", "error", 12, "P = sum over steps in flight of (1 + draft slots)", "INV-S2",
-              rules_counters.check_placeholder_count, sides=("actual", "expected"),
-              message=lambda e: f"num_output_placeholders is {e.actual} but the steps in flight "
-                                f"({', '.join(str(s) for s in e.steps_in_flight) or 'none'}) account for {e.expected}"),
-    Invariant("S3-scheduler-computed-tokens", "error", 9, "C minus in-flight rejections = tokens valid in the KV cache",
-              "INV-S3", rules_counters.check_computed_tokens, sides=("actual", "expected"),
-              message=lambda e: f"the scheduler's num_computed_tokens, once its in-flight rejections are taken off, is "
-                                f"{e.actual} but the KV cache holds {e.expected} valid tokens"),
-    Invariant("X2-sched-worker-computed", "error", 8, "worker C = scheduler C minus rejections of m-1", "INV-X2",
-              rules_counters.check_computed_tokens, sides=("expected", "actual"),
-              message=lambda e: f"scheduler and worker disagree on num_computed_tokens at step {e.step}: "
-                                f"{e.expected} vs {e.actual}"),
-    Invariant("X2-worker-kv-position", "error", 10, "the worker writes from the first position not yet in its KV",
-              "INV-X2", rules_counters.check_computed_tokens, sides=("sched_num_computed_tokens", "actual"),
-              message=_x2_position_message),
-    Invariant("X2-worker-position-mismatch", "error", 11, "CPU num_computed_tokens = device position",
-              "INV-X2 (design B)", rules_counters.check_computed_tokens, sides=("actual", "expected"),
-              message=lambda e: f"the worker's CPU num_computed_tokens ({e.actual}) differs from the device position "
-                                f"it computes with ({e.expected})"),
-    Invariant("S4-decode-identity", "error", 13, "num_tokens + P - C = 1 for a decoding request", "INV-S4",
-              rules_counters.check_decode_identity, sides=("actual", "expected"),
-              message=lambda e: f"num_tokens + num_output_placeholders - num_computed_tokens is {e.actual}, "
-                                f"expected {e.expected} for a decoding request (its next demand is wrong)"),
-    Invariant("X3-output-length", "error", 16, "worker output length = applied outputs + placeholders (design B)",
-              "INV-X3", rules_counters.check_output_length, sides=("expected", "actual"),
-              message=lambda e: f"the worker holds {e.actual} output tokens, the scheduler sent {e.expected} "
-                                "(applied + placeholders)"),
-    Invariant("L3-in-flight-tokens", "error", 15,
-              "num_in_flight_tokens / num_stale_output_tokens = scheduled tokens of the outputs in flight / in flight "
-              "across the last cut, never negative", "request lives", rules_counters.check_in_flight_tokens,
-              sides=("actual", "expected"), message=_l3_message),
+    Invariant(
+        "S1-placeholders-nonnegative",
+        "error",
+        14,
+        "num_output_placeholders >= 0 at all times",
+        "INV-S1",
+        rules_counters.check_placeholders_nonnegative,
+        sides=("actual", None),
+        message=lambda e: f"num_output_placeholders went negative ({e.actual}); vLLM asserts and the engine dies",
+    ),
+    Invariant(
+        "S2-placeholder-count",
+        "error",
+        12,
+        "P = sum over steps in flight of (1 + draft slots)",
+        "INV-S2",
+        rules_counters.check_placeholder_count,
+        sides=("actual", "expected"),
+        message=lambda e: (
+            f"num_output_placeholders is {e.actual} but the steps in flight "
+            f"({', '.join(str(s) for s in e.steps_in_flight) or 'none'}) account for {e.expected}"
+        ),
+    ),
+    Invariant(
+        "S3-scheduler-computed-tokens",
+        "error",
+        9,
+        "C minus in-flight rejections = tokens valid in the KV cache",
+        "INV-S3",
+        rules_counters.check_computed_tokens,
+        sides=("actual", "expected"),
+        message=lambda e: (
+            f"the scheduler's num_computed_tokens, once its in-flight rejections are taken off, is "
+            f"{e.actual} but the KV cache holds {e.expected} valid tokens"
+        ),
+    ),
+    Invariant(
+        "X2-sched-worker-computed",
+        "error",
+        8,
+        "worker C = scheduler C minus rejections of m-1",
+        "INV-X2",
+        rules_counters.check_computed_tokens,
+        sides=("expected", "actual"),
+        message=lambda e: (
+            f"scheduler and worker disagree on num_computed_tokens at step {e.step}: {e.expected} vs {e.actual}"
+        ),
+    ),
+    Invariant(
+        "X2-worker-kv-position",
+        "error",
+        10,
+        "the worker writes from the first position not yet in its KV",
+        "INV-X2",
+        rules_counters.check_computed_tokens,
+        sides=("sched_num_computed_tokens", "actual"),
+        message=_x2_position_message,
+    ),
+    Invariant(
+        "X2-worker-position-mismatch",
+        "error",
+        11,
+        "CPU num_computed_tokens = device position",
+        "INV-X2 (design B)",
+        rules_counters.check_computed_tokens,
+        sides=("actual", "expected"),
+        message=lambda e: (
+            f"the worker's CPU num_computed_tokens ({e.actual}) differs from the device position "
+            f"it computes with ({e.expected})"
+        ),
+    ),
+    Invariant(
+        "S4-decode-identity",
+        "error",
+        13,
+        "num_tokens + P - C = 1 for a decoding request",
+        "INV-S4",
+        rules_counters.check_decode_identity,
+        sides=("actual", "expected"),
+        message=lambda e: (
+            f"num_tokens + num_output_placeholders - num_computed_tokens is {e.actual}, "
+            f"expected {e.expected} for a decoding request (its next demand is wrong)"
+        ),
+    ),
+    Invariant(
+        "X3-output-length",
+        "error",
+        16,
+        "worker output length = applied outputs + placeholders (design B)",
+        "INV-X3",
+        rules_counters.check_output_length,
+        sides=("expected", "actual"),
+        message=lambda e: (
+            f"the worker holds {e.actual} output tokens, the scheduler sent {e.expected} (applied + placeholders)"
+        ),
+    ),
+    Invariant(
+        "L3-in-flight-tokens",
+        "error",
+        15,
+        "num_in_flight_tokens / num_stale_output_tokens = scheduled tokens of the outputs in flight / in flight "
+        "across the last cut, never negative",
+        "request lives",
+        rules_counters.check_in_flight_tokens,
+        sides=("actual", "expected"),
+        message=_l3_message,
+    ),
     # --- draft slots (rules_drafts)
-    Invariant("S5-draft-provenance", "warning", 3, "draft slots only for requests whose previous step proposed drafts",
-              "INV-S5", rules_drafts.check_draft_provenance, sides=("actual", "expected"), message=_s5_message),
-    Invariant("S7-draft-slot-count", "error", 18, "k = max(0, min(len(spec), n + C - T - P))", "INV-S7",
-              rules_drafts.check_draft_slot_count, sides=("actual", "expected"),
-              message=lambda e: f"{e.actual} draft slots scheduled inside {e.sched_num_scheduled_tokens} tokens; "
-                                f"the counters allow {e.expected}"),
-    Invariant("X5-placeholder-drafts", "warning", 20, "draft inputs are drafts cached for the request at m-1", "INV-X5",
-              rules_drafts.check_draft_inputs, sides=("actual", "expected"), message=_x5_message),
+    Invariant(
+        "S5-draft-provenance",
+        "warning",
+        3,
+        "draft slots only for requests whose previous step proposed drafts",
+        "INV-S5",
+        rules_drafts.check_draft_provenance,
+        sides=("actual", "expected"),
+        message=_s5_message,
+    ),
+    Invariant(
+        "S7-draft-slot-count",
+        "error",
+        18,
+        "k = max(0, min(len(spec), n + C - T - P))",
+        "INV-S7",
+        rules_drafts.check_draft_slot_count,
+        sides=("actual", "expected"),
+        message=lambda e: (
+            f"{e.actual} draft slots scheduled inside {e.sched_num_scheduled_tokens} tokens; "
+            f"the counters allow {e.expected}"
+        ),
+    ),
+    Invariant(
+        "X5-placeholder-drafts",
+        "warning",
+        20,
+        "draft inputs are drafts cached for the request at m-1",
+        "INV-X5",
+        rules_drafts.check_draft_inputs,
+        sides=("actual", "expected"),
+        message=_x5_message,
+    ),
     # --- the batch (rules_batch)
-    Invariant("S6-token-budget", "error", 19, "sum of scheduled tokens = total <= max_num_batched_tokens", "INV-S6",
-              rules_batch.check_budget, sides=("actual", "expected"), message=_s6_message),
-    Invariant("X1-batch-membership", "error", 17, "the worker's batch holds exactly the scheduled requests", "INV-X1",
-              rules_batch.check_membership, sides=("expected", "actual"),
-              message=lambda e: "scheduled but not in the worker's batch" if e.expected
-              else "in the worker's batch but not scheduled"),
-    Invariant("X10-scheduler-output-mutated", "error", 4,
-              "update_from_output reads the SchedulerOutput the worker was given unchanged", "INV-X10",
-              rules_batch.check_output_mutated, sides=("expected", "actual"),
-              message=lambda e: f"update_from_output read {e.apply_num_scheduled_tokens} tokens with {e.actual} draft "
-                                f"slots back from the SchedulerOutput that was built with {e.sched_num_scheduled_tokens} "
-                                f"and {e.expected}: the worker edited the scheduler's own object"),
-    Invariant("X11-executed-other-work", "warning", 5, "the worker executes what the scheduler booked", "INV-X10",
-              rules_batch.check_executed_work, sides=("expected", "actual"),
-              message=lambda e: f"the worker executed {e.actual} tokens ({e.worker_num_draft_slots} drafts) where the "
-                                f"scheduler booked {e.expected} ({e.sched_num_draft_slots} drafts)"),
+    Invariant(
+        "S6-token-budget",
+        "error",
+        19,
+        "sum of scheduled tokens = total <= max_num_batched_tokens",
+        "INV-S6",
+        rules_batch.check_budget,
+        sides=("actual", "expected"),
+        message=_s6_message,
+    ),
+    Invariant(
+        "X1-batch-membership",
+        "error",
+        17,
+        "the worker's batch holds exactly the scheduled requests",
+        "INV-X1",
+        rules_batch.check_membership,
+        sides=("expected", "actual"),
+        message=lambda e: (
+            "scheduled but not in the worker's batch" if e.expected else "in the worker's batch but not scheduled"
+        ),
+    ),
+    Invariant(
+        "X10-scheduler-output-mutated",
+        "error",
+        4,
+        "update_from_output reads the SchedulerOutput the worker was given unchanged",
+        "INV-X10",
+        rules_batch.check_output_mutated,
+        sides=("expected", "actual"),
+        message=lambda e: (
+            f"update_from_output read {e.apply_num_scheduled_tokens} tokens with {e.actual} draft "
+            f"slots back from the SchedulerOutput that was built with {e.sched_num_scheduled_tokens} "
+            f"and {e.expected}: the worker edited the scheduler's own object"
+        ),
+    ),
+    Invariant(
+        "X11-executed-other-work",
+        "warning",
+        5,
+        "the worker executes what the scheduler booked",
+        "INV-X10",
+        rules_batch.check_executed_work,
+        sides=("expected", "actual"),
+        message=lambda e: (
+            f"the worker executed {e.actual} tokens ({e.worker_num_draft_slots} drafts) where the "
+            f"scheduler booked {e.expected} ({e.sched_num_draft_slots} drafts)"
+        ),
+    ),
     # --- request lives (rules_lives)
-    Invariant("L1-output-life", "error", 6, "an output is applied only to the life of the request it was scheduled for",
-              "request lives", rules_lives.check_output_life, sides=("expected", "actual"),
-              message=lambda e: f"the output of step {e.step}, scheduled for life {e.expected} of the request, was "
-                                f"given to life {e.actual} (a new request under the same id) at step {e.apply_step} "
-                                f"({e.apply_outcome}, {e.apply_num_tokens} tokens): the old life's tokens and counts "
-                                "land on the new one"),
-    Invariant("L2-stale-output", "error", 7,
-              "outputs in flight across a preemption or cache reset are stale (delivered without moving counters, "
-              "or dropped); no other output is", "request lives", rules_lives.check_stale_outputs,
-              sides=("actual", "expected"), message=_l2_message),
+    Invariant(
+        "L1-output-life",
+        "error",
+        6,
+        "an output is applied only to the life of the request it was scheduled for",
+        "request lives",
+        rules_lives.check_output_life,
+        sides=("expected", "actual"),
+        message=lambda e: (
+            f"the output of step {e.step}, scheduled for life {e.expected} of the request, was "
+            f"given to life {e.actual} (a new request under the same id) at step {e.apply_step} "
+            f"({e.apply_outcome}, {e.apply_num_tokens} tokens): the old life's tokens and counts "
+            "land on the new one"
+        ),
+    ),
+    Invariant(
+        "L2-stale-output",
+        "error",
+        7,
+        "outputs in flight across a preemption or cache reset are stale (delivered without moving counters, "
+        "or dropped); no other output is",
+        "request lives",
+        rules_lives.check_stale_outputs,
+        sides=("actual", "expected"),
+        message=_l2_message,
+    ),
     # --- ground truth (rules_truth)
-    Invariant("T1-wrong-token", "error", 22, "applied tokens equal the expected sequence", "ground truth",
-              rules_truth.check_tokens, sides=("apply_num_tokens", "actual"),
-              message=lambda e: f"{e.actual} of the {e.apply_num_tokens} tokens applied from step {e.step} differ "
-                                "from the request's expected sequence (a token lost, duplicated or computed at the "
-                                "wrong position)"),
-    Invariant("K1-kv-content", "error", 21, "valid KV positions hold the expected tokens", "ground truth",
-              rules_truth.check_kv_truth, sides=(None, "truth_num_computed_tokens"),
-              message=lambda e: "the KV cache no longer holds the request's expected tokens in every valid position"),
+    Invariant(
+        "T1-wrong-token",
+        "error",
+        22,
+        "applied tokens equal the expected sequence",
+        "ground truth",
+        rules_truth.check_tokens,
+        sides=("apply_num_tokens", "actual"),
+        message=lambda e: (
+            f"{e.actual} of the {e.apply_num_tokens} tokens applied from step {e.step} differ "
+            "from the request's expected sequence (a token lost, duplicated or computed at the "
+            "wrong position)"
+        ),
+    ),
+    Invariant(
+        "K1-kv-content",
+        "error",
+        21,
+        "valid KV positions hold the expected tokens",
+        "ground truth",
+        rules_truth.check_kv_truth,
+        sides=(None, "truth_num_computed_tokens"),
+        message=lambda e: "the KV cache no longer holds the request's expected tokens in every valid position",
+    ),
     # --- the run (rules_run)
-    Invariant("E1-engine-crash", "error", 1, "the engine does not die (asserts, unexecutable outputs)", "engine",
-              rules_run.check_crash, sides=(None, None), scope="run",
-              message=lambda e: f"the engine dies at step {e.step}: {e.outcome_message}"),
-    Invariant("X5-negative-input-id", "error", 0, "no negative id reaches the embedding", "INV-X5",
-              rules_run.check_crash, sides=(None, "actual"), scope="run",
-              message=lambda e: f"{e.outcome_message}: on a GPU a device-side assert, the engine dies"),
-    Invariant("E2-run-incomplete", "error", 2,
-              "every request finishes: within the step limit, and none is held for good by an idle engine", "engine",
-              rules_run.check_run_completes, sides=("status", "actual"), scope="run", message=_e2_message),
+    Invariant(
+        "E1-engine-crash",
+        "error",
+        1,
+        "the engine does not die (asserts, unexecutable outputs)",
+        "engine",
+        rules_run.check_crash,
+        sides=(None, None),
+        scope="run",
+        message=lambda e: f"the engine dies at step {e.step}: {e.outcome_message}",
+    ),
+    Invariant(
+        "X5-negative-input-id",
+        "error",
+        0,
+        "no negative id reaches the embedding",
+        "INV-X5",
+        rules_run.check_crash,
+        sides=(None, "actual"),
+        scope="run",
+        message=lambda e: f"{e.outcome_message}: on a GPU a device-side assert, the engine dies",
+    ),
+    Invariant(
+        "E2-run-incomplete",
+        "error",
+        2,
+        "every request finishes: within the step limit, and none is held for good by an idle engine",
+        "engine",
+        rules_run.check_run_completes,
+        sides=("status", "actual"),
+        scope="run",
+        message=_e2_message,
+    ),
 )
 
 BY_CODE: dict[str, Invariant] = {row.code: row for row in CATALOGUE}
@@ -255,7 +472,8 @@ def rules_of(rows: Iterable[Invariant], scope: str) -> tuple[RuleFunction, ...]:
 INVARIANTS: tuple[Invariant, ...] = heads()
 #: The codes rules report besides their own: (code, severity, statement, source).
 EXTRA_CODES: tuple[tuple[str, str, str, str], ...] = tuple(
-    (row.code, row.severity, row.statement, row.source) for row in CATALOGUE if row not in INVARIANTS)
+    (row.code, row.severity, row.statement, row.source) for row in CATALOGUE if row not in INVARIANTS
+)
 SEVERITY: dict[str, str] = {row.code: row.severity for row in CATALOGUE}
 RANK: dict[str, int] = {row.code: row.rank for row in CATALOGUE}
 

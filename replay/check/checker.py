@@ -35,8 +35,21 @@ from specreplay.traces.trace import Trace
 #: Within one step and request, the order of codes (the catalogue's `rank`).
 _RANK = RANK
 
-__all__ = ["CATALOGUE", "EXTRA_CODES", "INVARIANTS", "LOOKBACK", "NEEDED", "SEVERITY", "Checker", "Finding", "Frame",
-           "Invariant", "all_codes", "check_batches", "check_trace"]
+__all__ = [
+    "CATALOGUE",
+    "EXTRA_CODES",
+    "INVARIANTS",
+    "LOOKBACK",
+    "NEEDED",
+    "SEVERITY",
+    "Checker",
+    "Finding",
+    "Frame",
+    "Invariant",
+    "all_codes",
+    "check_batches",
+    "check_trace",
+]
 
 
 def check_trace(trace: Trace, batch_rows: int = 1 << 20) -> list[Finding]:

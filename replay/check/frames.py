@@ -38,45 +38,91 @@ LOOKBACK = 4
 
 #: The columns the checker reads.
 NEEDED = (
-    "step", "request_id", "step_total_scheduled_tokens", "sched_status", "sched_kind",
-    "sched_num_scheduled_tokens", "sched_num_draft_slots", "sched_num_computed_tokens",
-    "sched_num_output_placeholders", "sched_num_tokens", "sched_num_output_tokens",
-    "sched_spec_len", "sched_is_prefill_chunk", "sched_preempted", "apply_step",
-    "apply_num_scheduled_tokens", "apply_num_draft_slots", "apply_num_rejected", "apply_num_tokens",
-    "apply_token_mismatches", "apply_num_output_placeholders", "worker_row", "worker_num_scheduled_tokens",
-    "worker_num_draft_slots", "worker_num_computed_tokens", "worker_first_position",
-    "worker_cached_drafts", "worker_draft_ids", "worker_num_output_tokens",
-    "truth_num_computed_tokens", "truth_kv_ok", "sched_life", "sched_event", "sched_num_in_flight_tokens",
-    "sched_num_stale_output_tokens", "apply_outcome", "apply_life",
+    "step",
+    "request_id",
+    "step_total_scheduled_tokens",
+    "sched_status",
+    "sched_kind",
+    "sched_num_scheduled_tokens",
+    "sched_num_draft_slots",
+    "sched_num_computed_tokens",
+    "sched_num_output_placeholders",
+    "sched_num_tokens",
+    "sched_num_output_tokens",
+    "sched_spec_len",
+    "sched_is_prefill_chunk",
+    "sched_preempted",
+    "apply_step",
+    "apply_num_scheduled_tokens",
+    "apply_num_draft_slots",
+    "apply_num_rejected",
+    "apply_num_tokens",
+    "apply_token_mismatches",
+    "apply_num_output_placeholders",
+    "worker_row",
+    "worker_num_scheduled_tokens",
+    "worker_num_draft_slots",
+    "worker_num_computed_tokens",
+    "worker_first_position",
+    "worker_cached_drafts",
+    "worker_draft_ids",
+    "worker_num_output_tokens",
+    "truth_num_computed_tokens",
+    "truth_kv_ok",
+    "sched_life",
+    "sched_event",
+    "sched_num_in_flight_tokens",
+    "sched_num_stale_output_tokens",
+    "apply_outcome",
+    "apply_life",
 )
 
-RUNNING, PREEMPTED, WAITING, FINISHED = (schema.STATUSES.index(s) for s in ("running", "preempted", "waiting", "finished"))
+RUNNING, PREEMPTED, WAITING, FINISHED = (
+    schema.STATUSES.index(s) for s in ("running", "preempted", "waiting", "finished")
+)
 NEW, RESUMED, UNSCHEDULED = (schema.KINDS.index(k) for k in ("new", "resumed", "unscheduled"))
 RESET_PREEMPT, STREAM_TURN = schema.EVENTS.index("reset_preempt"), schema.EVENTS.index("stream_turn")
 APPLIED, STALE_DELIVERED, DROPPED, IGNORED = (schema.APPLY_OUTCOMES.index(o) for o in schema.APPLY_OUTCOMES)
 
 #: Integer columns: (column, the value a null reads as, keep a `<column>_is_null` mask).
 INT_COLUMNS = (
-    ("step_total_scheduled_tokens", 0, False), ("sched_num_scheduled_tokens", 0, False),
-    ("sched_num_draft_slots", 0, False), ("sched_num_computed_tokens", 0, False),
-    ("sched_num_output_placeholders", 0, False), ("sched_num_tokens", 0, False),
-    ("sched_num_output_tokens", 0, False), ("sched_spec_len", 0, False),
-    ("apply_step", -1, True), ("apply_num_scheduled_tokens", -1, False),
-    ("apply_num_draft_slots", -1, True), ("apply_num_rejected", 0, True),
-    ("apply_num_tokens", 0, False), ("apply_token_mismatches", 0, False),
-    ("apply_num_output_placeholders", 0, True), ("worker_row", -1, True),
-    ("worker_num_scheduled_tokens", -1, True), ("worker_num_draft_slots", -1, False),
-    ("worker_num_computed_tokens", 0, True), ("worker_first_position", 0, False),
-    ("worker_cached_drafts", 0, False), ("worker_num_output_tokens", 0, True),
-    ("truth_num_computed_tokens", 0, True), ("sched_life", 0, False),
-    ("sched_num_in_flight_tokens", 0, False), ("sched_num_stale_output_tokens", 0, False),
+    ("step_total_scheduled_tokens", 0, False),
+    ("sched_num_scheduled_tokens", 0, False),
+    ("sched_num_draft_slots", 0, False),
+    ("sched_num_computed_tokens", 0, False),
+    ("sched_num_output_placeholders", 0, False),
+    ("sched_num_tokens", 0, False),
+    ("sched_num_output_tokens", 0, False),
+    ("sched_spec_len", 0, False),
+    ("apply_step", -1, True),
+    ("apply_num_scheduled_tokens", -1, False),
+    ("apply_num_draft_slots", -1, True),
+    ("apply_num_rejected", 0, True),
+    ("apply_num_tokens", 0, False),
+    ("apply_token_mismatches", 0, False),
+    ("apply_num_output_placeholders", 0, True),
+    ("worker_row", -1, True),
+    ("worker_num_scheduled_tokens", -1, True),
+    ("worker_num_draft_slots", -1, False),
+    ("worker_num_computed_tokens", 0, True),
+    ("worker_first_position", 0, False),
+    ("worker_cached_drafts", 0, False),
+    ("worker_num_output_tokens", 0, True),
+    ("truth_num_computed_tokens", 0, True),
+    ("sched_life", 0, False),
+    ("sched_num_in_flight_tokens", 0, False),
+    ("sched_num_stale_output_tokens", 0, False),
     ("apply_life", -1, True),
 )
 #: Boolean columns (never null).
 BOOL_COLUMNS = ("sched_is_prefill_chunk", "sched_preempted")
 #: Enum columns, as codes into these tuples (-1 for null).
-ENUM_COLUMNS = (("sched_status", schema.STATUSES), ("sched_kind", schema.KINDS),
-                ("sched_event", schema.EVENTS), ("apply_outcome", schema.APPLY_OUTCOMES))
+ENUM_COLUMNS = (
+    ("sched_status", schema.STATUSES),
+    ("sched_kind", schema.KINDS),
+    ("sched_event", schema.EVENTS),
+    ("apply_outcome", schema.APPLY_OUTCOMES),
+)
 
 Columns = dict[str, np.ndarray]
 
@@ -171,8 +217,9 @@ class Frame:
             at = np.maximum(lag, 0)
             alive = alive & (lag >= 0) & (step[at] >= step - LOOKBACK) & ~cols["sched_preempted"][at] & ~reset[later]
             self.lags.append(lag)
-            self.flying.append(alive & (scheduled[at] > 0)
-                               & (cols["apply_step_is_null"][at] | (cols["apply_step"][at] >= step)))
+            self.flying.append(
+                alive & (scheduled[at] > 0) & (cols["apply_step_is_null"][at] | (cols["apply_step"][at] >= step))
+            )
             later = at
             lag = np.where(lag >= 0, prev[at], -1)
 

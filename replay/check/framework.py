@@ -24,8 +24,17 @@ import pyarrow as pa
 from specreplay.replay.check import catalogue
 from specreplay.replay.check.catalogue import Invariant
 from specreplay.replay.check.findings import Finding
-from specreplay.replay.check.frames import (FINISHED, LOOKBACK, RESET_PREEMPT, STREAM_TURN, Columns, Frame, concat,
-                                            load_columns, row_range)
+from specreplay.replay.check.frames import (
+    FINISHED,
+    LOOKBACK,
+    RESET_PREEMPT,
+    STREAM_TURN,
+    Columns,
+    Frame,
+    concat,
+    load_columns,
+    row_range,
+)
 
 
 class Checker:
@@ -33,8 +42,9 @@ class Checker:
     catalogue; each rule runs once, however many codes it reports, and only the codes of
     `invariants` are kept); `findings()` at the end."""
 
-    def __init__(self, config: dict[str, Any], outcome: dict[str, Any],
-                 invariants: Sequence[Invariant] | None = None) -> None:
+    def __init__(
+        self, config: dict[str, Any], outcome: dict[str, Any], invariants: Sequence[Invariant] | None = None
+    ) -> None:
         self.config = config
         self.outcome = outcome
         self.is_async = bool(config.get("async_scheduling", True))
@@ -74,7 +84,9 @@ class Checker:
             self.pending = []
         for rule in self.rules_at_end:
             self.found.extend(f for f in rule(None, self) if f.code in self.codes)
-        self.found.sort(key=lambda f: (f.step, f.request_id or "", catalogue.RANK.get(f.code, len(catalogue.RANK)), f.code))
+        self.found.sort(
+            key=lambda f: (f.step, f.request_id or "", catalogue.RANK.get(f.code, len(catalogue.RANK)), f.code)
+        )
         return self.found
 
     def _code(self, key: tuple[str, int]) -> int:
@@ -102,9 +114,10 @@ class Checker:
         ends = np.r_[cols["request"][own[1:]] != cols["request"][own[:-1]], True]
         self.last_status[cols["request"][own[ends]]] = cols["sched_status"][own[ends]]
         # The rows of the last LOOKBACK + 1 steps the trace has (steps a pause left out do not count).
-        steps = np.unique(cols["step"][-min(len(cols["step"]), 1 << 16):])
-        keep = int(np.searchsorted(cols["step"], min(steps[-(LOOKBACK + 1):][0], cols["step"][-1] - LOOKBACK),
-                                   side="left"))
+        steps = np.unique(cols["step"][-min(len(cols["step"]), 1 << 16) :])
+        keep = int(
+            np.searchsorted(cols["step"], min(steps[-(LOOKBACK + 1) :][0], cols["step"][-1] - LOOKBACK), side="left")
+        )
         self.context = {name: values[keep:].copy() for name, values in cols.items()}
 
     def _count_cuts(self, frame: Frame) -> None:
@@ -140,21 +153,26 @@ class Checker:
         fired[frame.c["request"][rows]] = True
         return np.sort(rows)
 
-    def finding(self, frame: Frame, code: str, i: int, field: str, expected: Any, actual: Any, **detail: Any) -> Finding:
+    def finding(
+        self, frame: Frame, code: str, i: int, field: str, expected: Any, actual: Any, **detail: Any
+    ) -> Finding:
         """A finding at row `i` of the frame (its step, request and life)."""
         c = frame.c
-        return catalogue.BY_CODE[code].finding(int(c["step"][i]), self.names[c["request"][i]], int(c["sched_life"][i]),
-                                               field, expected, actual, **detail)
+        return catalogue.BY_CODE[code].finding(
+            int(c["step"][i]), self.names[c["request"][i]], int(c["sched_life"][i]), field, expected, actual, **detail
+        )
 
     def step_finding(self, code: str, step: int, field: str, expected: Any, actual: Any, **detail: Any) -> Finding:
         """A finding about a whole step (no request)."""
         return catalogue.BY_CODE[code].finding(step, None, None, field, expected, actual, **detail)
 
-    def run_finding(self, code: str, step: int, request_id: str | None, field: str, expected: Any, actual: Any,
-                    **detail: Any) -> Finding:
+    def run_finding(
+        self, code: str, step: int, request_id: str | None, field: str, expected: Any, actual: Any, **detail: Any
+    ) -> Finding:
         """A finding about the run (its outcome), naming a request by id: its latest life."""
-        return catalogue.BY_CODE[code].finding(step, request_id, self.latest_life(request_id), field, expected, actual,
-                                               **detail)
+        return catalogue.BY_CODE[code].finding(
+            step, request_id, self.latest_life(request_id), field, expected, actual, **detail
+        )
 
     def latest_life(self, request_id: str | None) -> int | None:
         """The highest life of `request_id` the trace has (None: no row has that id)."""
@@ -164,4 +182,3 @@ class Checker:
     def unfinished(self) -> list[str]:
         """The ids of the requests whose last row is not finished, sorted (one per unfinished life)."""
         return sorted(self.names[r] for r in np.flatnonzero(self.last_status != FINISHED))
-

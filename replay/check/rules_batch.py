@@ -27,8 +27,15 @@ def check_budget(frame: Frame, chk: Checker) -> Iterable[Finding]:
     max_len = chk.config.get("max_model_len", 1 << 30)
     scheduled, computed = c["sched_num_scheduled_tokens"], c["sched_num_computed_tokens"]
     for i in np.flatnonzero(frame.own & (scheduled > 0) & (computed + scheduled > max_len - 1)):
-        yield chk.finding(frame, "S6-token-budget", i, "num_scheduled_tokens", int(max_len - computed[i] - 1),
-                          int(scheduled[i]), max_model_len=max_len)
+        yield chk.finding(
+            frame,
+            "S6-token-budget",
+            i,
+            "num_scheduled_tokens",
+            int(max_len - computed[i] - 1),
+            int(scheduled[i]),
+            max_model_len=max_len,
+        )
     # Per step (a frame holds whole steps): the declared total against the sum and the budget.
     start = frame.num_context
     steps, declared = c["step"][start:], c["step_total_scheduled_tokens"][start:]
@@ -40,8 +47,14 @@ def check_budget(frame: Frame, chk: Checker) -> Iterable[Finding]:
     bad = np.flatnonzero((declared != per_row) | (declared > budget))
     _, first = np.unique(steps[bad], return_index=True)
     for i in bad[first]:
-        yield chk.step_finding("S6-token-budget", int(steps[i]), "total_num_scheduled_tokens", int(per_row[i]),
-                               int(declared[i]), max_num_batched_tokens=budget)
+        yield chk.step_finding(
+            "S6-token-budget",
+            int(steps[i]),
+            "total_num_scheduled_tokens",
+            int(per_row[i]),
+            int(declared[i]),
+            max_num_batched_tokens=budget,
+        )
 
 
 def check_membership(frame: Frame, chk: Checker) -> Iterable[Finding]:
@@ -60,8 +73,16 @@ def check_executed_work(frame: Frame, chk: Checker) -> Iterable[Finding]:
     ran, ran_slots = c["worker_num_scheduled_tokens"], c["worker_num_draft_slots"]
     violated = ~c["worker_num_scheduled_tokens_is_null"] & ((ran != booked) | (ran_slots != booked_slots))
     for i in np.flatnonzero(frame.own & violated):
-        yield chk.finding(frame, "X11-executed-other-work", i, "num_scheduled_tokens", int(booked[i]), int(ran[i]),
-                          sched_num_draft_slots=int(booked_slots[i]), worker_num_draft_slots=int(ran_slots[i]))
+        yield chk.finding(
+            frame,
+            "X11-executed-other-work",
+            i,
+            "num_scheduled_tokens",
+            int(booked[i]),
+            int(ran[i]),
+            sched_num_draft_slots=int(booked_slots[i]),
+            worker_num_draft_slots=int(ran_slots[i]),
+        )
 
 
 def check_output_mutated(frame: Frame, chk: Checker) -> Iterable[Finding]:
@@ -72,6 +93,13 @@ def check_output_mutated(frame: Frame, chk: Checker) -> Iterable[Finding]:
     read, read_slots = c["apply_num_scheduled_tokens"], c["apply_num_draft_slots"]
     violated = ~c["apply_num_draft_slots_is_null"] & ((read != built) | (read_slots != built_slots))
     for i in np.flatnonzero(frame.own & violated):
-        yield chk.finding(frame, "X10-scheduler-output-mutated", i, "scheduled_spec_decode_tokens", int(built_slots[i]),
-                          int(read_slots[i]), sched_num_scheduled_tokens=int(built[i]),
-                          apply_num_scheduled_tokens=int(read[i]))
+        yield chk.finding(
+            frame,
+            "X10-scheduler-output-mutated",
+            i,
+            "scheduled_spec_decode_tokens",
+            int(built_slots[i]),
+            int(read_slots[i]),
+            sched_num_scheduled_tokens=int(built[i]),
+            apply_num_scheduled_tokens=int(read[i]),
+        )

@@ -15,8 +15,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specreplay.replay.check.findings import Finding
-from specreplay.replay.check.frames import (FINISHED, LOOKBACK, NEW, PREEMPTED, RESUMED, RUNNING, UNSCHEDULED, WAITING,
-                                            Frame)
+from specreplay.replay.check.frames import (
+    FINISHED,
+    LOOKBACK,
+    NEW,
+    PREEMPTED,
+    RESUMED,
+    RUNNING,
+    UNSCHEDULED,
+    WAITING,
+    Frame,
+)
 
 if TYPE_CHECKING:
     from specreplay.replay.check.framework import Checker
@@ -29,8 +38,9 @@ def check_placeholders_nonnegative(frame: Frame, chk: Checker) -> Iterable[Findi
     applied_negative = ~c["apply_num_output_placeholders_is_null"] & (applied < 0)
     for i in np.flatnonzero(frame.own & ((placeholders < 0) | applied_negative)):
         column = "sched_num_output_placeholders" if placeholders[i] < 0 else "apply_num_output_placeholders"
-        yield chk.finding(frame, "S1-placeholders-nonnegative", i, "num_output_placeholders", None, int(c[column][i]),
-                          column=column)
+        yield chk.finding(
+            frame, "S1-placeholders-nonnegative", i, "num_output_placeholders", None, int(c[column][i]), column=column
+        )
 
 
 def check_placeholder_count(frame: Frame, chk: Checker) -> Iterable[Finding]:
@@ -49,8 +59,15 @@ def check_placeholder_count(frame: Frame, chk: Checker) -> Iterable[Finding]:
     eligible = (status != FINISHED) & ~c["sched_preempted"]
     violated = eligible & (placeholders != expected) & (placeholders >= 0)
     for i in chk.first_per_request("S2-placeholder-count", frame, violated):
-        yield chk.finding(frame, "S2-placeholder-count", i, "num_output_placeholders", int(expected[i]),
-                          int(placeholders[i]), steps_in_flight=tuple(frame.flying_steps(i, non_chunk_only=True)))
+        yield chk.finding(
+            frame,
+            "S2-placeholder-count",
+            i,
+            "num_output_placeholders",
+            int(expected[i]),
+            int(placeholders[i]),
+            steps_in_flight=tuple(frame.flying_steps(i, non_chunk_only=True)),
+        )
 
 
 def check_decode_identity(frame: Frame, chk: Checker) -> Iterable[Finding]:
@@ -76,15 +93,28 @@ def check_decode_identity(frame: Frame, chk: Checker) -> Iterable[Finding]:
     settled = ends & (last_event >= segment_start)
     chk.decoding[reqs[settled]] = state[last_event[settled]]
 
-    tokens, placeholders, computed = c["sched_num_tokens"], c["sched_num_output_placeholders"], c["sched_num_computed_tokens"]
+    tokens, placeholders, computed = (
+        c["sched_num_tokens"],
+        c["sched_num_output_placeholders"],
+        c["sched_num_computed_tokens"],
+    )
     gap = tokens + placeholders - computed
     kind = c["sched_kind"]
     eligible = (c["sched_status"] == RUNNING) & ~preempted & (kind != NEW) & (kind != RESUMED)
     violated = eligible & ((gap < 1) | (decoding & (gap != 1)))
     for i in chk.first_per_request("S4-decode-identity", frame, violated):
-        yield chk.finding(frame, "S4-decode-identity", i, "num_tokens + placeholders - num_computed_tokens", 1,
-                          int(gap[i]), sched_num_tokens=int(tokens[i]), sched_num_output_placeholders=int(placeholders[i]),
-                          sched_num_computed_tokens=int(computed[i]), decoding=bool(decoding[i]))
+        yield chk.finding(
+            frame,
+            "S4-decode-identity",
+            i,
+            "num_tokens + placeholders - num_computed_tokens",
+            1,
+            int(gap[i]),
+            sched_num_tokens=int(tokens[i]),
+            sched_num_output_placeholders=int(placeholders[i]),
+            sched_num_computed_tokens=int(computed[i]),
+            decoding=bool(decoding[i]),
+        )
 
 
 def check_computed_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
@@ -102,19 +132,48 @@ def check_computed_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
     computed = c["sched_num_computed_tokens"]
     eligible = (c["sched_num_scheduled_tokens"] > 0) & ~c["worker_num_computed_tokens_is_null"] & ~unknown
     settled = computed - rejected
-    worker, position, truth = c["worker_num_computed_tokens"], c["worker_first_position"], c["truth_num_computed_tokens"]
+    worker, position, truth = (
+        c["worker_num_computed_tokens"],
+        c["worker_first_position"],
+        c["truth_num_computed_tokens"],
+    )
     has_truth = ~c["truth_num_computed_tokens_is_null"]
     for i in chk.first_per_request("S3-scheduler-computed-tokens", frame, eligible & has_truth & (settled != truth)):
-        yield chk.finding(frame, "S3-scheduler-computed-tokens", i, "num_computed_tokens", int(truth[i]), int(settled[i]),
-                          sched_num_computed_tokens=int(computed[i]), rejected_in_flight=int(rejected[i]))
+        yield chk.finding(
+            frame,
+            "S3-scheduler-computed-tokens",
+            i,
+            "num_computed_tokens",
+            int(truth[i]),
+            int(settled[i]),
+            sched_num_computed_tokens=int(computed[i]),
+            rejected_in_flight=int(rejected[i]),
+        )
     for i in chk.first_per_request("X2-sched-worker-computed", frame, eligible & (worker != settled)):
-        yield chk.finding(frame, "X2-sched-worker-computed", i, "num_computed_tokens", int(settled[i]), int(worker[i]),
-                          sched_num_computed_tokens=int(computed[i]), rejected_in_flight=int(rejected[i]))
+        yield chk.finding(
+            frame,
+            "X2-sched-worker-computed",
+            i,
+            "num_computed_tokens",
+            int(settled[i]),
+            int(worker[i]),
+            sched_num_computed_tokens=int(computed[i]),
+            rejected_in_flight=int(rejected[i]),
+        )
     for i in chk.first_per_request("X2-worker-kv-position", frame, eligible & has_truth & (position != truth)):
-        yield chk.finding(frame, "X2-worker-kv-position", i, "num_computed_tokens", int(truth[i]), int(position[i]),
-                          sched_num_computed_tokens=int(computed[i]))
+        yield chk.finding(
+            frame,
+            "X2-worker-kv-position",
+            i,
+            "num_computed_tokens",
+            int(truth[i]),
+            int(position[i]),
+            sched_num_computed_tokens=int(computed[i]),
+        )
     for i in chk.first_per_request("X2-worker-position-mismatch", frame, eligible & (position != worker)):
-        yield chk.finding(frame, "X2-worker-position-mismatch", i, "num_computed_tokens", int(position[i]), int(worker[i]))
+        yield chk.finding(
+            frame, "X2-worker-position-mismatch", i, "num_computed_tokens", int(position[i]), int(worker[i])
+        )
 
 
 def check_output_length(frame: Frame, chk: Checker) -> Iterable[Finding]:
@@ -127,8 +186,16 @@ def check_output_length(frame: Frame, chk: Checker) -> Iterable[Finding]:
     expected = outputs + placeholders
     violated = ~c["worker_num_output_tokens_is_null"] & (c["sched_num_scheduled_tokens"] > 0) & (held != expected)
     for i in chk.first_per_request("X3-output-length", frame, violated):
-        yield chk.finding(frame, "X3-output-length", i, "num_output_tokens", int(expected[i]), int(held[i]),
-                          sched_num_output_tokens=int(outputs[i]), sched_num_output_placeholders=int(placeholders[i]))
+        yield chk.finding(
+            frame,
+            "X3-output-length",
+            i,
+            "num_output_tokens",
+            int(expected[i]),
+            int(held[i]),
+            sched_num_output_tokens=int(outputs[i]),
+            sched_num_output_placeholders=int(placeholders[i]),
+        )
 
 
 def check_in_flight_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
@@ -151,8 +218,10 @@ def check_in_flight_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
     violated = eligible & ((counted_in_flight != in_flight) | (counted_stale != stale))
     for i in chk.first_per_request("L3-in-flight-tokens", frame, violated):
         if counted_in_flight[i] != in_flight[i]:
-            yield chk.finding(frame, "L3-in-flight-tokens", i, "num_in_flight_tokens", int(in_flight[i]),
-                              int(counted_in_flight[i]))
+            yield chk.finding(
+                frame, "L3-in-flight-tokens", i, "num_in_flight_tokens", int(in_flight[i]), int(counted_in_flight[i])
+            )
         else:
-            yield chk.finding(frame, "L3-in-flight-tokens", i, "num_stale_output_tokens", int(stale[i]),
-                              int(counted_stale[i]))
+            yield chk.finding(
+                frame, "L3-in-flight-tokens", i, "num_stale_output_tokens", int(stale[i]), int(counted_stale[i])
+            )

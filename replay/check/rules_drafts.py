@@ -38,10 +38,25 @@ def check_draft_provenance(frame: Frame, chk: Checker) -> Iterable[Finding]:
     resumed = ~not_scheduled & ~chunk & (c["sched_kind"] == RESUMED)
     empty = ~not_scheduled & ~chunk & ~resumed & (frame.at("step_total_scheduled_tokens", 1) == 0)
     for i in np.flatnonzero(frame.own & (slots > 0) & (not_scheduled | chunk | resumed | empty)):
-        reason = ("not_scheduled" if not_scheduled[i] else "prefill_chunk" if chunk[i]
-                  else "resumed" if resumed[i] else "empty_step")
-        yield chk.finding(frame, "S5-draft-provenance", i, "scheduled_spec_decode_tokens", 0, int(slots[i]),
-                          previous_step=int(last[i]), reason=reason)
+        reason = (
+            "not_scheduled"
+            if not_scheduled[i]
+            else "prefill_chunk"
+            if chunk[i]
+            else "resumed"
+            if resumed[i]
+            else "empty_step"
+        )
+        yield chk.finding(
+            frame,
+            "S5-draft-provenance",
+            i,
+            "scheduled_spec_decode_tokens",
+            0,
+            int(slots[i]),
+            previous_step=int(last[i]),
+            reason=reason,
+        )
 
 
 def check_draft_slot_count(frame: Frame, chk: Checker) -> Iterable[Finding]:
@@ -57,8 +72,15 @@ def check_draft_slot_count(frame: Frame, chk: Checker) -> Iterable[Finding]:
     room = scheduled + computed - tokens - c["sched_num_output_placeholders"]
     expected = np.where(admitted, np.where(padded, width, 0), np.maximum(0, np.minimum(c["sched_spec_len"], room)))
     for i in np.flatnonzero(frame.own & (scheduled > 0) & (slots != expected)):
-        yield chk.finding(frame, "S7-draft-slot-count", i, "num_draft_slots", int(expected[i]), int(slots[i]),
-                          sched_num_scheduled_tokens=int(scheduled[i]))
+        yield chk.finding(
+            frame,
+            "S7-draft-slot-count",
+            i,
+            "num_draft_slots",
+            int(expected[i]),
+            int(slots[i]),
+            sched_num_scheduled_tokens=int(scheduled[i]),
+        )
 
 
 def check_draft_inputs(frame: Frame, chk: Checker) -> Iterable[Finding]:
@@ -68,5 +90,12 @@ def check_draft_inputs(frame: Frame, chk: Checker) -> Iterable[Finding]:
     drafts, negative, cached = c["worker_num_draft_ids"], c["worker_num_negative_draft_ids"], c["worker_cached_drafts"]
     violated = (drafts > 0) & ((negative > 0) | (chk.is_async & (cached == 0)))
     for i in np.flatnonzero(frame.own & violated):
-        yield chk.finding(frame, "X5-placeholder-drafts", i, "draft_token_ids", int(cached[i]), int(drafts[i]),
-                          worker_num_negative_draft_ids=int(negative[i]))
+        yield chk.finding(
+            frame,
+            "X5-placeholder-drafts",
+            i,
+            "draft_token_ids",
+            int(cached[i]),
+            int(drafts[i]),
+            worker_num_negative_draft_ids=int(negative[i]),
+        )

@@ -28,9 +28,17 @@ def check_output_life(frame: Frame, chk: Checker) -> Iterable[Finding]:
     used = (outcome == APPLIED) | (outcome == STALE_DELIVERED) | (outcome == DROPPED)
     violated = used & ~c["apply_life_is_null"] & (given_to != life)
     for i in chk.first_per_request("L1-output-life", frame, violated):
-        yield chk.finding(frame, "L1-output-life", i, "request life", int(life[i]), int(given_to[i]),
-                          apply_step=int(c["apply_step"][i]), apply_outcome=schema.APPLY_OUTCOMES[outcome[i]],
-                          apply_num_tokens=int(c["apply_num_tokens"][i]))
+        yield chk.finding(
+            frame,
+            "L1-output-life",
+            i,
+            "request life",
+            int(life[i]),
+            int(given_to[i]),
+            apply_step=int(c["apply_step"][i]),
+            apply_outcome=schema.APPLY_OUTCOMES[outcome[i]],
+            apply_num_tokens=int(c["apply_num_tokens"][i]),
+        )
 
 
 def check_stale_outputs(frame: Frame, chk: Checker) -> Iterable[Finding]:
@@ -44,15 +52,31 @@ def check_stale_outputs(frame: Frame, chk: Checker) -> Iterable[Finding]:
     for lag in range(LOOKBACK, 0, -1):  # nearest last, so it wins
         r = np.maximum(frame.lags[lag - 1], 0)
         near = (frame.lags[lag - 1] >= 0) & (step[r] >= step - LOOKBACK)  # as far back as the context reaches
-        paired = (frame.own & near & (c["sched_num_scheduled_tokens"][r] > 0) & ~c["apply_step_is_null"][r]
-                  & (c["apply_step"][r] == step) & ~c["apply_life_is_null"][r] & (c["apply_life"][r] == c["sched_life"][r]))
+        paired = (
+            frame.own
+            & near
+            & (c["sched_num_scheduled_tokens"][r] > 0)
+            & ~c["apply_step_is_null"][r]
+            & (c["apply_step"][r] == step)
+            & ~c["apply_life_is_null"][r]
+            & (c["apply_life"][r] == c["sched_life"][r])
+        )
         stale = cuts > cuts[r]
-        wrong = paired & ((~stale & ((outcome[r] == STALE_DELIVERED) | (outcome[r] == DROPPED)))
-                          | (stale & (outcome[r] == APPLIED)))
+        wrong = paired & (
+            (~stale & ((outcome[r] == STALE_DELIVERED) | (outcome[r] == DROPPED))) | (stale & (outcome[r] == APPLIED))
+        )
         violated |= wrong
         culprit = np.where(wrong, r, culprit)
     for i in chk.first_per_request("L2-stale-output", frame, violated):
         j = int(culprit[i])
-        yield chk.finding(frame, "L2-stale-output", i, "apply_outcome", "stale" if cuts[i] > cuts[j] else "fresh",
-                          schema.APPLY_OUTCOMES[outcome[j]], output_step=int(step[j]),
-                          apply_num_tokens=int(c["apply_num_tokens"][j]), apply_num_rejected=int(c["apply_num_rejected"][j]))
+        yield chk.finding(
+            frame,
+            "L2-stale-output",
+            i,
+            "apply_outcome",
+            "stale" if cuts[i] > cuts[j] else "fresh",
+            schema.APPLY_OUTCOMES[outcome[j]],
+            output_step=int(step[j]),
+            apply_num_tokens=int(c["apply_num_tokens"][j]),
+            apply_num_rejected=int(c["apply_num_rejected"][j]),
+        )

@@ -30,11 +30,27 @@ def incomplete_findings(chk: Checker, unfinished: list[str]) -> Iterable[Finding
     """E2 for a run cut by the step limit, or one that completed with requests held for good."""
     outcome: dict[str, Any] = chk.outcome
     if outcome.get("status") == "step_limit":
-        yield chk.run_finding("E2-run-incomplete", outcome.get("step", 0), unfinished[0] if unfinished else None,
-                              "outcome", 0, len(unfinished), status="step_limit", unfinished=tuple(unfinished))
+        yield chk.run_finding(
+            "E2-run-incomplete",
+            outcome.get("step", 0),
+            unfinished[0] if unfinished else None,
+            "outcome",
+            0,
+            len(unfinished),
+            status="step_limit",
+            unfinished=tuple(unfinished),
+        )
     elif outcome.get("status") == "completed" and unfinished:
-        yield chk.run_finding("E2-run-incomplete", int(outcome.get("step", 0)), unfinished[0], "outcome", 0,
-                              len(unfinished), status="completed", unfinished=tuple(unfinished))
+        yield chk.run_finding(
+            "E2-run-incomplete",
+            int(outcome.get("step", 0)),
+            unfinished[0],
+            "outcome",
+            0,
+            len(unfinished),
+            status="completed",
+            unfinished=tuple(unfinished),
+        )
 
 
 def check_crash(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
@@ -47,8 +63,10 @@ def check_crash(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
     if marker in message:
         rid = message.split(marker, 1)[1].split("'", 1)[0]
     if chk.outcome.get("kind", "negative-input-id") == "negative-input-id":
-        yield chk.run_finding("X5-negative-input-id", chk.crash_step, rid, "input_ids", None, -1,
-                              outcome_message=message)
+        yield chk.run_finding(
+            "X5-negative-input-id", chk.crash_step, rid, "input_ids", None, -1, outcome_message=message
+        )
     else:
-        yield chk.run_finding("E1-engine-crash", chk.crash_step, rid, "scheduler_output", None, None,
-                              outcome_message=message)
+        yield chk.run_finding(
+            "E1-engine-crash", chk.crash_step, rid, "scheduler_output", None, None, outcome_message=message
+        )

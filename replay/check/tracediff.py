@@ -50,7 +50,9 @@ class TraceDiff:
 
 def diff_traces(a: Trace, b: Trace, batch_rows: int = 1 << 20) -> TraceDiff:
     """Two in-memory traces."""
-    return diff_batches(a, b, a.table.to_batches(max_chunksize=batch_rows), b.table.to_batches(max_chunksize=batch_rows))
+    return diff_batches(
+        a, b, a.table.to_batches(max_chunksize=batch_rows), b.table.to_batches(max_chunksize=batch_rows)
+    )
 
 
 def diff_batches(a, b, batches_a: Iterable, batches_b: Iterable) -> TraceDiff:
@@ -62,11 +64,19 @@ def diff_batches(a, b, batches_a: Iterable, batches_b: Iterable) -> TraceDiff:
     # Messages may be worded differently by different engines; status, step and kind must agree.
     if _outcome_key(a) != _outcome_key(b):
         out.fields["(outcome)"] += 1
-        first_per_field["(outcome)"] = _differs(max(a.num_steps, b.num_steps), None, None, "(outcome)",
-                                                a.outcome.get("status"), b.outcome.get("status"),
-                                                f"run outcome: {a.outcome} in A, {b.outcome} in B")
-    out.findings = sorted(first_per_field.values(), key=lambda f: (f.step, schema.COLUMN_NAMES.index(f.field)
-                                                                    if f.field in schema.COLUMN_NAMES else 99))
+        first_per_field["(outcome)"] = _differs(
+            max(a.num_steps, b.num_steps),
+            None,
+            None,
+            "(outcome)",
+            a.outcome.get("status"),
+            b.outcome.get("status"),
+            f"run outcome: {a.outcome} in A, {b.outcome} in B",
+        )
+    out.findings = sorted(
+        first_per_field.values(),
+        key=lambda f: (f.step, schema.COLUMN_NAMES.index(f.field) if f.field in schema.COLUMN_NAMES else 99),
+    )
     return out
 
 
@@ -132,11 +142,20 @@ def _compare(ta: pa.Table, tb: pa.Table, out: TraceDiff, first_per_field: dict[s
         if name not in first_per_field:
             i = int(rows[0])
             va, vb = ta[name][i].as_py(), tb[name][i].as_py()
-            first_per_field[name] = _differs(ta["step"][i].as_py(), ta["request_id"][i].as_py(), ta["sched_life"][i].as_py(),
-                                             name, va, vb, f"{name}: {va!r} in A, {vb!r} in B")
+            first_per_field[name] = _differs(
+                ta["step"][i].as_py(),
+                ta["request_id"][i].as_py(),
+                ta["sched_life"][i].as_py(),
+                name,
+                va,
+                vb,
+                f"{name}: {va!r} in A, {vb!r} in B",
+            )
 
 
-def _match(ta: pa.Table, tb: pa.Table, out: TraceDiff, first_per_field: dict[str, Finding]) -> tuple[pa.Table, pa.Table]:
+def _match(
+    ta: pa.Table, tb: pa.Table, out: TraceDiff, first_per_field: dict[str, Finding]
+) -> tuple[pa.Table, pa.Table]:
     """Where the two sides hold different (step, request) rows: count the rows only one side has
     (the first of them, by step and request, is the `(row)` finding) and return the rows both have,
     aligned, in A's order. Vectorised: once two traces part, every later run comes through here."""
@@ -155,25 +174,51 @@ def _match(ta: pa.Table, tb: pa.Table, out: TraceDiff, first_per_field: dict[str
         out.fields["(row)"] += len(only_a) + len(only_b)
         if "(row)" not in first_per_field:
             # Both sides are sorted: each side's first lone row is its smallest; take the smaller.
-            firsts = [(ta["step"][int(only_a[0])].as_py(), ta["request_id"][int(only_a[0])].as_py(), "A",
-                       ta["sched_life"][int(only_a[0])].as_py())] if len(only_a) else []
+            firsts = (
+                [
+                    (
+                        ta["step"][int(only_a[0])].as_py(),
+                        ta["request_id"][int(only_a[0])].as_py(),
+                        "A",
+                        ta["sched_life"][int(only_a[0])].as_py(),
+                    )
+                ]
+                if len(only_a)
+                else []
+            )
             if len(only_b):
-                firsts.append((tb["step"][int(only_b[0])].as_py(), tb["request_id"][int(only_b[0])].as_py(), "B",
-                               tb["sched_life"][int(only_b[0])].as_py()))
+                firsts.append(
+                    (
+                        tb["step"][int(only_b[0])].as_py(),
+                        tb["request_id"][int(only_b[0])].as_py(),
+                        "B",
+                        tb["sched_life"][int(only_b[0])].as_py(),
+                    )
+                )
             step, rid, side, life = min(firsts)
-            first_per_field["(row)"] = _differs(step, rid, life, "(row)", side == "A", side == "B",
-                                                f"request {rid!r} has a row at step {step} only in trace {side}")
+            first_per_field["(row)"] = _differs(
+                step,
+                rid,
+                life,
+                "(row)",
+                side == "A",
+                side == "B",
+                f"request {rid!r} has a row at step {step} only in trace {side}",
+            )
     return ta.take(pa.array(rows_a)), tb.take(pa.array(rows_b))
 
 
 def _differs(step: int, request_id: str | None, life: int | None, field: str, in_a, in_b, message: str) -> Finding:
     """A D1 finding: trace A's value is the expected one (the golden's, in the gate), B's the actual."""
-    return Finding("D1-trace-differs", "error", step, request_id, field, in_a, in_b, message,
-                   expected=in_a, actual=in_b, life=life)
+    return Finding(
+        "D1-trace-differs", "error", step, request_id, field, in_a, in_b, message, expected=in_a, actual=in_b, life=life
+    )
 
 
 def _keys(table: pa.Table) -> pa.Array:
-    return pc.binary_join_element_wise(pc.cast(table["step"], pa.string()), table["request_id"], "\x00").combine_chunks()
+    return pc.binary_join_element_wise(
+        pc.cast(table["step"], pa.string()), table["request_id"], "\x00"
+    ).combine_chunks()
 
 
 def _differing_rows(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:

@@ -26,8 +26,10 @@ class InputDriver:
         self.arrivals: dict[int, list[RequestSpec]] = defaultdict(list)
         for spec in workload.requests:
             self.arrivals[spec.arrival_step].append(spec)
-        self.aborts = sorted([(s.abort_step, s.request_id) for s in workload.requests if s.abort_step]
-                             + [(e.step, e.request) for e in workload.events if e.when == "after"])
+        self.aborts = sorted(
+            [(s.abort_step, s.request_id) for s in workload.requests if s.abort_step]
+            + [(e.step, e.request) for e in workload.events if e.when == "after"]
+        )
         self.events: dict[int, list[Event]] = defaultdict(list)  # step -> events before its schedule()
         for event in workload.events:
             if event.when == "before":

@@ -18,8 +18,9 @@ from __future__ import annotations
 import gc
 import json
 import os
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from specreplay.replay.engines import plugin
 from specreplay.replay.engines.inputs import InputDriver
@@ -31,16 +32,23 @@ from specreplay.traces.errors import InputError
 from specreplay.traces.trace import Trace
 
 
-def run_live(workload: Workload, impl: Implementation, device: str = "cpu", model: str | None = None,
-             progress: Callable[[int, int], None] | None = None) -> Trace:
+def run_live(
+    workload: Workload,
+    impl: Implementation,
+    device: str = "cpu",
+    model: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Trace:
     """`model`: a model folder or hub name with real weights; None: the tiny dummy-weight model."""
     from specreplay.replay.engines.run import trace_header
     from specreplay.replay.engines.vllm_setup import load_vllm
 
     impl.require_real_forms("vllm")
     if workload.events:
-        raise InputError(f"--engine vllm does not drive control events yet ({len(workload.events)} in this workload); "
-                         "use --engine vllm-scheduler, which calls the real scheduler's pause, reset and abort methods")
+        raise InputError(
+            f"--engine vllm does not drive control events yet ({len(workload.events)} in this workload); "
+            "use --engine vllm-scheduler, which calls the real scheduler's pause, reset and abort methods"
+        )
     vllm = load_vllm()
     from vllm.platforms import current_platform
 
@@ -69,12 +77,17 @@ def run_live(workload: Workload, impl: Implementation, device: str = "cpu", mode
                 os.environ[key] = value
     rows = plugin.merge_parts(sink)
     plugin.clean_sink(sink)
-    impl_doc = {"name": impl.name, "engine": "vllm", "executor": impl.executor,
-                "scheduler": "AsyncScheduler" if config.async_scheduling else "Scheduler",
-                "runner": "GPUModelRunner (live)", "models": f"vllm {vllm.__version__}",
-                "model": model or "tiny dummy-weight llama (written on the fly)",
-                "drafter": "ngram_gpu" if config.async_scheduling else "ngram",
-                "patches": list(plugin.CPU_PATCHES) if on_cpu else []}
+    impl_doc = {
+        "name": impl.name,
+        "engine": "vllm",
+        "executor": impl.executor,
+        "scheduler": "AsyncScheduler" if config.async_scheduling else "Scheduler",
+        "runner": "GPUModelRunner (live)",
+        "models": f"vllm {vllm.__version__}",
+        "model": model or "tiny dummy-weight llama (written on the fly)",
+        "drafter": "ngram_gpu" if config.async_scheduling else "ngram",
+        "patches": list(plugin.CPU_PATCHES) if on_cpu else [],
+    }
     header = trace_header(workload, impl_doc, "cpu" if on_cpu else device, outcome, config)
     return replace(header, table=plugin.rows_to_table(rows))
 
@@ -101,17 +114,28 @@ def build_llm(vllm: Any, config: EngineConfig, model: str | None, seed: int) -> 
     """`vllm.LLM` on the workload's engine config: the tiny dummy-weight model unless `model`."""
     from specreplay.replay.engines.vllm_setup import speculative_config, tiny_model_dir
 
-    weights = ({"model": tiny_model_dir(config), "load_format": "dummy", "dtype": "float32"} if model is None
-               else {"model": model, "dtype": "auto"})
+    weights = (
+        {"model": tiny_model_dir(config), "load_format": "dummy", "dtype": "float32"}
+        if model is None
+        else {"model": model, "dtype": "auto"}
+    )
     try:
         return vllm.LLM(
-            **weights, skip_tokenizer_init=True,
-            max_model_len=config.max_model_len, max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs, block_size=config.block_size,
-            num_gpu_blocks_override=config.num_blocks, enable_prefix_caching=False,
-            long_prefill_token_threshold=config.long_prefill_token_threshold, enforce_eager=True,
-            async_scheduling=config.async_scheduling, seed=seed,
-            speculative_config=speculative_config(config), disable_log_stats=True)
+            **weights,
+            skip_tokenizer_init=True,
+            max_model_len=config.max_model_len,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            block_size=config.block_size,
+            num_gpu_blocks_override=config.num_blocks,
+            enable_prefix_caching=False,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+            enforce_eager=True,
+            async_scheduling=config.async_scheduling,
+            seed=seed,
+            speculative_config=speculative_config(config),
+            disable_log_stats=True,
+        )
     except (ValueError, TypeError) as exc:
         raise InputError(f"vllm rejects this engine config: {' '.join(str(exc).split())[:200]}") from None
 
@@ -127,8 +151,9 @@ def cpu_attention_config(config: EngineConfig) -> EngineConfig:
     return replace(config, block_size=block_size, num_blocks=1 + max(1, usable_tokens // block_size))
 
 
-def drive(llm: Any, workload: Workload, progress: Callable[[int, int], None] | None = None
-          ) -> tuple[dict[str, int], dict[str, Any]]:
+def drive(
+    llm: Any, workload: Workload, progress: Callable[[int, int], None] | None = None
+) -> tuple[dict[str, int], dict[str, Any]]:
     """Feed the engine its inputs (one LLMEngine.step() per engine step) and step until nothing
     is left. Returns each request's output token count as the engine itself reports it, and the
     run's outcome."""
@@ -149,8 +174,12 @@ def drive(llm: Any, workload: Workload, progress: Callable[[int, int], None] | N
         try:
             outputs = engine.step()
         except Exception as exc:  # the engine died: that is the run's outcome, not specreplay's crash
-            return counts, {"status": "crashed", "step": step, "kind": "engine-crash",
-                            "message": f"{type(exc).__name__}: {exc}"[:500]}
+            return counts, {
+                "status": "crashed",
+                "step": step,
+                "kind": "engine-crash",
+                "message": f"{type(exc).__name__}: {exc}"[:500],
+            }
         for out in outputs:
             if out.finished:
                 counts[out.request_id] = len(out.outputs[0].token_ids) if out.outputs else 0

@@ -33,8 +33,9 @@ from specreplay.replay.workloads.workload import Event, RequestSpec, Workload
 class EngineLoop:
     """One run: the scheduler, the runner, the batch queue and the input driver."""
 
-    def __init__(self, workload: Workload, impl: Implementation, device: str = "cpu",
-                 engine: str = "reference") -> None:
+    def __init__(
+        self, workload: Workload, impl: Implementation, device: str = "cpu", engine: str = "reference"
+    ) -> None:
         self.workload = workload
         self.config = workload.config
         self.impl, self.device, self.engine = impl, device, engine

@@ -33,8 +33,10 @@ SINK_ENV = "SPECREPLAY_LIVE_SINK"
 IMPL_ENV = "SPECREPLAY_LIVE_IMPL"
 CONFIG_ENV = "SPECREPLAY_LIVE_CONFIG"
 CPU_ENV = "SPECREPLAY_LIVE_CPU"
-CPU_PATCHES = ("torch.zeros drops pin_memory (no pinned allocator on CPU)",
-               "CpuPlatform.check_and_update_config keeps async_scheduling on")
+CPU_PATCHES = (
+    "torch.zeros drops pin_memory (no pinned allocator on CPU)",
+    "CpuPlatform.check_and_update_config keeps async_scheduling on",
+)
 
 _SUFFIX = re.compile(r"^(.*)-[0-9a-f]{8}$")
 
@@ -100,8 +102,13 @@ def attach_to_core(scheduler: Any, sink: Sink, config: Any, impl: Any) -> None:
     from specreplay.replay.record.scheduler_observer import SchedulerObserver, attach
 
     scheduler.__class__ = impl.real_scheduler_class(type(scheduler), config)
-    observer = SchedulerObserver(scheduler, sink_recorder(sink), max_num_batched_tokens=config.max_num_batched_tokens,
-                                 max_model_len=config.max_model_len, external_id=external_id)
+    observer = SchedulerObserver(
+        scheduler,
+        sink_recorder(sink),
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=config.max_model_len,
+        external_id=external_id,
+    )
     for rid in list(scheduler.requests):  # added before the observer attached (the first step)
         observer.request_added(rid)
     clock = {"step": 0}
@@ -166,6 +173,7 @@ def register() -> None:
                 attach_to_core(self.scheduler, Sink(folder, "core"), config, impl)
                 self._specreplay_attached = True
             return step_fn(self, *a, **kw)
+
         return step
 
     # EngineCore binds step_fn after the plugins load, so these class-level wrappers are used.

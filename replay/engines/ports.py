@@ -9,8 +9,9 @@ run's parts and attaches the observers (record/) to the vLLM-shaped objects insi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from specreplay.replay.impls.registry import ENGINES, Implementation
 from specreplay.replay.models.messages import ModelRunnerOutput, SchedulerOutput
@@ -71,8 +72,9 @@ class EngineParts:
     scheduler_observer: SchedulerObserver
 
 
-def wire(workload: Workload, impl: Implementation, device: str, engine: str,
-         step_now: Callable[[], int]) -> EngineParts:
+def wire(
+    workload: Workload, impl: Implementation, device: str, engine: str, step_now: Callable[[], int]
+) -> EngineParts:
     """Build the scheduler and runner of `impl` on `engine` and attach the observers.
     `step_now()`: the engine step being scheduled or applied (the loop's clock)."""
     config = workload.config
@@ -84,19 +86,25 @@ def wire(workload: Workload, impl: Implementation, device: str, engine: str,
         from specreplay.replay.engines.vllm_setup import real_scheduler_class
 
         impl.require_real_forms(engine)
-        scheduler = VllmSchedulerAdapter(config, impl.real_scheduler_class(
-            real_scheduler_class(config.async_scheduling), config))
+        scheduler = VllmSchedulerAdapter(
+            config, impl.real_scheduler_class(real_scheduler_class(config.async_scheduling), config)
+        )
         observed = scheduler.real  # the observer watches the real scheduler, not the adapter
     else:
         raise InputError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
     runner = impl.make_runner(config, oracle, device)
     recorder = Recorder()
-    observer = SchedulerObserver(observed, recorder, max_num_batched_tokens=config.max_num_batched_tokens,
-                                 max_model_len=config.max_model_len,
-                                 order={spec.request_id: i for i, spec in enumerate(workload.requests)},
-                                 mismatches=oracle.mismatches)
+    observer = SchedulerObserver(
+        observed,
+        recorder,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=config.max_model_len,
+        order={spec.request_id: i for i, spec in enumerate(workload.requests)},
+        mismatches=oracle.mismatches,
+    )
     attach(observer, step_of=lambda so: step_now(), apply_step=step_now)
     writer = RecorderWriter(recorder)
-    attach_runner(runner, [WorkerObserver(writer, ReferenceReader), KvTruth(oracle, writer, config.block_size)],
-                  ReferenceReader)
+    attach_runner(
+        runner, [WorkerObserver(writer, ReferenceReader), KvTruth(oracle, writer, config.block_size)], ReferenceReader
+    )
     return EngineParts(impl, oracle, scheduler, observed, runner, recorder, observer)

@@ -13,8 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from specreplay.replay.engines.vllm_setup import (asserting, load_vllm, sampling_params, speculative_config,
-                                                  tiny_model_dir)
+from specreplay.replay.engines.vllm_setup import (
+    asserting,
+    load_vllm,
+    sampling_params,
+    speculative_config,
+    tiny_model_dir,
+)
 from specreplay.replay.models.messages import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from specreplay.replay.models.request import Request
 from specreplay.replay.workloads.config import EngineConfig
@@ -38,26 +43,49 @@ class VllmSchedulerAdapter:
         self.k = config.num_spec_tokens
         self.is_async = config.async_scheduling
         try:
-            model = ModelConfig(model=tiny_model_dir(config), dtype="float32", skip_tokenizer_init=True,
-                                max_model_len=config.max_model_len)
-            sched = SchedulerConfig(max_num_batched_tokens=config.max_num_batched_tokens,
-                                    max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
-                                    is_encoder_decoder=False, enable_chunked_prefill=True,
-                                    async_scheduling=config.async_scheduling,
-                                    long_prefill_token_threshold=config.long_prefill_token_threshold)
+            model = ModelConfig(
+                model=tiny_model_dir(config),
+                dtype="float32",
+                skip_tokenizer_init=True,
+                max_model_len=config.max_model_len,
+            )
+            sched = SchedulerConfig(
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_num_seqs=config.max_num_seqs,
+                max_model_len=config.max_model_len,
+                is_encoder_decoder=False,
+                enable_chunked_prefill=True,
+                async_scheduling=config.async_scheduling,
+                long_prefill_token_threshold=config.long_prefill_token_threshold,
+            )
             cache = CacheConfig(block_size=config.block_size, enable_prefix_caching=False)
-            vllm_config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
-                                     speculative_config=speculative_config(config, SpeculativeConfig))
+            vllm_config = VllmConfig(
+                model_config=model,
+                scheduler_config=sched,
+                cache_config=cache,
+                speculative_config=speculative_config(config, SpeculativeConfig),
+            )
         except (ValueError, TypeError) as exc:
             raise InputError(f"vllm rejects this engine config: {' '.join(str(exc).split())[:200]}") from None
         cache.num_gpu_blocks = config.num_blocks
-        kv = KVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
-            ["layer"], FullAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=1,
-                                         dtype=torch.float32))])
+        kv = KVCacheConfig(
+            num_blocks=config.num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[
+                KVCacheGroupSpec(
+                    ["layer"],
+                    FullAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32),
+                )
+            ],
+        )
         cls = scheduler_cls or (AsyncScheduler if config.async_scheduling else Scheduler)
-        self.real = cls(vllm_config=vllm_config, kv_cache_config=kv,
-                        structured_output_manager=StructuredOutputManager(vllm_config),
-                        block_size=config.block_size, log_stats=False)
+        self.real = cls(
+            vllm_config=vllm_config,
+            kv_cache_config=kv,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            block_size=config.block_size,
+            log_stats=False,
+        )
         init_none_hash(hash)
         self._hasher = get_request_block_hasher(config.block_size, hash)
         self.step = 0
@@ -76,9 +104,14 @@ class VllmSchedulerAdapter:
     def add_request(self, req: Request) -> Any:
         from vllm.v1.request import Request as VllmRequest
 
-        real = VllmRequest(request_id=req.request_id, prompt_token_ids=list(req.prompt_token_ids),
-                           sampling_params=sampling_params(req.max_tokens, req.stop_token_id),
-                           pooling_params=None, block_hasher=self._hasher, resumable=req.resumable)
+        real = VllmRequest(
+            request_id=req.request_id,
+            prompt_token_ids=list(req.prompt_token_ids),
+            sampling_params=sampling_params(req.max_tokens, req.stop_token_id),
+            pooling_params=None,
+            block_hasher=self._hasher,
+            resumable=req.resumable,
+        )
         asserting(self.real.add_request, real)  # a live id, not resumable: "duplicate request id"
         return self.real.requests.get(req.request_id, real)
 
@@ -133,9 +166,11 @@ class VllmSchedulerAdapter:
         so.total_num_scheduled_tokens = out.total_num_scheduled_tokens
         so.scheduled_spec_decode_tokens.clear()
         so.scheduled_spec_decode_tokens.update(out.scheduled_spec_decode_tokens)
-        real_out = VllmModelRunnerOutput(req_ids=list(model_output.req_ids),
-                                         req_id_to_index=dict(model_output.req_id_to_index),
-                                         sampled_token_ids=[list(t) for t in model_output.sampled_token_ids])
+        real_out = VllmModelRunnerOutput(
+            req_ids=list(model_output.req_ids),
+            req_id_to_index=dict(model_output.req_id_to_index),
+            sampled_token_ids=[list(t) for t in model_output.sampled_token_ids],
+        )
         asserting(self.real.update_from_output, so, real_out)
 
     def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
@@ -148,15 +183,25 @@ def convert_output(so: Any, step: int) -> SchedulerOutput:
     """A real SchedulerOutput as specreplay's message, for the reference runner."""
     c = so.scheduled_cached_reqs
     cached = CachedRequestData(
-        req_ids=list(c.req_ids), resumed_req_ids=set(c.resumed_req_ids),
+        req_ids=list(c.req_ids),
+        resumed_req_ids=set(c.resumed_req_ids),
         new_block_ids=[list(b[0]) if b else [] for b in c.new_block_ids],
-        num_computed_tokens=list(c.num_computed_tokens), num_output_tokens=list(c.num_output_tokens),
-        all_token_ids={r: list(t) for r, t in c.all_token_ids.items()})
-    new = [NewRequestData(d.req_id, list(d.prompt_token_ids or ()), list(d.block_ids[0]), d.num_computed_tokens)
-           for d in so.scheduled_new_reqs]
+        num_computed_tokens=list(c.num_computed_tokens),
+        num_output_tokens=list(c.num_output_tokens),
+        all_token_ids={r: list(t) for r, t in c.all_token_ids.items()},
+    )
+    new = [
+        NewRequestData(d.req_id, list(d.prompt_token_ids or ()), list(d.block_ids[0]), d.num_computed_tokens)
+        for d in so.scheduled_new_reqs
+    ]
     return SchedulerOutput(
-        step=step, scheduled_new_reqs=new, scheduled_cached_reqs=cached,
-        num_scheduled_tokens=dict(so.num_scheduled_tokens), total_num_scheduled_tokens=so.total_num_scheduled_tokens,
+        step=step,
+        scheduled_new_reqs=new,
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens=dict(so.num_scheduled_tokens),
+        total_num_scheduled_tokens=so.total_num_scheduled_tokens,
         scheduled_spec_decode_tokens={r: list(t) for r, t in so.scheduled_spec_decode_tokens.items()},
-        finished_req_ids=set(so.finished_req_ids), preempted_req_ids=set(so.preempted_req_ids or ()),
-        num_spec_tokens_to_schedule=so.num_spec_tokens_to_schedule)
+        finished_req_ids=set(so.finished_req_ids),
+        preempted_req_ids=set(so.preempted_req_ids or ()),
+        num_spec_tokens_to_schedule=so.num_spec_tokens_to_schedule,
+    )

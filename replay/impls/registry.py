@@ -23,17 +23,18 @@ Built-ins:
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.models.messages import SchedulerOutput
 from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
+from specreplay.replay.workloads.config import EngineConfig
 from specreplay.traces.errors import InputError
 
 if TYPE_CHECKING:
-    from specreplay.replay.workloads.oracle import Oracle
     from specreplay.replay.models.runner import GPUModelRunner
+    from specreplay.replay.workloads.oracle import Oracle
 
 EXECUTORS = ("inproc", "multiproc")
 #: reference: specreplay's models of vLLM 0.32.0; vllm-scheduler: the installed vLLM's real
@@ -66,8 +67,10 @@ class Implementation:
     def make_scheduler(self, config: EngineConfig) -> Scheduler:
         """The reference form of this variant's scheduler."""
         if self.scheduler is not None and config.async_scheduling and not issubclass(self.scheduler, AsyncScheduler):
-            raise InputError(f"{self.name}: {self.scheduler.__name__} is a synchronous Scheduler but the workload uses "
-                             "async scheduling; subclass AsyncScheduler or set async_scheduling = false")
+            raise InputError(
+                f"{self.name}: {self.scheduler.__name__} is a synchronous Scheduler but the workload uses "
+                "async scheduling; subclass AsyncScheduler or set async_scheduling = false"
+            )
         if self._variant_applies(config):
             return self.scheduler(config)
         return AsyncScheduler(config) if config.async_scheduling else Scheduler(config)
@@ -75,17 +78,22 @@ class Implementation:
     def _variant_applies(self, config: EngineConfig) -> bool:
         """An AsyncScheduler variant changes async behaviour only; in sync mode the plain
         Scheduler runs (there are no placeholders to treat differently)."""
-        return self.scheduler is not None and (config.async_scheduling
-                                               or not issubclass(self.scheduler, AsyncScheduler))
+        return self.scheduler is not None and (
+            config.async_scheduling or not issubclass(self.scheduler, AsyncScheduler)
+        )
 
     def require_real_forms(self, engine: str) -> None:
         """Refuse, in one line, a variant that has no form for the real classes `engine` runs."""
         if self.scheduler is not None and self.real_scheduler is None:
-            raise InputError(f"{self.name} changes the reference scheduler only; it has no form for "
-                             f"--engine {engine} (give it a real_scheduler, see the README)")
+            raise InputError(
+                f"{self.name} changes the reference scheduler only; it has no form for "
+                f"--engine {engine} (give it a real_scheduler, see the README)"
+            )
         if engine == "vllm" and self.runner is not None and self.real_runner is None:
-            raise InputError(f"{self.name} changes the reference runner only; it has no form for a live vLLM "
-                             "(give it a real_runner, see the README)")
+            raise InputError(
+                f"{self.name} changes the reference runner only; it has no form for a live vLLM "
+                "(give it a real_runner, see the README)"
+            )
 
     def real_scheduler_class(self, real_cls: type, config: EngineConfig) -> type:
         """The class to run on the real vLLM for this variant: `real_cls` or its subclass."""
@@ -98,7 +106,7 @@ class Implementation:
         self.require_real_forms("vllm")
         return self.real_runner(real_cls) if self.real_runner is not None else real_cls
 
-    def make_runner(self, config: EngineConfig, oracle: "Oracle", device: str) -> "GPUModelRunner":
+    def make_runner(self, config: EngineConfig, oracle: Oracle, device: str) -> GPUModelRunner:
         from specreplay.replay.models.runner import GPUModelRunner
 
         return (self.runner or GPUModelRunner)(config, oracle, device)
@@ -117,8 +125,14 @@ class Implementation:
             version = f"vllm {vllm.__version__}"
         else:
             version = "specreplay reference of vllm 0.32.0"
-        return {"name": self.name, "scheduler": f"{cls.__module__}.{cls.__qualname__}", "runner": runner,
-                "executor": self.executor, "engine": engine, "models": version}
+        return {
+            "name": self.name,
+            "scheduler": f"{cls.__module__}.{cls.__qualname__}",
+            "runner": runner,
+            "executor": self.executor,
+            "engine": engine,
+            "models": version,
+        }
 
 
 def _builtin() -> dict[str, Implementation]:
@@ -126,19 +140,37 @@ def _builtin() -> dict[str, Implementation]:
 
     items = [
         Implementation("upstream", "vLLM 0.32.0 behaviour (AsyncScheduler + V1 GPUModelRunner)"),
-        Implementation("pr30796", "worker drops draft slots of re-entering requests, editing the shared SchedulerOutput",
-                       runner=variants.DropReentryDraftsRunner, real_runner=variants.drop_reentry_drafts_on),
-        Implementation("pr30796-copy", "the pr30796 edit on a private copy of the SchedulerOutput (multiprocess executor)",
-                       runner=variants.DropReentryDraftsRunner, real_runner=variants.drop_reentry_drafts_on,
-                       executor="multiproc"),
-        Implementation("sched-clear", "scheduler clears all -1 draft placeholders of running requests it did not schedule",
-                       scheduler=variants.ClearStalePlaceholdersScheduler,
-                       real_scheduler=variants.clear_stale_placeholders_on),
-        Implementation("noclamp", "runner of vLLM <= 0.22: no input clamp, a -1 draft reaches the embedding",
-                       runner=variants.NoClampRunner),
-        Implementation("life-guard", "scheduler gives an output only to the request object (life) it was scheduled "
-                       "for: a resubmitted id never gets its previous life's output",
-                       scheduler=variants.LifeGuardScheduler, real_scheduler=variants.life_guard_on),
+        Implementation(
+            "pr30796",
+            "worker drops draft slots of re-entering requests, editing the shared SchedulerOutput",
+            runner=variants.DropReentryDraftsRunner,
+            real_runner=variants.drop_reentry_drafts_on,
+        ),
+        Implementation(
+            "pr30796-copy",
+            "the pr30796 edit on a private copy of the SchedulerOutput (multiprocess executor)",
+            runner=variants.DropReentryDraftsRunner,
+            real_runner=variants.drop_reentry_drafts_on,
+            executor="multiproc",
+        ),
+        Implementation(
+            "sched-clear",
+            "scheduler clears all -1 draft placeholders of running requests it did not schedule",
+            scheduler=variants.ClearStalePlaceholdersScheduler,
+            real_scheduler=variants.clear_stale_placeholders_on,
+        ),
+        Implementation(
+            "noclamp",
+            "runner of vLLM <= 0.22: no input clamp, a -1 draft reaches the embedding",
+            runner=variants.NoClampRunner,
+        ),
+        Implementation(
+            "life-guard",
+            "scheduler gives an output only to the request object (life) it was scheduled "
+            "for: a resubmitted id never gets its previous life's output",
+            scheduler=variants.LifeGuardScheduler,
+            real_scheduler=variants.life_guard_on,
+        ),
     ]
     return {impl.name: impl for impl in items}
 
@@ -155,11 +187,14 @@ def resolve(name: str, *, allow_import: bool, executor: str | None = None) -> Im
     elif ":" in name and allow_import:
         impl = _load(name)
     elif ":" in name:
-        raise InputError(f"implementation {name!r} from a trace is not in the registry; pass it "
-                         "with --impl yourself to load outside code")
+        raise InputError(
+            f"implementation {name!r} from a trace is not in the registry; pass it "
+            "with --impl yourself to load outside code"
+        )
     else:
-        raise InputError(f"unknown implementation {name!r}; known: {', '.join(impls)} "
-                         "(or module:attr); see `specreplay impls`")
+        raise InputError(
+            f"unknown implementation {name!r}; known: {', '.join(impls)} (or module:attr); see `specreplay impls`"
+        )
     if executor is not None:
         if executor not in EXECUTORS:
             raise InputError(f"unknown executor {executor!r}; use inproc or multiproc")
@@ -192,5 +227,7 @@ def _load(spec: str) -> Implementation:
         return Implementation(spec, _summary(obj, "user scheduler"), scheduler=obj, user_code=True)
     if isinstance(obj, type) and issubclass(obj, GPUModelRunner):
         return Implementation(spec, _summary(obj, "user runner"), runner=obj, user_code=True)
-    raise InputError(f"{spec} is a {type(obj).__name__}; expected an Implementation, or a subclass of "
-                     "specreplay.replay.models.scheduler.Scheduler or specreplay.replay.models.runner.GPUModelRunner")
+    raise InputError(
+        f"{spec} is a {type(obj).__name__}; expected an Implementation, or a subclass of "
+        "specreplay.replay.models.scheduler.Scheduler or specreplay.replay.models.runner.GPUModelRunner"
+    )

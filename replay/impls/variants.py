@@ -37,7 +37,9 @@ def drop_reentry_drafts_on(real_cls: type) -> type:
     class DropReentryDrafts(real_cls):  # type: ignore[misc, valid-type]
         def execute_model(self, scheduler_output, *args, **kwargs):
             rows = self.input_batch.req_id_to_index
-            for rid in [r for r in scheduler_output.scheduled_spec_decode_tokens if r in self.requests and r not in rows]:
+            for rid in [
+                r for r in scheduler_output.scheduled_spec_decode_tokens if r in self.requests and r not in rows
+            ]:
                 drop_draft_slots(scheduler_output, rid)
             return super().execute_model(scheduler_output, *args, **kwargs)
 
@@ -49,8 +51,11 @@ def clear_stale_placeholders(running, out) -> None:
     """PRs #37629 / #46899's rule: a running request not scheduled in `out` keeps no all -1
     placeholder list (reference and real requests alike: vLLM's field names)."""
     for req in running:
-        if req.request_id not in out.num_scheduled_tokens and req.spec_token_ids \
-                and all(t == -1 for t in req.spec_token_ids):
+        if (
+            req.request_id not in out.num_scheduled_tokens
+            and req.spec_token_ids
+            and all(t == -1 for t in req.spec_token_ids)
+        ):
             req.spec_token_ids = []
 
 
@@ -91,7 +96,9 @@ def _hide_other_lives(requests: dict, scheduled_for: dict) -> dict:
 def _restore(requests: dict, order: list, hidden: dict) -> dict:
     """`requests` with the hidden ones back, in their original order."""
     merged = {**requests, **hidden}
-    return {rid: merged[rid] for rid in order if rid in merged} | {rid: r for rid, r in merged.items() if rid not in order}
+    return {rid: merged[rid] for rid in order if rid in merged} | {
+        rid: r for rid, r in merged.items() if rid not in order
+    }
 
 
 class LifeGuardScheduler(AsyncScheduler):
@@ -126,12 +133,15 @@ def life_guard_on(real_cls: type) -> type:
         def schedule(self, *args, **kwargs):
             so = super().schedule(*args, **kwargs)
             self.__dict__.setdefault("_scheduled_for", {})[id(so)] = {
-                rid: self.requests[rid] for rid in so.num_scheduled_tokens}
+                rid: self.requests[rid] for rid in so.num_scheduled_tokens
+            }
             return so
 
         def update_from_output(self, scheduler_output, model_runner_output):
             order = list(self.requests)
-            hidden = _hide_other_lives(self.requests, self.__dict__.get("_scheduled_for", {}).pop(id(scheduler_output), {}))
+            hidden = _hide_other_lives(
+                self.requests, self.__dict__.get("_scheduled_for", {}).pop(id(scheduler_output), {})
+            )
             for rid in hidden:
                 del self.requests[rid]
             try:

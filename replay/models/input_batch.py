@@ -83,8 +83,14 @@ class InputBatch:
                 self._pop_row()
 
     def _columns(self) -> tuple[list, ...]:
-        return (self.req_ids, self.token_ids, self.num_tokens_no_spec, self.num_computed_tokens_cpu,
-                self.spec_token_ids, self.block_table)
+        return (
+            self.req_ids,
+            self.token_ids,
+            self.num_tokens_no_spec,
+            self.num_computed_tokens_cpu,
+            self.spec_token_ids,
+            self.block_table,
+        )
 
     def _pop_row(self) -> None:
         for column in self._columns():

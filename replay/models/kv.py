@@ -19,8 +19,9 @@ class BlockPool:
         self.free: deque[int] = deque(range(1, num_blocks))  # block 0: vLLM's null block
         self.blocks: dict[str, list[int]] = {}
 
-    def allocate_slots(self, request_id: str, num_computed_tokens: int, num_new_tokens: int,
-                       num_lookahead_tokens: int = 0) -> list[int] | None:
+    def allocate_slots(
+        self, request_id: str, num_computed_tokens: int, num_new_tokens: int, num_lookahead_tokens: int = 0
+    ) -> list[int] | None:
         """Blocks for `num_new_tokens` more tokens after `num_computed_tokens`, or None if the
         pool cannot cover them (the caller then preempts)."""
         owned = self.blocks.setdefault(request_id, [])

@@ -43,7 +43,7 @@ class SchedulerOutput:
     preempted_req_ids: set[str] = field(default_factory=set)
     num_spec_tokens_to_schedule: int = 0  # draft width the drafter produces after this step
 
-    def private_copy(self) -> "SchedulerOutput":
+    def private_copy(self) -> SchedulerOutput:
         """What a multiprocess executor hands the worker: a deserialised copy."""
         return copy.deepcopy(self)
 
@@ -54,7 +54,6 @@ class ModelRunnerOutput:
     req_id_to_index: dict[str, int] = field(default_factory=dict)
     # Per row: accepted drafts then the bonus/recovered token (1 + a); [] for discarded rows.
     sampled_token_ids: list[list[int]] = field(default_factory=list)
-
 
 
 class EngineCrash(RuntimeError):

@@ -29,14 +29,34 @@ class Request:
     """Scheduler-side request. Counter names and meanings are vLLM's."""
 
     __slots__ = (
-        "request_id", "prompt_token_ids", "max_tokens", "stop_token_id", "all_token_ids",
-        "num_prompt_tokens", "num_computed_tokens", "num_output_placeholders", "spec_token_ids",
-        "status", "is_prefill_chunk", "num_preemptions", "num_in_flight_tokens",
-        "num_stale_output_tokens", "drop_stale_output", "resumable", "streaming_queue", "output_start",
+        "request_id",
+        "prompt_token_ids",
+        "max_tokens",
+        "stop_token_id",
+        "all_token_ids",
+        "num_prompt_tokens",
+        "num_computed_tokens",
+        "num_output_placeholders",
+        "spec_token_ids",
+        "status",
+        "is_prefill_chunk",
+        "num_preemptions",
+        "num_in_flight_tokens",
+        "num_stale_output_tokens",
+        "drop_stale_output",
+        "resumable",
+        "streaming_queue",
+        "output_start",
     )
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
-                 stop_token_id: int | None = None, resumable: bool = False) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        stop_token_id: int | None = None,
+        resumable: bool = False,
+    ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -79,8 +99,10 @@ class Request:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.all_token_ids[self.output_start:]
+        return self.all_token_ids[self.output_start :]
 
     def __repr__(self) -> str:  # for debugging the tool itself
-        return (f"Request({self.request_id!r}, {self.status.value}, C={self.num_computed_tokens}, "
-                f"P={self.num_output_placeholders}, T={self.num_tokens}, spec={len(self.spec_token_ids)})")
+        return (
+            f"Request({self.request_id!r}, {self.status.value}, C={self.num_computed_tokens}, "
+            f"P={self.num_output_placeholders}, T={self.num_tokens}, spec={len(self.spec_token_ids)})"
+        )

@@ -28,14 +28,14 @@ subtracts prev_num_draft_len - a = 2 and writes from K + 1, the first position n
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.models.input_batch import CachedRequestState, InputBatch
 from specreplay.replay.models.messages import EngineCrash, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from specreplay.replay.models.target_model import TargetModel
+from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.oracle import Oracle
 
 
@@ -121,8 +121,9 @@ class GPUModelRunner:
         self.propose_drafts(inputs, emitted, discarded)
         self.bookkeeping(inputs, emitted, accepted, discarded)
         rows = inputs.rows
-        return ModelRunnerOutput(req_ids=rows, req_id_to_index={rid: x for x, rid in enumerate(rows)},
-                                 sampled_token_ids=emitted)
+        return ModelRunnerOutput(
+            req_ids=rows, req_id_to_index={rid: x for x, rid in enumerate(rows)}, sampled_token_ids=emitted
+        )
 
     def _update_states(self, out: SchedulerOutput) -> list[tuple[str, int]]:
         """vLLM's _update_states: removals, new and cached requests, the batch condensed. Returns
@@ -163,8 +164,9 @@ class GPUModelRunner:
     def add_new_request(self, data: NewRequestData) -> CachedRequestState:
         if data.req_id in self.requests:
             return self.update_streaming_request(data)
-        state = CachedRequestState(data.req_id, list(data.prompt_token_ids), list(data.block_ids),
-                                   data.num_computed_tokens)
+        state = CachedRequestState(
+            data.req_id, list(data.prompt_token_ids), list(data.block_ids), data.num_computed_tokens
+        )
         self.requests[data.req_id] = state
         return state
 
@@ -183,8 +185,9 @@ class GPUModelRunner:
         state.prev_num_draft_len = 0
         return state
 
-    def update_cached_request(self, out: SchedulerOutput, i: int, rid: str,
-                              deferred: list[tuple[str, int]]) -> CachedRequestState | None:
+    def update_cached_request(
+        self, out: SchedulerOutput, i: int, rid: str, deferred: list[tuple[str, int]]
+    ) -> CachedRequestState | None:
         """One cached request: correction bookkeeping, output trim, blocks, re-add or spec write.
         Returns the state when the request must be (re-)added to the batch."""
         cached = out.scheduled_cached_reqs
@@ -266,14 +269,19 @@ class GPUModelRunner:
             d = len(out.scheduled_spec_decode_tokens.get(rid, ()))
             if d >= n:
                 raise MalformedSchedulerOutput(
-                    f"request {rid!r} has {d} draft slots inside {n} scheduled tokens at step {out.step}")
+                    f"request {rid!r} has {d} draft slots inside {n} scheduled tokens at step {out.step}"
+                )
             cpu_start = self.input_batch.num_computed_tokens_cpu[x]
             prev_row = prev_map.get(rid, -1) if self.use_async_scheduling else -1
             start = cpu_start
-            if prev_row >= 0 and prev_row < len(self.prev_num_draft_tokens) and self.prev_num_draft_tokens[prev_row] > 0:
+            if (
+                prev_row >= 0
+                and prev_row < len(self.prev_num_draft_tokens)
+                and self.prev_num_draft_tokens[prev_row] > 0
+            ):
                 # The GPU kernel: true start of m-1 plus its valid count is the true start of m.
                 start = self.prev_starts[prev_row] + self.valid_sampled_token_count_cpu[prev_row]
-            tokens = self.input_batch.token_ids[x][cpu_start:cpu_start + n]
+            tokens = self.input_batch.token_ids[x][cpu_start : cpu_start + n]
             # Past the row's known tokens the real buffer holds whatever an earlier row left there;
             # the reference pads with 0 so the run stays deterministic.
             tokens = tokens + [0] * (n - len(tokens))
@@ -305,25 +313,25 @@ class GPUModelRunner:
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
         return PreparedInputs(rows, starts, ns, ds, cu, ids, pos, draft_ids, negatives, discarded, seq_lens)
 
-    def clamp_inputs(self, out: SchedulerOutput, rows: list[str], ids: torch.Tensor, cu: list[int],
-                     num_drafts: list[int]) -> tuple[list[list[int]], list[int]]:
+    def clamp_inputs(
+        self, out: SchedulerOutput, rows: list[str], ids: torch.Tensor, cu: list[int], num_drafts: list[int]
+    ) -> tuple[list[list[int]], list[int]]:
         """The drafts each row feeds the rejection sampler and its negative input ids, read
         before the clamp (vLLM gathers the spec metadata first); then the clamp, or without it
         (`clamps_negative_ids = False`) the embedding's failure."""
         host = ids.tolist()
-        draft_ids = [host[cu[x] - num_drafts[x]:cu[x]] for x in range(len(rows))]
+        draft_ids = [host[cu[x] - num_drafts[x] : cu[x]] for x in range(len(rows))]
         negatives = []
         begin = 0
         for x in range(len(rows)):
-            negatives.append(sum(1 for t in host[begin:cu[x]] if t < 0))
+            negatives.append(sum(1 for t in host[begin : cu[x]] if t < 0))
             begin = cu[x]
         if any(negatives):
             if self.clamps_negative_ids:
                 ids.clamp_(min=0)
             else:
                 bad = next(rows[x] for x in range(len(rows)) if negatives[x])
-                raise NegativeInputIdError(
-                    f"input id -1 reached the embedding for request {bad!r} at step {out.step}")
+                raise NegativeInputIdError(f"input id -1 reached the embedding for request {bad!r} at step {out.step}")
         return draft_ids, negatives
 
     def _hashes(self, inputs: PreparedInputs) -> torch.Tensor:
@@ -352,8 +360,9 @@ class GPUModelRunner:
             self.kv_tokens[torch.tensor(slots, dtype=torch.int64, device=self.device)] = inputs.input_ids[index]
 
     # ================================================================ sample_tokens
-    def rejection_sample(self, inputs: PreparedInputs, targets: torch.Tensor
-                         ) -> tuple[list[list[int]], list[int], list[bool]]:
+    def rejection_sample(
+        self, inputs: PreparedInputs, targets: torch.Tensor
+    ) -> tuple[list[list[int]], list[int], list[bool]]:
         """Greedy rejection sampling on the device: accept the longest prefix of drafts equal to
         the target's argmax (a negative draft is always rejected), then one bonus/recovered
         token. Rows whose step is a non-final prefill chunk emit nothing."""
@@ -381,7 +390,7 @@ class GPUModelRunner:
             accepted_t = torch.zeros(num_rows, dtype=torch.int64, device=dev)
         target_host = target.tolist()  # the D2H copy of the sampled tokens
         accepted = accepted_t.tolist()
-        emitted = [[] if discarded[x] else target_host[x][:accepted[x] + 1] for x in range(num_rows)]
+        emitted = [[] if discarded[x] else target_host[x][: accepted[x] + 1] for x in range(num_rows)]
         return emitted, accepted, discarded
 
     def propose_drafts(self, inputs: PreparedInputs, emitted: list[list[int]], discarded: list[bool]) -> None:
@@ -396,15 +405,20 @@ class GPUModelRunner:
                 proposals.append([0] * self.k)
                 continue
             last_position = inputs.starts[x] + inputs.num_scheduled[x] - inputs.num_drafts[x] - 1 + len(emitted[x])
-            proposals.append(self.oracle.drafts(rid, last_position + 1, self.k, len(self.requests[rid].prompt_token_ids)))
+            proposals.append(
+                self.oracle.drafts(rid, last_position + 1, self.k, len(self.requests[rid].prompt_token_ids))
+            )
         if self.use_async_scheduling:
-            self._draft_token_ids = torch.tensor(proposals, dtype=torch.int64, device=self.device).reshape(len(inputs.rows), self.k)
+            self._draft_token_ids = torch.tensor(proposals, dtype=torch.int64, device=self.device).reshape(
+                len(inputs.rows), self.k
+            )
         else:
             keep = [x for x in range(len(inputs.rows)) if not discarded[x]]
             self.sync_drafts = ([inputs.rows[x] for x in keep], [proposals[x] for x in keep])
 
-    def bookkeeping(self, inputs: PreparedInputs, emitted: list[list[int]], accepted: list[int],
-                    discarded: list[bool]) -> None:
+    def bookkeeping(
+        self, inputs: PreparedInputs, emitted: list[list[int]], accepted: list[int], discarded: list[bool]
+    ) -> None:
         """Cache this step's results for the next one and extend the output lists (one -1 per
         sampled row under async; the real tokens in sync mode)."""
         rows = inputs.rows

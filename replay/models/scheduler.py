@@ -32,12 +32,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.models.kv import BlockPool
-from specreplay.replay.models.messages import (CachedRequestData, EngineCrash, ModelRunnerOutput, NewRequestData,
-                                        SchedulerOutput)
+from specreplay.replay.models.messages import (
+    CachedRequestData,
+    EngineCrash,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 from specreplay.replay.models.request import Request, Status
 from specreplay.replay.models.rules import reaches_max_tokens_in_flight
+from specreplay.replay.workloads.config import EngineConfig
 
 #: vLLM's PauseState: UNPAUSED, PAUSED_NEW (running requests go on, nothing is admitted),
 #: PAUSED_ALL (nothing is scheduled).
@@ -101,10 +106,11 @@ class Scheduler:
         existing = self.requests.get(request.request_id)
         if existing is not None:
             if existing.streaming_queue is None:
-                raise EngineCrash(f"scheduler assert: duplicate request id {request.request_id!r} (it is still live)",
-                                  kind="scheduler-assert")
-            update = (StreamingUpdate(list(request.prompt_token_ids), request.max_tokens)
-                      if request.resumable else None)
+                raise EngineCrash(
+                    f"scheduler assert: duplicate request id {request.request_id!r} (it is still live)",
+                    kind="scheduler-assert",
+                )
+            update = StreamingUpdate(list(request.prompt_token_ids), request.max_tokens) if request.resumable else None
             if existing.status != Status.WAITING_FOR_STREAMING_REQ:
                 existing.streaming_queue.append(update)
             elif update is not None:
@@ -147,7 +153,7 @@ class Scheduler:
         """vLLM 0.32's _update_request_as_session: the next turn's prompt is the session's
         computed tokens (its last sampled token is discarded) plus the new chunk."""
         computed = req.num_computed_tokens
-        kept = req.all_token_ids[req.num_prompt_tokens:computed]
+        kept = req.all_token_ids[req.num_prompt_tokens : computed]
         del req.all_token_ids[computed:]
         req.prompt_token_ids = req.prompt_token_ids + kept + update.prompt_token_ids  # vLLM extends in place
         req.all_token_ids.extend(update.prompt_token_ids)
@@ -253,8 +259,9 @@ class Scheduler:
 
     def running_demand(self, req: Request, budget: int, threshold: int) -> int:
         """Tokens to schedule for a running request (0: none this step)."""
-        if reaches_max_tokens_in_flight(req.num_computed_tokens, req.num_output_placeholders,
-                                        req.num_prompt_tokens, req.max_tokens):
+        if reaches_max_tokens_in_flight(
+            req.num_computed_tokens, req.num_output_placeholders, req.num_prompt_tokens, req.max_tokens
+        ):
             return 0
         n = req.num_tokens_with_spec + req.num_output_placeholders - req.num_computed_tokens
         if 0 < threshold < n:
@@ -265,8 +272,7 @@ class Scheduler:
         """Allocate KV slots for `req`, preempting from the tail of `running` (FCFS) until they
         fit. False if `req` itself had to be preempted."""
         while True:
-            new = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n,
-                                         self.config.num_lookahead_tokens)
+            new = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n, self.config.num_lookahead_tokens)
             if new is not None:
                 plan.new_blocks[req.request_id] = new
                 return True
@@ -313,8 +319,9 @@ class Scheduler:
             if len(self.running) + self.num_waiting_for_streaming_input >= self.config.max_num_seqs:
                 break
             req = queue[0]
-            if req.status == Status.WAITING_FOR_STREAMING_REQ or (req.num_stale_output_tokens
-                                                                   and not req.drop_stale_output):
+            if req.status == Status.WAITING_FOR_STREAMING_REQ or (
+                req.num_stale_output_tokens and not req.drop_stale_output
+            ):
                 # Waiting for its next input chunk; or stale output of its preempted life is
                 # still in flight, and resuming now would deliver it out of order. Next step.
                 skipped[id(queue)].append(queue.popleft())
@@ -328,21 +335,25 @@ class Scheduler:
                 n = plan.threshold
             n = min(n, plan.budget)
             if n <= 0:  # vLLM: assert num_new_tokens > 0
-                raise EngineCrash(f"scheduler assert: request {req.request_id!r} admitted with {n} tokens to "
-                                  f"schedule (num_computed_tokens {req.num_computed_tokens} >= num_tokens "
-                                  f"{req.num_tokens})", kind="scheduler-assert")
+                raise EngineCrash(
+                    f"scheduler assert: request {req.request_id!r} admitted with {n} tokens to "
+                    f"schedule (num_computed_tokens {req.num_computed_tokens} >= num_tokens "
+                    f"{req.num_tokens})",
+                    kind="scheduler-assert",
+                )
             # vLLM 0.32 admits a waiting request only if its whole sequence fits in the free
             # blocks (scheduler_reserve_full_isl, on by default), not just this chunk.
             if not self.kv.fits(req.request_id, req.num_tokens):
                 break
-            new = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n,
-                                         self.config.num_lookahead_tokens)
+            new = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n, self.config.num_lookahead_tokens)
             if new is None:
                 break
             if padded != need and n != padded:  # vLLM asserts this only once the blocks are allocated
-                raise EngineCrash(f"scheduler assert: request {req.request_id!r} padded to {padded} tokens "
-                                  f"for spec decode but cut to {n} (long_prefill_token_threshold)",
-                                  kind="scheduler-assert")
+                raise EngineCrash(
+                    f"scheduler assert: request {req.request_id!r} padded to {padded} tokens "
+                    f"for spec decode but cut to {n} (long_prefill_token_threshold)",
+                    kind="scheduler-assert",
+                )
             queue.popleft()
             self.running.append(req)
             (plan.new if req.status == Status.WAITING else plan.resumed).append(req)
@@ -376,9 +387,12 @@ class Scheduler:
             if rid not in self.prev_step_scheduled_req_ids:
                 cached.all_token_ids[rid] = list(req.all_token_ids)
         cached.resumed_req_ids = {req.request_id for req in plan.resumed}
-        new = [NewRequestData(req.request_id, list(req.prompt_token_ids),
-                              self.kv.block_ids(req.request_id), req.num_computed_tokens)
-               for req in plan.new]
+        new = [
+            NewRequestData(
+                req.request_id, list(req.prompt_token_ids), self.kv.block_ids(req.request_id), req.num_computed_tokens
+            )
+            for req in plan.new
+        ]
         out = SchedulerOutput(
             step=self.step,
             scheduled_new_reqs=new,
@@ -417,8 +431,11 @@ class Scheduler:
                     stale = True
                     req.num_stale_output_tokens -= n
                     if req.num_stale_output_tokens < 0:  # vLLM asserts: the stale share did not match
-                        raise EngineCrash(f"scheduler assert: request {rid!r} num_stale_output_tokens "
-                                          f"{req.num_stale_output_tokens} < 0", kind="scheduler-assert")
+                        raise EngineCrash(
+                            f"scheduler assert: request {rid!r} num_stale_output_tokens "
+                            f"{req.num_stale_output_tokens} < 0",
+                            kind="scheduler-assert",
+                        )
             if req is None or req.status.finished:
                 continue  # finished or aborted while this step was in flight: output ignored
             slots = out.scheduled_spec_decode_tokens.get(rid)
@@ -502,6 +519,9 @@ class AsyncScheduler(Scheduler):
         if not stale:
             req.num_output_placeholders -= len(tokens)
             if req.num_output_placeholders < 0:  # vLLM asserts here and EngineCore dies
-                raise EngineCrash(f"scheduler assert: request {req.request_id!r} num_output_placeholders "
-                                  f"{req.num_output_placeholders} < 0", kind="scheduler-assert")
+                raise EngineCrash(
+                    f"scheduler assert: request {req.request_id!r} num_output_placeholders "
+                    f"{req.num_output_placeholders} < 0",
+                    kind="scheduler-assert",
+                )
         return tokens, finish

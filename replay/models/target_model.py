@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 class TargetModel:
     """Embedding lookup plus the next-token rule, on the runner's device."""
 
-    def __init__(self, vocab_size: int, device: "torch.device") -> None:
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
         import torch
 
         self.vocab_size = vocab_size
@@ -25,8 +25,7 @@ class TargetModel:
         # as the GPU kernel does) but carries no weights to learn.
         self.embedding = torch.arange(vocab_size, dtype=torch.int64, device=device)
 
-    def forward(self, input_ids: "torch.Tensor", positions: "torch.Tensor",
-                hashes: "torch.Tensor") -> "torch.Tensor":
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hashes: torch.Tensor) -> torch.Tensor:
         """Greedy next token for every input position. `input_ids` must be >= 0: the caller checks
         (a negative id on CUDA is a device-side assert that poisons the whole context)."""
         emb = self.embedding[input_ids]

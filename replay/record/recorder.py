@@ -22,7 +22,6 @@ import pyarrow as pa
 from specreplay.traces import schema
 from specreplay.traces.journal import JournalWriter
 
-
 #: Steps between journal flushes by default, and the longest a flush waits whatever the step
 #: count (a step of thousands of requests can take a tenth of a second): a crash loses at most
 #: about half a second of recording.
@@ -43,8 +42,7 @@ class Recorder:
         self.cols: dict[str, list] = {name: [] for name in schema.COLUMN_NAMES}
         self.rows_of_step: dict[int, dict[str, int]] = {}  # steps whose output is not yet applied
 
-    def append_step(self, step: int, total_scheduled: int, step_event: str,
-                    rows: list[tuple]) -> dict[str, int]:
+    def append_step(self, step: int, total_scheduled: int, step_event: str, rows: list[tuple]) -> dict[str, int]:
         """The scheduler's rows of `step` (tuples in SCHEDULE_COLUMNS order); the later columns
         are null until the worker and the apply fill them. Returns request id -> row index."""
         c = self.cols
@@ -116,13 +114,29 @@ class Recorder:
         return pa.Table.from_arrays(arrays, schema=schema.SCHEMA)
 
 
-
 #: The per-row scheduler columns, in the order of the scheduler observer's row tuples.
-SCHEDULE_COLUMNS = ("request_id", "sched_life", "sched_event", "sched_status", "sched_kind", "sched_skip",
-                     "sched_num_scheduled_tokens", "sched_num_draft_slots", "sched_num_computed_tokens", "sched_num_output_placeholders",
-                     "sched_num_tokens", "sched_num_output_tokens", "sched_num_prompt_tokens", "sched_spec_len",
-                     "sched_spec_placeholders", "sched_is_prefill_chunk", "sched_finished_announced",
-                     "sched_preempted", "sched_num_in_flight_tokens", "sched_num_stale_output_tokens")
+SCHEDULE_COLUMNS = (
+    "request_id",
+    "sched_life",
+    "sched_event",
+    "sched_status",
+    "sched_kind",
+    "sched_skip",
+    "sched_num_scheduled_tokens",
+    "sched_num_draft_slots",
+    "sched_num_computed_tokens",
+    "sched_num_output_placeholders",
+    "sched_num_tokens",
+    "sched_num_output_tokens",
+    "sched_num_prompt_tokens",
+    "sched_spec_len",
+    "sched_spec_placeholders",
+    "sched_is_prefill_chunk",
+    "sched_finished_announced",
+    "sched_preempted",
+    "sched_num_in_flight_tokens",
+    "sched_num_stale_output_tokens",
+)
 _APPLY_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("apply_"))
 _WORKER_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("worker_"))
 _TRUTH_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("truth_"))

@@ -19,15 +19,20 @@ What the scheduler does not say, the observer derives:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from specreplay.replay.models.rules import reaches_max_tokens_in_flight
 from specreplay.replay.record.recorder import Recorder
 
 #: vLLM's RequestStatus names (the reference's Status uses the same) -> the trace's sched_status.
-_TRACE_STATUS = {"WAITING": "waiting", "WAITING_FOR_STREAMING_REQ": "waiting", "RUNNING": "running",
-                 "PREEMPTED": "preempted"}
+_TRACE_STATUS = {
+    "WAITING": "waiting",
+    "WAITING_FOR_STREAMING_REQ": "waiting",
+    "RUNNING": "running",
+    "PREEMPTED": "preempted",
+}
 _FINISH_REASON = {"FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "stop"}
 #: Of two control events on one request before a schedule(), the row keeps the one that says more.
 EVENT_RANK = {"": 0, "stream_update": 1, "stream_turn": 2, "reset_preempt": 2, "abort": 3, "resubmit": 4}
@@ -57,9 +62,17 @@ class Counters:
     max_tokens: int
 
     @classmethod
-    def of(cls, r: Any) -> "Counters":
-        return cls(r.num_computed_tokens, r.num_output_placeholders, r.num_tokens, r.num_output_tokens,
-                   r.num_in_flight_tokens, r.num_stale_output_tokens, r.num_prompt_tokens, r.max_tokens)
+    def of(cls, r: Any) -> Counters:
+        return cls(
+            r.num_computed_tokens,
+            r.num_output_placeholders,
+            r.num_tokens,
+            r.num_output_tokens,
+            r.num_in_flight_tokens,
+            r.num_stale_output_tokens,
+            r.num_prompt_tokens,
+            r.max_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -75,9 +88,17 @@ class Delivery:
 class SchedulerObserver:
     """Writes the scheduler's rows of every step, and their apply columns once applied."""
 
-    def __init__(self, scheduler: Any, recorder: Recorder, *, max_num_batched_tokens: int, max_model_len: int,
-                 external_id: Callable[[str], str] | None = None, order: dict[str, int] | None = None,
-                 mismatches: Callable | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Any,
+        recorder: Recorder,
+        *,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        external_id: Callable[[str], str] | None = None,
+        order: dict[str, int] | None = None,
+        mismatches: Callable | None = None,
+    ) -> None:
         """`external_id`: the trace's id for a scheduler's request id (a live engine appends a
         suffix); `order`: the row order of known ids (the workload's), later ids after them;
         `mismatches(rid, first_output_index, tokens, prompt_len)`: the oracle's count of wrong
@@ -160,8 +181,15 @@ class SchedulerObserver:
             rid, r = t.request_id, t.request
             n = scheduled.get(rid, 0)
             if n:
-                kind = ("new" if rid in new_ids else "resumed" if rid in resumed
-                        else "cached" if rid in self.prev_scheduled else "reentering")
+                kind = (
+                    "new"
+                    if rid in new_ids
+                    else "resumed"
+                    if rid in resumed
+                    else "cached"
+                    if rid in self.prev_scheduled
+                    else "reentering"
+                )
                 skip = ""
             else:
                 kind = "unscheduled"
@@ -173,11 +201,30 @@ class SchedulerObserver:
                 else:
                     skip = "budget" if status == "RUNNING" else "waiting"
             status = "finished" if r.is_finished() else _TRACE_STATUS.get(r.status.name, "waiting")
-            out.append((rid, t.life, events.get(rid, ""), status, kind, skip, n, slots.get(rid, 0),
-                        was.num_computed_tokens, was.num_output_placeholders, was.num_tokens, was.num_output_tokens,
-                        r.num_prompt_tokens, spec_len, spec_placeholders, bool(n) and bool(r.is_prefill_chunk),
-                        rid in announced, skips.get(rid) == "preempted", was.num_in_flight_tokens,
-                        was.num_stale_output_tokens))
+            out.append(
+                (
+                    rid,
+                    t.life,
+                    events.get(rid, ""),
+                    status,
+                    kind,
+                    skip,
+                    n,
+                    slots.get(rid, 0),
+                    was.num_computed_tokens,
+                    was.num_output_placeholders,
+                    was.num_tokens,
+                    was.num_output_tokens,
+                    r.num_prompt_tokens,
+                    spec_len,
+                    spec_placeholders,
+                    bool(n) and bool(r.is_prefill_chunk),
+                    rid in announced,
+                    skips.get(rid) == "preempted",
+                    was.num_in_flight_tokens,
+                    was.num_stale_output_tokens,
+                )
+            )
         self.rec.append_step(step, so.total_num_scheduled_tokens, "; ".join(self.step_events), out)
         self.step_events = []
         self.prev_scheduled = set(scheduled)
@@ -202,7 +249,8 @@ class SchedulerObserver:
             elif budget > 0:
                 was = before.get(id(r))
                 rule = was is not None and reaches_max_tokens_in_flight(
-                    was.num_computed_tokens, was.num_output_placeholders, r.num_prompt_tokens, r.max_tokens)
+                    was.num_computed_tokens, was.num_output_placeholders, r.num_prompt_tokens, r.max_tokens
+                )
                 skips[rid] = "max_tokens" if rule else "no_tokens"
         return skips
 
@@ -220,12 +268,14 @@ class SchedulerObserver:
             i = index.get(rid)
             stale = r.num_stale_output_tokens > 0
             outcome = ("dropped" if r.drop_stale_output else "stale_delivered") if stale else "applied"
-            deliveries[rid] = Delivery(t, Counters.of(r), len(sampled[i]) if i is not None and i < len(sampled) else 0,
-                                       outcome)
+            deliveries[rid] = Delivery(
+                t, Counters.of(r), len(sampled[i]) if i is not None and i < len(sampled) else 0, outcome
+            )
         return deliveries
 
-    def after_update(self, so: Any, model_output: Any, deliveries: dict[str, Delivery], step: int,
-                     apply_step: int) -> None:
+    def after_update(
+        self, so: Any, model_output: Any, deliveries: dict[str, Delivery], step: int, apply_step: int
+    ) -> None:
         """Fill the apply columns of step `step`'s rows; outputs the scheduler gave to nobody
         (the request finished, was aborted, or a variant withheld it) are marked ignored."""
         rec = self.rec
@@ -249,31 +299,41 @@ class SchedulerObserver:
             finish = self.finish_reason(r, was, tokens)
             if finish and not r.is_finished():
                 self.mark_request_event(trace_id, "stream_turn")  # a streaming turn ended; the session goes on
-            rec.fill(at, {
-                "apply_step": apply_step, "apply_outcome": d.outcome, "apply_life": d.tracked.life,
-                "apply_num_scheduled_tokens": so.num_scheduled_tokens[rid], "apply_num_draft_slots": slots,
-                "apply_num_rejected": rejected, "apply_num_tokens": len(tokens),
-                "apply_token_mismatches": (None if self.mismatches is None else
-                                           self.mismatches(trace_id, was.num_output_tokens, tokens,
-                                                           was.num_prompt_tokens)),
-                "apply_num_computed_tokens": r.num_computed_tokens,
-                "apply_num_output_placeholders": r.num_output_placeholders,
-                "apply_finish_reason": finish,
-            })
+            rec.fill(
+                at,
+                {
+                    "apply_step": apply_step,
+                    "apply_outcome": d.outcome,
+                    "apply_life": d.tracked.life,
+                    "apply_num_scheduled_tokens": so.num_scheduled_tokens[rid],
+                    "apply_num_draft_slots": slots,
+                    "apply_num_rejected": rejected,
+                    "apply_num_tokens": len(tokens),
+                    "apply_token_mismatches": (
+                        None
+                        if self.mismatches is None
+                        else self.mismatches(trace_id, was.num_output_tokens, tokens, was.num_prompt_tokens)
+                    ),
+                    "apply_num_computed_tokens": r.num_computed_tokens,
+                    "apply_num_output_placeholders": r.num_output_placeholders,
+                    "apply_finish_reason": finish,
+                },
+            )
         scheduled = rec.cols["sched_num_scheduled_tokens"]
         for rid, at in index.items():
             if rid not in given and scheduled[at]:
                 rec.fill(at, {"apply_step": apply_step, "apply_outcome": "ignored"})
 
     def finish_reason(self, r: Any, was: Counters, tokens: tuple) -> str:
-        """"length" or "stop" if this output ended the request (or a streaming session's turn:
+        """ "length" or "stop" if this output ended the request (or a streaming session's turn:
         the session goes on waiting, so its status does not say; the counters do), else ""."""
         if r.is_finished():
             return _FINISH_REASON.get(r.status.name, "")
         if not tokens or not r.resumable or r.status.name not in ("WAITING", "WAITING_FOR_STREAMING_REQ"):
             return ""
-        reached = (was.num_output_tokens + len(tokens) >= was.max_tokens
-                   or was.num_tokens + len(tokens) >= self.max_model_len)
+        reached = (
+            was.num_output_tokens + len(tokens) >= was.max_tokens or was.num_tokens + len(tokens) >= self.max_model_len
+        )
         return "length" if reached else "stop"
 
 

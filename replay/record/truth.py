@@ -72,7 +72,7 @@ class KvTruth(RunnerObserver):
             discarded = inputs.discarded[x]
             kept = n if discarded else n - d + counts[x] - 1  # positions whose KV stays valid
             expected = self.oracle.expected(rid, len(runner.requests[rid].prompt_token_ids))
-            written = host[begin:begin + kept]
+            written = host[begin : begin + kept]
             begin = inputs.cu[x]
             before = self.valid.get(rid, 0)
             good = 0
@@ -94,7 +94,10 @@ class KvTruth(RunnerObserver):
         ran = set(self.inputs.rows) if self.inputs is not None else set()
         for rid, valid in self.valid.items():
             before = self.before.get(rid, valid) if rid in ran else valid
-            self.writer.write(self.step, rid, {"truth_num_computed_tokens": before, "truth_kv_after": valid,
-                                               "truth_kv_ok": self.ok.get(rid, True)})
+            self.writer.write(
+                self.step,
+                rid,
+                {"truth_num_computed_tokens": before, "truth_kv_after": valid, "truth_kv_ok": self.ok.get(rid, True)},
+            )
         self.writer.step_done(self.step)
         self.inputs = None

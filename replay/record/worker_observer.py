@@ -86,22 +86,24 @@ class VllmReader:
     @staticmethod
     def inputs(runner: Any, so: Any, result: Any) -> list[tuple[str, list[int], int, int | None]]:
         batch = runner.input_batch
-        ids = batch.req_ids[:batch.num_reqs]
+        ids = batch.req_ids[: batch.num_reqs]
         metadata = result[1] if isinstance(result, tuple) and len(result) > 1 else None
         drafts: dict[str, list[int]] = {}
         if metadata is not None:
             flat = metadata.draft_token_ids.tolist()
             at = 0
             for rid, n in zip(ids, metadata.num_draft_tokens):
-                drafts[rid] = flat[at:at + n]
+                drafts[rid] = flat[at : at + n]
                 at += n
-        starts = runner.query_start_loc.np[:len(ids)].tolist()
+        starts = runner.query_start_loc.np[: len(ids)].tolist()
         total = sum(so.num_scheduled_tokens.values())
         positions = runner.positions[:total].tolist() if total else []
         rows = []
         for x, rid in enumerate(ids):
             fed = drafts.get(rid, [])
-            rows.append((rid, fed, sum(1 for t in fed if t < 0), positions[starts[x]] if starts[x] < len(positions) else None))
+            rows.append(
+                (rid, fed, sum(1 for t in fed if t < 0), positions[starts[x]] if starts[x] < len(positions) else None)
+            )
         return rows
 
 
@@ -114,8 +116,7 @@ class RunnerObserver:
     def on_states(self, runner: Any, so: Any) -> None:
         """_update_states returned."""
 
-    def on_inputs(self, rows: list[tuple[str, list[int], int, int | None]], runner: Any, so: Any,
-                  result: Any) -> None:
+    def on_inputs(self, rows: list[tuple[str, list[int], int, int | None]], runner: Any, so: Any, result: Any) -> None:
         """_prepare_inputs returned `result`; `rows` is the reader's account of it."""
 
     def on_executed(self, runner: Any, so: Any) -> None:
@@ -142,8 +143,9 @@ class WorkerObserver(RunnerObserver):
     def on_execute(self, runner: Any, so: Any) -> None:
         """execute_model called: what the scheduler booked, before any edit by the worker."""
         self.step = getattr(so, "_specreplay_step", None)
-        self.booked = {rid: (n, len(so.scheduled_spec_decode_tokens.get(rid, ())))
-                       for rid, n in so.num_scheduled_tokens.items()}
+        self.booked = {
+            rid: (n, len(so.scheduled_spec_decode_tokens.get(rid, ()))) for rid, n in so.num_scheduled_tokens.items()
+        }
         drafts = runner._draft_token_ids  # async: [rows, k] on the device; sync: a list or None
         self.width = int(drafts.shape[-1]) if runner.use_async_scheduling and drafts is not None else 0
         self.rows, self.optimistic = {}, {}
@@ -165,13 +167,16 @@ class WorkerObserver(RunnerObserver):
                 "worker_edited_output": rid in edited or self.booked.get(rid) != (n, slots),
             }
 
-    def on_inputs(self, rows: list[tuple[str, list[int], int, int | None]], runner: Any, so: Any,
-                  result: Any) -> None:
+    def on_inputs(self, rows: list[tuple[str, list[int], int, int | None]], runner: Any, so: Any, result: Any) -> None:
         for x, (rid, fed, negatives, first_position) in enumerate(rows):
             row = self.rows.get(rid)
             if row is not None:
-                row.update(worker_row=x, worker_draft_ids=fed, worker_negative_inputs=negatives,
-                           worker_first_position=first_position)
+                row.update(
+                    worker_row=x,
+                    worker_draft_ids=fed,
+                    worker_negative_inputs=negatives,
+                    worker_first_position=first_position,
+                )
 
     def on_executed(self, runner: Any, so: Any) -> None:
         """execute_model returned: the deferred correction has run."""
@@ -183,9 +188,9 @@ class WorkerObserver(RunnerObserver):
 
     def on_sampled(self, runner: Any) -> None:
         batch = runner.input_batch
-        ids = batch.req_ids[:batch.num_reqs]
+        ids = batch.req_ids[: batch.num_reqs]
         counts = runner.valid_sampled_token_count_cpu
-        counts = [int(c) for c in counts[:len(ids)]] if counts is not None else None
+        counts = [int(c) for c in counts[: len(ids)]] if counts is not None else None
         sampled = batch.prev_req_id_to_index or {}
         for x, rid in enumerate(ids):
             row = self.rows.get(rid)
@@ -211,8 +216,12 @@ class WorkerObserver(RunnerObserver):
 def attach_runner(runner: Any, observers: list[RunnerObserver], reader: RunnerReader) -> None:
     """Wrap the runner instance's four calls and call every observer's hooks around them.
     `reader`: ReferenceReader or VllmReader, for `_prepare_inputs`' result."""
-    execute, update_states, prepare, sample = (runner.execute_model, runner._update_states,
-                                               runner._prepare_inputs, runner.sample_tokens)
+    execute, update_states, prepare, sample = (
+        runner.execute_model,
+        runner._update_states,
+        runner._prepare_inputs,
+        runner.sample_tokens,
+    )
 
     def each(hook: str, *args: Any) -> None:
         for obs in observers:

@@ -21,18 +21,48 @@ SCHED_TID, WORKER_TID = 1, 2
 MAX_STEPS = 2000
 MAX_ROWS = 20_000  # about 14 MB of JSON
 
-_COLUMNS = ("step", "request_id", "sched_status", "sched_kind", "sched_skip", "sched_num_scheduled_tokens",
-            "sched_num_draft_slots", "sched_preempted", "sched_num_computed_tokens", "sched_num_output_placeholders",
-            "apply_step", "apply_outcome", "apply_num_rejected", "worker_row", "worker_num_scheduled_tokens", "worker_num_draft_slots",
-            "worker_num_computed_tokens", "worker_draft_ids", "worker_num_accepted", "step_event", "sched_event",
-            "sched_life")
+_COLUMNS = (
+    "step",
+    "request_id",
+    "sched_status",
+    "sched_kind",
+    "sched_skip",
+    "sched_num_scheduled_tokens",
+    "sched_num_draft_slots",
+    "sched_preempted",
+    "sched_num_computed_tokens",
+    "sched_num_output_placeholders",
+    "apply_step",
+    "apply_outcome",
+    "apply_num_rejected",
+    "worker_row",
+    "worker_num_scheduled_tokens",
+    "worker_num_draft_slots",
+    "worker_num_computed_tokens",
+    "worker_draft_ids",
+    "worker_num_accepted",
+    "step_event",
+    "sched_event",
+    "sched_life",
+)
 
-_NAMES = {"N": "new", "R": "re-entering", "U": "resumed", "b": "skipped: budget", "m": "skipped: max_tokens",
-          "0": "nothing to schedule", "w": "waiting", "P": "preempted", "p": "preempted (waiting)", "F": "finished"}
+_NAMES = {
+    "N": "new",
+    "R": "re-entering",
+    "U": "resumed",
+    "b": "skipped: budget",
+    "m": "skipped: max_tokens",
+    "0": "nothing to schedule",
+    "w": "waiting",
+    "P": "preempted",
+    "p": "preempted (waiting)",
+    "F": "finished",
+}
 
 
-def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
-                  max_steps: int = MAX_STEPS, max_rows: int = MAX_ROWS) -> dict[str, Any]:
+def export_events(
+    trace, findings: list, steps: tuple[int, int] | None = None, max_steps: int = MAX_STEPS, max_rows: int = MAX_ROWS
+) -> dict[str, Any]:
     """The trace-event document for steps `steps` (default: from the first step), at most
     `max_steps` steps and `max_rows` rows of them."""
     first = steps[0] if steps else 1
@@ -59,19 +89,35 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
             rows_taken += 1
             if row["step_event"] and step not in marked_steps:  # pause, resume, cache reset: engine-wide
                 marked_steps.add(step)
-                events.append({"name": row["step_event"], "ph": "i", "s": "g", "ts": (step - first) * STEP_US,
-                               "pid": 0, "tid": 0, "cat": "control event"})
+                events.append(
+                    {
+                        "name": row["step_event"],
+                        "ph": "i",
+                        "s": "g",
+                        "ts": (step - first) * STEP_US,
+                        "pid": 0,
+                        "tid": 0,
+                        "cat": "control event",
+                    }
+                )
             pid = pids.get(rid)
             if pid is None:
                 pid = pids[rid] = len(pids) + 1
-                events += [_meta(pid, 0, "process_name", f"request {rid}"), _meta(pid, 0, "process_sort_index", pid),
-                           _meta(pid, SCHED_TID, "thread_name", "scheduler"), _meta(pid, WORKER_TID, "thread_name", "worker")]
+                events += [
+                    _meta(pid, 0, "process_name", f"request {rid}"),
+                    _meta(pid, 0, "process_sort_index", pid),
+                    _meta(pid, SCHED_TID, "thread_name", "scheduler"),
+                    _meta(pid, WORKER_TID, "thread_name", "worker"),
+                ]
             events += _row_events(row, pid, (step - first) * STEP_US)
             slices.setdefault(pid, set()).add(step)
             # An arrow per output update_from_output used; one popped while the engine drained
             # (no schedule() since its own) has no later step to point at.
-            if row["sched_num_scheduled_tokens"] and row["apply_outcome"] not in (None, "ignored") \
-                    and row["apply_step"] > step:
+            if (
+                row["sched_num_scheduled_tokens"]
+                and row["apply_outcome"] not in (None, "ignored")
+                and row["apply_step"] > step
+            ):
                 flows.append((pid, step, row["apply_step"], f"{rid}@{step}"))
         if current is not None and last == current and rows_taken >= max_rows:
             break
@@ -79,42 +125,82 @@ def export_events(trace, findings: list, steps: tuple[int, int] | None = None,
     for f in findings:
         pid = pids.get(f.request_id) if f.request_id is not None else None
         if first <= f.step <= last and pid is not None:
-            events.append({"name": f.code, "ph": "i", "s": "t", "ts": (f.step - first) * STEP_US + STEP_US // 4,
-                           "pid": pid, "tid": SCHED_TID if short_code(f.code)[0] == "S" else WORKER_TID,
-                           "cat": "finding", "args": {"severity": f.severity, "field": f.field, "message": f.message}})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"specreplay": "one engine step = 1 ms", "first_step": first, "last_step": last}}
+            events.append(
+                {
+                    "name": f.code,
+                    "ph": "i",
+                    "s": "t",
+                    "ts": (f.step - first) * STEP_US + STEP_US // 4,
+                    "pid": pid,
+                    "tid": SCHED_TID if short_code(f.code)[0] == "S" else WORKER_TID,
+                    "cat": "finding",
+                    "args": {"severity": f.severity, "field": f.field, "message": f.message},
+                }
+            )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"specreplay": "one engine step = 1 ms", "first_step": first, "last_step": last},
+    }
 
 
 def _row_events(row: dict[str, Any], pid: int, ts: int) -> list[dict[str, Any]]:
     """One row's scheduler slice, worker slice (if it ran) and counters."""
     step = row["step"]
-    events = [{"name": _describe(row), "ph": "X", "ts": ts,
-               "dur": STEP_US, "pid": pid, "tid": SCHED_TID, "cat": "scheduler",
-               "args": {"step": step, "kind": row["sched_kind"], "skip": row["sched_skip"],
-                        "num_scheduled_tokens": row["sched_num_scheduled_tokens"],
-                        "num_draft_slots": row["sched_num_draft_slots"],
-                        "num_computed_tokens": row["sched_num_computed_tokens"],
-                        "num_output_placeholders": row["sched_num_output_placeholders"],
-                        "control_event": row["sched_event"], "life": row["sched_life"]}}]
+    events = [
+        {
+            "name": _describe(row),
+            "ph": "X",
+            "ts": ts,
+            "dur": STEP_US,
+            "pid": pid,
+            "tid": SCHED_TID,
+            "cat": "scheduler",
+            "args": {
+                "step": step,
+                "kind": row["sched_kind"],
+                "skip": row["sched_skip"],
+                "num_scheduled_tokens": row["sched_num_scheduled_tokens"],
+                "num_draft_slots": row["sched_num_draft_slots"],
+                "num_computed_tokens": row["sched_num_computed_tokens"],
+                "num_output_placeholders": row["sched_num_output_placeholders"],
+                "control_event": row["sched_event"],
+                "life": row["sched_life"],
+            },
+        }
+    ]
     if row["worker_row"] is not None:
         negative = any(t < 0 for t in row["worker_draft_ids"] or ())
         name = "ran " + amount(row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"])
-        events.append({"name": name + (" (-1 drafts)" if negative else ""), "ph": "X", "ts": ts, "dur": STEP_US,
-                       "pid": pid, "tid": WORKER_TID, "cat": "worker",
-                       "args": {"step": step, "row": row["worker_row"],
-                                "num_scheduled_tokens": row["worker_num_scheduled_tokens"],
-                                "num_draft_slots": row["worker_num_draft_slots"],
-                                "num_computed_tokens": row["worker_num_computed_tokens"],
-                                "draft_ids": row["worker_draft_ids"], "accepted": row["worker_num_accepted"]}})
+        events.append(
+            {
+                "name": name + (" (-1 drafts)" if negative else ""),
+                "ph": "X",
+                "ts": ts,
+                "dur": STEP_US,
+                "pid": pid,
+                "tid": WORKER_TID,
+                "cat": "worker",
+                "args": {
+                    "step": step,
+                    "row": row["worker_row"],
+                    "num_scheduled_tokens": row["worker_num_scheduled_tokens"],
+                    "num_draft_slots": row["worker_num_draft_slots"],
+                    "num_computed_tokens": row["worker_num_computed_tokens"],
+                    "draft_ids": row["worker_draft_ids"],
+                    "accepted": row["worker_num_accepted"],
+                },
+            }
+        )
         events.append(_counter(pid, ts, "num_computed_tokens (worker)", row["worker_num_computed_tokens"]))
     events.append(_counter(pid, ts, "num_computed_tokens (scheduler)", row["sched_num_computed_tokens"]))
     events.append(_counter(pid, ts, "num_output_placeholders", row["sched_num_output_placeholders"]))
     return events
 
 
-def _flow_events(flows: list[tuple[int, int, int, str]], slices: dict[int, set[int]], first: int
-                 ) -> list[dict[str, Any]]:
+def _flow_events(
+    flows: list[tuple[int, int, int, str]], slices: dict[int, set[int]], first: int
+) -> list[dict[str, Any]]:
     """An arrow from each scheduled step to the step that applied its output, both in the window."""
     events = []
     flow_id = 0
@@ -122,10 +208,30 @@ def _flow_events(flows: list[tuple[int, int, int, str]], slices: dict[int, set[i
         if end not in slices.get(pid, ()):  # applied outside the window (or after the request's last row)
             continue
         flow_id += 1  # an integer: Perfetto reads a string id as hex and drops what does not parse
-        events.append({"name": "output applied", "cat": "apply", "ph": "s", "id": flow_id, "pid": pid,
-                       "tid": SCHED_TID, "ts": (start - first) * STEP_US + STEP_US // 2})
-        events.append({"name": "output applied", "cat": "apply", "ph": "f", "bp": "e", "id": flow_id, "pid": pid,
-                       "tid": SCHED_TID, "ts": (end - first) * STEP_US + STEP_US // 2, "args": {"scheduled_at": name}})
+        events.append(
+            {
+                "name": "output applied",
+                "cat": "apply",
+                "ph": "s",
+                "id": flow_id,
+                "pid": pid,
+                "tid": SCHED_TID,
+                "ts": (start - first) * STEP_US + STEP_US // 2,
+            }
+        )
+        events.append(
+            {
+                "name": "output applied",
+                "cat": "apply",
+                "ph": "f",
+                "bp": "e",
+                "id": flow_id,
+                "pid": pid,
+                "tid": SCHED_TID,
+                "ts": (end - first) * STEP_US + STEP_US // 2,
+                "args": {"scheduled_at": name},
+            }
+        )
     return events
 
 

@@ -18,19 +18,41 @@ from typing import Any
 CELL = 5
 LEGEND = (
     ("1+3", "scheduled: 1 token plus 3 draft slots (a decode); 16: 16 tokens, no drafts"),
-    ("N", "new (first scheduling)"), ("R", "re-entering the batch (running, not scheduled the step before)"),
-    ("U", "resumed from preemption"), ("b", "skipped: budget spent before it"), ("m", "skipped: max-tokens rule"),
-    ("0", "visited, nothing to schedule"), ("w", "waiting"), ("P", "preempted in this step"),
-    ("p", "preempted, waiting to resume"), ("F", "finished"), (".", "worker: not in the batch"),
+    ("N", "new (first scheduling)"),
+    ("R", "re-entering the batch (running, not scheduled the step before)"),
+    ("U", "resumed from preemption"),
+    ("b", "skipped: budget spent before it"),
+    ("m", "skipped: max-tokens rule"),
+    ("0", "visited, nothing to schedule"),
+    ("w", "waiting"),
+    ("P", "preempted in this step"),
+    ("p", "preempted, waiting to resume"),
+    ("F", "finished"),
+    (".", "worker: not in the batch"),
     ("!", "worker: fed negative draft ids (placeholders)"),
     ("^", "a control event changed it just before the step (abort, cache reset, resubmission, streaming turn)"),
     ("Z S X", "engine lane: pause, resume (start), prefix-cache reset"),
 )
 
-_COLUMNS = ("step", "request_id", "sched_status", "sched_kind", "sched_skip", "sched_num_scheduled_tokens",
-            "sched_num_draft_slots", "sched_preempted", "worker_row", "worker_num_scheduled_tokens",
-            "worker_num_draft_slots", "worker_draft_ids", "step_event", "sched_event")
-MAX_DEFAULT_REQUESTS = 12  # without --request: the first requests with findings (else the first seen), at most this many
+_COLUMNS = (
+    "step",
+    "request_id",
+    "sched_status",
+    "sched_kind",
+    "sched_skip",
+    "sched_num_scheduled_tokens",
+    "sched_num_draft_slots",
+    "sched_preempted",
+    "worker_row",
+    "worker_num_scheduled_tokens",
+    "worker_num_draft_slots",
+    "worker_draft_ids",
+    "step_event",
+    "sched_event",
+)
+MAX_DEFAULT_REQUESTS = (
+    12  # without --request: the first requests with findings (else the first seen), at most this many
+)
 #: Without --steps, a trace longer than this shows a window around its first finding.
 DEFAULT_WINDOW = 64
 
@@ -45,8 +67,15 @@ FIELDS = {
     "kv_valid": ("truth_num_computed_tokens", "truth_kv_after"),
 }
 #: Lane labels for the fields (the story table's letters).
-FIELD_LABELS = {"num_computed_tokens": "C", "num_output_placeholders": "P", "num_scheduled_tokens": "n",
-                "num_draft_slots": "k", "num_output_tokens": "out", "num_tokens": "T", "kv_valid": "KV"}
+FIELD_LABELS = {
+    "num_computed_tokens": "C",
+    "num_output_placeholders": "P",
+    "num_scheduled_tokens": "n",
+    "num_draft_slots": "k",
+    "num_output_tokens": "out",
+    "num_tokens": "T",
+    "kv_valid": "KV",
+}
 
 
 @dataclass
@@ -85,8 +114,16 @@ def sched_cell(row: dict[str, Any]) -> Cell:
 
 def engine_cell(step_event: str) -> Cell:
     """The engine lane: Z pause, S resume, X prefix-cache reset, in the order they landed."""
-    letters = "".join("Z" if e.startswith("pause(") else "S" if e == "resume" else "X" if "reset_prefix_cache" in e
-                      or e.startswith("pause: clear") else "?" for e in step_event.split("; "))
+    letters = "".join(
+        "Z"
+        if e.startswith("pause(")
+        else "S"
+        if e == "resume"
+        else "X"
+        if "reset_prefix_cache" in e or e.startswith("pause: clear")
+        else "?"
+        for e in step_event.split("; ")
+    )
     return Cell(letters[:CELL], "warn")
 
 
@@ -94,7 +131,9 @@ def _sched_cell(row: dict[str, Any]) -> Cell:
     n, k = row["sched_num_scheduled_tokens"], row["sched_num_draft_slots"]
     if n:
         kind = row["sched_kind"]
-        prefix, style = {"new": ("N", "new"), "reentering": ("R", "reentry"), "resumed": ("U", "new")}.get(kind, ("", "ok"))
+        prefix, style = {"new": ("N", "new"), "reentering": ("R", "reentry"), "resumed": ("U", "new")}.get(
+            kind, ("", "ok")
+        )
         return Cell((prefix + amount(n, k))[:CELL], style)
     if row["sched_preempted"]:
         return Cell("P", "bad")
@@ -128,8 +167,13 @@ def default_steps(num_steps: int, findings: list) -> tuple[int, int] | None:
     return start, min(num_steps, start + DEFAULT_WINDOW - 1)
 
 
-def build_timeline(trace, findings: list, requests: list[str] | None = None,
-                   steps: tuple[int, int] | None = None, field_name: str | None = None) -> Timeline:
+def build_timeline(
+    trace,
+    findings: list,
+    requests: list[str] | None = None,
+    steps: tuple[int, int] | None = None,
+    field_name: str | None = None,
+) -> Timeline:
     """`trace`: a `TraceFile` (rows stream) or an in-memory `Trace`. Requests default to those
     with findings, else all (in order of first appearance); steps default to the whole trace."""
     import pyarrow.compute as pc
@@ -139,7 +183,10 @@ def build_timeline(trace, findings: list, requests: list[str] | None = None,
         columns += [c for c in FIELDS[field_name] if c]
     batches = trace.batches(columns=tuple(columns))
     if not requests:  # default: the requests with findings (a long trace has too many to show)
-        requests = list(dict.fromkeys(f.request_id for f in findings if f.request_id is not None))[:MAX_DEFAULT_REQUESTS] or None
+        requests = (
+            list(dict.fromkeys(f.request_id for f in findings if f.request_id is not None))[:MAX_DEFAULT_REQUESTS]
+            or None
+        )
     wanted = set(requests) if requests else None
     order: dict[str, None] = {}
     rows: dict[tuple[str, int], dict[str, Any]] = {}
@@ -174,12 +221,25 @@ def build_timeline(trace, findings: list, requests: list[str] | None = None,
     return Timeline(lo, hi, lanes, by_place, len(order))
 
 
-def request_lanes(rid: str, rows: dict[tuple[str, int], dict[str, Any]], by_place: dict[tuple[int, str], list[Any]],
-                  lo: int, hi: int, field_name: str | None) -> list[Lane]:
+def request_lanes(
+    rid: str,
+    rows: dict[tuple[str, int], dict[str, Any]],
+    by_place: dict[tuple[int, str], list[Any]],
+    lo: int,
+    hi: int,
+    field_name: str | None,
+) -> list[Lane]:
     """One request's lanes over steps lo..hi: scheduler, worker, the chosen field, findings."""
     sched, worker, marks = Lane(rid, "sched"), Lane(rid, "worker"), Lane(rid, "findings")
-    extra = [Lane(rid, f"{side} {FIELD_LABELS[field_name]}") for side, col in zip(("sched", "worker"), FIELDS.get(field_name, ()))
-             if col] if field_name else []
+    extra = (
+        [
+            Lane(rid, f"{side} {FIELD_LABELS[field_name]}")
+            for side, col in zip(("sched", "worker"), FIELDS.get(field_name, ()))
+            if col
+        ]
+        if field_name
+        else []
+    )
     for step in range(lo, hi + 1):
         row = rows.get((rid, step))
         if row is None:
@@ -192,8 +252,12 @@ def request_lanes(rid: str, rows: dict[tuple[str, int], dict[str, Any]], by_plac
         here = by_place.get((step, rid))
         if here:
             # errors before warnings: the cell names the worst thing that happened there
-            codes = [short_code(c) for c in sorted({f.code for f in here}, key=lambda c: (
-                next(f.severity for f in here if f.code == c) != "error", c))]
+            codes = [
+                short_code(c)
+                for c in sorted(
+                    {f.code for f in here}, key=lambda c: (next(f.severity for f in here if f.code == c) != "error", c)
+                )
+            ]
             text = codes[0] + ("*" if len(codes) > 1 else "")
             marks.cells[step] = Cell(text[:CELL], "bad" if any(f.severity == "error" for f in here) else "warn")
     return [sched, worker] + extra + ([marks] if marks.cells else [])

@@ -47,8 +47,12 @@ class RayBackend:
         self.ray = ray
         self.started = not ray.is_initialized()
         if self.started:
-            ray.init(address=None if address == "local" else address, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+            ray.init(
+                address=None if address == "local" else address,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
         self.task = ray.remote(run_candidate)
 
     def run(self, impl: str, engine: str, batch: list[Candidate]) -> list[CaseResult]:

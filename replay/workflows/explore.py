@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.workload import RequestSpec, Workload
@@ -32,8 +33,17 @@ from specreplay.traces.errors import InputError
 if TYPE_CHECKING:
     from specreplay.replay.workflows.backends import Backend
 
-PROFILES = ("burst", "budget-edge", "long-prompts", "kv-pressure", "aborts", "acceptance", "idle-gaps", "sync",
-            "events")
+PROFILES = (
+    "burst",
+    "budget-edge",
+    "long-prompts",
+    "kv-pressure",
+    "aborts",
+    "acceptance",
+    "idle-gaps",
+    "sync",
+    "events",
+)
 GENERATION = 16  # candidates per generation
 ACCEPTANCES = ("all", "none", "alternate", "random:0.3", "random:0.7")
 
@@ -90,15 +100,30 @@ def candidate_workload(seed: int, profiles: tuple[str, ...]) -> Workload:
         abort = arrival + rng.randint(1, 8) if "aborts" in on and rng.random() < 0.4 else None
         per_request = rng.choice(ACCEPTANCES) if "acceptance" in on and rng.random() < 0.7 else None
         stop_at = rng.randint(1, max_tokens) if rng.random() < 0.1 else None
-        requests.append(RequestSpec(str(i), arrival_step=arrival, prompt_len=prompt_len, max_tokens=max_tokens,
-                                    abort_step=abort, stop_at=stop_at, acceptance=per_request))
+        requests.append(
+            RequestSpec(
+                str(i),
+                arrival_step=arrival,
+                prompt_len=prompt_len,
+                max_tokens=max_tokens,
+                abort_step=abort,
+                stop_at=stop_at,
+                acceptance=per_request,
+            )
+        )
         longest = max(longest, prompt_len + max_tokens + k)
     per_request_blocks = -(-longest // block_size)
     spare = rng.randint(0, 3) if "kv-pressure" in on else 4 * num_requests * per_request_blocks
-    config = EngineConfig(max_num_batched_tokens=budget, max_num_seqs=min(budget, max_num_seqs),
-                          num_spec_tokens=k, async_scheduling="sync" not in on or rng.random() < 0.3,
-                          block_size=block_size, num_blocks=1 + per_request_blocks + spare, max_model_len=256,
-                          long_prefill_token_threshold=threshold)
+    config = EngineConfig(
+        max_num_batched_tokens=budget,
+        max_num_seqs=min(budget, max_num_seqs),
+        num_spec_tokens=k,
+        async_scheduling="sync" not in on or rng.random() < 0.3,
+        block_size=block_size,
+        num_blocks=1 + per_request_blocks + spare,
+        max_model_len=256,
+        long_prefill_token_threshold=threshold,
+    )
     name = f"explore-{seed}-{'+'.join(profiles) or 'plain'}"
     acceptance = rng.choice(ACCEPTANCES)
     events: tuple = ()
@@ -106,8 +131,7 @@ def candidate_workload(seed: int, profiles: tuple[str, ...]) -> Workload:
         from specreplay.replay.workloads.generators import draw_events
 
         requests, events = draw_events(random.Random(f"events:{seed}"), requests, config, last_step=15)
-    return Workload(tuple(requests), config, name=name, seed=seed, acceptance=acceptance, max_steps=400,
-                    events=events)
+    return Workload(tuple(requests), config, name=name, seed=seed, acceptance=acceptance, max_steps=400, events=events)
 
 
 # ---------------------------------------------------------------------- one candidate
@@ -125,10 +149,18 @@ def run_candidate(impl_name: str, engine: str, candidate: Candidate) -> CaseResu
         return CaseResult(candidate.index, candidate.seed, candidate.profiles, {}, frozenset(), 0, 0, str(exc))
     findings: dict[str, dict[str, Any]] = {}
     for f in check_trace(trace):
-        findings.setdefault(f.code, {"severity": f.severity, "step": f.step, "request_id": f.request_id,
-                                     "message": f.message})
-    return CaseResult(candidate.index, candidate.seed, candidate.profiles, findings, situations(trace),
-                      trace.num_steps, len(trace.workload["requests"]))
+        findings.setdefault(
+            f.code, {"severity": f.severity, "step": f.step, "request_id": f.request_id, "message": f.message}
+        )
+    return CaseResult(
+        candidate.index,
+        candidate.seed,
+        candidate.profiles,
+        findings,
+        situations(trace),
+        trace.num_steps,
+        len(trace.workload["requests"]),
+    )
 
 
 def situations(trace) -> frozenset[str]:
@@ -142,8 +174,10 @@ def situations(trace) -> frozenset[str]:
     def any_of(mask) -> bool:
         return bool(pc.any(pc.fill_null(mask, False)).as_py())
 
-    kind, skip, finish, event, outcome = (pc.cast(t[c], "string") for c in (
-        "sched_kind", "sched_skip", "apply_finish_reason", "sched_event", "apply_outcome"))
+    kind, skip, finish, event, outcome = (
+        pc.cast(t[c], "string")
+        for c in ("sched_kind", "sched_skip", "apply_finish_reason", "sched_event", "apply_outcome")
+    )
     scheduled = pc.greater(t["sched_num_scheduled_tokens"], 0)
     checks = {
         "reentry": pc.equal(kind, "reentering"),
@@ -163,8 +197,7 @@ def situations(trace) -> frozenset[str]:
         "budget-skip": pc.equal(skip, "budget"),
         "max-tokens-skip": pc.equal(skip, "max_tokens"),
         "padded-admission": pc.and_(pc.equal(kind, "new"), pc.greater(t["sched_num_draft_slots"], 0)),
-        "drafts-with-nothing-behind": pc.and_(pc.greater(t["sched_num_draft_slots"], 0),
-                                              pc.equal(kind, "reentering")),
+        "drafts-with-nothing-behind": pc.and_(pc.greater(t["sched_num_draft_slots"], 0), pc.equal(kind, "reentering")),
     }
     found = {name for name, mask in checks.items() if any_of(mask)}
     if trace.outcome.get("status") != "completed":
@@ -216,9 +249,15 @@ def candidates_for(seed: int, generation: int, weights: dict[str, float], start:
     return out
 
 
-def explore(impl: str, engine: str = "reference", seed: int = 0, budget: int | None = 200,
-            seconds: float | None = None, backend: Backend | None = None,
-            progress: Callable[[int, Exploration], None] | None = None) -> Exploration:
+def explore(
+    impl: str,
+    engine: str = "reference",
+    seed: int = 0,
+    budget: int | None = 200,
+    seconds: float | None = None,
+    backend: Backend | None = None,
+    progress: Callable[[int, Exploration], None] | None = None,
+) -> Exploration:
     """Run generations of candidates until `budget` candidates ran or `seconds` passed, on
     `backend` (default: inline; the caller closes it)."""
     from specreplay.replay.workflows.backends import InlineBackend
@@ -276,13 +315,24 @@ class ExploreReport:
         if not s["implementation_errors"]:
             return None
         first = s["first_errors"][0]
-        return (f"{s['implementation_errors']} of {s['workloads']} workloads failed to run through {s['impl']} "
-                f"(first, seed {first['seed']}: {first['error']})")
+        return (
+            f"{s['implementation_errors']} of {s['workloads']} workloads failed to run through {s['impl']} "
+            f"(first, seed {first['seed']}: {first['error']})"
+        )
 
 
-def explore_to(output_dir: Path, impl: str, *, engine: str = "reference", seed: int = 0, budget: int | None = None,
-               seconds: float | None = None, jobs: int = 1, ray_address: str | None = None,
-               progress: Callable[[int, Exploration], None] | None = None) -> ExploreReport:
+def explore_to(
+    output_dir: Path,
+    impl: str,
+    *,
+    engine: str = "reference",
+    seed: int = 0,
+    budget: int | None = None,
+    seconds: float | None = None,
+    jobs: int = 1,
+    ray_address: str | None = None,
+    progress: Callable[[int, Exploration], None] | None = None,
+) -> ExploreReport:
     """Search (`explore`; DEFAULT_BUDGET workloads unless `budget` or `seconds`), then write into
     `output_dir` one trace per distinct finding code, its smallest reproduction, and explore.json.
     Traces an earlier explore left there are removed first, so every trace is this run's."""
@@ -294,8 +344,15 @@ def explore_to(output_dir: Path, impl: str, *, engine: str = "reference", seed: 
         raise InputError(f"{output_dir}: exists and is not a folder")
     backend = make_backend(jobs, ray_address)
     try:
-        result = explore(impl, engine, seed, budget if budget or seconds else DEFAULT_BUDGET, seconds,
-                         backend=backend, progress=progress)
+        result = explore(
+            impl,
+            engine,
+            seed,
+            budget if budget or seconds else DEFAULT_BUDGET,
+            seconds,
+            backend=backend,
+            progress=progress,
+        )
     finally:
         backend.close()
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -316,10 +373,17 @@ def _remove_stale_traces(output_dir: Path) -> None:
 
 def _summary(result: Exploration) -> dict[str, Any]:
     errors = [r for r in result.results if r.error]
-    return {"impl": result.impl, "engine": result.engine, "seed": result.seed, "workloads": len(result.results),
-            "seconds": round(result.seconds, 1), "coverage": dict(sorted(result.coverage.items())), "findings": {},
-            "implementation_errors": len(errors),
-            "first_errors": [{"seed": r.seed, "profiles": list(r.profiles), "error": r.error} for r in errors[:10]]}
+    return {
+        "impl": result.impl,
+        "engine": result.engine,
+        "seed": result.seed,
+        "workloads": len(result.results),
+        "seconds": round(result.seconds, 1),
+        "coverage": dict(sorted(result.coverage.items())),
+        "findings": {},
+        "implementation_errors": len(errors),
+        "first_errors": [{"seed": r.seed, "profiles": list(r.profiles), "error": r.error} for r in errors[:10]],
+    }
 
 
 def _write_findings(output_dir: Path, result: Exploration, impl) -> dict[str, dict[str, Any]]:
@@ -335,8 +399,14 @@ def _write_findings(output_dir: Path, result: Exploration, impl) -> dict[str, di
         trace = run_workload(Candidate(first.index, first.seed, first.profiles).workload(), impl, engine=result.engine)
         path = output_dir / f"{code}.parquet"
         write_trace(trace, path)
-        findings[code] = {"severity": finding["severity"], "workloads": len(hits), "seed": first.seed,
-                          "profiles": list(first.profiles), "step": finding["step"],
-                          "request_id": finding["request_id"], "message": finding["message"],
-                          "trace": path.name}  # beside explore.json
+        findings[code] = {
+            "severity": finding["severity"],
+            "workloads": len(hits),
+            "seed": first.seed,
+            "profiles": list(first.profiles),
+            "step": finding["step"],
+            "request_id": finding["request_id"],
+            "message": finding["message"],
+            "trace": path.name,
+        }  # beside explore.json
     return findings

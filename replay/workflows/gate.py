@@ -18,7 +18,6 @@ from specreplay.replay.check.findings import Finding, fails
 from specreplay.traces.errors import InputError
 
 
-
 def corpus_dir() -> Path:
     """The starter corpus shipped with the package."""
     return Path(__file__).resolve().parent.parent / "corpus"
@@ -78,9 +77,14 @@ class GateOptions:
 
 def fingerprint(trace) -> dict[str, Any]:
     """What made a trace: engine, implementation, config, specreplay version."""
-    return {"engine": trace.impl.get("engine", "reference"), "models": trace.impl.get("models", "?"),
-            "impl": trace.impl_name,
-            "executor": trace.impl.get("executor"), "config": trace.config, "specreplay": trace.version}
+    return {
+        "engine": trace.impl.get("engine", "reference"),
+        "models": trace.impl.get("models", "?"),
+        "impl": trace.impl_name,
+        "executor": trace.impl.get("executor"),
+        "config": trace.config,
+        "specreplay": trace.version,
+    }
 
 
 def replay_golden(path: str | Path, options: GateOptions):
@@ -95,8 +99,9 @@ def replay_golden(path: str | Path, options: GateOptions):
     golden = open_trace(path)
     workload = Workload.from_dict(golden.workload, f"{path}: workload metadata")
     impl = resolve(options.impl or golden.impl_name, allow_import=options.impl is not None, executor=options.executor)
-    trace = run_workload(workload, impl, device=options.device,
-                         engine=options.engine or golden.impl.get("engine", "reference"))
+    trace = run_workload(
+        workload, impl, device=options.device, engine=options.engine or golden.impl.get("engine", "reference")
+    )
     return golden, impl, trace
 
 
@@ -134,8 +139,10 @@ def gate_one(path: str, options: GateOptions) -> GateResult:
     elif not diff.same:
         result.result = "changed"
         f = diff.first
-        result.message = (f"behaviour differs from the golden from step {f.step}, request {f.request_id}, "
-                          f"{f.field}: {f.scheduler!r} in the golden, {f.worker!r} now")
+        result.message = (
+            f"behaviour differs from the golden from step {f.step}, request {f.request_id}, "
+            f"{f.field}: {f.scheduler!r} in the golden, {f.worker!r} now"
+        )
     return result
 
 
@@ -181,6 +188,13 @@ def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult
             out.append(UpdateResult(str(path), "unchanged"))
             continue
         write_trace(trace, path)
-        out.append(UpdateResult(str(path), "updated", dict(diff.fields), diff.first,
-                                "metadata only (implementation, version or config stamp)" if diff.same else ""))
+        out.append(
+            UpdateResult(
+                str(path),
+                "updated",
+                dict(diff.fields),
+                diff.first,
+                "metadata only (implementation, version or config stamp)" if diff.same else "",
+            )
+        )
     return out

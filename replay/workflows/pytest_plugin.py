@@ -16,8 +16,13 @@ from pathlib import Path
 import pytest
 
 
-def gate_or_fail(impl: str | None = None, paths: list[str | Path] | None = None, fail_on: str = "error",
-                 allow_changed: bool = False, jobs: int = 1):
+def gate_or_fail(
+    impl: str | None = None,
+    paths: list[str | Path] | None = None,
+    fail_on: str = "error",
+    allow_changed: bool = False,
+    jobs: int = 1,
+):
     """Run the gate; raise AssertionError naming every failing trace and its first finding."""
     from specreplay.replay.workflows.gate import GateOptions, corpus_dir, run_gate
 

@@ -13,10 +13,11 @@ such a journal into an ordinary trace. Nothing here prints: progress goes to a c
 from __future__ import annotations
 
 import functools
-from contextlib import nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any
 
 from specreplay.replay.record.recorder import FLUSH_EVERY
 from specreplay.replay.workloads.workload import Workload
@@ -27,10 +28,10 @@ from specreplay.traces.trace import Trace
 #: Steps done so far and the total (0 when unknown), called as the engine goes.
 Update = Callable[[int, int], None]
 #: Given a label, a context that yields an `Update` (or None: no progress shown). cli.common.progress is one.
-ProgressBar = Callable[[str], ContextManager[Update | None]]
+ProgressBar = Callable[[str], AbstractContextManager[Update | None]]
 
 
-def _no_progress(label: str) -> ContextManager[None]:
+def _no_progress(label: str) -> AbstractContextManager[None]:
     return nullcontext(None)
 
 
@@ -57,8 +58,12 @@ def check_device(device: str) -> None:
             raise InputError("--device cuda: CUDA is not available on this machine; use --device cpu")
 
 
-def pick_workload(scenario: str | None = None, workload_file: Path | None = None, seed: int | None = None,
-                  max_steps: int | None = None) -> Workload:
+def pick_workload(
+    scenario: str | None = None,
+    workload_file: Path | None = None,
+    seed: int | None = None,
+    max_steps: int | None = None,
+) -> Workload:
     """Exactly one of a built-in scenario (seed default 0) or a workload file (seed, when given,
     overrides the file's); `max_steps` overrides the workload's own."""
     from specreplay.replay.workloads.scenarios import build_scenario
@@ -74,9 +79,19 @@ def pick_workload(scenario: str | None = None, workload_file: Path | None = None
     return workload if max_steps is None else replace(workload, max_steps=max_steps)
 
 
-def record_to(output: Path, workload: Workload, impl: str, *, allow_import: bool = True, executor: str | None = None,
-              engine: str = "reference", device: str = "cpu", model: str | None = None,
-              flush_every: int = FLUSH_EVERY, progress: ProgressBar | None = None) -> Recorded:
+def record_to(
+    output: Path,
+    workload: Workload,
+    impl: str,
+    *,
+    allow_import: bool = True,
+    executor: str | None = None,
+    engine: str = "reference",
+    device: str = "cpu",
+    model: str | None = None,
+    flush_every: int = FLUSH_EVERY,
+    progress: ProgressBar | None = None,
+) -> Recorded:
     """Run `workload` through `impl` (a registry name; module:attr too with `allow_import`, i.e.
     typed by the user) on `engine` and write the trace to `output`.
 
@@ -95,12 +110,21 @@ def record_to(output: Path, workload: Workload, impl: str, *, allow_import: bool
     journal = _claim_journal(output)
     with (progress or _no_progress)(f"{workload.name} via {implementation.name}") as update:
         try:
-            trace = run_workload(workload, implementation, device=device, progress=update, engine=engine,
-                                 model=model, journal=journal, flush_every=flush_every)
+            trace = run_workload(
+                workload,
+                implementation,
+                device=device,
+                progress=update,
+                engine=engine,
+                model=model,
+                journal=journal,
+                flush_every=flush_every,
+            )
         except InputError as exc:
             if journal.exists() and holds_steps(journal):
-                raise InputError(f"{exc}; the steps recorded before it are in {journal} "
-                                 f"(`specreplay recover {journal}`)") from None
+                raise InputError(
+                    f"{exc}; the steps recorded before it are in {journal} (`specreplay recover {journal}`)"
+                ) from None
             journal.unlink(missing_ok=True)
             raise
     write_trace(trace, output)
@@ -118,24 +142,42 @@ def _claim_journal(output: Path) -> Path:
     journal = journal_path(output)
     if journal.exists():
         if holds_steps(journal):  # its rows are not ours to drop
-            raise InputError(f"{journal}: a recording to {output} did not finish; recover it first "
-                             f"(`specreplay recover {journal}`) or delete it")
+            raise InputError(
+                f"{journal}: a recording to {output} did not finish; recover it first "
+                f"(`specreplay recover {journal}`) or delete it"
+            )
         journal.unlink()  # it died before its first flush: nothing in it
     return journal
 
 
-def replay_to(output: Path, source: Path, impl: str | None = None, *, executor: str | None = None,
-              engine: str | None = None, device: str = "cpu", flush_every: int = FLUSH_EVERY,
-              progress: ProgressBar | None = None) -> Recorded:
+def replay_to(
+    output: Path,
+    source: Path,
+    impl: str | None = None,
+    *,
+    executor: str | None = None,
+    engine: str | None = None,
+    device: str = "cpu",
+    flush_every: int = FLUSH_EVERY,
+    progress: ProgressBar | None = None,
+) -> Recorded:
     """Record a trace's workload (from its metadata: no rows are read) again, through `impl`
     (default: the trace's own, by registry name only) on `engine` (default: the trace's own)."""
     from specreplay.traces.io import open_trace
 
     trace = open_trace(source)
     workload = Workload.from_dict(trace.workload, f"{source}: workload metadata")
-    return record_to(output, workload, impl or trace.impl_name, allow_import=impl is not None, executor=executor,
-                     engine=engine or trace.impl.get("engine", "reference"), device=device,
-                     flush_every=flush_every, progress=progress)
+    return record_to(
+        output,
+        workload,
+        impl or trace.impl_name,
+        allow_import=impl is not None,
+        executor=executor,
+        engine=engine or trace.impl.get("engine", "reference"),
+        device=device,
+        flush_every=flush_every,
+        progress=progress,
+    )
 
 
 def recovered_path(journal: Path) -> Path:
@@ -163,8 +205,15 @@ class Comparison:
     results: list[dict[str, Any]]  # per implementation: verdict, counts, first finding, trace path
 
 
-def compare_to(output_dir: Path, workload: Workload, impls: Sequence[str], *, engine: str = "reference",
-               device: str = "cpu", progress: ProgressBar | None = None) -> Comparison:
+def compare_to(
+    output_dir: Path,
+    workload: Workload,
+    impls: Sequence[str],
+    *,
+    engine: str = "reference",
+    device: str = "cpu",
+    progress: ProgressBar | None = None,
+) -> Comparison:
     """Record `workload` through each implementation into `output_dir` (one trace each, named
     after the workload and the implementation) and check each one."""
     from specreplay.replay.check.findings import verdict
@@ -179,9 +228,16 @@ def compare_to(output_dir: Path, workload: Workload, impls: Sequence[str], *, en
         recorded = record_to(path, workload, name, engine=engine, device=device, progress=progress)
         findings, trace = recorded.findings, recorded.trace
         first = next((f for f in findings if f.severity == "error"), findings[0] if findings else None)
-        results.append({"impl": name, "executor": trace.impl.get("executor"), "verdict": verdict(findings),
-                        "errors": sum(f.severity == "error" for f in findings),
-                        "warnings": sum(f.severity == "warning" for f in findings),
-                        "first": None if first is None else first.to_dict(), "trace": str(path),
-                        "outcome": trace.outcome.get("status")})
+        results.append(
+            {
+                "impl": name,
+                "executor": trace.impl.get("executor"),
+                "verdict": verdict(findings),
+                "errors": sum(f.severity == "error" for f in findings),
+                "warnings": sum(f.severity == "warning" for f in findings),
+                "first": None if first is None else first.to_dict(),
+                "trace": str(path),
+                "outcome": trace.outcome.get("status"),
+            }
+        )
     return Comparison(workload, results)

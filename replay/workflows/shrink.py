@@ -1,22 +1,23 @@
 """Shrink: cut a failing workload down to a minimal reproduction that still fires the same code.
 
-Where it sits: traces -> replay -> **diff**, then back to record: the workload in a failing
-trace's metadata is reduced step by step (drop a request, halve or decrement prompts and
-max_tokens, move arrivals earlier, drop aborts, stops and per-request acceptance, drop, move and
-shrink control events, simplify the acceptance, lower the draft width, the budget and the batch size, relax KV pressure and the
-long-prefill threshold), each candidate replayed through the same implementation and engine and
-kept only if the finding code still fires. Greedy and deterministic: the same trace and code give
-the same minimal workload. `emit_pytest` turns the result into a self-contained regression test;
-`shrink_to` does all of it from a trace file to the files `specreplay shrink` writes.
+Where it sits: workloads -> ... -> engines -> check -> **workflows**, then back to record: the
+workload in a failing trace's metadata is reduced step by step (drop a request, halve or
+decrement prompts and max_tokens, move arrivals earlier, drop aborts, stops and per-request
+acceptance, drop, move and shrink control events, simplify the acceptance, lower the draft width,
+the budget and the batch size, relax KV pressure and the long-prefill threshold), each candidate
+replayed through the same implementation and engine and kept only if the finding code still
+fires. Greedy and deterministic: the same trace and code give the same minimal workload.
+`emit_pytest` turns the result into a self-contained regression test; `shrink_to` does all of it
+from a trace file to the files `specreplay shrink` writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import pprint
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from specreplay.replay.workloads.workload import RequestSpec, Workload
 from specreplay.traces.errors import InputError
@@ -38,16 +39,31 @@ def size(workload: Workload, trace: Trace) -> tuple[int, ...]:
     streaming sessions, a threshold),
     then a smaller engine (draft width, batch size, budget)."""
     tokens = sum(r.prompt_len + r.max_tokens for r in workload.requests)
-    extras = sum((r.abort_step is not None) + (r.stop_at is not None) + (r.acceptance is not None) + r.streaming
-                 for r in workload.requests) + len(workload.events)
+    extras = sum(
+        (r.abort_step is not None) + (r.stop_at is not None) + (r.acceptance is not None) + r.streaming
+        for r in workload.requests
+    ) + len(workload.events)
     extras += (workload.acceptance not in ("all", "none")) + bool(workload.config.long_prefill_token_threshold)
     cfg = workload.config
-    return (len(workload.requests), trace.num_steps, tokens, extras, cfg.num_spec_tokens, cfg.max_num_seqs,
-            cfg.max_num_batched_tokens)
+    return (
+        len(workload.requests),
+        trace.num_steps,
+        tokens,
+        extras,
+        cfg.num_spec_tokens,
+        cfg.max_num_seqs,
+        cfg.max_num_batched_tokens,
+    )
 
 
-def shrink(workload: Workload, impl, code: str, engine: str = "reference", max_runs: int = 3000,
-           progress: Callable[[Shrunk], None] | None = None) -> Shrunk:
+def shrink(
+    workload: Workload,
+    impl,
+    code: str,
+    engine: str = "reference",
+    max_runs: int = 3000,
+    progress: Callable[[Shrunk], None] | None = None,
+) -> Shrunk:
     """The smallest workload (greedy) whose run through `impl` still fires `code`."""
     from specreplay.replay.engines.run import run_workload
 
@@ -69,8 +85,10 @@ def shrink(workload: Workload, impl, code: str, engine: str = "reference", max_r
     first = fires(workload)
     signature = crash_signature(first) if first is not None else None
     if first is None:
-        raise InputError(f"{code} does not fire when this workload is replayed through {impl.name}; "
-                         "nothing to shrink (pick a --code the trace's findings show)")
+        raise InputError(
+            f"{code} does not fire when this workload is replayed through {impl.name}; "
+            "nothing to shrink (pick a --code the trace's findings show)"
+        )
     best = Shrunk(workload, first, code, runs=1)
     improved = True
     while improved and best.runs < max_runs:
@@ -111,13 +129,14 @@ def candidate_reductions(w: Workload) -> Iterator[tuple[str, Workload]]:
 
 def _with_requests(w: Workload, new: list[RequestSpec]) -> Workload:
     ids = {r.request_id for r in new}  # a dropped request's events go with it
-    return dataclasses.replace(w, requests=tuple(new),
-                               events=tuple(e for e in w.events if e.request is None or e.request in ids))
+    return dataclasses.replace(
+        w, requests=tuple(new), events=tuple(e for e in w.events if e.request is None or e.request in ids)
+    )
 
 
 def _with_request(w: Workload, i: int, **changes) -> Workload:
     reqs = list(w.requests)
-    return _with_requests(w, reqs[:i] + [dataclasses.replace(reqs[i], **changes)] + reqs[i + 1:])
+    return _with_requests(w, reqs[:i] + [dataclasses.replace(reqs[i], **changes)] + reqs[i + 1 :])
 
 
 def _with_events(w: Workload, new: list) -> Workload:
@@ -126,7 +145,7 @@ def _with_events(w: Workload, new: list) -> Workload:
 
 def _with_event(w: Workload, i: int, **changes) -> Workload:
     events = list(w.events)
-    return _with_events(w, events[:i] + [dataclasses.replace(events[i], **changes)] + events[i + 1:])
+    return _with_events(w, events[:i] + [dataclasses.replace(events[i], **changes)] + events[i + 1 :])
 
 
 def _with_config(w: Workload, **changes) -> Workload:
@@ -142,15 +161,27 @@ def _fewer_requests(w: Workload) -> Iterator[tuple[str, Workload]]:
             yield f"drop requests {reqs[half].request_id}..", _with_requests(w, reqs[:half])
             yield f"drop requests ..{reqs[half - 1].request_id}", _with_requests(w, reqs[half:])
         for i, r in enumerate(reqs):
-            yield f"drop request {r.request_id}", _with_requests(w, reqs[:i] + reqs[i + 1:])
+            yield f"drop request {r.request_id}", _with_requests(w, reqs[:i] + reqs[i + 1 :])
     first_arrival = min(r.arrival_step for r in reqs)
     if first_arrival > 1:
         shift = first_arrival - 1  # aborts move with the arrivals they follow
-        earlier = _with_requests(w, [dataclasses.replace(
-            r, arrival_step=r.arrival_step - shift, abort_step=None if r.abort_step is None else max(1, r.abort_step - shift))
-            for r in reqs])
-        yield "arrive earlier", dataclasses.replace(earlier, events=tuple(
-            dataclasses.replace(e, step=max(1, e.step - shift)) for e in earlier.events))
+        earlier = _with_requests(
+            w,
+            [
+                dataclasses.replace(
+                    r,
+                    arrival_step=r.arrival_step - shift,
+                    abort_step=None if r.abort_step is None else max(1, r.abort_step - shift),
+                )
+                for r in reqs
+            ],
+        )
+        yield (
+            "arrive earlier",
+            dataclasses.replace(
+                earlier, events=tuple(dataclasses.replace(e, step=max(1, e.step - shift)) for e in earlier.events)
+            ),
+        )
 
 
 def _simpler_events(w: Workload) -> Iterator[tuple[str, Workload]]:
@@ -158,7 +189,7 @@ def _simpler_events(w: Workload) -> Iterator[tuple[str, Workload]]:
     events = list(w.events)
     for i, e in enumerate(events):
         name = f"event {e.kind}@{e.step}" + (f" ({e.request})" if e.request else "")
-        yield f"drop {name}", _with_events(w, events[:i] + events[i + 1:])
+        yield f"drop {name}", _with_events(w, events[:i] + events[i + 1 :])
         for step in sorted({1, e.step // 2, e.step - 1} - {0, e.step}):
             yield f"{name} at step {step}", _with_event(w, i, step=step)
         if e.kind == "stream_append":
@@ -174,10 +205,16 @@ def _smaller_requests(w: Workload) -> Iterator[tuple[str, Workload]]:
     for i, r in enumerate(w.requests):
         rid = r.request_id
         if r.max_tokens > 1:
-            yield f"request {rid} max_tokens {r.max_tokens // 2}", _with_request(w, i, max_tokens=max(1, r.max_tokens // 2))
+            yield (
+                f"request {rid} max_tokens {r.max_tokens // 2}",
+                _with_request(w, i, max_tokens=max(1, r.max_tokens // 2)),
+            )
             yield f"request {rid} max_tokens {r.max_tokens - 1}", _with_request(w, i, max_tokens=r.max_tokens - 1)
         if r.prompt_len > 1:
-            yield f"request {rid} prompt_len {r.prompt_len // 2}", _with_request(w, i, prompt_len=max(1, r.prompt_len // 2))
+            yield (
+                f"request {rid} prompt_len {r.prompt_len // 2}",
+                _with_request(w, i, prompt_len=max(1, r.prompt_len // 2)),
+            )
             yield f"request {rid} prompt_len {r.prompt_len - 1}", _with_request(w, i, prompt_len=r.prompt_len - 1)
         if r.arrival_step > 1:
             for arrival in sorted({1, r.arrival_step // 2, r.arrival_step - 1} - {r.arrival_step}):
@@ -191,8 +228,12 @@ def _smaller_requests(w: Workload) -> Iterator[tuple[str, Workload]]:
             yield f"request {rid} default acceptance", _with_request(w, i, acceptance=None)
         if r.streaming:
             plain = _with_request(w, i, streaming=False)
-            yield f"request {rid} not streaming", dataclasses.replace(plain, events=tuple(
-                e for e in plain.events if not (e.kind == "stream_append" and e.request == rid)))
+            yield (
+                f"request {rid} not streaming",
+                dataclasses.replace(
+                    plain, events=tuple(e for e in plain.events if not (e.kind == "stream_append" and e.request == rid))
+                ),
+            )
 
 
 def _simpler_config(w: Workload) -> Iterator[tuple[str, Workload]]:
@@ -209,7 +250,10 @@ def _simpler_config(w: Workload) -> Iterator[tuple[str, Workload]]:
     if cfg.max_num_seqs > 1:
         yield f"max_num_seqs {cfg.max_num_seqs - 1}", _with_config(w, max_num_seqs=cfg.max_num_seqs - 1)
     if cfg.max_num_batched_tokens > cfg.max_num_seqs:
-        yield f"budget {cfg.max_num_batched_tokens - 1}", _with_config(w, max_num_batched_tokens=cfg.max_num_batched_tokens - 1)
+        yield (
+            f"budget {cfg.max_num_batched_tokens - 1}",
+            _with_config(w, max_num_batched_tokens=cfg.max_num_batched_tokens - 1),
+        )
 
 
 def emit_pytest(shrunk: Shrunk, source: str, impl_name: str, engine: str) -> str:
@@ -269,8 +313,16 @@ class ShrinkReport:
     pytest_file: Path | None = None
 
 
-def shrink_to(source: Path, output: Path, *, code: str | None = None, impl: str | None = None,
-              engine: str | None = None, max_runs: int = 3000, pytest_file: Path | None = None) -> ShrinkReport:
+def shrink_to(
+    source: Path,
+    output: Path,
+    *,
+    code: str | None = None,
+    impl: str | None = None,
+    engine: str | None = None,
+    max_runs: int = 3000,
+    pytest_file: Path | None = None,
+) -> ShrinkReport:
     """Shrink the workload of the trace at `source` while `code` (default: its first error, else
     its first finding) still fires through `impl` (default: the trace's own, by registry name
     only) on `engine` (default: the trace's own); write the minimal trace to `output` and, given
@@ -287,8 +339,15 @@ def shrink_to(source: Path, output: Path, *, code: str | None = None, impl: str 
     write_trace(result.trace, output)
     if pytest_file is not None:
         pytest_file.write_text(emit_pytest(result, str(source), implementation.name, engine))
-    return ShrinkReport(source, output, implementation.name, result, size(workload, trace),
-                        size(result.workload, result.trace), pytest_file)
+    return ShrinkReport(
+        source,
+        output,
+        implementation.name,
+        result,
+        size(workload, trace),
+        size(result.workload, result.trace),
+        pytest_file,
+    )
 
 
 def _target_code(trace: Trace, source: Path, code: str | None) -> str:

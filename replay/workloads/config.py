@@ -33,7 +33,7 @@ class EngineConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "config") -> "EngineConfig":
+    def from_dict(cls, data: dict[str, Any], where: str = "config") -> EngineConfig:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(data) - set(known))
         if unknown:
@@ -51,8 +51,7 @@ class EngineConfig:
         return config
 
     def validate(self, where: str = "config") -> None:
-        positive = ("max_num_batched_tokens", "max_num_seqs", "block_size", "num_blocks",
-                    "max_model_len", "vocab_size")
+        positive = ("max_num_batched_tokens", "max_num_seqs", "block_size", "num_blocks", "max_model_len", "vocab_size")
         for name in positive:
             if getattr(self, name) < 1:
                 raise InputError(f"{where}: {name} must be >= 1, got {getattr(self, name)}")
@@ -60,12 +59,16 @@ class EngineConfig:
             if getattr(self, name) < 0:
                 raise InputError(f"{where}: {name} must be >= 0, got {getattr(self, name)}")
         if self.max_num_batched_tokens < self.max_num_seqs:
-            raise InputError(f"{where}: max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                             f"max_num_seqs ({self.max_num_seqs}), as vLLM requires")
+            raise InputError(
+                f"{where}: max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs}), as vLLM requires"
+            )
         if self.num_spec_tokens > 16:
             raise InputError(f"{where}: num_spec_tokens {self.num_spec_tokens} is above 16")
         if self.vocab_size > 1 << 20 or self.max_model_len > 1 << 20 or self.block_size > 1 << 12:
             raise InputError(f"{where}: vocab_size, max_model_len or block_size is unreasonably large")
         if self.num_blocks * self.block_size > 1 << 24:
-            raise InputError(f"{where}: num_blocks * block_size = {self.num_blocks * self.block_size} KV slots; "
-                             f"the reference runner holds at most {1 << 24}")
+            raise InputError(
+                f"{where}: num_blocks * block_size = {self.num_blocks * self.block_size} KV slots; "
+                f"the reference runner holds at most {1 << 24}"
+            )

@@ -103,8 +103,9 @@ class Oracle:
             out.append(true if correct else (true + 1) % self.vocab)
         return out
 
-    def mismatches(self, rid: str, first_output_index: int, tokens: tuple[int, ...] | list[int],
-                   prompt_len: int | None = None) -> int:
+    def mismatches(
+        self, rid: str, first_output_index: int, tokens: tuple[int, ...] | list[int], prompt_len: int | None = None
+    ) -> int:
         """How many of `tokens`, appended as outputs starting at `first_output_index` (of the
         turn whose prompt has `prompt_len` tokens), differ from the expected outputs."""
         base = (self.specs[rid].prompt_len if prompt_len is None else prompt_len) + first_output_index

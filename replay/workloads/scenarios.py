@@ -6,8 +6,8 @@ workload here; `specreplay scenarios` lists them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.generators import random_workload
@@ -20,8 +20,15 @@ def reentry(seed: int = 0) -> Workload:
     take 4 tokens each at steps 2 and 3 and request 10 is not scheduled; request 0 (max_tokens 4,
     all drafts accepted) finishes when step 2 is applied, so at step 4 request 10 re-enters the
     batch with 3 draft slots and no drafts behind them."""
-    config = EngineConfig(max_num_batched_tokens=40, max_num_seqs=16, num_spec_tokens=3,
-                          async_scheduling=True, block_size=16, num_blocks=1000, max_model_len=512)
+    config = EngineConfig(
+        max_num_batched_tokens=40,
+        max_num_seqs=16,
+        num_spec_tokens=3,
+        async_scheduling=True,
+        block_size=16,
+        num_blocks=1000,
+        max_model_len=512,
+    )
     requests = [RequestSpec("0", arrival_step=1, prompt_len=3, max_tokens=4)]
     requests += [RequestSpec(str(i), arrival_step=1, prompt_len=3, max_tokens=12) for i in range(1, 11)]
     return Workload(tuple(requests), config, name="reentry", seed=seed, acceptance="all", max_steps=200)
@@ -30,16 +37,29 @@ def reentry(seed: int = 0) -> Workload:
 def reentry_sync(seed: int = 0) -> Workload:
     """The re-entry workload under the synchronous Scheduler: one batch in flight, real drafts."""
     base = reentry(seed)
-    return Workload(base.requests, EngineConfig(**{**base.config.to_dict(), "async_scheduling": False}),
-                    name="reentry-sync", seed=seed, acceptance="all", max_steps=200)
+    return Workload(
+        base.requests,
+        EngineConfig(**{**base.config.to_dict(), "async_scheduling": False}),
+        name="reentry-sync",
+        seed=seed,
+        acceptance="all",
+        max_steps=200,
+    )
 
 
 def _decoding(count: int, max_tokens: int = 16, prompt_len: int = 5) -> list[RequestSpec]:
     return [RequestSpec(str(i), arrival_step=1, prompt_len=prompt_len, max_tokens=max_tokens) for i in range(count)]
 
 
-_ASYNC_K3 = EngineConfig(max_num_batched_tokens=64, max_num_seqs=16, num_spec_tokens=3, async_scheduling=True,
-                         block_size=16, num_blocks=1000, max_model_len=512)
+_ASYNC_K3 = EngineConfig(
+    max_num_batched_tokens=64,
+    max_num_seqs=16,
+    num_spec_tokens=3,
+    async_scheduling=True,
+    block_size=16,
+    num_blocks=1000,
+    max_model_len=512,
+)
 
 
 def pause_clear(seed: int = 0) -> Workload:
@@ -48,10 +68,20 @@ def pause_clear(seed: int = 0) -> Workload:
     running request is preempted and the cache reset) and resumed at step 9; at step 14 a
     reset_prefix_cache(reset_running_requests=True) lands while step 13 is in flight, so the
     requests resume in the same step and step 13's outputs must be dropped, exactly those."""
-    events = (Event(6, "pause", mode="keep", clear_cache=True), Event(9, "resume"),
-              Event(14, "reset_prefix_cache", reset_running=True))
-    return Workload(tuple(_decoding(6, max_tokens=40)), _ASYNC_K3, name="pause-clear", seed=seed,
-                    acceptance="alternate", max_steps=400, events=events)
+    events = (
+        Event(6, "pause", mode="keep", clear_cache=True),
+        Event(9, "resume"),
+        Event(14, "reset_prefix_cache", reset_running=True),
+    )
+    return Workload(
+        tuple(_decoding(6, max_tokens=40)),
+        _ASYNC_K3,
+        name="pause-clear",
+        seed=seed,
+        acceptance="alternate",
+        max_steps=400,
+        events=events,
+    )
 
 
 def abort_inflight(seed: int = 0) -> Workload:
@@ -61,8 +91,15 @@ def abort_inflight(seed: int = 0) -> Workload:
     blocks. The in-flight outputs of 1 and 2 must be ignored, nothing else."""
     requests = _decoding(6, max_tokens=30) + [RequestSpec("6", arrival_step=8, prompt_len=5, max_tokens=12)]
     events = (Event(5, "abort", request="1", when="after"), Event(7, "abort", request="2"))
-    return Workload(tuple(requests), _ASYNC_K3, name="abort-inflight", seed=seed, acceptance="random:0.6",
-                    max_steps=400, events=events)
+    return Workload(
+        tuple(requests),
+        _ASYNC_K3,
+        name="abort-inflight",
+        seed=seed,
+        acceptance="random:0.6",
+        max_steps=400,
+        events=events,
+    )
 
 
 def resubmit(seed: int = 0) -> Workload:
@@ -73,8 +110,9 @@ def resubmit(seed: int = 0) -> Workload:
     life (no per-life guard), whose placeholder count goes negative: the engine asserts."""
     requests = [RequestSpec("0", 1, 5, 40), RequestSpec("1", 1, 5, 4), RequestSpec("2", 1, 5, 40)]
     events = (Event(10, "resubmit", request="1"), Event(12, "abort", request="0"), Event(12, "resubmit", request="0"))
-    return Workload(tuple(requests), _ASYNC_K3, name="resubmit", seed=seed, acceptance="all", max_steps=400,
-                    events=events)
+    return Workload(
+        tuple(requests), _ASYNC_K3, name="resubmit", seed=seed, acceptance="all", max_steps=400, events=events
+    )
 
 
 def streaming_append(seed: int = 0) -> Workload:
@@ -84,10 +122,19 @@ def streaming_append(seed: int = 0) -> Workload:
     the KV kept. The third chunk arrives at step 20, when the session sits idle between turns,
     and is taken at once; the stream ends after it."""
     requests = [RequestSpec("s", 1, 6, 6, streaming=True), RequestSpec("b0", 1, 5, 30), RequestSpec("b1", 2, 5, 30)]
-    events = (Event(3, "stream_append", request="s", tokens=4, max_tokens=5),
-              Event(20, "stream_append", request="s", tokens=3, max_tokens=4))
-    return Workload(tuple(requests), _ASYNC_K3, name="streaming-append", seed=seed, acceptance="alternate",
-                    max_steps=400, events=events)
+    events = (
+        Event(3, "stream_append", request="s", tokens=4, max_tokens=5),
+        Event(20, "stream_append", request="s", tokens=3, max_tokens=4),
+    )
+    return Workload(
+        tuple(requests),
+        _ASYNC_K3,
+        name="streaming-append",
+        seed=seed,
+        acceptance="alternate",
+        max_steps=400,
+        events=events,
+    )
 
 
 def streaming_preempt(seed: int = 32) -> Workload:
@@ -97,13 +144,25 @@ def streaming_preempt(seed: int = 32) -> Workload:
     again, and the stopped-preempted cleanup right after removes every copy of it from the
     waiting queues. The session is in no queue: never scheduled again, never finished (its
     next turn also lost the prompt: num_tokens 2 < num_prompt_tokens 3)."""
-    config = EngineConfig(max_num_batched_tokens=15, max_num_seqs=4, num_spec_tokens=1, async_scheduling=True,
-                          block_size=4, num_blocks=27, max_model_len=256)
-    requests = (RequestSpec("3", 1, 1, 14), RequestSpec("4", 1, 57, 7), RequestSpec("5", 1, 5, 7),
-                RequestSpec("6", 1, 1, 6, streaming=True))
+    config = EngineConfig(
+        max_num_batched_tokens=15,
+        max_num_seqs=4,
+        num_spec_tokens=1,
+        async_scheduling=True,
+        block_size=4,
+        num_blocks=27,
+        max_model_len=256,
+    )
+    requests = (
+        RequestSpec("3", 1, 1, 14),
+        RequestSpec("4", 1, 57, 7),
+        RequestSpec("5", 1, 5, 7),
+        RequestSpec("6", 1, 1, 6, streaming=True),
+    )
     events = (Event(7, "stream_append", request="6", tokens=2, max_tokens=3),)
-    return Workload(requests, config, name="streaming-preempt", seed=seed, acceptance="all", max_steps=200,
-                    events=events)
+    return Workload(
+        requests, config, name="streaming-preempt", seed=seed, acceptance="all", max_steps=200, events=events
+    )
 
 
 @dataclass(frozen=True)
@@ -113,23 +172,54 @@ class Scenario:
     summary: str
 
 
-SCENARIOS = {s.name: s for s in (
-    Scenario("reentry", reentry, "11 requests, budget 40, k=3, async: request 10 is skipped by the budget, "
-             "then re-enters the batch with 3 draft slots and no drafts behind them"),
-    Scenario("reentry-sync", reentry_sync, "the same workload under the synchronous Scheduler (real drafts)"),
-    Scenario("pause-clear", pause_clear, "async + k=3: pause (keep, clear_cache) at step 6, resume at 9, then "
-             "reset_prefix_cache(reset_running_requests) with step 13 in flight: its outputs are dropped"),
-    Scenario("abort-inflight", abort_inflight, "aborts landing with steps in flight (after a schedule, and before "
-             "one); a late request takes the freed blocks"),
-    Scenario("resubmit", resubmit, "same-id resubmission: a clean second life, then abort + resubmit with a step "
-             "in flight, where vLLM 0.32.0 gives the old life's output to the new life and asserts"),
-    Scenario("streaming-append", streaming_append, "a streaming-input session: a chunk queued behind a running "
-             "turn, then one taken by the idle session; turn ends drop their in-flight steps"),
-    Scenario("streaming-preempt", streaming_preempt, "vLLM 0.32.0 loses a streaming session preempted with a "
-             "step in flight whose stale output ends its turn (E2: never scheduled again)"),
-    Scenario("random", random_workload, "seeded random workload (--seed N): preemption, chunked prefill, "
-             "aborts, stop tokens, budget skips, mixed acceptance; control events for about a third of the seeds"),
-)}
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario(
+            "reentry",
+            reentry,
+            "11 requests, budget 40, k=3, async: request 10 is skipped by the budget, "
+            "then re-enters the batch with 3 draft slots and no drafts behind them",
+        ),
+        Scenario("reentry-sync", reentry_sync, "the same workload under the synchronous Scheduler (real drafts)"),
+        Scenario(
+            "pause-clear",
+            pause_clear,
+            "async + k=3: pause (keep, clear_cache) at step 6, resume at 9, then "
+            "reset_prefix_cache(reset_running_requests) with step 13 in flight: its outputs are dropped",
+        ),
+        Scenario(
+            "abort-inflight",
+            abort_inflight,
+            "aborts landing with steps in flight (after a schedule, and before "
+            "one); a late request takes the freed blocks",
+        ),
+        Scenario(
+            "resubmit",
+            resubmit,
+            "same-id resubmission: a clean second life, then abort + resubmit with a step "
+            "in flight, where vLLM 0.32.0 gives the old life's output to the new life and asserts",
+        ),
+        Scenario(
+            "streaming-append",
+            streaming_append,
+            "a streaming-input session: a chunk queued behind a running "
+            "turn, then one taken by the idle session; turn ends drop their in-flight steps",
+        ),
+        Scenario(
+            "streaming-preempt",
+            streaming_preempt,
+            "vLLM 0.32.0 loses a streaming session preempted with a "
+            "step in flight whose stale output ends its turn (E2: never scheduled again)",
+        ),
+        Scenario(
+            "random",
+            random_workload,
+            "seeded random workload (--seed N): preemption, chunked prefill, "
+            "aborts, stop tokens, budget skips, mixed acceptance; control events for about a third of the seeds",
+        ),
+    )
+}
 
 
 def build_scenario(name: str, seed: int = 0) -> Workload:

@@ -165,22 +165,32 @@ class Workload:
     def to_dict(self) -> dict[str, Any]:
         requests = []
         for spec in self.requests:
-            item = {"id": spec.request_id, "arrival_step": spec.arrival_step,
-                    "prompt_len": spec.prompt_len, "max_tokens": spec.max_tokens}
+            item = {
+                "id": spec.request_id,
+                "arrival_step": spec.arrival_step,
+                "prompt_len": spec.prompt_len,
+                "max_tokens": spec.max_tokens,
+            }
             for key in ("abort_step", "stop_at", "acceptance"):
                 if getattr(spec, key) is not None:
                     item[key] = getattr(spec, key)
             if spec.streaming:
                 item["streaming"] = True
             requests.append(item)
-        data = {"name": self.name, "seed": self.seed, "acceptance": self.acceptance,
-                "max_steps": self.max_steps, "config": self.config.to_dict(), "requests": requests}
+        data = {
+            "name": self.name,
+            "seed": self.seed,
+            "acceptance": self.acceptance,
+            "max_steps": self.max_steps,
+            "config": self.config.to_dict(),
+            "requests": requests,
+        }
         if self.events:
             data["events"] = [event.to_dict() for event in self.events]
         return data
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "workload") -> "Workload":
+    def from_dict(cls, data: Any, where: str = "workload") -> Workload:
         if not isinstance(data, dict):
             raise InputError(f"{where}: expected a table/object at the top level")
         known = {"name", "seed", "acceptance", "max_steps", "config", "requests", "events"}
@@ -211,8 +221,15 @@ class Workload:
         specs = {spec.request_id: spec for spec in requests}
         events = tuple(_event(raw, f"{where}: events[{i}]", specs) for i, raw in enumerate(raw_events))
         check_events(events, f"{where}: events")
-        workload = cls(requests=tuple(requests), config=config, name=name, seed=seed,
-                       acceptance=acceptance, max_steps=max_steps, events=events)
+        workload = cls(
+            requests=tuple(requests),
+            config=config,
+            name=name,
+            seed=seed,
+            acceptance=acceptance,
+            max_steps=max_steps,
+            events=events,
+        )
         for i, spec in enumerate(requests):
             if spec.streaming:
                 _check_session(workload, spec, f"{where}: requests[{i}]")
@@ -232,19 +249,23 @@ def check_events(events: tuple[Event, ...], where: str) -> None:
         raise InputError(f"{where}: the pause at step {paused_at} has no later resume; its requests would never finish")
 
 
-def _check_session(workload: "Workload", spec: RequestSpec, where: str) -> None:
+def _check_session(workload: Workload, spec: RequestSpec, where: str) -> None:
     """A streaming session's whole sequence (each turn keeps all but its last output) must fit."""
     config = workload.config
     turns = workload.turns(spec)
     total = sum(tokens + max_tokens - 1 for tokens, max_tokens in turns) + 1
     if total > config.max_model_len:
-        raise InputError(f"{where}: the streaming session's turns need {total} tokens, above max_model_len "
-                         f"{config.max_model_len}")
-    blocks_needed = -(-min(total + config.num_spec_tokens + config.num_lookahead_tokens, config.max_model_len)
-                      // config.block_size)
+        raise InputError(
+            f"{where}: the streaming session's turns need {total} tokens, above max_model_len {config.max_model_len}"
+        )
+    blocks_needed = -(
+        -min(total + config.num_spec_tokens + config.num_lookahead_tokens, config.max_model_len) // config.block_size
+    )
     if blocks_needed > config.num_blocks - 1:
-        raise InputError(f"{where}: the streaming session needs {blocks_needed} KV blocks alone, the cache has "
-                         f"{config.num_blocks - 1} usable")
+        raise InputError(
+            f"{where}: the streaming session needs {blocks_needed} KV blocks alone, the cache has "
+            f"{config.num_blocks - 1} usable"
+        )
 
 
 def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
@@ -253,9 +274,13 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
     if kind not in EVENT_KINDS:
         raise InputError(f"{where}: kind must be one of {', '.join(EVENT_KINDS)}, got {kind!r}")
     allowed = {"step", "kind", "when"} | {
-        "pause": {"mode", "clear_cache"}, "resume": set(), "reset_prefix_cache": {"reset_running"},
-        "abort": {"request"}, "resubmit": {"request"},
-        "stream_append": {"request", "tokens", "max_tokens"}}[kind]
+        "pause": {"mode", "clear_cache"},
+        "resume": set(),
+        "reset_prefix_cache": {"reset_running"},
+        "abort": {"request"},
+        "resubmit": {"request"},
+        "stream_append": {"request", "tokens", "max_tokens"},
+    }[kind]
     unknown = sorted(set(raw) - allowed)
     if unknown:
         raise InputError(f"{where}: {kind} takes no {unknown[0]!r}; it takes {', '.join(sorted(allowed))}")
@@ -266,8 +291,10 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
     if when not in ("before", "after"):
         raise InputError(f"{where}: when must be 'before' or 'after', got {when!r}")
     if when == "after" and kind != "abort":
-        raise InputError(f"{where}: only an abort can land after a step's schedule() in vLLM 0.32 "
-                         "(its early aborts queue); use when = 'before'")
+        raise InputError(
+            f"{where}: only an abort can land after a step's schedule() in vLLM 0.32 "
+            "(its early aborts queue); use when = 'before'"
+        )
     request = None
     if kind in ("abort", "resubmit", "stream_append"):
         request = raw.get("request")
@@ -276,8 +303,10 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
         if not isinstance(request, str) or request not in specs:
             raise InputError(f"{where}: request must name a request of the workload, got {request!r}")
         if step < specs[request].arrival_step + (kind == "resubmit"):
-            raise InputError(f"{where}: step {step} is before request {request!r} arrives "
-                             f"(arrival_step {specs[request].arrival_step})")
+            raise InputError(
+                f"{where}: step {step} is before request {request!r} arrives "
+                f"(arrival_step {specs[request].arrival_step})"
+            )
     tokens, max_tokens = 0, None
     if kind == "stream_append":
         if not specs[request].streaming:
@@ -288,8 +317,10 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
         if raw.get("max_tokens") is not None:
             max_tokens = _int(raw["max_tokens"], f"{where}: max_tokens", low=1)
     if kind == "resubmit" and specs[request].streaming:
-        raise InputError(f"{where}: resubmitting streaming request {request!r} is not supported (the same id "
-                         "is the session's next chunk to vLLM)")
+        raise InputError(
+            f"{where}: resubmitting streaming request {request!r} is not supported (the same id "
+            "is the session's next chunk to vLLM)"
+        )
     mode = raw.get("mode", "keep")
     if mode not in PAUSE_MODES:
         raise InputError(f"{where}: mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
@@ -298,8 +329,9 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
         flags[key] = raw.get(key, default)
         if not isinstance(flags[key], bool):
             raise InputError(f"{where}: {key} must be true or false, got {flags[key]!r}")
-    return Event(step=step, kind=kind, request=request, when=when, mode=mode, tokens=tokens, max_tokens=max_tokens,
-                 **flags)
+    return Event(
+        step=step, kind=kind, request=request, when=when, mode=mode, tokens=tokens, max_tokens=max_tokens, **flags
+    )
 
 
 def load_workload(path: str | Path) -> Workload:
@@ -367,16 +399,21 @@ def _request(raw: Any, where: str, config: EngineConfig) -> RequestSpec:
     if spec.acceptance is not None:
         parse_acceptance(spec.acceptance, f"{where}: acceptance")
     if spec.prompt_len + spec.max_tokens > config.max_model_len:
-        raise InputError(f"{where}: prompt_len + max_tokens = {spec.prompt_len + spec.max_tokens} "
-                         f"exceeds max_model_len {config.max_model_len}")
+        raise InputError(
+            f"{where}: prompt_len + max_tokens = {spec.prompt_len + spec.max_tokens} "
+            f"exceeds max_model_len {config.max_model_len}"
+        )
     # Block 0 is vLLM's null block; a request must fit alone (drafts and lookahead included) or
     # it can never be admitted, or preempts itself forever.
-    longest = min(spec.prompt_len + spec.max_tokens + config.num_spec_tokens + config.num_lookahead_tokens,
-                  config.max_model_len)
+    longest = min(
+        spec.prompt_len + spec.max_tokens + config.num_spec_tokens + config.num_lookahead_tokens, config.max_model_len
+    )
     blocks_needed = -(-longest // config.block_size)
     if blocks_needed > config.num_blocks - 1:
-        raise InputError(f"{where}: needs {blocks_needed} KV blocks alone, the cache has {config.num_blocks - 1} "
-                         f"usable (num_blocks {config.num_blocks}, block 0 reserved)")
+        raise InputError(
+            f"{where}: needs {blocks_needed} KV blocks alone, the cache has {config.num_blocks - 1} "
+            f"usable (num_blocks {config.num_blocks}, block 0 reserved)"
+        )
     return spec
 
 

@@ -19,6 +19,8 @@ def test_decode_workload_keeps_every_request_running_every_step():
 
 
 def test_missed_targets_are_marked():
-    out = {"machine": {"quick": True, "cpus": 2, "repeat": 1},
-           "live_recording_overhead": {"off_s": 1.0, "on_s": 1.5, "overhead": 0.5}}
+    out = {
+        "machine": {"quick": True, "cpus": 2, "repeat": 1},
+        "live_recording_overhead": {"off_s": 1.0, "on_s": 1.5, "overhead": 0.5},
+    }
     assert rows(out)[0][3] == "MISSED"

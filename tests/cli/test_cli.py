@@ -28,8 +28,15 @@ def run(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-@pytest.mark.parametrize("impl, exit_code, verdict", [
-    ("upstream", 0, "wasteful"), ("pr30796", 1, "diverged"), ("pr30796-copy", 1, "diverged"), ("sched-clear", 0, "ok")])
+@pytest.mark.parametrize(
+    "impl, exit_code, verdict",
+    [
+        ("upstream", 0, "wasteful"),
+        ("pr30796", 1, "diverged"),
+        ("pr30796-copy", 1, "diverged"),
+        ("sched-clear", 0, "ok"),
+    ],
+)
 def test_diff_json_verdicts_and_exit_codes(recorded, impl, exit_code, verdict):
     result = run("diff", recorded[impl], "--format", "json")
     assert result.exit_code == exit_code
@@ -39,7 +46,9 @@ def test_diff_json_verdicts_and_exit_codes(recorded, impl, exit_code, verdict):
         assert set(f) == {"code", "severity", "step", "request_id", "field", "scheduler", "worker", "message"}
     if impl == "upstream":
         assert {(f["code"], f["step"], f["request_id"]) for f in doc["findings"]} == {
-            ("S5-draft-provenance", 4, "10"), ("X5-placeholder-drafts", 4, "10")}
+            ("S5-draft-provenance", 4, "10"),
+            ("X5-placeholder-drafts", 4, "10"),
+        }
 
 
 def test_fail_on_thresholds(recorded):
@@ -101,10 +110,12 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, recorded):
     assert_bad_input(run("info", junk), "not a readable Parquet file")
     assert_bad_input(run("replay", junk, "-o", tmp_path / "x.parquet"), "not a readable Parquet file")
     assert_bad_input(run("record", "--scenario", "nope", "-o", tmp_path / "x.parquet"), "unknown scenario")
-    assert_bad_input(run("record", "--scenario", "reentry", "--impl", "nope", "-o", tmp_path / "x.parquet"),
-                     "unknown implementation")
-    assert_bad_input(run("record", "--scenario", "reentry", "--impl", "no_such_mod:X", "-o", tmp_path / "x.parquet"),
-                     "cannot import")
+    assert_bad_input(
+        run("record", "--scenario", "reentry", "--impl", "nope", "-o", tmp_path / "x.parquet"), "unknown implementation"
+    )
+    assert_bad_input(
+        run("record", "--scenario", "reentry", "--impl", "no_such_mod:X", "-o", tmp_path / "x.parquet"), "cannot import"
+    )
     assert_bad_input(run("record", "-o", tmp_path / "x.parquet"), "exactly one of")
     bad = tmp_path / "w.toml"
     bad.write_text("requests = [ { id = 'a', prompt_len = -3 } ]")
@@ -113,7 +124,9 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, recorded):
     assert_bad_input(run("record", "--workload", bad, "-o", tmp_path / "x.parquet"), "not valid TOML")
     bad_json = tmp_path / "w.json"
     bad_json.write_text(json.dumps({"requests": [{"id": "a"}], "config": {"max_num_seqs": "many"}}))
-    assert_bad_input(run("record", "--workload", bad_json, "-o", tmp_path / "x.parquet"), "max_num_seqs must be an integer")
+    assert_bad_input(
+        run("record", "--workload", bad_json, "-o", tmp_path / "x.parquet"), "max_num_seqs must be an integer"
+    )
     assert_bad_input(run("diff", recorded["upstream"], recorded["upstream"], recorded["upstream"]), "one or two traces")
     assert not (tmp_path / "x.parquet").exists()
 
@@ -158,8 +171,10 @@ def test_cuda_without_gpu_is_bad_input(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    assert_bad_input(run("record", "--scenario", "reentry", "--device", "cuda", "-o", tmp_path / "x.parquet"),
-                     "CUDA is not available")
+    assert_bad_input(
+        run("record", "--scenario", "reentry", "--device", "cuda", "-o", tmp_path / "x.parquet"),
+        "CUDA is not available",
+    )
 
 
 def test_same_trace_across_processes_and_hash_seeds(tmp_path):
@@ -173,8 +188,12 @@ def test_same_trace_across_processes_and_hash_seeds(tmp_path):
     for seed in ("1", "2"):
         path = tmp_path / f"r{seed}.parquet"
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        subprocess.run([sys.executable, "-m", "specreplay.cli", "record", "--scenario", "random", "--seed", "5",
-                        "-o", str(path)], check=True, env=env, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "specreplay.cli", "record", "--scenario", "random", "--seed", "5", "-o", str(path)],
+            check=True,
+            env=env,
+            capture_output=True,
+        )
         paths.append(path)
     assert read_trace(paths[0]).content_equals(read_trace(paths[1]))
 
@@ -190,9 +209,12 @@ def test_help_and_diff_do_not_import_torch(tmp_path, recorded):
     import subprocess
     import sys
 
-    code = ("import sys; from specreplay.cli.main import main\n"
-            "try:\n    main([%r, %r, '--format', 'json'])\nexcept SystemExit:\n    pass\n"
-            "print('torch' in sys.modules)") % ("diff", str(recorded["upstream"]))
+    args = ["diff", str(recorded["upstream"]), "--format", "json"]
+    code = (
+        "import sys; from specreplay.cli.main import main\n"
+        f"try:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("False")
 
@@ -204,13 +226,18 @@ def test_user_implementation_errors_are_one_line(tmp_path, monkeypatch):
         "    def schedule(self):\n"
         "        raise KeyError('user bug')\n"
         "class Plain(Scheduler):\n"
-        "    pass\n")
+        "    pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "x.parquet"
-    assert_bad_input(run("record", "--scenario", "reentry", "--impl", "userimpls:Boom", "-o", out),
-                     "implementation userimpls:Boom raised KeyError")
-    assert_bad_input(run("record", "--scenario", "reentry", "--impl", "userimpls:Plain", "-o", out),
-                     "synchronous Scheduler but the workload uses async scheduling")
+    assert_bad_input(
+        run("record", "--scenario", "reentry", "--impl", "userimpls:Boom", "-o", out),
+        "implementation userimpls:Boom raised KeyError",
+    )
+    assert_bad_input(
+        run("record", "--scenario", "reentry", "--impl", "userimpls:Plain", "-o", out),
+        "synchronous Scheduler but the workload uses async scheduling",
+    )
 
 
 def test_seed_overrides_a_workload_file_and_must_be_non_negative(tmp_path):

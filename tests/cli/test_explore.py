@@ -42,13 +42,23 @@ def test_explore_finds_the_pr30796_divergence_from_random_workloads(found):
     assert "X10-scheduler-output-mutated" in errors
     trace = read_trace(found / "X10-scheduler-output-mutated.parquet")  # the saved trace reproduces it
     assert "X10-scheduler-output-mutated" in {f.code for f in check_trace(trace)}
-    assert trace.workload["name"].startswith(f"explore-{summary(found)['findings']['X10-scheduler-output-mutated']['seed']}-")
+    assert trace.workload["name"].startswith(
+        f"explore-{summary(found)['findings']['X10-scheduler-output-mutated']['seed']}-"
+    )
 
 
 def test_shrink_cuts_it_to_a_few_requests_and_steps_and_emits_a_regression_test(found, tmp_path):
     minimal, test_file = tmp_path / "min.parquet", tmp_path / "test_min.py"
-    result = run("shrink", found / "X10-scheduler-output-mutated.parquet", "--code", "X10-scheduler-output-mutated",
-                 "-o", minimal, "--emit-pytest", test_file)
+    result = run(
+        "shrink",
+        found / "X10-scheduler-output-mutated.parquet",
+        "--code",
+        "X10-scheduler-output-mutated",
+        "-o",
+        minimal,
+        "--emit-pytest",
+        test_file,
+    )
     assert result.exit_code == 0, result.output
     trace = read_trace(minimal)
     assert len(trace.workload["requests"]) <= 3 and trace.num_steps <= 10, result.output
@@ -56,14 +66,28 @@ def test_shrink_cuts_it_to_a_few_requests_and_steps_and_emits_a_regression_test(
 
     def pytest_on(impl: str) -> int:
         env = {**os.environ, "SPECREPLAY_IMPL": impl}
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
-                              cwd=tmp_path, env=env, capture_output=True, text=True).returncode
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+        ).returncode
 
     assert pytest_on("pr30796") == 1  # the bug: the emitted test fails
     assert pytest_on("sched-clear") == 0  # the fix: it passes
     again = tmp_path / "again.parquet"
-    assert run("shrink", found / "X10-scheduler-output-mutated.parquet", "--code", "X10-scheduler-output-mutated",
-               "-o", again).exit_code == 0
+    assert (
+        run(
+            "shrink",
+            found / "X10-scheduler-output-mutated.parquet",
+            "--code",
+            "X10-scheduler-output-mutated",
+            "-o",
+            again,
+        ).exit_code
+        == 0
+    )
     assert read_trace(again).content_equals(trace)  # deterministic
 
 
@@ -77,8 +101,12 @@ def test_explore_on_upstream_finds_the_draft_provenance_warning_and_errors_only_
     # the runner's correction repeated after a pause that kept the batch. Nothing without events.
     errors = {code: f for code, f in findings.items() if f["severity"] == "error"}
     assert result.exit_code == (1 if errors else 0), result.output
-    assert set(errors) <= {"E1-engine-crash", "E2-run-incomplete", "X2-sched-worker-computed",
-                           "X2-worker-position-mismatch"}
+    assert set(errors) <= {
+        "E1-engine-crash",
+        "E2-run-incomplete",
+        "X2-sched-worker-computed",
+        "X2-worker-position-mismatch",
+    }
     assert all("events" in f["profiles"] for f in errors.values())
 
 
@@ -105,10 +133,18 @@ def test_bad_input_is_one_line(tmp_path, found):
     assert run("record", "--scenario", "reentry", "--impl", "sched-clear", "-o", clean).exit_code == 0
     result = run("shrink", clean, "-o", tmp_path / "m.parquet")
     assert result.exit_code == 2 and "no finding to shrink" in result.output
-    result = run("shrink", found / "X10-scheduler-output-mutated.parquet", "--code", "E2-run-incomplete",
-                 "-o", tmp_path / "m.parquet")
+    result = run(
+        "shrink",
+        found / "X10-scheduler-output-mutated.parquet",
+        "--code",
+        "E2-run-incomplete",
+        "-o",
+        tmp_path / "m.parquet",
+    )
     assert result.exit_code == 2 and "does not fire" in result.output
-    result = run("shrink", found / "X10-scheduler-output-mutated.parquet", "--code", "X99", "-o", tmp_path / "m.parquet")
+    result = run(
+        "shrink", found / "X10-scheduler-output-mutated.parquet", "--code", "X99", "-o", tmp_path / "m.parquet"
+    )
     assert result.exit_code == 2 and "not a finding code" in result.output
     assert run("explore", "--impl", "nope", "-o", tmp_path / "x").exit_code == 2
     import sys as _sys
@@ -117,7 +153,8 @@ def test_bad_input_is_one_line(tmp_path, found):
         "from specreplay.replay.models.scheduler import AsyncScheduler\n"
         "class Broken(AsyncScheduler):\n"
         "    def schedule(self):\n"
-        "        raise ValueError('broken')\n")
+        "        raise ValueError('broken')\n"
+    )
     _sys.path.insert(0, str(tmp_path))
     try:
         result = run("explore", "--impl", "brokenimpl:Broken", "--budget", 8, "-o", tmp_path / "y")

@@ -50,8 +50,15 @@ def test_pr30796_fails_with_the_findings_named(tmp_path):
     names = {(c.get("classname"), c.get("name")) for c in cases}
     assert ("specreplay.gate", "reentry.parquet") in names
     assert ("specreplay.gate.reentry.parquet", "X10-scheduler-output-mutated") in names
-    assert doc["counts"]["fail"] == len([c for c in cases if c.get("classname") == "specreplay.gate"
-                                         and c.find("failure") is not None and c.find("failure").get("type") == "fail"])
+    assert doc["counts"]["fail"] == len(
+        [
+            c
+            for c in cases
+            if c.get("classname") == "specreplay.gate"
+            and c.find("failure") is not None
+            and c.find("failure").get("type") == "fail"
+        ]
+    )
 
 
 def test_github_annotations_and_summary(tmp_path):
@@ -67,8 +74,9 @@ def test_github_annotations_and_summary(tmp_path):
 def test_annotations_are_capped_per_kind(tmp_path):
     for i in range(13):
         shutil.copy(corpus_dir() / "reentry.parquet", tmp_path / f"r{i:02}.parquet")
-    lines = [line for line in gate(tmp_path, "--impl", "pr30796", "--github").output.splitlines()
-             if line.startswith("::")]
+    lines = [
+        line for line in gate(tmp_path, "--impl", "pr30796", "--github").output.splitlines() if line.startswith("::")
+    ]
     assert sum(line.startswith("::error") for line in lines) == 10
     assert lines[-1] == "::notice title=specreplay gate::3 more error annotations not shown"
 
@@ -122,10 +130,23 @@ def test_corpus_covers_the_situations():
             seen.add("ignored output")
         if (df.sched_life > 0).any():
             seen.add("resubmission")
-        if (df.sched_kind == "reentering").any() and df.sched_num_draft_slots[df.sched_kind == "reentering"].gt(0).any():
+        if (df.sched_kind == "reentering").any() and df.sched_num_draft_slots[df.sched_kind == "reentering"].gt(
+            0
+        ).any():
             seen.add("stale re-entry")
-    assert seen == {"async", "sync", "preemption", "chunked prefill", "abort", "stale re-entry", "pause", "cache reset",
-                    "dropped output", "ignored output", "resubmission"}
+    assert seen == {
+        "async",
+        "sync",
+        "preemption",
+        "chunked prefill",
+        "abort",
+        "stale re-entry",
+        "pause",
+        "cache reset",
+        "dropped output",
+        "ignored output",
+        "resubmission",
+    }
 
 
 @pytest.mark.parametrize("impl, should_pass", [("upstream", True), ("pr30796", False)])

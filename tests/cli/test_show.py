@@ -74,9 +74,14 @@ def test_diff_lines_say_how_to_show_a_finding(reentry):
 
 
 # ---------------------------------------------------------------------- Perfetto
-REQUIRED = {"X": ("name", "ts", "dur", "pid", "tid"), "C": ("name", "ts", "pid", "args"),
-            "i": ("name", "ts", "pid", "tid", "s"), "s": ("name", "ts", "pid", "tid", "id"),
-            "f": ("name", "ts", "pid", "tid", "id", "bp"), "M": ("name", "pid", "args")}
+REQUIRED = {
+    "X": ("name", "ts", "dur", "pid", "tid"),
+    "C": ("name", "ts", "pid", "args"),
+    "i": ("name", "ts", "pid", "tid", "s"),
+    "s": ("name", "ts", "pid", "tid", "id"),
+    "f": ("name", "ts", "pid", "tid", "id", "bp"),
+    "M": ("name", "pid", "args"),
+}
 
 
 def check_trace_events(doc: dict) -> None:
@@ -119,7 +124,9 @@ def test_perfetto_export_of_the_reentry_trace(reentry, tmp_path):
     pid = next(e["pid"] for e in doc["traceEvents"] if e["ph"] == "M" and e["args"].get("name") == "request 10")
     sched = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == pid and e["tid"] == 1]
     assert [e["name"] for e in sched[:4]] == ["new 3", "skipped: budget", "skipped: budget", "re-entering 1+3"]
-    worker_steps = [e["args"]["step"] for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == pid and e["tid"] == 2]
+    worker_steps = [
+        e["args"]["step"] for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == pid and e["tid"] == 2
+    ]
     assert 2 not in worker_steps and 3 not in worker_steps  # dropped from the batch
     marks = [e for e in doc["traceEvents"] if e["ph"] == "i" and e["pid"] == pid]
     assert {"S5-draft-provenance", "X5-placeholder-drafts"} <= {e["name"] for e in marks}
@@ -145,7 +152,9 @@ def test_perfetto_export_stays_bounded_on_a_10000_step_trace(tmp_path):
     doc = json.loads(out.read_text())
     check_trace_events(doc)
     later = tmp_path / "later.json"
-    assert CliRunner().invoke(main, ["export", str(path), "--perfetto", str(later), "--steps", "9000:9100"]).exit_code == 0
+    assert (
+        CliRunner().invoke(main, ["export", str(path), "--perfetto", str(later), "--steps", "9000:9100"]).exit_code == 0
+    )
     steps = {e["args"]["step"] for e in json.loads(later.read_text())["traceEvents"] if e["ph"] == "X"}
     assert min(steps) == 9000 and max(steps) == 9100
 
@@ -156,8 +165,9 @@ def test_a_clean_trace_with_many_requests_shows_a_few_and_says_so(tmp_path):
     from specreplay.replay.impls.registry import resolve
     from specreplay.traces.io import write_trace
 
-    path = write_trace(run_workload(decode_workload(64, 100), resolve("upstream", allow_import=False)),
-                       tmp_path / "d64.parquet")
+    path = write_trace(
+        run_workload(decode_workload(64, 100), resolve("upstream", allow_import=False)), tmp_path / "d64.parquet"
+    )
     out = show(path, width=200)
     assert "(steps 1:64 of 101; --steps picks others); 12 of 64 requests (--request picks others)" in out
     lanes = {line.split()[0] for line in out.splitlines() if line.split()[1:2] == ["sched"]}

@@ -8,8 +8,7 @@ import json
 import pytest
 
 from specreplay.replay.workflows.backends import InlineBackend, ProcessBackend, make_backend
-from specreplay.replay.workflows.recording import (pick_workload, record_to, recover_to, recovered_path,
-                                                   replay_to)
+from specreplay.replay.workflows.recording import pick_workload, record_to, recover_to, recovered_path, replay_to
 from specreplay.traces.errors import InputError
 from specreplay.traces.io import read_trace
 from specreplay.traces.journal import journal_path
@@ -35,7 +34,8 @@ def test_record_to_drops_an_empty_journal_and_refuses_one_that_holds_steps(tmp_p
         "    def execute_model(self, out):\n"
         "        if out.step == 6:\n"
         "            raise RuntimeError('runner bug at step 6')\n"
-        "        return super().execute_model(out)\n")
+        "        return super().execute_model(out)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     cut = tmp_path / "cut.parquet"
     with pytest.raises(InputError, match="specreplay recover"):

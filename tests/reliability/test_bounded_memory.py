@@ -37,11 +37,13 @@ def peak_rss(args: list[str]) -> tuple[int, float, str]:
     """Exit code, peak resident memory in bytes and stdout of `specreplay ARGS` in a fresh process."""
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent through fork and exec,
     # so a child of this (large) test process would report the parent's peak.
-    code = ("import sys\nfrom specreplay.cli.main import main\n"
-            f"sys.argv = ['specreplay'] + {args!r}\n"
-            "try:\n    main()\nexcept SystemExit as e:\n    status = e.code\n"
-            "hwm = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
-            "print('PEAK', hwm, status, file=sys.stderr)")
+    code = (
+        "import sys\nfrom specreplay.cli.main import main\n"
+        f"sys.argv = ['specreplay'] + {args!r}\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    status = e.code\n"
+        "hwm = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
+        "print('PEAK', hwm, status, file=sys.stderr)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     line = [ln for ln in proc.stderr.splitlines() if ln.startswith("PEAK")][-1].split()
     return int(line[2]), int(line[1]) * 1024, proc.stdout

@@ -36,8 +36,12 @@ def decoded(table):
     """Values, not encodings: a prefix of a trace has fewer enum values in its dictionaries."""
     import pyarrow as pa
 
-    return pa.table({name: (col.cast(pa.string()) if pa.types.is_dictionary(col.type) else col)
-                     for name, col in zip(table.column_names, table.columns)})
+    return pa.table(
+        {
+            name: (col.cast(pa.string()) if pa.types.is_dictionary(col.type) else col)
+            for name, col in zip(table.column_names, table.columns)
+        }
+    )
 
 
 def assert_prefix_of(recovered, full) -> int:
@@ -67,9 +71,22 @@ def test_a_recording_killed_at_random_moments_keeps_every_flushed_step(tmp_path)
     def kill_one(i: int):
         out = tmp_path / f"kill{i}.parquet"
         journal = journal_path(out)
-        proc = subprocess.Popen([sys.executable, "-m", "specreplay.cli", "record", "--workload", str(spec),
-                                 "-o", str(out), "--flush-every", "4"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "specreplay.cli",
+                "record",
+                "--workload",
+                str(spec),
+                "-o",
+                str(out),
+                "--flush-every",
+                "4",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 60
         while not journal.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)  # the recording has started once its journal exists
@@ -103,7 +120,8 @@ def test_an_exception_in_the_implementation_leaves_a_recoverable_journal(tmp_pat
         "    def schedule(self):\n"
         "        if self.step + 1 == 30:\n"
         "            raise RuntimeError('bug at step 30')\n"
-        "        return super().schedule()\n")
+        "        return super().schedule()\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     from benchmarks.run import decode_workload
 
@@ -157,8 +175,9 @@ def test_the_recorder_refuses_to_write_rows_that_fail_validation(tmp_path, reent
     trace = reentry_traces["upstream"]
     table = trace.table
     at = table.schema.get_field_index("sched_num_tokens")
-    broken = dataclasses.replace(trace, table=table.set_column(
-        at, table.schema.field(at), pa.array([-1] * table.num_rows, pa.int32())))
+    broken = dataclasses.replace(
+        trace, table=table.set_column(at, table.schema.field(at), pa.array([-1] * table.num_rows, pa.int32()))
+    )
     with pytest.raises(RecordingError, match="sched_num_tokens holds -1"):
         write_trace(broken, tmp_path / "bad.parquet")
     assert not (tmp_path / "bad.parquet").exists()
@@ -178,11 +197,13 @@ def test_a_step_cut_short_by_an_exception_is_left_out_of_the_journal(tmp_path, m
         "    def execute_model(self, out):\n"
         "        if out.step == 6:\n"
         "            raise RuntimeError('runner bug at step 6')\n"
-        "        return super().execute_model(out)\n")
+        "        return super().execute_model(out)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "cut.parquet"
-    result = CliRunner().invoke(main, ["record", "--scenario", "reentry", "--impl", "crashyrunner:CrashAt6",
-                                       "-o", str(out)])
+    result = CliRunner().invoke(
+        main, ["record", "--scenario", "reentry", "--impl", "crashyrunner:CrashAt6", "-o", str(out)]
+    )
     assert result.exit_code == 2 and "runner bug at step 6" in result.output
     recovered = recover(journal_path(out))
     assert recovered.outcome["step"] == 5

@@ -16,7 +16,9 @@ from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.traces.io import read_trace
 
 CASES = [("random", seed, impl) for seed in (2, 11, 38) for impl in ("upstream", "pr30796", "sched-clear")] + [
-    ("reentry", 0, "pr30796-copy"), ("reentry-sync", 0, "upstream")]
+    ("reentry", 0, "pr30796-copy"),
+    ("reentry-sync", 0, "upstream"),
+]
 
 
 def record(case):
@@ -49,7 +51,21 @@ def test_the_journal_does_not_change_the_trace(tmp_path):
     for case in CASES[:4]:
         scenario, seed, impl = case
         path = tmp_path / f"{scenario}{seed}{impl}.parquet"
-        result = CliRunner().invoke(main, ["record", "--scenario", scenario, "--seed", str(seed), "--impl", impl,
-                                           "--flush-every", "1", "-o", str(path)])
+        result = CliRunner().invoke(
+            main,
+            [
+                "record",
+                "--scenario",
+                scenario,
+                "--seed",
+                str(seed),
+                "--impl",
+                impl,
+                "--flush-every",
+                "1",
+                "-o",
+                str(path),
+            ],
+        )
         assert result.exit_code == 0, result.output
         assert read_trace(path).content_equals(record(case)), case

@@ -31,19 +31,34 @@ from specreplay.traces.io import write_trace
 CASES = int(os.environ.get("SPECREPLAY_FUZZ_CASES", "5000"))
 SECONDS_PER_CASE = 20  # generous on a loaded 2-core machine; a hang is caught, slowness is not the point
 
-TINY = {"name": "tiny", "seed": 3, "max_steps": 40,
-        "config": {"max_num_batched_tokens": 12, "max_num_seqs": 3, "num_spec_tokens": 2, "block_size": 4,
-                   "num_blocks": 16, "async_scheduling": True, "max_model_len": 40},
-        "requests": [{"id": "a", "prompt_len": 5, "max_tokens": 4},
-                     {"id": "b", "prompt_len": 3, "max_tokens": 5, "arrival_step": 2},
-                     {"id": "c", "prompt_len": 9, "max_tokens": 3, "abort_step": 4},
-                     {"id": "d", "prompt_len": 2, "max_tokens": 3, "streaming": True}],
-        "events": [{"step": 2, "kind": "abort", "request": "b", "when": "after"},
-                   {"step": 3, "kind": "stream_append", "request": "d", "tokens": 2},
-                   {"step": 4, "kind": "resubmit", "request": "b"},
-                   {"step": 5, "kind": "pause", "mode": "keep", "clear_cache": False},
-                   {"step": 6, "kind": "resume"},
-                   {"step": 7, "kind": "reset_prefix_cache", "reset_running": True}]}
+TINY = {
+    "name": "tiny",
+    "seed": 3,
+    "max_steps": 40,
+    "config": {
+        "max_num_batched_tokens": 12,
+        "max_num_seqs": 3,
+        "num_spec_tokens": 2,
+        "block_size": 4,
+        "num_blocks": 16,
+        "async_scheduling": True,
+        "max_model_len": 40,
+    },
+    "requests": [
+        {"id": "a", "prompt_len": 5, "max_tokens": 4},
+        {"id": "b", "prompt_len": 3, "max_tokens": 5, "arrival_step": 2},
+        {"id": "c", "prompt_len": 9, "max_tokens": 3, "abort_step": 4},
+        {"id": "d", "prompt_len": 2, "max_tokens": 3, "streaming": True},
+    ],
+    "events": [
+        {"step": 2, "kind": "abort", "request": "b", "when": "after"},
+        {"step": 3, "kind": "stream_append", "request": "d", "tokens": 2},
+        {"step": 4, "kind": "resubmit", "request": "b"},
+        {"step": 5, "kind": "pause", "mode": "keep", "clear_cache": False},
+        {"step": 6, "kind": "resume"},
+        {"step": 7, "kind": "reset_prefix_cache", "reset_running": True},
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +106,22 @@ def invoke(args: list[str]):
 _NUMERIC = [f.name for f in schema.SCHEMA_FIELDS if pa.types.is_integer(f.type)]
 _ENUM = list(schema.ENUMS)
 _HUGE = (2**31 - 1, -(2**31), 2**15 - 1, -1, 0, 10**6)
-_META = [schema.META_SCHEMA_VERSION, schema.META_WORKLOAD, schema.META_CONFIG, schema.META_IMPL, schema.META_SEED,
-         schema.META_OUTCOME, schema.META_DEVICE, schema.META_VERSION, b"something.else"]
-json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.text(max_size=8),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-                           max_leaves=8)
+_META = [
+    schema.META_SCHEMA_VERSION,
+    schema.META_WORKLOAD,
+    schema.META_CONFIG,
+    schema.META_IMPL,
+    schema.META_SEED,
+    schema.META_OUTCOME,
+    schema.META_DEVICE,
+    schema.META_VERSION,
+    b"something.else",
+]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 def _set(table: pa.Table, name: str, values: list, typ: pa.DataType | None = None) -> pa.Table:
@@ -110,8 +136,23 @@ def _set(table: pa.Table, name: str, values: list, typ: pa.DataType | None = Non
 
 @st.composite
 def table_mutation(draw, table: pa.Table) -> pa.Table:
-    kind = draw(st.sampled_from(["drop", "retype", "reorder", "value", "shuffle", "duplicate", "enum", "null",
-                                 "empty", "metadata", "metadata_missing"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "drop",
+                "retype",
+                "reorder",
+                "value",
+                "shuffle",
+                "duplicate",
+                "enum",
+                "null",
+                "empty",
+                "metadata",
+                "metadata_missing",
+            ]
+        )
+    )
     n = table.num_rows
     meta = dict(table.schema.metadata or {})
     if n == 0 and kind in ("value", "shuffle", "duplicate", "enum", "null"):
@@ -146,7 +187,8 @@ def table_mutation(draw, table: pa.Table) -> pa.Table:
     if kind == "duplicate":
         i = draw(st.integers(0, n - 1))
         return pa.concat_tables([table, table.slice(i, 1)]).take(
-            pa.array(list(range(i + 1)) + [n] + list(range(i + 1, n)), pa.int64()))
+            pa.array(list(range(i + 1)) + [n] + list(range(i + 1, n)), pa.int64())
+        )
     if kind == "enum":
         name = draw(st.sampled_from(_ENUM))
         values = table[name].to_pylist()
@@ -163,9 +205,14 @@ def table_mutation(draw, table: pa.Table) -> pa.Table:
         key = draw(st.sampled_from(_META))
         value = draw(st.binary(max_size=30) | json_values.map(lambda v: json.dumps(v).encode()))
         if key == schema.META_OUTCOME and draw(st.booleans()):
-            value = json.dumps({"status": draw(st.sampled_from(["crashed", "step_limit", "partial", "completed"])),
-                                "step": draw(st.integers(-3, 10**9) | st.text(max_size=3)),
-                                "kind": draw(st.text(max_size=5)), "message": draw(st.text(max_size=20))}).encode()
+            value = json.dumps(
+                {
+                    "status": draw(st.sampled_from(["crashed", "step_limit", "partial", "completed"])),
+                    "step": draw(st.integers(-3, 10**9) | st.text(max_size=3)),
+                    "kind": draw(st.text(max_size=5)),
+                    "message": draw(st.text(max_size=20)),
+                }
+            ).encode()
         meta[key] = value
         return table.replace_schema_metadata(meta)
     meta.pop(draw(st.sampled_from(_META[:-1])), None)
@@ -196,16 +243,21 @@ def test_hostile_trace_files(base):
     seen = {0: 0, 1: 0, 2: 0}
     slowest = [0.0]
 
-    @settings(max_examples=CASES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=CASES, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+    )
     @given(st.data())
     def case(data):
         raw = data.draw(hostile_trace(base))
         path = folder / "case.parquet"
         path.write_bytes(raw)
-        for args in (["info", path], ["diff", path], ["diff", base["path"], path],
-                     ["replay", path, "-o", folder / "replayed.parquet"],
-                     ["gate", path, "--format", "json"]):
+        for args in (
+            ["info", path],
+            ["diff", path],
+            ["diff", base["path"], path],
+            ["replay", path, "-o", folder / "replayed.parquet"],
+            ["gate", path, "--format", "json"],
+        ):
             result, took = invoke(args)
             seen[result.exit_code] += 1
             slowest[0] = max(slowest[0], took)
@@ -226,7 +278,9 @@ def hostile_workload(draw) -> tuple[str, bytes]:
     kind = draw(st.sampled_from(["value", "value", "drop", "extra", "flip", "truncate", "type"]))
     if kind in ("value", "drop", "extra", "type"):
         where = draw(st.sampled_from(["top", "config", "request"]))
-        target = doc if where == "top" else doc["config"] if where == "config" else doc["requests"][draw(st.integers(0, 2))]
+        target = (
+            doc if where == "top" else doc["config"] if where == "config" else doc["requests"][draw(st.integers(0, 2))]
+        )
         key = draw(st.sampled_from(sorted(target)))
         if kind == "drop":
             target.pop(key)
@@ -268,8 +322,13 @@ def _toml(doc: dict) -> str:
 def test_hostile_workload_files(tmp_path):
     seen = {0: 0, 1: 0, 2: 0}
 
-    @settings(max_examples=max(1, CASES // 5), deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=max(1, CASES // 5),
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(hostile_workload())
     def case(workload):
         fmt, raw = workload

@@ -29,16 +29,45 @@ from specreplay.replay.check.findings import Finding
 from specreplay.traces.trace import Trace
 
 _NEEDED = (
-    "step", "request_id", "step_total_scheduled_tokens", "sched_status", "sched_kind",
-    "sched_num_scheduled_tokens", "sched_num_draft_slots", "sched_num_computed_tokens",
-    "sched_num_output_placeholders", "sched_num_tokens", "sched_num_output_tokens",
-    "sched_spec_len", "sched_is_prefill_chunk", "sched_preempted", "apply_step",
-    "apply_num_scheduled_tokens", "apply_num_draft_slots", "apply_num_rejected", "apply_num_tokens", "apply_token_mismatches",
-    "apply_num_output_placeholders", "worker_row", "worker_num_scheduled_tokens",
-    "worker_num_draft_slots", "worker_num_computed_tokens", "worker_first_position",
-    "worker_cached_drafts", "worker_draft_ids", "worker_num_output_tokens", "worker_num_emitted",
-    "worker_in_prev_map", "truth_num_computed_tokens", "truth_kv_ok", "sched_life", "sched_event",
-    "sched_num_in_flight_tokens", "sched_num_stale_output_tokens", "apply_outcome", "apply_life",
+    "step",
+    "request_id",
+    "step_total_scheduled_tokens",
+    "sched_status",
+    "sched_kind",
+    "sched_num_scheduled_tokens",
+    "sched_num_draft_slots",
+    "sched_num_computed_tokens",
+    "sched_num_output_placeholders",
+    "sched_num_tokens",
+    "sched_num_output_tokens",
+    "sched_spec_len",
+    "sched_is_prefill_chunk",
+    "sched_preempted",
+    "apply_step",
+    "apply_num_scheduled_tokens",
+    "apply_num_draft_slots",
+    "apply_num_rejected",
+    "apply_num_tokens",
+    "apply_token_mismatches",
+    "apply_num_output_placeholders",
+    "worker_row",
+    "worker_num_scheduled_tokens",
+    "worker_num_draft_slots",
+    "worker_num_computed_tokens",
+    "worker_first_position",
+    "worker_cached_drafts",
+    "worker_draft_ids",
+    "worker_num_output_tokens",
+    "worker_num_emitted",
+    "worker_in_prev_map",
+    "truth_num_computed_tokens",
+    "truth_kv_ok",
+    "sched_life",
+    "sched_event",
+    "sched_num_in_flight_tokens",
+    "sched_num_stale_output_tokens",
+    "apply_outcome",
+    "apply_life",
 )
 
 
@@ -85,7 +114,11 @@ class TraceRows:
         while k >= 0:
             j = rows[k]
             sj = c["step"][j]
-            if sj < step - LOOKBACK or c["sched_preempted"][j] or c["sched_event"][later] in ("reset_preempt", "stream_turn"):
+            if (
+                sj < step - LOOKBACK
+                or c["sched_preempted"][j]
+                or c["sched_event"][later] in ("reset_preempt", "stream_turn")
+            ):
                 break
             later = j
             applied = c["apply_step"][j]
@@ -109,8 +142,9 @@ LOOKBACK = 4
 
 def _f(rows: TraceRows, code: str, i: int, field: str, expected, actual, **detail) -> Finding:
     """The finding of `code` at row i, from its evidence (rendered by the catalogue)."""
-    return BY_CODE[code].finding(rows["step"][i], rows["request_id"][i], rows["sched_life"][i], field, expected, actual,
-                                 **detail)
+    return BY_CODE[code].finding(
+        rows["step"][i], rows["request_id"][i], rows["sched_life"][i], field, expected, actual, **detail
+    )
 
 
 def _latest_life(rows: TraceRows, rid: str | None) -> int | None:
@@ -132,33 +166,56 @@ def check_placeholder_count(rows: TraceRows) -> Iterator[Finding]:
     if not rows.is_async:
         return
     c = rows.col
-    for rid, idx in rows.by_request.items():
+    for idx in rows.by_request.values():
         for i in idx:
             if c["sched_status"][i] == "finished" or c["sched_preempted"][i]:
                 continue
             flying = [j for j in rows.in_flight(idx, i) if not c["sched_is_prefill_chunk"][j]]
             expected = sum(1 + c["sched_num_draft_slots"][j] for j in flying)
-            if c["sched_status"][i] == "preempted" or (c["sched_status"][i] == "waiting" and c["sched_kind"][i] == "unscheduled"):
+            if c["sched_status"][i] == "preempted" or (
+                c["sched_status"][i] == "waiting" and c["sched_kind"][i] == "unscheduled"
+            ):
                 expected = 0 if c["sched_num_output_placeholders"][i] == 0 else expected
             got = c["sched_num_output_placeholders"][i]
             if got != expected and got >= 0:
-                yield _f(rows, "S2-placeholder-count", i, "num_output_placeholders", expected, got,
-                         steps_in_flight=tuple(c["step"][j] for j in flying))
+                yield _f(
+                    rows,
+                    "S2-placeholder-count",
+                    i,
+                    "num_output_placeholders",
+                    expected,
+                    got,
+                    steps_in_flight=tuple(c["step"][j] for j in flying),
+                )
                 break
 
 
 def check_decode_identity(rows: TraceRows) -> Iterator[Finding]:
     c = rows.col
-    for rid, idx in rows.by_request.items():
+    for idx in rows.by_request.values():
         decoding = False
         for i in idx:
-            if c["sched_status"][i] in ("running",) and not c["sched_preempted"][i] and c["sched_kind"][i] not in ("new", "resumed"):
-                gap = c["sched_num_tokens"][i] + c["sched_num_output_placeholders"][i] - c["sched_num_computed_tokens"][i]
+            if (
+                c["sched_status"][i] in ("running",)
+                and not c["sched_preempted"][i]
+                and c["sched_kind"][i] not in ("new", "resumed")
+            ):
+                gap = (
+                    c["sched_num_tokens"][i] + c["sched_num_output_placeholders"][i] - c["sched_num_computed_tokens"][i]
+                )
                 if gap < 1 or (decoding and gap != 1):
-                    yield _f(rows, "S4-decode-identity", i, "num_tokens + placeholders - num_computed_tokens", 1, gap,
-                             sched_num_tokens=c["sched_num_tokens"][i],
-                             sched_num_output_placeholders=c["sched_num_output_placeholders"][i],
-                             sched_num_computed_tokens=c["sched_num_computed_tokens"][i], decoding=decoding)
+                    yield _f(
+                        rows,
+                        "S4-decode-identity",
+                        i,
+                        "num_tokens + placeholders - num_computed_tokens",
+                        1,
+                        gap,
+                        sched_num_tokens=c["sched_num_tokens"][i],
+                        sched_num_output_placeholders=c["sched_num_output_placeholders"][i],
+                        sched_num_computed_tokens=c["sched_num_computed_tokens"][i],
+                        decoding=decoding,
+                    )
                     break
             if c["sched_num_scheduled_tokens"][i] > 0:
                 decoding = not c["sched_is_prefill_chunk"][i]
@@ -173,7 +230,7 @@ def check_draft_provenance(rows: TraceRows) -> Iterator[Finding]:
     # The previous schedule() call: the previous step the trace has (a pause leaves steps out).
     steps = sorted(set(c["step"]))
     before = {s: (steps[n - 1] if n else 0) for n, s in enumerate(steps)}
-    for rid, idx in rows.by_request.items():
+    for idx in rows.by_request.values():
         prev = None
         for i in idx:
             k = c["sched_num_draft_slots"][i]
@@ -190,8 +247,16 @@ def check_draft_provenance(rows: TraceRows) -> Iterator[Finding]:
                 elif c["step_total_scheduled_tokens"][prev] == 0:
                     why = "empty_step"
                 if why:
-                    yield _f(rows, "S5-draft-provenance", i, "scheduled_spec_decode_tokens", 0, k,
-                             previous_step=last, reason=why)
+                    yield _f(
+                        rows,
+                        "S5-draft-provenance",
+                        i,
+                        "scheduled_spec_decode_tokens",
+                        0,
+                        k,
+                        previous_step=last,
+                        reason=why,
+                    )
             prev = i
 
 
@@ -205,16 +270,24 @@ def check_budget(rows: TraceRows) -> Iterator[Finding]:
         totals[s] = totals.get(s, 0) + c["sched_num_scheduled_tokens"][i]
         n = c["sched_num_scheduled_tokens"][i]
         if n and c["sched_num_computed_tokens"][i] + n > max_len - 1:
-            yield _f(rows, "S6-token-budget", i, "num_scheduled_tokens", max_len - c["sched_num_computed_tokens"][i] - 1, n,
-                     max_model_len=max_len)
+            yield _f(
+                rows,
+                "S6-token-budget",
+                i,
+                "num_scheduled_tokens",
+                max_len - c["sched_num_computed_tokens"][i] - 1,
+                n,
+                max_model_len=max_len,
+            )
     reported: set[int] = set()
     for i in range(rows.num_rows):
         s = c["step"][i]
         declared = c["step_total_scheduled_tokens"][i]
         if s not in reported and (declared != totals[s] or declared > budget):
             reported.add(s)
-            yield BY_CODE["S6-token-budget"].finding(s, None, None, "total_num_scheduled_tokens", totals[s], declared,
-                                                     max_num_batched_tokens=budget)
+            yield BY_CODE["S6-token-budget"].finding(
+                s, None, None, "total_num_scheduled_tokens", totals[s], declared, max_num_batched_tokens=budget
+            )
 
 
 def check_draft_slot_count(rows: TraceRows) -> Iterator[Finding]:
@@ -230,7 +303,9 @@ def check_draft_slot_count(rows: TraceRows) -> Iterator[Finding]:
             need = c["sched_num_tokens"][i] - c["sched_num_computed_tokens"][i]
             expected = width if (width and need == 1 and n == 1 + width) else 0
         else:
-            room = n + c["sched_num_computed_tokens"][i] - c["sched_num_tokens"][i] - c["sched_num_output_placeholders"][i]
+            room = (
+                n + c["sched_num_computed_tokens"][i] - c["sched_num_tokens"][i] - c["sched_num_output_placeholders"][i]
+            )
             expected = max(0, min(c["sched_spec_len"][i], room))
         if k != expected:
             yield _f(rows, "S7-draft-slot-count", i, "num_draft_slots", expected, k, sched_num_scheduled_tokens=n)
@@ -239,7 +314,7 @@ def check_draft_slot_count(rows: TraceRows) -> Iterator[Finding]:
 def check_computed_tokens(rows: TraceRows) -> Iterator[Finding]:
     """S3 (scheduler optimistic count vs truth), X2 (worker count vs truth and vs scheduler)."""
     c = rows.col
-    for rid, idx in rows.by_request.items():
+    for idx in rows.by_request.values():
         fired: set[str] = set()
         for i in idx:
             if not rows.scheduled(i) or c["worker_num_computed_tokens"][i] is None:
@@ -254,16 +329,39 @@ def check_computed_tokens(rows: TraceRows) -> Iterator[Finding]:
             computed, rejected = c["sched_num_computed_tokens"][i], sum(c["apply_num_rejected"][j] for j in flying)
             if "S3" not in fired and truth is not None and settled != truth:
                 fired.add("S3")
-                yield _f(rows, "S3-scheduler-computed-tokens", i, "num_computed_tokens", truth, settled,
-                         sched_num_computed_tokens=computed, rejected_in_flight=rejected)
+                yield _f(
+                    rows,
+                    "S3-scheduler-computed-tokens",
+                    i,
+                    "num_computed_tokens",
+                    truth,
+                    settled,
+                    sched_num_computed_tokens=computed,
+                    rejected_in_flight=rejected,
+                )
             if "X2s" not in fired and worker != settled:
                 fired.add("X2s")
-                yield _f(rows, "X2-sched-worker-computed", i, "num_computed_tokens", settled, worker,
-                         sched_num_computed_tokens=computed, rejected_in_flight=rejected)
+                yield _f(
+                    rows,
+                    "X2-sched-worker-computed",
+                    i,
+                    "num_computed_tokens",
+                    settled,
+                    worker,
+                    sched_num_computed_tokens=computed,
+                    rejected_in_flight=rejected,
+                )
             if "X2t" not in fired and truth is not None and position != truth:
                 fired.add("X2t")
-                yield _f(rows, "X2-worker-kv-position", i, "num_computed_tokens", truth, position,
-                         sched_num_computed_tokens=computed)
+                yield _f(
+                    rows,
+                    "X2-worker-kv-position",
+                    i,
+                    "num_computed_tokens",
+                    truth,
+                    position,
+                    sched_num_computed_tokens=computed,
+                )
             if "X2p" not in fired and position != worker:
                 fired.add("X2p")
                 yield _f(rows, "X2-worker-position-mismatch", i, "num_computed_tokens", position, worker)
@@ -273,16 +371,23 @@ def check_output_length(rows: TraceRows) -> Iterator[Finding]:
     if not rows.is_async:
         return
     c = rows.col
-    for rid, idx in rows.by_request.items():
+    for idx in rows.by_request.values():
         for i in idx:
             got = c["worker_num_output_tokens"][i]
             if got is None or not rows.scheduled(i):
                 continue
             expected = c["sched_num_output_tokens"][i] + c["sched_num_output_placeholders"][i]
             if got != expected:
-                yield _f(rows, "X3-output-length", i, "num_output_tokens", expected, got,
-                         sched_num_output_tokens=c["sched_num_output_tokens"][i],
-                         sched_num_output_placeholders=c["sched_num_output_placeholders"][i])
+                yield _f(
+                    rows,
+                    "X3-output-length",
+                    i,
+                    "num_output_tokens",
+                    expected,
+                    got,
+                    sched_num_output_tokens=c["sched_num_output_tokens"][i],
+                    sched_num_output_placeholders=c["sched_num_output_placeholders"][i],
+                )
                 break
 
 
@@ -305,8 +410,16 @@ def check_executed_work(rows: TraceRows) -> Iterator[Finding]:
             continue
         s = c["sched_num_scheduled_tokens"][i]
         if w != s or c["worker_num_draft_slots"][i] != c["sched_num_draft_slots"][i]:
-            yield _f(rows, "X11-executed-other-work", i, "num_scheduled_tokens", s, w,
-                     sched_num_draft_slots=c["sched_num_draft_slots"][i], worker_num_draft_slots=c["worker_num_draft_slots"][i])
+            yield _f(
+                rows,
+                "X11-executed-other-work",
+                i,
+                "num_scheduled_tokens",
+                s,
+                w,
+                sched_num_draft_slots=c["sched_num_draft_slots"][i],
+                worker_num_draft_slots=c["worker_num_draft_slots"][i],
+            )
 
 
 def check_output_mutated(rows: TraceRows) -> Iterator[Finding]:
@@ -317,8 +430,16 @@ def check_output_mutated(rows: TraceRows) -> Iterator[Finding]:
             continue
         built = (c["sched_num_scheduled_tokens"][i], c["sched_num_draft_slots"][i])
         if (n, slots) != built:
-            yield _f(rows, "X10-scheduler-output-mutated", i, "scheduled_spec_decode_tokens", built[1], slots,
-                     sched_num_scheduled_tokens=built[0], apply_num_scheduled_tokens=n)
+            yield _f(
+                rows,
+                "X10-scheduler-output-mutated",
+                i,
+                "scheduled_spec_decode_tokens",
+                built[1],
+                slots,
+                sched_num_scheduled_tokens=built[0],
+                apply_num_scheduled_tokens=n,
+            )
 
 
 def check_draft_inputs(rows: TraceRows) -> Iterator[Finding]:
@@ -329,27 +450,43 @@ def check_draft_inputs(rows: TraceRows) -> Iterator[Finding]:
             continue
         negative = sum(1 for t in drafts if t < 0)
         if negative or (rows.is_async and not c["worker_cached_drafts"][i]):
-            yield _f(rows, "X5-placeholder-drafts", i, "draft_token_ids", c["worker_cached_drafts"][i], len(drafts),
-                     worker_num_negative_draft_ids=negative)
+            yield _f(
+                rows,
+                "X5-placeholder-drafts",
+                i,
+                "draft_token_ids",
+                c["worker_cached_drafts"][i],
+                len(drafts),
+                worker_num_negative_draft_ids=negative,
+            )
 
 
 def check_tokens(rows: TraceRows) -> Iterator[Finding]:
     c = rows.col
-    for rid, idx in rows.by_request.items():
+    for idx in rows.by_request.values():
         for i in idx:
             bad = c["apply_token_mismatches"][i]
             if bad:
-                yield _f(rows, "T1-wrong-token", i, "output_token_ids", 0, bad, apply_num_tokens=c["apply_num_tokens"][i])
+                yield _f(
+                    rows, "T1-wrong-token", i, "output_token_ids", 0, bad, apply_num_tokens=c["apply_num_tokens"][i]
+                )
                 break
 
 
 def check_kv_truth(rows: TraceRows) -> Iterator[Finding]:
     c = rows.col
-    for rid, idx in rows.by_request.items():
+    for idx in rows.by_request.values():
         for i in idx:
             if c["truth_kv_ok"][i] is False and rows.scheduled(i):
-                yield _f(rows, "K1-kv-content", i, "kv_cache", True, False,
-                         truth_num_computed_tokens=c["truth_num_computed_tokens"][i])
+                yield _f(
+                    rows,
+                    "K1-kv-content",
+                    i,
+                    "kv_cache",
+                    True,
+                    False,
+                    truth_num_computed_tokens=c["truth_num_computed_tokens"][i],
+                )
                 break
 
 
@@ -358,10 +495,21 @@ def check_output_life(rows: TraceRows) -> Iterator[Finding]:
     c = rows.col
     for idx in rows.by_request.values():
         for i in idx:
-            if c["apply_outcome"][i] in ("applied", "stale_delivered", "dropped") and c["apply_life"][i] != c["sched_life"][i]:
-                yield _f(rows, "L1-output-life", i, "request life", c["sched_life"][i], c["apply_life"][i],
-                         apply_step=c["apply_step"][i], apply_outcome=c["apply_outcome"][i],
-                         apply_num_tokens=c["apply_num_tokens"][i])
+            if (
+                c["apply_outcome"][i] in ("applied", "stale_delivered", "dropped")
+                and c["apply_life"][i] != c["sched_life"][i]
+            ):
+                yield _f(
+                    rows,
+                    "L1-output-life",
+                    i,
+                    "request life",
+                    c["sched_life"][i],
+                    c["apply_life"][i],
+                    apply_step=c["apply_step"][i],
+                    apply_outcome=c["apply_outcome"][i],
+                    apply_num_tokens=c["apply_num_tokens"][i],
+                )
                 break
 
 
@@ -371,16 +519,29 @@ def check_stale_outputs(rows: TraceRows) -> Iterator[Finding]:
         done = False
         for position, i in enumerate(idx):
             # The outputs this row's step applied, nearest first (as the lags are walked).
-            for j in reversed(idx[max(0, position - LOOKBACK):position]):
-                if not (rows.scheduled(j) and c["step"][j] >= c["step"][i] - LOOKBACK and c["apply_step"][j] == c["step"][i] and c["apply_life"][j] == c["sched_life"][j]):
+            for j in reversed(idx[max(0, position - LOOKBACK) : position]):
+                if not (
+                    rows.scheduled(j)
+                    and c["step"][j] >= c["step"][i] - LOOKBACK
+                    and c["apply_step"][j] == c["step"][i]
+                    and c["apply_life"][j] == c["sched_life"][j]
+                ):
                     continue
                 stale = rows.epoch[i] > rows.epoch[j]
                 what = c["apply_outcome"][j]
                 if not ((stale and what == "applied") or (not stale and what in ("stale_delivered", "dropped"))):
                     continue
-                yield _f(rows, "L2-stale-output", i, "apply_outcome", "stale" if stale else "fresh", what,
-                         output_step=c["step"][j], apply_num_tokens=c["apply_num_tokens"][j],
-                         apply_num_rejected=c["apply_num_rejected"][j])
+                yield _f(
+                    rows,
+                    "L2-stale-output",
+                    i,
+                    "apply_outcome",
+                    "stale" if stale else "fresh",
+                    what,
+                    output_step=c["step"][j],
+                    apply_num_tokens=c["apply_num_tokens"][j],
+                    apply_num_rejected=c["apply_num_rejected"][j],
+                )
                 done = True
                 break
             if done:
@@ -393,8 +554,13 @@ def check_in_flight_tokens(rows: TraceRows) -> Iterator[Finding]:
         for position, i in enumerate(idx):
             if c["sched_status"][i] == "finished":
                 continue
-            pending = [j for j in idx[max(0, position - LOOKBACK):position] if rows.scheduled(j)
-                       and c["step"][j] >= c["step"][i] - LOOKBACK and (c["apply_step"][j] is None or c["apply_step"][j] >= c["step"][i])]
+            pending = [
+                j
+                for j in idx[max(0, position - LOOKBACK) : position]
+                if rows.scheduled(j)
+                and c["step"][j] >= c["step"][i] - LOOKBACK
+                and (c["apply_step"][j] is None or c["apply_step"][j] >= c["step"][i])
+            ]
             want_f = sum(c["sched_num_scheduled_tokens"][j] for j in pending)
             # Read before schedule(): a preemption by this very schedule() is not in the counters yet.
             before = rows.epoch[i] - c["sched_preempted"][i]
@@ -415,15 +581,33 @@ def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
     if outcome.get("status") == "completed":  # the requests the scheduler still held when the engine went idle
         unfinished = [str(rid) for rid in outcome.get("unfinished", ())]
     else:
-        unfinished = sorted(rid for (rid, _), idx in rows.by_request.items() if c["sched_status"][idx[-1]] != "finished")
+        unfinished = sorted(
+            rid for (rid, _), idx in rows.by_request.items() if c["sched_status"][idx[-1]] != "finished"
+        )
     e2 = BY_CODE["E2-run-incomplete"]
     if outcome.get("status") == "step_limit":
         rid = unfinished[0] if unfinished else None
-        yield e2.finding(outcome.get("step", 0), rid, _latest_life(rows, rid), "outcome", 0, len(unfinished),
-                         status="step_limit", unfinished=tuple(unfinished))
+        yield e2.finding(
+            outcome.get("step", 0),
+            rid,
+            _latest_life(rows, rid),
+            "outcome",
+            0,
+            len(unfinished),
+            status="step_limit",
+            unfinished=tuple(unfinished),
+        )
     elif outcome.get("status") == "completed" and unfinished:
-        yield e2.finding(int(outcome.get("step", 0)), unfinished[0], _latest_life(rows, unfinished[0]), "outcome", 0,
-                         len(unfinished), status="completed", unfinished=tuple(unfinished))
+        yield e2.finding(
+            int(outcome.get("step", 0)),
+            unfinished[0],
+            _latest_life(rows, unfinished[0]),
+            "outcome",
+            0,
+            len(unfinished),
+            status="completed",
+            unfinished=tuple(unfinished),
+        )
 
 
 def check_crash(rows: TraceRows) -> Iterator[Finding]:
@@ -436,11 +620,13 @@ def check_crash(rows: TraceRows) -> Iterator[Finding]:
         rid = message.split(marker, 1)[1].split("'", 1)[0]
     life = _latest_life(rows, rid)
     if rows.trace.outcome.get("kind", "negative-input-id") == "negative-input-id":
-        yield BY_CODE["X5-negative-input-id"].finding(rows.crash_step, rid, life, "input_ids", None, -1,
-                                                      outcome_message=message)
+        yield BY_CODE["X5-negative-input-id"].finding(
+            rows.crash_step, rid, life, "input_ids", None, -1, outcome_message=message
+        )
     else:
-        yield BY_CODE["E1-engine-crash"].finding(rows.crash_step, rid, life, "scheduler_output", None, None,
-                                                 outcome_message=message)
+        yield BY_CODE["E1-engine-crash"].finding(
+            rows.crash_step, rid, life, "scheduler_output", None, None, outcome_message=message
+        )
 
 
 #: The row-by-row statement of each product rule, by the code that heads it in the catalogue: the

@@ -23,8 +23,11 @@ def mutate(trace, column: str, step: int, request_id: str, value):
     assert hit, (step, request_id)
     values[hit[0]] = value
     field = schema.SCHEMA.field(column)
-    arr = (pa.array(values, pa.string()).dictionary_encode().cast(field.type)
-           if pa.types.is_dictionary(field.type) else pa.array(values, field.type))
+    arr = (
+        pa.array(values, pa.string()).dictionary_encode().cast(field.type)
+        if pa.types.is_dictionary(field.type)
+        else pa.array(values, field.type)
+    )
     return dataclasses.replace(trace, table=t.set_column(t.schema.get_field_index(column), field, arr))
 
 
@@ -69,14 +72,21 @@ def test_crash_is_an_error_finding(reentry_traces):
 def test_upstream_wastes_draft_slots_of_request_10_but_counters_agree(reentry_traces):
     findings = check_trace(reentry_traces["upstream"])
     assert {(f.code, f.step, f.request_id, f.severity) for f in findings} == {
-        ("S5-draft-provenance", 4, "10", "warning"), ("X5-placeholder-drafts", 4, "10", "warning")}
+        ("S5-draft-provenance", 4, "10", "warning"),
+        ("X5-placeholder-drafts", 4, "10", "warning"),
+    }
 
 
 def test_pr30796_breaks_the_counters_of_request_10(reentry_traces):
     errors = [f for f in check_trace(reentry_traces["pr30796"]) if f.severity == "error"]
     assert {f.request_id for f in errors} == {"10"}
-    assert {"X10-scheduler-output-mutated", "S3-scheduler-computed-tokens", "S2-placeholder-count",
-            "X2-worker-kv-position", "T1-wrong-token"} <= {f.code for f in errors}
+    assert {
+        "X10-scheduler-output-mutated",
+        "S3-scheduler-computed-tokens",
+        "S2-placeholder-count",
+        "X2-worker-kv-position",
+        "T1-wrong-token",
+    } <= {f.code for f in errors}
 
 
 def test_pr30796_copy_leaves_the_worker_ahead_of_its_kv(reentry_traces):

@@ -41,8 +41,12 @@ def recorded():
     from tests.replay.test_control_events import NoPlaceholderAssert, StaleAsFresh, StaleInSteps, _impl
 
     for name in ("pause-clear", "abort-inflight", "resubmit", "streaming-append", "streaming-preempt"):
-        traces += [run_workload(build_scenario(name), resolve(impl, allow_import=False)) for impl in ("upstream", "life-guard")]
-        traces += [run_workload(build_scenario(name), _impl(cls)) for cls in (NoPlaceholderAssert, StaleAsFresh, StaleInSteps)]
+        traces += [
+            run_workload(build_scenario(name), resolve(impl, allow_import=False)) for impl in ("upstream", "life-guard")
+        ]
+        traces += [
+            run_workload(build_scenario(name), _impl(cls)) for cls in (NoPlaceholderAssert, StaleAsFresh, StaleInSteps)
+        ]
     for seed in (28, 31, 44, 64, 85, 99):
         traces.append(run_workload(build_scenario("random", seed=seed), resolve("upstream", allow_import=False)))
     return traces
@@ -50,8 +54,15 @@ def recorded():
 
 def test_same_findings_on_recorded_traces(recorded):
     codes = {f.code for t in recorded for f in rowwise_checker.check_trace(t)}
-    assert {"L1-output-life", "L2-stale-output", "L3-in-flight-tokens", "E1-engine-crash", "E2-run-incomplete",
-            "X10-scheduler-output-mutated", "S5-draft-provenance"} <= codes  # findings to agree on
+    assert {
+        "L1-output-life",
+        "L2-stale-output",
+        "L3-in-flight-tokens",
+        "E1-engine-crash",
+        "E2-run-incomplete",
+        "X10-scheduler-output-mutated",
+        "S5-draft-provenance",
+    } <= codes  # findings to agree on
     for trace in recorded:
         same_findings(trace)
 
@@ -59,7 +70,9 @@ def test_same_findings_on_recorded_traces(recorded):
 def test_same_findings_on_the_step_limit_and_crash_outcomes():
     from tests.conftest import padded_admission_cut_by_threshold
 
-    limited = run_workload(dataclasses.replace(build_scenario("reentry"), max_steps=3), resolve("upstream", allow_import=False))
+    limited = run_workload(
+        dataclasses.replace(build_scenario("reentry"), max_steps=3), resolve("upstream", allow_import=False)
+    )
     crashed = run_workload(padded_admission_cut_by_threshold(), resolve("upstream", allow_import=False))
     for trace in (limited, crashed):
         assert rowwise_checker.check_trace(trace)
@@ -67,15 +80,45 @@ def test_same_findings_on_the_step_limit_and_crash_outcomes():
 
 
 # Columns the checker reads, with values a mutation may put there (None only where nullable).
-_MUTABLE = [name for name in (
-    "step_total_scheduled_tokens", "sched_num_scheduled_tokens", "sched_num_draft_slots", "sched_num_computed_tokens",
-    "sched_num_output_placeholders", "sched_num_tokens", "sched_num_output_tokens", "sched_spec_len",
-    "sched_is_prefill_chunk", "sched_preempted", "sched_status", "sched_kind", "apply_step", "apply_num_scheduled_tokens",
-    "apply_num_draft_slots", "apply_num_rejected", "apply_token_mismatches", "apply_num_output_placeholders",
-    "worker_row", "worker_num_scheduled_tokens", "worker_num_draft_slots", "worker_num_computed_tokens",
-    "worker_first_position", "worker_cached_drafts", "worker_draft_ids", "worker_num_output_tokens",
-    "truth_num_computed_tokens", "truth_kv_ok", "sched_life", "sched_event", "sched_num_in_flight_tokens",
-    "sched_num_stale_output_tokens", "apply_outcome", "apply_life")]
+_MUTABLE = [
+    name
+    for name in (
+        "step_total_scheduled_tokens",
+        "sched_num_scheduled_tokens",
+        "sched_num_draft_slots",
+        "sched_num_computed_tokens",
+        "sched_num_output_placeholders",
+        "sched_num_tokens",
+        "sched_num_output_tokens",
+        "sched_spec_len",
+        "sched_is_prefill_chunk",
+        "sched_preempted",
+        "sched_status",
+        "sched_kind",
+        "apply_step",
+        "apply_num_scheduled_tokens",
+        "apply_num_draft_slots",
+        "apply_num_rejected",
+        "apply_token_mismatches",
+        "apply_num_output_placeholders",
+        "worker_row",
+        "worker_num_scheduled_tokens",
+        "worker_num_draft_slots",
+        "worker_num_computed_tokens",
+        "worker_first_position",
+        "worker_cached_drafts",
+        "worker_draft_ids",
+        "worker_num_output_tokens",
+        "truth_num_computed_tokens",
+        "truth_kv_ok",
+        "sched_life",
+        "sched_event",
+        "sched_num_in_flight_tokens",
+        "sched_num_stale_output_tokens",
+        "apply_outcome",
+        "apply_life",
+    )
+]
 
 
 def _value(rng: random.Random, name: str, current):
@@ -109,8 +152,11 @@ def mutated(trace, rng: random.Random, edits: int):
         if rng.random() < 0.2:
             group = rng.choice(sorted(GROUPS))
             # The popped and apply groups go null together: an output never popped was not used.
-            nulled = (GROUPS["apply"] + GROUPS["popped"] + ("apply_token_mismatches", "apply_life")
-                      if group in ("apply", "popped") else GROUPS[group])
+            nulled = (
+                GROUPS["apply"] + GROUPS["popped"] + ("apply_token_mismatches", "apply_life")
+                if group in ("apply", "popped")
+                else GROUPS[group]
+            )
             for name in nulled:
                 columns[name][row] = None
             continue
@@ -124,8 +170,11 @@ def mutated(trace, rng: random.Random, edits: int):
     table = trace.table
     for name, values in columns.items():
         field = schema.SCHEMA.field(name)
-        arr = (pa.array(values, pa.string()).dictionary_encode().cast(field.type)
-               if pa.types.is_dictionary(field.type) else pa.array(values, field.type))
+        arr = (
+            pa.array(values, pa.string()).dictionary_encode().cast(field.type)
+            if pa.types.is_dictionary(field.type)
+            else pa.array(values, field.type)
+        )
         table = table.set_column(table.schema.get_field_index(name), field, arr)
     return dataclasses.replace(trace, table=table)
 

@@ -11,8 +11,8 @@ from specreplay.cli.main import main
 from specreplay.replay.check.checker import check_trace
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import Implementation, resolve
-from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.replay.models.scheduler import AsyncScheduler
+from specreplay.replay.workloads.scenarios import build_scenario
 
 
 def run(name: str, impl="upstream"):
@@ -141,12 +141,15 @@ def _impl(cls) -> Implementation:
     return Implementation(cls.__name__, cls.__doc__, scheduler=cls)
 
 
-@pytest.mark.parametrize("code, broken, kept", [
-    ("L1-output-life", ("resubmit", _impl(NoPlaceholderAssert)), ("resubmit", "life-guard")),
-    ("L2-stale-output", ("pause-clear", _impl(StaleAsFresh)), ("pause-clear", "upstream")),
-    ("L3-in-flight-tokens", ("pause-clear", _impl(StaleInSteps)), ("pause-clear", "upstream")),
-    ("E2-run-incomplete", ("streaming-preempt", "upstream"), ("streaming-append", "upstream")),
-])
+@pytest.mark.parametrize(
+    "code, broken, kept",
+    [
+        ("L1-output-life", ("resubmit", _impl(NoPlaceholderAssert)), ("resubmit", "life-guard")),
+        ("L2-stale-output", ("pause-clear", _impl(StaleAsFresh)), ("pause-clear", "upstream")),
+        ("L3-in-flight-tokens", ("pause-clear", _impl(StaleInSteps)), ("pause-clear", "upstream")),
+        ("E2-run-incomplete", ("streaming-preempt", "upstream"), ("streaming-append", "upstream")),
+    ],
+)
 def test_each_life_invariant_has_a_trace_that_breaks_it_and_one_that_keeps_it(code, broken, kept):
     _, bad, _ = run(*broken)
     _, good, _ = run(*kept)
@@ -233,8 +236,9 @@ kind = "resume"
 
 
 def test_the_live_engine_refuses_events_in_one_line(tmp_path):
-    result = CliRunner().invoke(main, ["record", "--scenario", "pause-clear", "--engine", "vllm",
-                                       "-o", str(tmp_path / "t.parquet")])
+    result = CliRunner().invoke(
+        main, ["record", "--scenario", "pause-clear", "--engine", "vllm", "-o", str(tmp_path / "t.parquet")]
+    )
     assert result.exit_code == 2 and "does not drive control events yet" in result.output
     assert len(result.output.strip().splitlines()) == 1
 

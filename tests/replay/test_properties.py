@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specreplay.replay.check.checker import check_trace
-from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
+from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.replay.workloads.workload import RequestSpec, Workload
 
@@ -25,20 +25,37 @@ def workloads(draw) -> Workload:
         prompt = draw(st.integers(2, 60))
         max_tokens = draw(st.integers(1, 30))
         longest = max(longest, prompt + max_tokens + k)
-        requests.append(RequestSpec(
-            str(i), arrival_step=draw(st.integers(1, 12)), prompt_len=prompt, max_tokens=max_tokens,
-            abort_step=draw(st.none() | st.integers(1, 30)), stop_at=draw(st.none() | st.integers(1, max_tokens)),
-            acceptance=draw(st.sampled_from([None, "all", "none", "alternate", "random:0.5"]))))
+        requests.append(
+            RequestSpec(
+                str(i),
+                arrival_step=draw(st.integers(1, 12)),
+                prompt_len=prompt,
+                max_tokens=max_tokens,
+                abort_step=draw(st.none() | st.integers(1, 30)),
+                stop_at=draw(st.none() | st.integers(1, max_tokens)),
+                acceptance=draw(st.sampled_from([None, "all", "none", "alternate", "random:0.5"])),
+            )
+        )
     per = -(-longest // block_size)
     config = EngineConfig(
-        max_num_batched_tokens=draw(st.integers(16, 64)), max_num_seqs=draw(st.integers(1, 16)),
-        num_spec_tokens=k, async_scheduling=draw(st.booleans()), block_size=block_size,
-        num_blocks=1 + draw(st.integers(per, 6 * per)), max_model_len=256,
+        max_num_batched_tokens=draw(st.integers(16, 64)),
+        max_num_seqs=draw(st.integers(1, 16)),
+        num_spec_tokens=k,
+        async_scheduling=draw(st.booleans()),
+        block_size=block_size,
+        num_blocks=1 + draw(st.integers(per, 6 * per)),
+        max_model_len=256,
         # A threshold below 1 + k with a 1-token admission trips a real vLLM 0.32 assert
         # (test_checker covers it); keep the property about correct runs.
-        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 8, 16])))
-    return Workload(tuple(requests), config, seed=draw(st.integers(0, 1000)),
-                    acceptance=draw(st.sampled_from(["all", "none", "alternate", "random:0.6"])), max_steps=600)
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 8, 16])),
+    )
+    return Workload(
+        tuple(requests),
+        config,
+        seed=draw(st.integers(0, 1000)),
+        acceptance=draw(st.sampled_from(["all", "none", "alternate", "random:0.6"])),
+        max_steps=600,
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

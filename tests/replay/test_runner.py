@@ -43,9 +43,9 @@ def test_reentering_request_is_removed_then_readded_without_correction(reentry_t
 
 
 def test_decode_rows_are_corrected_by_the_rejections_of_the_previous_step():
-    from specreplay.replay.workloads.config import EngineConfig
     from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
+    from specreplay.replay.workloads.config import EngineConfig
     from specreplay.replay.workloads.workload import RequestSpec, Workload
 
     w = Workload((RequestSpec("a", 1, 5, 12),), EngineConfig(num_spec_tokens=3), acceptance="alternate")
@@ -62,17 +62,23 @@ def test_decode_rows_are_corrected_by_the_rejections_of_the_previous_step():
 def test_drafter_is_skipped_for_the_whole_batch_near_max_model_len():
     """vLLM caches zero drafts for every row once the longest optimistic sequence plus k no
     longer fits the drafter (max_model_len here)."""
-    from specreplay.replay.workloads.config import EngineConfig
     from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
+    from specreplay.replay.workloads.config import EngineConfig
     from specreplay.replay.workloads.workload import RequestSpec, Workload
 
-    w = Workload((RequestSpec("0", 1, 40, 24), RequestSpec("1", 1, 3, 40)),
-                 EngineConfig(max_model_len=64, num_spec_tokens=3), acceptance="all")
+    w = Workload(
+        (RequestSpec("0", 1, 40, 24), RequestSpec("1", 1, 3, 40)),
+        EngineConfig(max_model_len=64, num_spec_tokens=3),
+        acceptance="all",
+    )
     df = run_workload(w, resolve("upstream", allow_import=False)).table.to_pandas()
     one = df[(df.request_id == "1") & (df.sched_num_draft_slots > 0)].set_index("step")
-    longest = df[df.worker_row.notna()].groupby("step").apply(
-        lambda g: (g.sched_num_computed_tokens + g.sched_num_scheduled_tokens).max())
+    longest = (
+        df[df.worker_row.notna()]
+        .groupby("step")
+        .apply(lambda g: (g.sched_num_computed_tokens + g.sched_num_scheduled_tokens).max())
+    )
     skipped = [m for m in one.index if longest.get(m - 1, 0) + 3 > 64]
     assert skipped, "the workload must reach the drafter limit"
     for m in skipped:
@@ -87,5 +93,7 @@ def test_the_recorder_fills_every_schema_column_once_per_row():
     from specreplay.replay.record import recorder
     from specreplay.traces import schema
 
-    sources = ("step", "step_total_scheduled_tokens", "step_event") + recorder.SCHEDULE_COLUMNS + recorder._LATER_COLUMNS
+    sources = (
+        ("step", "step_total_scheduled_tokens", "step_event") + recorder.SCHEDULE_COLUMNS + recorder._LATER_COLUMNS
+    )
     assert sorted(sources) == sorted(schema.COLUMN_NAMES)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.models.messages import ModelRunnerOutput
 from specreplay.replay.models.request import Request, Status
 from specreplay.replay.models.rules import reaches_max_tokens_in_flight
 from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
+from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.workload import RequestSpec, Workload
 
 
@@ -18,8 +18,7 @@ def req(rid: str, prompt: int = 3, max_tokens: int = 12, stop_at: int | None = N
 
 def output(out, tokens_per_req: dict[str, int]) -> ModelRunnerOutput:
     ids = list(out.num_scheduled_tokens)
-    return ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)},
-                             [[5] * tokens_per_req.get(r, 0) for r in ids])
+    return ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)}, [[5] * tokens_per_req.get(r, 0) for r in ids])
 
 
 def steps(workload: Workload, impl: str = "upstream"):
@@ -118,11 +117,20 @@ def test_preemption_matches_real_vllm_0_32_step_for_step():
     got, df = steps(Workload(tuple(RequestSpec(str(i), 1, 20, 30) for i in range(6)), config, max_steps=15))
     d = lambda ids, n, k: {str(i): (n, k) for i in ids}  # noqa: E731
     expected = {
-        1: d([0, 1], 20, 0), 2: {**d([0, 1], 4, 3), "2": (20, 0), "3": (12, 0)},
-        3: {**d([0, 1, 2], 4, 3), "3": (8, 0), "4": (20, 0)}, 4: d(range(5), 4, 3), 5: d(range(4), 4, 3),
-        6: d(range(4), 4, 3), 7: d(range(3), 4, 3), 8: d(range(3), 4, 3), 9: d(range(3), 4, 3),
-        11: {"2": (40, 0)}, 12: {"2": (9, 0), "3": (31, 0)}, 13: {"3": (2, 0), "4": (25, 0), "5": (13, 0)},
-        14: {"3": (4, 3), "4": (4, 3), "5": (7, 0)}, 15: d([3, 4, 5], 4, 3),
+        1: d([0, 1], 20, 0),
+        2: {**d([0, 1], 4, 3), "2": (20, 0), "3": (12, 0)},
+        3: {**d([0, 1, 2], 4, 3), "3": (8, 0), "4": (20, 0)},
+        4: d(range(5), 4, 3),
+        5: d(range(4), 4, 3),
+        6: d(range(4), 4, 3),
+        7: d(range(3), 4, 3),
+        8: d(range(3), 4, 3),
+        9: d(range(3), 4, 3),
+        11: {"2": (40, 0)},
+        12: {"2": (9, 0), "3": (31, 0)},
+        13: {"3": (2, 0), "4": (25, 0), "5": (13, 0)},
+        14: {"3": (4, 3), "4": (4, 3), "5": (7, 0)},
+        15: d([3, 4, 5], 4, 3),
     }
     assert {s: got.get(s, {}) for s in range(1, 16)} == {s: expected.get(s, {}) for s in range(1, 16)}
     preempted = {r.step: r.request_id for r in df[df.sched_preempted].itertuples()}
@@ -161,9 +169,15 @@ def test_reentry_matches_real_vllm_0_32_async_and_sync():
 
     d = lambda ids, n, k: {str(i): (n, k) for i in ids}  # noqa: E731
     got, df = steps(reentry())
-    assert _per_step(got, 7) == {1: d(range(11), 3, 0), 2: d(range(10), 4, 3), 3: d(range(10), 4, 3),
-                                 4: d(range(1, 11), 4, 3), 5: d(range(1, 11), 4, 3), 6: d([10], 4, 3),
-                                 7: d([10], 4, 3)}
+    assert _per_step(got, 7) == {
+        1: d(range(11), 3, 0),
+        2: d(range(10), 4, 3),
+        3: d(range(10), 4, 3),
+        4: d(range(1, 11), 4, 3),
+        5: d(range(1, 11), 4, 3),
+        6: d([10], 4, 3),
+        7: d([10], 4, 3),
+    }
     r10 = df[df.request_id == "10"].set_index("step")
     # C after schedule() in the real run: #4 c7, #5 c11. (Later values differ on purpose: that
     # harness's fake runner "accepted" the three -1 drafts of step 4, which vLLM's rejection
@@ -172,8 +186,13 @@ def test_reentry_matches_real_vllm_0_32_async_and_sync():
     assert after == [7, 11]
     assert r10.loc[4].worker_num_accepted == 0
     got, _ = steps(reentry_sync())
-    assert _per_step(got, 5) == {1: d(range(11), 3, 0), 2: d(range(10), 4, 3), 3: d(range(1, 11), 4, 3),
-                                 4: d(range(1, 11), 4, 3), 5: d([10], 4, 3)}
+    assert _per_step(got, 5) == {
+        1: d(range(11), 3, 0),
+        2: d(range(10), 4, 3),
+        3: d(range(1, 11), 4, 3),
+        4: d(range(1, 11), 4, 3),
+        5: d([10], 4, 3),
+    }
 
 
 def test_one_token_admission_is_padded_to_the_draft_width_like_real_vllm():
@@ -187,7 +206,9 @@ def test_one_token_admission_is_padded_to_the_draft_width_like_real_vllm():
 
 
 def test_aborts_are_marked_on_the_row_of_their_step():
-    w = Workload((RequestSpec("a", 1, 4, 30, abort_step=5), RequestSpec("b", 1, 4, 30)), EngineConfig(num_spec_tokens=2))
+    w = Workload(
+        (RequestSpec("a", 1, 4, 30, abort_step=5), RequestSpec("b", 1, 4, 30)), EngineConfig(num_spec_tokens=2)
+    )
     _, df = steps(w)
     aborted = df[df.apply_finish_reason == "aborted"]
     assert list(zip(aborted.step, aborted.request_id)) == [(5, "a")]

@@ -8,10 +8,10 @@ import random
 import pyarrow as pa
 import pytest
 
+from specreplay.replay.check.tracediff import diff_traces
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.scenarios import build_scenario
-from specreplay.replay.check.tracediff import diff_traces
 from specreplay.traces import schema
 
 _KEY = ("step", "request_id")
@@ -20,6 +20,7 @@ COLUMNS = [c for c in schema.COLUMN_NAMES if c not in _KEY]
 
 def rowwise(a, b) -> tuple[dict, dict, int, int, int]:
     """The plain statement: match rows on (step, request), compare every column, first per field."""
+
     def rows(t):
         return {(s, r): i for i, (s, r) in enumerate(zip(t["step"].to_pylist(), t["request_id"].to_pylist()))}
 
@@ -48,8 +49,10 @@ def pairs():
     out = []
     for scenario, seed in (("reentry", 0), ("random", 3), ("random", 38), ("random", 50)):
         workload = build_scenario(scenario, seed)
-        traces = [run_workload(workload, resolve(name, allow_import=False))
-                  for name in ("upstream", "pr30796", "pr30796-copy", "sched-clear")]
+        traces = [
+            run_workload(workload, resolve(name, allow_import=False))
+            for name in ("upstream", "pr30796", "pr30796-copy", "sched-clear")
+        ]
         out += [(traces[0], t) for t in traces[1:]] + [(traces[1], traces[2])]
     rng = random.Random(4)
     base = out[0][0]
@@ -68,7 +71,11 @@ def test_same_result_as_row_by_row(pairs):
             diff = diff_traces(a, b, batch_rows=batch_rows)
             assert dict(diff.fields) == counts
             assert (diff.only_a, diff.only_b, diff.rows_compared) == (only_a, only_b, compared)
-            got = {f.field: ((f.step, f.request_id), f.scheduler, f.worker) for f in diff.findings if f.field != "(outcome)"}
+            got = {
+                f.field: ((f.step, f.request_id), f.scheduler, f.worker)
+                for f in diff.findings
+                if f.field != "(outcome)"
+            }
             assert got == first
             # The evidence: A's value expected, B's actual; the life of the row named.
             assert [(f.expected, f.actual) for f in diff.findings] == [(f.scheduler, f.worker) for f in diff.findings]

@@ -11,18 +11,17 @@ import dataclasses
 import pytest
 
 from specreplay.replay.check.checker import check_trace
+from specreplay.replay.check.tracediff import diff_traces
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.scenarios import build_scenario, reentry, reentry_sync
-from specreplay.replay.check.tracediff import diff_traces
 
 pytestmark = pytest.mark.vllm
 
 
 def both(workload, impl="upstream"):
     implementation = resolve(impl, allow_import=False)
-    return (run_workload(workload, implementation),
-            run_workload(workload, implementation, engine="vllm-scheduler"))
+    return (run_workload(workload, implementation), run_workload(workload, implementation, engine="vllm-scheduler"))
 
 
 @pytest.mark.parametrize("impl", ["upstream", "pr30796", "pr30796-copy", "sched-clear", "noclamp"])
@@ -50,43 +49,78 @@ def test_control_event_scenarios_are_identical_on_the_real_scheduler(scenario, i
         assert "assert request.num_output_placeholders >= 0 (async_scheduler.py:" in real.outcome["message"]
 
 
-_ASYNC = {"max_num_batched_tokens": 64, "max_num_seqs": 16, "num_spec_tokens": 3, "async_scheduling": True,
-          "block_size": 16, "num_blocks": 1000, "max_model_len": 512}
+_ASYNC = {
+    "max_num_batched_tokens": 64,
+    "max_num_seqs": 16,
+    "num_spec_tokens": 3,
+    "async_scheduling": True,
+    "block_size": 16,
+    "num_blocks": 1000,
+    "max_model_len": 512,
+}
 EDGE_WORKLOADS = {
     # An abort after step 1's schedule, in an iteration that pops nothing (the first async step):
     # vLLM takes it from the input queue before step 2's schedule.
-    "abort-after-no-pop": {"config": {**_ASYNC, "num_spec_tokens": 0}, "requests": [
-        {"id": "a", "prompt_len": 5, "max_tokens": 10}, {"id": "b", "prompt_len": 5, "max_tokens": 10}],
-        "events": [{"step": 1, "kind": "abort", "request": "a", "when": "after"}]},
+    "abort-after-no-pop": {
+        "config": {**_ASYNC, "num_spec_tokens": 0},
+        "requests": [{"id": "a", "prompt_len": 5, "max_tokens": 10}, {"id": "b", "prompt_len": 5, "max_tokens": 10}],
+        "events": [{"step": 1, "kind": "abort", "request": "a", "when": "after"}],
+    },
     # A cache reset while a streaming session between turns holds its blocks: vLLM preempts the
     # running requests, then fails the reset (RuntimeError to the caller); the engine goes on.
-    "reset-with-idle-session": {"config": _ASYNC, "requests": [
-        {"id": "s", "prompt_len": 6, "max_tokens": 3, "streaming": True}, {"id": "b0", "prompt_len": 5, "max_tokens": 40}],
-        "events": [{"step": 15, "kind": "reset_prefix_cache", "reset_running": True},
-                   {"step": 30, "kind": "stream_append", "request": "s", "tokens": 4, "max_tokens": 5}]},
+    "reset-with-idle-session": {
+        "config": _ASYNC,
+        "requests": [
+            {"id": "s", "prompt_len": 6, "max_tokens": 3, "streaming": True},
+            {"id": "b0", "prompt_len": 5, "max_tokens": 40},
+        ],
+        "events": [
+            {"step": 15, "kind": "reset_prefix_cache", "reset_running": True},
+            {"step": 30, "kind": "stream_append", "request": "s", "tokens": 4, "max_tokens": 5},
+        ],
+    },
     # Sync: a pause with clear_cache finds the engine idle and clears at once, before the resume.
-    "sync-pause-resume-same-step": {"config": {**_ASYNC, "num_spec_tokens": 0, "async_scheduling": False}, "requests": [
-        {"id": str(i), "prompt_len": 5, "max_tokens": 20} for i in range(3)],
-        "events": [{"step": 6, "kind": "pause", "mode": "keep", "clear_cache": True}, {"step": 6, "kind": "resume"}]},
+    "sync-pause-resume-same-step": {
+        "config": {**_ASYNC, "num_spec_tokens": 0, "async_scheduling": False},
+        "requests": [{"id": str(i), "prompt_len": 5, "max_tokens": 20} for i in range(3)],
+        "events": [{"step": 6, "kind": "pause", "mode": "keep", "clear_cache": True}, {"step": 6, "kind": "resume"}],
+    },
     # Sync + drafts + streaming: a turn cut by max_tokens keeps the truncated drafts in
     # num_computed_tokens (no placeholders to take them off), and the next chunk has nothing
     # to schedule: vLLM asserts num_new_tokens > 0.
-    "sync-streaming-turn": {"seed": 615, "config": {**_ASYNC, "max_num_batched_tokens": 12, "max_num_seqs": 4,
-                                                    "async_scheduling": False, "block_size": 4, "num_blocks": 1601,
-                                                    "max_model_len": 256},
-                            "requests": [{"id": "2", "prompt_len": 8, "max_tokens": 11, "streaming": True}],
-                            "events": [{"step": 6, "kind": "stream_append", "request": "2", "tokens": 1, "max_tokens": 3}]},
+    "sync-streaming-turn": {
+        "seed": 615,
+        "config": {
+            **_ASYNC,
+            "max_num_batched_tokens": 12,
+            "max_num_seqs": 4,
+            "async_scheduling": False,
+            "block_size": 4,
+            "num_blocks": 1601,
+            "max_model_len": 256,
+        },
+        "requests": [{"id": "2", "prompt_len": 8, "max_tokens": 11, "streaming": True}],
+        "events": [{"step": 6, "kind": "stream_append", "request": "2", "tokens": 1, "max_tokens": 3}],
+    },
     # A resubmission gets its previous life's output: the new life's in-flight count goes 4
     # tokens short, a later cache reset copies it into the stale count, and draining it asserts.
-    "resubmit-then-reset": {"seed": 22796, "acceptance": "random:0.3", "config": {
-        **_ASYNC, "max_num_batched_tokens": 12, "max_num_seqs": 12, "num_blocks": 9, "max_model_len": 256},
-        "requests": [{"id": "0", "arrival_step": 3, "prompt_len": 84, "max_tokens": 7, "stop_at": 5, "acceptance": "none"},
-                     {"id": "1", "prompt_len": 10, "max_tokens": 5, "stop_at": 4},
-                     {"id": "2", "prompt_len": 4, "max_tokens": 39, "abort_step": 13, "acceptance": "none"},
-                     {"id": "3", "prompt_len": 2, "max_tokens": 21, "stop_at": 20, "acceptance": "none"}],
-        "events": [{"step": 12, "kind": "abort", "request": "0"}, {"step": 12, "kind": "resubmit", "request": "0"},
-                   {"step": 12, "kind": "reset_prefix_cache", "reset_running": True},
-                   {"step": 20, "kind": "reset_prefix_cache", "reset_running": True}]},
+    "resubmit-then-reset": {
+        "seed": 22796,
+        "acceptance": "random:0.3",
+        "config": {**_ASYNC, "max_num_batched_tokens": 12, "max_num_seqs": 12, "num_blocks": 9, "max_model_len": 256},
+        "requests": [
+            {"id": "0", "arrival_step": 3, "prompt_len": 84, "max_tokens": 7, "stop_at": 5, "acceptance": "none"},
+            {"id": "1", "prompt_len": 10, "max_tokens": 5, "stop_at": 4},
+            {"id": "2", "prompt_len": 4, "max_tokens": 39, "abort_step": 13, "acceptance": "none"},
+            {"id": "3", "prompt_len": 2, "max_tokens": 21, "stop_at": 20, "acceptance": "none"},
+        ],
+        "events": [
+            {"step": 12, "kind": "abort", "request": "0"},
+            {"step": 12, "kind": "resubmit", "request": "0"},
+            {"step": 12, "kind": "reset_prefix_cache", "reset_running": True},
+            {"step": 20, "kind": "reset_prefix_cache", "reset_running": True},
+        ],
+    },
 }
 
 
@@ -121,8 +155,15 @@ def test_random_workloads_are_identical_on_the_real_scheduler():
         workload = build_scenario("random", seed)
         variants = [workload]
         if seed % 4 == 0:
-            variants.append(dataclasses.replace(workload, requests=tuple(
-                dataclasses.replace(r, prompt_len=1) if i % 3 == 0 else r for i, r in enumerate(workload.requests))))
+            variants.append(
+                dataclasses.replace(
+                    workload,
+                    requests=tuple(
+                        dataclasses.replace(r, prompt_len=1) if i % 3 == 0 else r
+                        for i, r in enumerate(workload.requests)
+                    ),
+                )
+            )
         for w in variants:
             ref, real = both(w)
             diff = diff_traces(ref, real)
@@ -149,11 +190,30 @@ def test_random_workloads_are_identical_on_the_real_scheduler():
                     seen.add(label)
             seen.add(f"outcome {ref.outcome['status']}" + (" unfinished" if "unfinished" in ref.outcome else ""))
     assert compared >= 100
-    assert seen >= {"async", "sync", "preemption", "chunked prefill", "abort", "max_tokens finish", "budget skip",
-                    "event abort", "event reset_preempt", "event resubmit", "event stream_turn", "event stream_update",
-                    "output applied", "output stale_delivered", "output dropped", "output ignored",
-                    "pause(keep", "pause(wait", "pause(abort", "resume",
-                    "outcome crashed", "outcome completed unfinished"}, seen
+    assert seen >= {
+        "async",
+        "sync",
+        "preemption",
+        "chunked prefill",
+        "abort",
+        "max_tokens finish",
+        "budget skip",
+        "event abort",
+        "event reset_preempt",
+        "event resubmit",
+        "event stream_turn",
+        "event stream_update",
+        "output applied",
+        "output stale_delivered",
+        "output dropped",
+        "output ignored",
+        "pause(keep",
+        "pause(wait",
+        "pause(abort",
+        "resume",
+        "outcome crashed",
+        "outcome completed unfinished",
+    }, seen
 
 
 def test_a_real_vllm_assert_is_a_crash_on_both_engines():

@@ -45,22 +45,39 @@ def _meta(table, **changes):
     return table.replace_schema_metadata(meta)
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda t: t.drop_columns(["worker_row"]), "missing columns: worker_row"),
-    (lambda t: t.append_column("extra", pa.array([1] * t.num_rows)), "unexpected columns: extra"),
-    (lambda t: t.set_column(t.schema.get_field_index("step"), "step", t["step"].cast(pa.float64())), "mistyped: step"),
-    (lambda t: _meta(t, **{"specreplay.schema_version": "99"}), "newer than this specreplay reads"),
-    (lambda t: _meta(t, **{"specreplay.schema_version": "1"}), "v1 (specreplay 0.1, before request lives"),
-    (lambda t: t.replace_schema_metadata({}), "without specreplay metadata"),
-    (lambda t: _meta(t, **{"specreplay.workload": "{nope"}), "not valid JSON"),
-    (lambda t: t.set_column(t.schema.get_field_index("sched_num_tokens"), "sched_num_tokens",
-                            pa.array([-5] * t.num_rows, pa.int32())), "expected a count >= 0"),
-    (lambda t: t.set_column(t.schema.get_field_index("sched_kind"), "sched_kind",
-                            pa.array(["bogus"] * t.num_rows).dictionary_encode().cast(pa.dictionary(pa.int8(), pa.string()))),
-     "unknown value 'bogus'"),
-    (lambda t: t.take(list(reversed(range(t.num_rows)))), "not in step order"),
-    (lambda t: pa.concat_tables([t, t.slice(0, 1)]).sort_by("step"), "duplicate (step, request_id)"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda t: t.drop_columns(["worker_row"]), "missing columns: worker_row"),
+        (lambda t: t.append_column("extra", pa.array([1] * t.num_rows)), "unexpected columns: extra"),
+        (
+            lambda t: t.set_column(t.schema.get_field_index("step"), "step", t["step"].cast(pa.float64())),
+            "mistyped: step",
+        ),
+        (lambda t: _meta(t, **{"specreplay.schema_version": "99"}), "newer than this specreplay reads"),
+        (lambda t: _meta(t, **{"specreplay.schema_version": "1"}), "v1 (specreplay 0.1, before request lives"),
+        (lambda t: t.replace_schema_metadata({}), "without specreplay metadata"),
+        (lambda t: _meta(t, **{"specreplay.workload": "{nope"}), "not valid JSON"),
+        (
+            lambda t: t.set_column(
+                t.schema.get_field_index("sched_num_tokens"),
+                "sched_num_tokens",
+                pa.array([-5] * t.num_rows, pa.int32()),
+            ),
+            "expected a count >= 0",
+        ),
+        (
+            lambda t: t.set_column(
+                t.schema.get_field_index("sched_kind"),
+                "sched_kind",
+                pa.array(["bogus"] * t.num_rows).dictionary_encode().cast(pa.dictionary(pa.int8(), pa.string())),
+            ),
+            "unknown value 'bogus'",
+        ),
+        (lambda t: t.take(list(reversed(range(t.num_rows)))), "not in step order"),
+        (lambda t: pa.concat_tables([t, t.slice(0, 1)]).sort_by("step"), "duplicate (step, request_id)"),
+    ],
+)
 def test_reader_rejects_broken_traces_with_one_line(tmp_path, reentry_traces, mutate, message):
     path = _broken(tmp_path, reentry_traces, mutate)
     with pytest.raises(TraceError) as err:
@@ -88,12 +105,15 @@ def test_markdown_table_documents_every_column():
     assert json.dumps(schema.ENUMS)
 
 
-@pytest.mark.parametrize("key, change, message", [
-    ("specreplay.config", {"max_num_batched_tokens": "x"}, "max_num_batched_tokens must be an integer"),
-    ("specreplay.outcome", {"status": "exploded"}, "outcome status 'exploded'"),
-    ("specreplay.outcome", {"status": "crashed", "step": "x"}, "outcome step 'x'"),
-    ("specreplay.impl", {"name": 5}, "no implementation name"),
-])
+@pytest.mark.parametrize(
+    "key, change, message",
+    [
+        ("specreplay.config", {"max_num_batched_tokens": "x"}, "max_num_batched_tokens must be an integer"),
+        ("specreplay.outcome", {"status": "exploded"}, "outcome status 'exploded'"),
+        ("specreplay.outcome", {"status": "crashed", "step": "x"}, "outcome step 'x'"),
+        ("specreplay.impl", {"name": 5}, "no implementation name"),
+    ],
+)
 def test_reader_validates_metadata_contents(tmp_path, reentry_traces, key, change, message):
     def mutate(t):
         meta = dict(t.schema.metadata)

@@ -44,8 +44,12 @@ def test_codes_severities_ranks_and_the_invariant_list_are_derived_from_the_rows
 
 def test_rules_that_report_several_codes_run_once():
     shared = [row.code for row in CATALOGUE if row.rule is BY_CODE["S3-scheduler-computed-tokens"].rule]
-    assert shared == ["S3-scheduler-computed-tokens", "X2-sched-worker-computed", "X2-worker-kv-position",
-                      "X2-worker-position-mismatch"]
+    assert shared == [
+        "S3-scheduler-computed-tokens",
+        "X2-sched-worker-computed",
+        "X2-worker-kv-position",
+        "X2-worker-position-mismatch",
+    ]
     per_frame = catalogue.rules_of(CATALOGUE, "rows")
     at_end = catalogue.rules_of(CATALOGUE, "run")
     assert len(per_frame) == len(set(per_frame)) and len(at_end) == len(set(at_end))
@@ -59,7 +63,10 @@ def test_each_rule_family_says_what_it_checks():
         assert module.__doc__ and len(module.__doc__.strip()) > 40, module.__name__
         for row in CATALOGUE:
             if inspect.getmodule(row.rule) is module:
-                assert row.code.split("-")[0] in module.__doc__ or row.code in module.__doc__, (module.__name__, row.code)
+                assert row.code.split("-")[0] in module.__doc__ or row.code in module.__doc__, (
+                    module.__name__,
+                    row.code,
+                )
 
 
 def test_specreplay_codes_lists_every_row():

@@ -8,8 +8,13 @@ import json
 import subprocess
 import sys
 
-FORBIDDEN = ("torch", "specreplay.replay.models", "specreplay.replay.engines", "specreplay.replay.record",
-             "specreplay.replay.impls")
+FORBIDDEN = (
+    "torch",
+    "specreplay.replay.models",
+    "specreplay.replay.engines",
+    "specreplay.replay.record",
+    "specreplay.replay.impls",
+)
 
 PROBE = """
 import json, sys
