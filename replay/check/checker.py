@@ -16,7 +16,7 @@ This module is the entry point (`check_trace`, `check_batches`); the parts:
     frames.py        `Frame` and the column loading: numpy columns by the trace's column names
     findings.py      `Finding`: the evidence (expected, actual, life, detail) and the message
 
-The row-by-row statement of every rule lives in tests/replay/rowwise_checker.py, and a test holds
+The row-by-row statement of every rule lives in tests/replay/check/rowwise_checker.py, and a test holds
 the two to the same findings on every scenario, implementation and many mutated traces.
 """
 

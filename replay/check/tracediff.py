@@ -9,7 +9,7 @@ Both traces stream in step order (row groups from `TraceFile.batches()`, or an i
 slices) and are compared a run of whole steps at a time, vectorised: when the two sides hold the
 same (step, request) rows (the common case) column against column; otherwise the rows both have
 are matched on their keys first and the rest counted. Memory stays bounded by the batch size.
-tests/replay/test_tracediff.py holds it to a row-by-row statement of the same comparison.
+tests/replay/check/test_tracediff.py holds it to a row-by-row statement of the same comparison.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Determinism: the same workload, implementation and seed give identical trace contents on repeat,
 in other processes (whatever the hash seed), with --jobs, with or without the crash journal.
-(--device cuda against --device cpu: tests/replay/test_gpu.py, on a machine with a GPU.)"""
+(--device cuda against --device cpu: tests/replay/models/test_gpu.py, on a machine with a GPU.)"""
 
 from __future__ import annotations
 

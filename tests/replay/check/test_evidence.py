@@ -396,7 +396,7 @@ def _run(name: str):
 
 
 def build(case: Case, reentry_traces):
-    from tests.replay.test_checker import mutate
+    from tests.replay.check.test_checker import mutate
 
     kind, *edit = case.trace
     if kind == "noclamp":  # a -1 draft reaches the embedding: X5-negative-input-id

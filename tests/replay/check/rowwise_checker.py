@@ -2,7 +2,7 @@
 
 specreplay's checker (replay/check/: a catalogue of codes, rule families in rules_*.py, a
 framework that streams a trace by row groups) is vectorised; this module states every rule the
-plain way, one row at a time over the whole trace, and tests/replay/test_checker_equivalence.py
+plain way, one row at a time over the whole trace, and tests/replay/check/test_checker_equivalence.py
 holds the two to the same findings, evidence included. It is the checker specreplay 0.1 shipped
 (too slow for long traces: about 60x the time to read the trace).
 

@@ -16,7 +16,7 @@ from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.traces import schema
 from specreplay.traces.validate import GROUPS, NON_NEGATIVE, RowValidator
-from tests.replay import rowwise_checker
+from tests.replay.check import rowwise_checker
 
 IMPLS = ("upstream", "pr30796", "pr30796-copy", "sched-clear", "noclamp")
 
@@ -38,7 +38,7 @@ def recorded():
         traces += [run_workload(build_scenario(name), resolve(impl, allow_import=False)) for impl in IMPLS]
     # Control events and request lives: the scenarios, random seeds that draw events (a crash
     # on a resubmission, pauses, resets, streaming sessions), and variants that break L1-L3.
-    from tests.replay.test_control_events import NoPlaceholderAssert, StaleAsFresh, StaleInSteps, _impl
+    from tests.replay.engines.test_control_events import NoPlaceholderAssert, StaleAsFresh, StaleInSteps, _impl
 
     for name in ("pause-clear", "abort-inflight", "resubmit", "streaming-append", "streaming-preempt"):
         traces += [
