@@ -181,25 +181,9 @@ class SchedulerObserver:
             rid, r = t.request_id, t.request
             n = scheduled.get(rid, 0)
             if n:
-                kind = (
-                    "new"
-                    if rid in new_ids
-                    else "resumed"
-                    if rid in resumed
-                    else "cached"
-                    if rid in self.prev_scheduled
-                    else "reentering"
-                )
-                skip = ""
+                kind, skip = self.kind_of(rid, new_ids, resumed), ""
             else:
-                kind = "unscheduled"
-                status = r.status.name
-                if r.is_finished():
-                    skip = "finished"
-                elif rid in skips:
-                    skip = skips[rid]
-                else:
-                    skip = "budget" if status == "RUNNING" else "waiting"
+                kind, skip = "unscheduled", self.skip_of(r, rid, skips)
             status = "finished" if r.is_finished() else _TRACE_STATUS.get(r.status.name, "waiting")
             out.append(
                 (
@@ -228,6 +212,25 @@ class SchedulerObserver:
         self.rec.append_step(step, so.total_num_scheduled_tokens, "; ".join(self.step_events), out)
         self.step_events = []
         self.prev_scheduled = set(scheduled)
+
+    def kind_of(self, rid: str, new_ids: set[str], resumed: set[str]) -> str:
+        """How a scheduled request entered this step: new, resumed from preemption, cached (it
+        ran the step before) or re-entering (running, but skipped the step before)."""
+        if rid in new_ids:
+            return "new"
+        if rid in resumed:
+            return "resumed"
+        return "cached" if rid in self.prev_scheduled else "reentering"
+
+    @staticmethod
+    def skip_of(r: Any, rid: str, skips: dict[str, str]) -> str:
+        """Why a request got no tokens: finished, a reason the visit gave, or never visited
+        (running: the budget ran out first; otherwise still waiting)."""
+        if r.is_finished():
+            return "finished"
+        if rid in skips:
+            return skips[rid]
+        return "budget" if r.status.name == "RUNNING" else "waiting"
 
     def skip_reasons(self, so: Any) -> dict[str, str]:
         """Why running requests got no tokens in this schedule(). Preempted: listed in the output
