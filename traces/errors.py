@@ -1,6 +1,9 @@
-"""Errors for bad trace and workload input: one clear line each, turned into exit code 2 by the CLI.
+"""specreplay's error vocabulary: bad input (one clear line, exit code 2) and its own bugs.
 
-Where it sits: raised by the trace reader (traces) and the workload loader (replay), caught in cli.
+Where it sits: traces is the base layer that every other part imports (cli, and every stage of
+replay), so the errors the whole application raises live here: the trace reader and the
+workload loader raise `InputError`, the engines and workflows raise it for a bad name, option or
+implementation, and the CLI turns it into its one line and exit code 2.
 """
 
 
