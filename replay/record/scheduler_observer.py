@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from specreplay.replay.models.rules import reaches_max_tokens_in_flight
 from specreplay.replay.record.recorder import Recorder
@@ -48,9 +48,9 @@ class Tracked:
     order: int
 
 
-@dataclass(frozen=True)
-class Counters:
-    """A request's counters at one moment (before a schedule() or an update_from_output())."""
+class Counters(NamedTuple):
+    """A request's counters at one moment (before a schedule() or an update_from_output()); a
+    tuple, as one is taken per live request per step."""
 
     num_computed_tokens: int
     num_output_placeholders: int
