@@ -117,6 +117,10 @@ class SchedulerObserver:
         # Control events since the last schedule(), written on the next step's rows.
         self.request_events: dict[str, str] = {}
         self.step_events: list[str] = []
+        # Ids a cache reset preempted before the coming schedule(): the SchedulerOutput lists them
+        # in preempted_req_ids, but not that schedule() preempted them. Kept apart from the row's
+        # event, which a later one (an abort, a resubmission) may outrank.
+        self.reset_preempted: set[str] = set()
 
     # ------------------------------------------------------------------ requests
     def request_added(self, internal_id: str) -> None:
@@ -134,6 +138,8 @@ class SchedulerObserver:
 
     def mark_request_event(self, rid: str, event: str) -> None:
         """A control event changed request `rid` (schema.EVENTS) before the coming schedule()."""
+        if event == "reset_preempt":
+            self.reset_preempted.add(rid)
         if EVENT_RANK[event] >= EVENT_RANK[self.request_events.get(rid, "")]:
             self.request_events[rid] = event
 
@@ -238,7 +244,7 @@ class SchedulerObserver:
         budget is spent; a visited request was skipped by the max-tokens rule or had nothing to
         schedule; one never visited is left to the caller (budget)."""
         x = self.ext
-        reset = {rid for rid, event in self.request_events.items() if event == "reset_preempt"}
+        reset, self.reset_preempted = self.reset_preempted, set()
         skips = {x(rid): "preempted" for rid in (so.preempted_req_ids or ()) if x(rid) not in reset}
         before = {id(t.request): was for t, was, *_ in self._before_schedule}
         budget = self.budget

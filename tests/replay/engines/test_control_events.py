@@ -13,6 +13,7 @@ from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import Implementation, resolve
 from specreplay.replay.models.scheduler import AsyncScheduler
 from specreplay.replay.workloads.scenarios import build_scenario
+from specreplay.replay.workloads.workload import Workload
 
 
 def run(name: str, impl="upstream"):
@@ -255,3 +256,35 @@ def test_shrink_keeps_the_events_the_finding_needs():
     assert [(e.kind, e.request) for e in w.events] == [("resubmit", "0")]
     assert "num_output_placeholders" in result.trace.outcome["message"]
     assert w.config.max_num_seqs == 1 and len(result.reductions) > 10
+
+
+def test_a_reset_preempted_life_aborted_and_resubmitted_is_not_marked_preempted():
+    """A cache reset preempts request 0, then it is aborted and resubmitted before the same
+    schedule(): the output lists 0 as preempted (the reset did it), but the new life's row must
+    not say this schedule() preempted it, or S2 sees a preemption with nothing in flight."""
+    w = Workload.from_dict(
+        {
+            "config": {
+                "max_num_batched_tokens": 2,
+                "max_num_seqs": 1,
+                "num_spec_tokens": 0,
+                "block_size": 4,
+                "num_blocks": 5,
+            },
+            "requests": [
+                {"id": "0", "prompt_len": 1, "max_tokens": 1},
+                {"id": "1", "prompt_len": 1, "max_tokens": 1, "arrival_step": 3},
+            ],
+            "events": [
+                {"step": 2, "kind": "reset_prefix_cache", "reset_running": True},
+                {"step": 2, "kind": "abort", "request": "0"},
+                {"step": 2, "kind": "resubmit", "request": "0"},
+            ],
+        }
+    )
+    trace = run_workload(w, resolve("life-guard", allow_import=False))
+    rows = trace.table.to_pandas()
+    new_life = rows[(rows.step == 2) & (rows.request_id == "0")]
+    assert list(new_life.sched_life) == [1] and list(new_life.sched_event) == ["resubmit"]
+    assert not new_life.sched_preempted.any()
+    assert not errors(check_trace(trace))
