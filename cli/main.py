@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from specreplay.cli import diff, explore, gate, listing, record, show, shrink
+from specreplay.cli import diff, explore, fidelity, gate, listing, record, show, shrink
 from specreplay.cli.common import CONTEXT
 
 
@@ -36,6 +36,7 @@ for command in (
     gate.gate,
     explore.explore,
     shrink.shrink,
+    fidelity.fidelity,
     show.show,
     show.export,
     listing.info,

@@ -102,6 +102,10 @@ def attach_to_core(scheduler: Any, sink: Sink, config: Any, impl: Any) -> None:
     from specreplay.replay.record.scheduler_observer import SchedulerObserver, attach
 
     scheduler.__class__ = impl.real_scheduler_class(type(scheduler), config)
+    # The live engine drafts with ngram, which asks vLLM for no lookahead slots; a workload that
+    # models an EAGLE-style drafter's gets them here, as the real-scheduler engine's config gives
+    # them (vllm_setup.reserve_lookahead). The scheduler reads the attribute at every allocation.
+    scheduler.num_lookahead_tokens = config.num_lookahead_tokens
     observer = SchedulerObserver(
         scheduler,
         sink_recorder(sink),

@@ -16,6 +16,7 @@ from typing import Any
 from specreplay.replay.engines.vllm_setup import (
     asserting,
     load_vllm,
+    reserve_lookahead,
     sampling_params,
     speculative_config,
     tiny_model_dir,
@@ -67,6 +68,7 @@ class VllmSchedulerAdapter:
             )
         except (ValueError, TypeError) as exc:
             raise InputError(f"vllm rejects this engine config: {' '.join(str(exc).split())[:200]}") from None
+        reserve_lookahead(vllm_config, config.num_lookahead_tokens)
         cache.num_gpu_blocks = config.num_blocks
         kv = KVCacheConfig(
             num_blocks=config.num_blocks,

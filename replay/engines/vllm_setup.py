@@ -24,7 +24,7 @@ INSTALL_HINT = (
 )
 
 
-def load_vllm() -> Any:
+def load_vllm(needed_by: str = "--engine vllm-scheduler") -> Any:
     """Import vllm, or say in one line how to install the supported version."""
     import logging
 
@@ -34,9 +34,7 @@ def load_vllm() -> Any:
     try:
         import vllm
     except ImportError:
-        raise InputError(
-            "--engine vllm-scheduler needs vllm, which is not installed; on a CPU machine: " + INSTALL_HINT
-        ) from None
+        raise InputError(f"{needed_by} needs vllm, which is not installed; on a CPU machine: " + INSTALL_HINT) from None
     except Exception as exc:  # a broken install (e.g. a CUDA torchvision) fails at import
         raise InputError(
             f"vllm is installed but does not import ({type(exc).__name__}: {exc}); reinstall it: " + INSTALL_HINT
@@ -45,7 +43,7 @@ def load_vllm() -> Any:
     version = getattr(vllm, "__version__", "?").split("+")[0]
     if version not in SUPPORTED_VERSIONS:
         raise InputError(
-            f"vllm {version} is installed; --engine vllm-scheduler supports "
+            f"vllm {version} is installed; {needed_by} supports "
             f"{', '.join(SUPPORTED_VERSIONS)} (install: {INSTALL_HINT})"
         )
     return vllm
@@ -120,3 +118,13 @@ def speculative_config(config: EngineConfig, cls: Any = None) -> Any:
         "prompt_lookup_max": 3,
     }
     return cls(**doc) if cls is not None else doc
+
+
+def reserve_lookahead(vllm_config: Any, num_lookahead_tokens: int) -> None:
+    """Make `vllm_config` ask for `num_lookahead_tokens` KV slots past each scheduled range."""
+    if vllm_config.num_lookahead_tokens == num_lookahead_tokens:
+        return
+    base = type(vllm_config)
+    vllm_config.__class__ = type(
+        base.__name__, (base,), {"num_lookahead_tokens": property(lambda _self: num_lookahead_tokens)}
+    )

@@ -22,7 +22,7 @@ class EngineConfig:
     max_model_len: int = 512
     long_prefill_token_threshold: int = 0  # 0: off
     vocab_size: int = 512
-    num_lookahead_tokens: int = 0  # extra KV slots per allocation (EAGLE-style drafters)
+    num_lookahead_tokens: int = 0  # KV slots past each scheduled range: 0 ngram, k EAGLE/draft model, k+1 DFlash
 
     @property
     def depth(self) -> int:
@@ -62,6 +62,18 @@ class EngineConfig:
             raise InputError(
                 f"{where}: max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_num_seqs ({self.max_num_seqs}), as vLLM requires"
+            )
+        if self.long_prefill_token_threshold > self.max_model_len:
+            raise InputError(
+                f"{where}: long_prefill_token_threshold ({self.long_prefill_token_threshold}) must be <= "
+                f"max_model_len ({self.max_model_len}), as vLLM requires"
+            )
+        if self.num_lookahead_tokens and not self.num_spec_tokens:
+            raise InputError(f"{where}: num_lookahead_tokens needs a drafter (num_spec_tokens > 0), as in vLLM")
+        if self.num_lookahead_tokens > self.num_spec_tokens + 1:
+            raise InputError(
+                f"{where}: num_lookahead_tokens {self.num_lookahead_tokens} is above num_spec_tokens + 1 "
+                f"({self.num_spec_tokens + 1}), the most any vLLM drafter reserves"
             )
         if self.num_spec_tokens > 16:
             raise InputError(f"{where}: num_spec_tokens {self.num_spec_tokens} is above 16")

@@ -89,7 +89,11 @@ def draw_events(
                 continue
             chunks = [(rng.randint(1, 8), rng.randint(1, 10)) for _ in range(rng.randint(1, 2))]
             total = spec.prompt_len + spec.max_tokens + sum(t + m - 1 for t, m in chunks)
-            room = min(config.max_model_len, (config.num_blocks - 1) * config.block_size) - config.num_spec_tokens
+            room = (
+                min(config.max_model_len, (config.num_blocks - 1) * config.block_size)
+                - config.num_spec_tokens
+                - config.num_lookahead_tokens
+            )
             if total > room:
                 continue
             requests = requests[:i] + [dataclasses.replace(spec, streaming=True)] + requests[i + 1 :]
@@ -118,5 +122,6 @@ def draw_events(
             if kind == "resubmit":
                 # Aborted before step s: resubmitting at s is the same input-queue batch; after
                 # step s's schedule, the earliest is s + 1.
-                events.append(Event(step + (when == "after") + rng.randint(0, 4), "resubmit", request=spec.request_id))
+                at = step + (when == "after") + rng.randint(0, 4)
+                events.append(Event(max(at, spec.arrival_step + 1), "resubmit", request=spec.request_id))
     return requests, tuple(sorted(events, key=lambda e: e.step))

@@ -302,10 +302,13 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
             request = str(request)
         if not isinstance(request, str) or request not in specs:
             raise InputError(f"{where}: request must name a request of the workload, got {request!r}")
-        if step < specs[request].arrival_step + (kind == "resubmit"):
+        arrival = specs[request].arrival_step
+        if step < arrival:
+            raise InputError(f"{where}: step {step} is before request {request!r} arrives (arrival_step {arrival})")
+        if kind == "resubmit" and step == arrival:
             raise InputError(
-                f"{where}: step {step} is before request {request!r} arrives "
-                f"(arrival_step {specs[request].arrival_step})"
+                f"{where}: a resubmit of {request!r} must come after its arrival step {arrival} (its first life "
+                "has not finished yet)"
             )
     tokens, max_tokens = 0, None
     if kind == "stream_append":

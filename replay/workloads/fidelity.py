@@ -1,0 +1,113 @@
+"""Fidelity workloads: seeded workloads drawn across every engine setting, for the differential
+of the reference scheduler against the installed vLLM's real scheduler.
+
+Where it sits: workloads -> models -> ... Its only consumer is the fidelity sweep
+(workflows/fidelity.py, `specreplay fidelity`, the CI differential test). It is deliberately
+independent of the `random` scenario and of explore's profiles: those aim at the bugs
+specreplay hunts, this one aims at the corners of the configuration space where a model of the
+scheduler could part from the real one.
+
+What one seed draws (see the README's fidelity section):
+- k (num_spec_tokens) 0 to 8; lookahead 0, k, or in between (vLLM's drafters ask 0 or k);
+- block size 16, 32 or 64 (sometimes 8); KV blocks from one request's worth (+0 to 2 spare)
+  to plenty;
+- max_model_len from exactly the longest request (drafts trimmed, then skipped, at the end)
+  to roomy;
+- long-prefill threshold off, 1, 4, 8, 16 or 64;
+- max_num_seqs 1 to 64; a token budget at m * (1 + k) give or take two, or anywhere from 1 + k
+  up, never below max_num_seqs (vLLM's rule);
+- 1 to 16 requests: 1-token prompts, short and long prompts, 1 to 40 output tokens, arrivals at
+  step 1, spread out or in bursts, aborts, stop tokens, acceptance per request;
+- control events for about 40% of seeds (pause/resume in each mode, cache resets, aborts before
+  and after a schedule, resubmissions, streaming sessions); sync for about 30%.
+"""
+
+from __future__ import annotations
+
+import random
+
+from specreplay.replay.workloads.config import EngineConfig
+from specreplay.replay.workloads.generators import draw_events
+from specreplay.replay.workloads.workload import RequestSpec, Workload
+
+ACCEPTANCES = ("all", "none", "alternate", "random:0.2", "random:0.5", "random:0.8")
+BLOCK_SIZES = (16, 16, 32, 64, 8)
+MAX_NUM_SEQS = (1, 2, 3, 4, 6, 8, 16, 32, 64)
+THRESHOLDS = (0, 0, 0, 1, 4, 8, 16, 64)
+
+
+def fidelity_workload(seed: int) -> Workload:
+    """The seed's workload; the same seed always draws the same workload."""
+    rng = random.Random(f"fidelity:{seed}")
+    k = rng.choice((0, 0, 1, 1, 2, 3, 3, 4, 5, 6, 7, 8))
+    lookahead = 0 if k == 0 else rng.choice((0, 0, k, k, rng.randint(1, k)))
+    block_size = rng.choice(BLOCK_SIZES)
+    requests = _requests(rng, k)
+    max_num_seqs = rng.choice(MAX_NUM_SEQS)
+    budget = _budget(rng, k, max_num_seqs, len(requests))
+    longest = max(r.prompt_len + r.max_tokens for r in requests)
+    # Tight: the last tokens of the longest request have no room for k drafts (vLLM trims them,
+    # then schedules none); roomy: nothing reaches the end.
+    max_model_len = rng.choice((longest, longest + rng.randint(1, max(1, k)), max(longest, 256), 512))
+    per_request = -(-min(longest + k + lookahead, max_model_len) // block_size)
+    spare = rng.choice((0, 1, 2, per_request, 4 * per_request, 64 * per_request))
+    config = EngineConfig(
+        max_num_batched_tokens=budget,
+        max_num_seqs=min(max_num_seqs, budget),
+        num_spec_tokens=k,
+        async_scheduling=rng.random() < 0.7,
+        block_size=block_size,
+        num_blocks=1 + per_request + spare,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=min(rng.choice(THRESHOLDS), max_model_len),
+        num_lookahead_tokens=lookahead,
+    )
+    events: tuple = ()
+    if rng.random() < 0.4:
+        requests, events = draw_events(rng, requests, config, last_step=30)
+    return Workload(
+        tuple(requests),
+        config,
+        name=f"fidelity-{seed}",
+        seed=seed,
+        acceptance=rng.choice(ACCEPTANCES),
+        max_steps=2000,
+        events=events,
+    )
+
+
+def _requests(rng: random.Random, k: int) -> list[RequestSpec]:
+    count = rng.choice((1, 2, rng.randint(3, 8), rng.randint(3, 8), rng.randint(8, 16)))
+    arrivals = rng.choice(("together", "spread", "bursts"))
+    requests, arrival = [], 1
+    for i in range(count):
+        if arrivals == "spread":
+            arrival += rng.randint(0, 6)
+        elif arrivals == "bursts":
+            arrival += rng.choice((0, 0, 0, rng.randint(5, 20)))
+        short, medium, long = rng.randint(2, 12), rng.randint(2, 12), rng.randint(13, 40)
+        prompt_len = rng.choice((1, 1, short, medium, long, rng.randint(40, 160)))
+        max_tokens = rng.choice((1, rng.randint(1, k + 2), rng.randint(2, 40), rng.randint(2, 40)))
+        requests.append(
+            RequestSpec(
+                str(i),
+                arrival_step=arrival,
+                prompt_len=prompt_len,
+                max_tokens=max_tokens,
+                abort_step=arrival + rng.randint(0, 20) if rng.random() < 0.12 else None,
+                stop_at=rng.randint(1, max_tokens) if rng.random() < 0.15 else None,
+                acceptance=rng.choice(ACCEPTANCES) if rng.random() < 0.4 else None,
+            )
+        )
+    return requests
+
+
+def _budget(rng: random.Random, k: int, max_num_seqs: int, num_requests: int) -> int:
+    """At m decoding requests' worth (m * (1 + k)) give or take two, or anywhere from 1 + k up."""
+    if rng.random() < 0.5:
+        m = rng.randint(1, max(1, min(max_num_seqs, num_requests)))
+        return max(1, m * (1 + k) + rng.randint(-2, 2))
+    return rng.choice((1 + k, 2 + k, 8, 16, 32, 64, 128, 512))
+
+
+__all__ = ["fidelity_workload"]
