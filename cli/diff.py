@@ -1,8 +1,8 @@
 """`specreplay diff`: one trace against its own views and ground truth, or two traces against each other.
 
-Where it sits: cli over traces -> **diff**. Calls `replay.check.checker.check_batches` or
-`replay.check.tracediff.diff_batches` on the opened traces, renders findings, and sets the exit
-code from `--fail-on`.
+Where it sits: cli over traces -> **diff**. Calls `replay.check.checker.check_report` or
+`replay.check.tracediff.diff_batches` on the opened traces, renders findings (and the codes a
+trace without ground truth left unchecked), and sets the exit code from `--fail-on`.
 """
 
 from __future__ import annotations
@@ -49,23 +49,37 @@ def diff(traces, fmt, fail_on, story) -> None:
 
 def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
     """One trace against its own views and ground truth; returns the exit code."""
-    from specreplay.cli.render import code_counts, findings_json, findings_lines
-    from specreplay.replay.check.checker import NEEDED, check_batches
+    from specreplay.cli.render import code_counts, findings_json, findings_lines, unchecked_note
+    from specreplay.replay.check.checker import NEEDED, check_report
     from specreplay.replay.check.findings import fails, verdict
 
-    findings = check_batches(trace, trace.batches(columns=NEEDED))
+    report = check_report(trace, trace.batches(columns=NEEDED))
+    findings = report.findings
     if fmt == "json":
-        click.echo(findings_json(findings, {"trace": path, "impl": trace.impl_name}))
+        click.echo(findings_json(findings, {"trace": path, "impl": trace.impl_name, "unchecked": report.unchecked}))
     else:
         from specreplay.cli.render import trace_header
 
         out = console()
         out.print(trace_header(trace, path))
-        if not findings:
-            out.print("verdict: ok - the scheduler view, the worker view and the KV cache agree at every step")
+        # A trace without ground truth (a live engine's) says what it could not check.
+        note = f" ({unchecked_note(report.unchecked)})" if report.unchecked else ""
+        if not findings and not note:
+            out.print(
+                "verdict: ok - the scheduler view, the worker view and the KV cache agree at every step", soft_wrap=True
+            )
+        elif not findings:
+            out.print(
+                f"verdict: ok{note} - the scheduler view and the worker view agree at every step; "
+                "the KV cache and the tokens were not checked",
+                soft_wrap=True,
+            )
         else:
             first = next((f for f in findings if f.severity == "error"), findings[0])
-            out.print(f"verdict: {verdict(findings)} - {len(findings)} findings ({code_counts(findings)})")
+            out.print(
+                f"verdict: {verdict(findings)}{note} - {len(findings)} findings ({code_counts(findings)})",
+                soft_wrap=True,
+            )
             out.print(
                 f"first divergence: step {first.step}, request {first.request_id!r}, {first.field}: {first.message}"
             )

@@ -106,6 +106,7 @@ def _table(results) -> None:
     from rich.table import Table
 
     from specreplay.cli import gate_reports
+    from specreplay.cli.render import unchecked_note
 
     c = gate_reports.counts(results)
     table = Table(
@@ -122,8 +123,9 @@ def _table(results) -> None:
             if r.result in ("error", "changed") or first is None
             else f"step {first.step} req {first.request_id} {first.code}"
         )
-        if r.notes:
-            why += "  [" + "; ".join(r.notes) + "]"
+        notes = r.notes + ([unchecked_note(r.unchecked)] if r.unchecked else [])
+        if notes:
+            why += "  [" + "; ".join(notes) + "]"
         errors = sum(f.severity == "error" for f in r.findings)
         warnings = len(r.findings) - errors
         table.add_row(Path(r.path).name, r.impl, r.result, f"{errors} err, {warnings} warn", why)

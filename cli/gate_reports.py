@@ -10,10 +10,12 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
+from specreplay.cli.render import unchecked_note
 from specreplay.replay.workflows.gate import GateResult
 
 ANNOTATIONS_PER_KIND = 10
 SUMMARY_LIMIT = 200_000  # bytes; GitHub accepts 1 MiB per step summary
+_KIND = {"fail": "error", "error": "error", "changed": "warning"}  # gate result -> annotation
 
 
 def counts(results: list[GateResult]) -> Counter:
@@ -46,6 +48,10 @@ def junit_xml(results: list[GateResult]) -> str:
             if len(items) > 20:
                 text += f"\n... and {len(items) - 20} more"
             ET.SubElement(sub, kind, message=f"{len(items)} x {code}: {first.message}").text = text
+        for code in r.unchecked:  # could not run: skipped, never passed
+            sub = ET.SubElement(suite, "testcase", classname=f"specreplay.gate.{name}", name=code)
+            tests += 1
+            ET.SubElement(sub, "skipped", message=f"{code} not checked: the trace holds no ground truth")
     suite.set("tests", str(tests))
     suite.set("failures", str(failures))
     suite.set("errors", str(errors))
@@ -62,20 +68,22 @@ def _by_code(r: GateResult) -> dict:
 
 
 def github_annotations(results: list[GateResult]) -> list[str]:
-    """Workflow commands: at most 10 per kind, the rest counted in one notice."""
+    """Workflow commands: an error or warning per failing or changed trace, then a notice per
+    trace with codes left unchecked (no ground truth); at most 10 per kind, the rest counted in
+    one notice."""
+    found = [(_KIND[r.result], r.path, f"specreplay gate: {r.result}", r.message) for r in results if r.result in _KIND]
+    found += [
+        ("notice", r.path, "specreplay gate: not checked", unchecked_note(r.unchecked)) for r in results if r.unchecked
+    ]
     lines: list[str] = []
     emitted: Counter = Counter()
     dropped: Counter = Counter()
-    for r in results:
-        kind = {"fail": "error", "error": "error", "changed": "warning"}.get(r.result)
-        if kind is None:
-            continue
+    for kind, path, title, text in found:
         if emitted[kind] >= ANNOTATIONS_PER_KIND:
             dropped[kind] += 1
             continue
         emitted[kind] += 1
-        title = f"specreplay gate: {r.result}"
-        lines.append(f"::{kind} file={_escape_property(r.path)},title={_escape_property(title)}::{_escape(r.message)}")
+        lines.append(f"::{kind} file={_escape_property(path)},title={_escape_property(title)}::{_escape(text)}")
     for kind, n in sorted(dropped.items()):
         lines.append(f"::notice title=specreplay gate::{n} more {kind} annotations not shown")
     return lines
@@ -105,6 +113,8 @@ def markdown_summary(results: list[GateResult]) -> str:
         cell = "-" if first is None else f"step {first.step} req {first.request_id} `{first.code}`"
         if r.result == "error":
             cell = r.message
+        elif r.unchecked:
+            cell = unchecked_note(r.unchecked) if first is None else f"{cell} ({unchecked_note(r.unchecked)})"
         line = f"| {Path(r.path).name} | {r.result} | {cell.replace('|', '/')} |"
         if size + len(line) > SUMMARY_LIMIT:
             lines.append(f"| ... {len(results) - i} more traces | | |")

@@ -41,7 +41,7 @@ output_option = click.option(
 
 
 def _summary(recorded) -> None:
-    from specreplay.cli.render import code_counts
+    from specreplay.cli.render import code_counts, unchecked_note
     from specreplay.replay.check.findings import verdict
 
     trace, findings, output = recorded.trace, recorded.findings, recorded.path
@@ -49,8 +49,11 @@ def _summary(recorded) -> None:
         f"wrote {output}: {trace.num_steps} steps, {trace.num_rows} rows, outcome "
         f"{trace.outcome.get('status')}; check: {verdict(findings)}"
     )
+    note = unchecked_note(recorded.unchecked)  # a live engine's trace: no ground truth
     if findings:
-        line += f" ({code_counts(findings)}); see `specreplay diff {output}`"
+        line += f" ({code_counts(findings)})" + (f"; {note}" if note else "") + f"; see `specreplay diff {output}`"
+    elif note:
+        line += f" ({note})"
     click.echo(line)
 
 
@@ -238,7 +241,9 @@ def _compare_table(comparison) -> None:
         first = "-" if f is None else f"step {f['step']} req {f['request_id']} {f['code']}"
         table.add_row(
             row["impl"],
-            row["verdict"] + ("" if row["outcome"] == "completed" else f" ({row['outcome']})"),
+            row["verdict"]
+            + ("" if row["outcome"] == "completed" else f" ({row['outcome']})")
+            + (f" ({len(row['unchecked'])} not checked: no ground truth)" if row["unchecked"] else ""),
             str(row["errors"]),
             str(row["warnings"]),
             first,

@@ -31,6 +31,11 @@ def findings_json(findings: list[Finding], extra: dict[str, Any] | None = None, 
     return json.dumps(doc, indent=2, default=str)
 
 
+def unchecked_note(unchecked: list[str]) -> str:
+    """What a report says of the codes a trace gave no ground truth to check ("" when all ran)."""
+    return f"no ground truth: {', '.join(unchecked)} not checked" if unchecked else ""
+
+
 def findings_lines(findings: list[Finding], trace_path: str | None = None) -> list[str]:
     """A handful of examples per code, then a count of the rest; one finding per line, and with
     `trace_path` the `specreplay show` command that draws it."""

@@ -82,6 +82,13 @@ def reentry_traces():
     }
 
 
+@pytest.fixture(scope="session")
+def live_reentry_trace():
+    """The reentry scenario on a live tiny vLLM engine (upstream, engine core in this process): a
+    trace without ground truth, recorded once. Only tests marked `vllm` may use it."""
+    return run_workload(build_scenario("reentry"), resolve("upstream", allow_import=False), engine="vllm")
+
+
 def padded_admission_cut_by_threshold():
     """A workload on which real vLLM 0.32.0 asserts in schedule(): a 1-token admission padded to
     1 + k tokens, then cut by a smaller long_prefill_token_threshold."""

@@ -8,9 +8,11 @@ Severity: error = the views or the ground truth disagree, a token is lost, dupli
 or a negative id reaches the model; warning = work is wasted (draft slots verified with nothing
 behind them, tokens executed that the scheduler did not book).
 
-This module is the entry point (`check_trace`, `check_batches`); the parts:
+This module is the entry point (`check_trace`, `check_batches`; `check_report` adds the codes
+that could not run, `unchecked_codes` gives those alone); the parts:
 
     catalogue.py     one row per code: severity, statement, source, rank, rule, message template
+    coverage.py      which codes need ground truth, and which a trace without it leaves unchecked
     rules_*.py       the rule families: counters, drafts, batch, truth, lives, run
     framework.py     `Checker`: streams row batches through the catalogue's rules, frame by frame
     frames.py        `Frame` and the column loading: numpy columns by the trace's column names
@@ -23,9 +25,11 @@ the two to the same findings on every scenario, implementation and many mutated 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import pyarrow as pa
 
+from specreplay.replay.check import coverage
 from specreplay.replay.check.catalogue import CATALOGUE, EXTRA_CODES, INVARIANTS, RANK, SEVERITY, Invariant, all_codes
 from specreplay.replay.check.findings import Finding
 from specreplay.replay.check.frames import LOOKBACK, NEEDED, Frame
@@ -42,14 +46,27 @@ __all__ = [
     "LOOKBACK",
     "NEEDED",
     "SEVERITY",
+    "CheckReport",
     "Checker",
     "Finding",
     "Frame",
     "Invariant",
     "all_codes",
     "check_batches",
+    "check_report",
     "check_trace",
+    "unchecked_codes",
 ]
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """What the checker says of one trace."""
+
+    findings: list[Finding]  # sorted by step, request, code
+    # The codes that could not run: the ground truth they compare with is null in every row (a
+    # live engine's trace has no oracle). No finding of theirs means "not checked", not "agree".
+    unchecked: list[str]
 
 
 def check_trace(trace: Trace, batch_rows: int = 1 << 20) -> list[Finding]:
@@ -60,7 +77,22 @@ def check_trace(trace: Trace, batch_rows: int = 1 << 20) -> list[Finding]:
 def check_batches(header, batches: Iterable[pa.Table | pa.RecordBatch]) -> list[Finding]:
     """Every invariant over a trace that arrives in batches in step order (`TraceFile.batches()`):
     memory is bounded by the batch size. `header` gives the config and outcome."""
+    return check_report(header, batches).findings
+
+
+def check_report(header, batches: Iterable[pa.Table | pa.RecordBatch]) -> CheckReport:
+    """`check_batches`, and in the same pass the codes the trace gave no ground truth to check."""
     checker = Checker(header.config, header.outcome)
     for batch in batches:
         checker.feed(batch)
-    return checker.findings()
+    return CheckReport(checker.findings(), checker.unchecked())
+
+
+def unchecked_codes(trace) -> list[str]:
+    """The codes that cannot run on `trace` (a `Trace`, or a `TraceFile`: its rows are read):
+    every ground-truth column they compare with is null in every row. Catalogue order; empty
+    for a trace recorded with ground truth (the reference runner's, or vLLM's scheduler fed by it)."""
+    seen: set[str] = set()
+    for batch in trace.batches(columns=coverage.GROUND_TRUTH):
+        seen |= coverage.columns_with_values(batch)
+    return coverage.unchecked((row.code for row in CATALOGUE), seen)

@@ -11,6 +11,9 @@ what is held back, runs the rules of scope "run" (the run's outcome) and sorts t
 Rules report through `finding` (a row of the frame), `step_finding` (a whole step) or
 `run_finding` (the run): they give the evidence (expected, actual and the values the message
 needs, by name), and the code's catalogue row renders the Finding.
+
+While it streams, the checker also notes which ground-truth columns hold a value anywhere;
+`unchecked()` names the codes that could not run for want of them (coverage.py).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from specreplay.replay.check import catalogue
+from specreplay.replay.check import catalogue, coverage
 from specreplay.replay.check.catalogue import Invariant
 from specreplay.replay.check.findings import Finding
 from specreplay.replay.check.frames import (
@@ -63,11 +66,13 @@ class Checker:
         self.context: Columns | None = None  # rows of the last LOOKBACK steps checked
         self.pending: list[Columns] = []  # rows of a step that may not be whole yet
         self.found: list[Finding] = []
+        self.truth_seen: set[str] = set()  # ground-truth columns with a value in some row fed so far
 
     # ------------------------------------------------------------------ streaming
     def feed(self, batch: pa.Table | pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
+        self.truth_seen |= coverage.columns_with_values(batch)
         cols = load_columns(batch, self._code)
         # The batch's last step may continue in the next batch: hold it back until it is whole.
         whole_until = int(np.searchsorted(cols["step"], cols["step"][-1], side="left"))
@@ -88,6 +93,11 @@ class Checker:
             key=lambda f: (f.step, f.request_id or "", catalogue.RANK.get(f.code, len(catalogue.RANK)), f.code)
         )
         return self.found
+
+    def unchecked(self) -> list[str]:
+        """The codes of this checker that could not run on the rows fed: every ground-truth
+        column they read was null in all of them (a live engine's trace). Catalogue order."""
+        return coverage.unchecked(self.codes, self.truth_seen)
 
     def _code(self, key: tuple[str, int]) -> int:
         """The code of a (request id, life); findings name the request id."""

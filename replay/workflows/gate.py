@@ -48,6 +48,9 @@ class GateResult:
     changes: list[Finding] = field(default_factory=list)  # first difference per field, golden vs new
     changed_fields: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # fingerprint mismatches and the like
+    # Codes the new trace gave no ground truth to check (a live engine's: no oracle): a pass
+    # says nothing about them.
+    unchecked: list[str] = field(default_factory=list)
     message: str = ""  # one line: why, for fail / changed / error
 
     def failed(self, allow_changed: bool = False) -> bool:
@@ -107,7 +110,7 @@ def replay_golden(path: str | Path, options: GateOptions):
 
 def gate_one(path: str, options: GateOptions) -> GateResult:
     """Replay one golden through the implementation under test. Never raises for bad input."""
-    from specreplay.replay.check.checker import check_trace
+    from specreplay.replay.check.checker import check_trace, unchecked_codes
     from specreplay.replay.check.tracediff import diff_batches
     from specreplay.traces.trace import package_version
 
@@ -126,6 +129,7 @@ def gate_one(path: str, options: GateOptions) -> GateResult:
     if made_by["specreplay"] != package_version():
         result.notes.append(f"golden made by specreplay {made_by['specreplay']}, this is {package_version()}")
     result.findings = check_trace(trace)
+    result.unchecked = unchecked_codes(trace)
     try:
         diff = diff_batches(golden, trace, golden.batches(), trace.table.to_batches())
     except InputError as exc:  # the golden's rows are damaged (its metadata was fine)

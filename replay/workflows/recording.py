@@ -37,7 +37,8 @@ def _no_progress(label: str) -> AbstractContextManager[None]:
 
 @dataclass
 class Recorded:
-    """A trace written to `path`. `findings` runs the checker on first use."""
+    """A trace written to `path`. `findings` runs the checker on first use; `unchecked` names
+    the codes it could not run for want of ground truth."""
 
     path: Path
     trace: Trace
@@ -47,6 +48,13 @@ class Recorded:
         from specreplay.replay.check.checker import check_trace
 
         return check_trace(self.trace)
+
+    @functools.cached_property
+    def unchecked(self) -> list[str]:
+        """The codes the trace gave no ground truth to check (a live engine's trace)."""
+        from specreplay.replay.check.checker import unchecked_codes
+
+        return unchecked_codes(self.trace)
 
 
 def check_device(device: str) -> None:
@@ -233,6 +241,7 @@ def compare_to(
                 "impl": name,
                 "executor": trace.impl.get("executor"),
                 "verdict": verdict(findings),
+                "unchecked": recorded.unchecked,
                 "errors": sum(f.severity == "error" for f in findings),
                 "warnings": sum(f.severity == "warning" for f in findings),
                 "first": None if first is None else first.to_dict(),

@@ -247,3 +247,75 @@ def test_seed_overrides_a_workload_file_and_must_be_non_negative(tmp_path):
     assert run("record", "--workload", wl, "--seed", 77, "-o", out).exit_code == 0
     assert json.loads(run("info", out, "--format", "json").output)["seed"] == 77
     assert run("record", "--scenario", "reentry", "--seed", -5, "-o", out).exit_code == 2
+
+
+NEED_TRUTH = ["S3-scheduler-computed-tokens", "X2-worker-kv-position", "T1-wrong-token", "K1-kv-content"]
+NOT_CHECKED = f"no ground truth: {', '.join(NEED_TRUTH)} not checked"
+
+
+def without_ground_truth(path, out):
+    """The trace at `path` with its ground-truth columns null, as a live engine records it, at `out`."""
+    from specreplay.traces.io import read_trace, write_trace
+    from tests.replay.check.truthless import without_ground_truth as strip
+
+    return write_trace(strip(read_trace(path)), out)
+
+
+def test_a_trace_with_ground_truth_says_everything_was_checked(recorded):
+    for impl in recorded:
+        doc = json.loads(run("diff", recorded[impl], "--format", "json").output)
+        assert doc["unchecked"] == []
+    table = run("diff", recorded["sched-clear"]).output
+    assert "verdict: ok - the scheduler view, the worker view and the KV cache agree at every step" in table
+    assert "not checked" not in table
+    assert "not checked" not in run("diff", recorded["pr30796"]).output
+
+
+def test_a_trace_without_ground_truth_says_which_checks_did_not_run(recorded, tmp_path):
+    ok = without_ground_truth(recorded["sched-clear"], tmp_path / "ok.parquet")
+    table = run("diff", ok)
+    assert table.exit_code == 0
+    assert (
+        f"verdict: ok ({NOT_CHECKED}) - the scheduler view and the worker view agree at every step; "
+        "the KV cache and the tokens were not checked"
+    ) in table.output
+    assert "and the KV cache agree" not in table.output
+    doc = json.loads(run("diff", ok, "--format", "json").output)
+    assert doc["verdict"] == "ok" and doc["unchecked"] == NEED_TRUTH
+    # With findings: the verdict still says what it could not check; the truth codes cannot fire.
+    diverged = without_ground_truth(recorded["pr30796"], tmp_path / "diverged.parquet")
+    table = run("diff", diverged)
+    assert table.exit_code == 1 and f"verdict: diverged ({NOT_CHECKED}) - " in table.output
+    doc = json.loads(run("diff", diverged, "--format", "json").output)
+    assert doc["unchecked"] == NEED_TRUTH and not {f["code"] for f in doc["findings"]} & set(NEED_TRUTH)
+
+
+def test_record_says_which_checks_did_not_run_without_ground_truth(tmp_path, monkeypatch):
+    from specreplay.replay.engines import run as engines_run
+    from tests.replay.check.truthless import without_ground_truth as strip
+
+    record = engines_run.run_workload
+    monkeypatch.setattr(engines_run, "run_workload", lambda *a, **kw: strip(record(*a, **kw)))
+    ok = run("record", "--scenario", "reentry", "--impl", "sched-clear", "-o", tmp_path / "ok.parquet")
+    assert ok.exit_code == 0 and f"; check: ok ({NOT_CHECKED})" in ok.output
+    wasteful = run("record", "--scenario", "reentry", "-o", tmp_path / "wasteful.parquet")
+    assert f"; check: wasteful (S5-draft-provenance x1, X5-placeholder-drafts x1); {NOT_CHECKED}; see" in (
+        wasteful.output
+    )
+    monkeypatch.undo()
+    assert "not checked" not in run("record", "--scenario", "reentry", "-o", tmp_path / "truth.parquet").output
+
+
+@pytest.mark.vllm
+def test_a_live_trace_says_which_checks_did_not_run(live_reentry_trace, tmp_path):
+    from specreplay.traces.io import write_trace
+
+    path = write_trace(live_reentry_trace, tmp_path / "live.parquet")
+    table = run("diff", path)
+    assert table.exit_code == 0, table.output
+    assert f"verdict: ok ({NOT_CHECKED}) - " in table.output or (
+        f"verdict: wasteful ({NOT_CHECKED}) - " in table.output
+    )
+    assert "the scheduler view, the worker view and the KV cache agree" not in table.output
+    doc = json.loads(run("diff", path, "--format", "json").output)
+    assert doc["unchecked"] == NEED_TRUTH

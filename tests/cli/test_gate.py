@@ -156,3 +156,76 @@ def test_pytest_plugin_fixture(specreplay_gate, impl, should_pass):
     else:
         with pytest.raises(AssertionError, match="X10-scheduler-output-mutated"):
             specreplay_gate(impl=impl)
+
+
+NEED_TRUTH = ["S3-scheduler-computed-tokens", "X2-worker-kv-position", "T1-wrong-token", "K1-kv-content"]
+NOT_CHECKED = f"no ground truth: {', '.join(NEED_TRUTH)} not checked"
+
+
+def assert_outputs_name_the_unchecked(result, junit, summary, name: str) -> None:
+    """The table, the GitHub annotations, the step summary and the JUnit XML of a gate over one
+    trace without ground truth all say which codes were not checked."""
+    assert f"[{NOT_CHECKED}]" in result.output  # the table (wide: one line per row)
+    assert any(
+        line.startswith("::notice file=") and name in line and line.endswith(f"::{NOT_CHECKED}")
+        for line in result.output.splitlines()
+    )
+    assert NOT_CHECKED in summary.read_text()
+    suite = ET.parse(junit).getroot()
+    skipped = {
+        c.get("name")
+        for c in suite.findall("testcase")
+        if c.get("classname") == f"specreplay.gate.{name}" and c.find("skipped") is not None
+    }
+    assert set(NEED_TRUTH) <= skipped
+    for case in suite.findall("testcase"):
+        if case.get("name") in NEED_TRUTH:
+            assert "no ground truth" in case.find("skipped").get("message")
+    assert int(suite.get("skipped")) == len(list(suite.iter("skipped")))
+
+
+def test_a_gate_with_ground_truth_says_everything_was_checked(tmp_path):
+    junit, summary = tmp_path / "gate.xml", tmp_path / "summary.md"
+    result = gate("--format", "json", "--junit", junit, "--github", env={"GITHUB_STEP_SUMMARY": str(summary)})
+    doc = json.loads(result.output[result.output.index("{") :])
+    assert all(r["unchecked"] == [] for r in doc["results"])
+    assert "not checked" not in result.output and "no ground truth" not in summary.read_text()
+    assert "no ground truth" not in junit.read_text()
+
+
+def test_a_gate_without_ground_truth_says_which_checks_did_not_run(tmp_path, monkeypatch):
+    from specreplay.replay.engines import run as engines_run
+    from specreplay.replay.impls.registry import resolve
+    from specreplay.replay.workloads.scenarios import build_scenario
+    from specreplay.traces.io import write_trace
+    from tests.replay.check.truthless import without_ground_truth
+
+    # The golden and each replay of it without ground truth, as on a live engine.
+    record = engines_run.run_workload
+    golden = without_ground_truth(record(build_scenario("reentry"), resolve("upstream", allow_import=False)))
+    write_trace(golden, tmp_path / "reentry.parquet")
+    monkeypatch.setattr(engines_run, "run_workload", lambda *a, **kw: without_ground_truth(record(*a, **kw)))
+    doc = json.loads(gate(tmp_path / "reentry.parquet", "--format", "json").output)
+    assert [(r["result"], r["unchecked"]) for r in doc["results"]] == [("pass", NEED_TRUTH)]
+    junit, summary = tmp_path / "gate.xml", tmp_path / "summary.md"
+    result = gate(
+        tmp_path / "reentry.parquet",
+        "--junit",
+        junit,
+        "--github",
+        env={"GITHUB_STEP_SUMMARY": str(summary), "COLUMNS": "400"},
+    )
+    assert result.exit_code == 0, result.output
+    assert_outputs_name_the_unchecked(result, junit, summary, "reentry.parquet")
+
+
+@pytest.mark.vllm
+def test_a_gate_on_the_live_engine_says_which_checks_did_not_run(live_reentry_trace, tmp_path):
+    from specreplay.traces.io import write_trace
+
+    golden = write_trace(live_reentry_trace, tmp_path / "live.parquet")
+    junit, summary = tmp_path / "gate.xml", tmp_path / "summary.md"
+    # The golden was made on the vllm engine: the gate replays it there, and the new trace has no ground truth.
+    result = gate(golden, "--junit", junit, "--github", env={"GITHUB_STEP_SUMMARY": str(summary), "COLUMNS": "400"})
+    assert result.exit_code in (0, 1), result.output  # pass, or changed if the live engine's timing moved
+    assert_outputs_name_the_unchecked(result, junit, summary, "live.parquet")

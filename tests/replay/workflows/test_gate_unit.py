@@ -157,5 +157,6 @@ def test_gate_results_are_plain_data():
         "changes": [],
         "changed_fields": {},
         "notes": [],
+        "unchecked": [],
         "message": "why",
     }

@@ -1,0 +1,80 @@
+"""Coverage: a trace without ground truth (a live vLLM engine's) names the codes the checker could
+not run, derived from its null ground-truth columns; a trace with ground truth names none."""
+
+from __future__ import annotations
+
+import pytest
+
+from specreplay.replay.check.catalogue import BY_CODE, CATALOGUE
+from specreplay.replay.check.checker import NEEDED, Checker, check_report, check_trace, unchecked_codes
+from specreplay.replay.check.coverage import GROUND_TRUTH, TRUTH_INPUTS
+from tests.replay.check.truthless import without_ground_truth
+
+#: What a trace with no ground truth leaves unchecked, in catalogue order.
+NEED_TRUTH = [row.code for row in CATALOGUE if row.code in TRUTH_INPUTS]
+
+
+def codes(trace) -> set[str]:
+    return {f.code for f in check_trace(trace)}
+
+
+def test_the_ground_truth_columns_are_the_ones_the_schema_says_hold_truth():
+    assert set(GROUND_TRUTH) == {"apply_token_mismatches", "truth_num_computed_tokens", "truth_kv_after", "truth_kv_ok"}
+    assert NEED_TRUTH == ["S3-scheduler-computed-tokens", "X2-worker-kv-position", "T1-wrong-token", "K1-kv-content"]
+
+
+def test_a_trace_with_ground_truth_leaves_nothing_unchecked(reentry_traces):
+    for trace in reentry_traces.values():
+        assert unchecked_codes(trace) == []
+        assert check_report(trace, trace.batches(NEEDED)).unchecked == []
+
+
+def test_without_ground_truth_exactly_the_codes_that_compare_with_it_are_unchecked(reentry_traces):
+    for trace in reentry_traces.values():
+        bare = without_ground_truth(trace)
+        assert unchecked_codes(bare) == NEED_TRUTH
+        for rows in (1, 7, 1 << 20):  # streamed in batches: the same answer
+            report = check_report(bare, bare.table.select(list(NEEDED)).to_batches(max_chunksize=rows))
+            assert report.unchecked == NEED_TRUTH and report.findings == check_trace(bare)
+        # The declaration matches the rules: what goes with the truth is findings of those codes only.
+        assert codes(bare) <= codes(trace) and codes(trace) - codes(bare) <= set(NEED_TRUTH)
+    # pr30796 breaks all four: with ground truth each fires, without it none can.
+    assert codes(reentry_traces["pr30796"]) - codes(without_ground_truth(reentry_traces["pr30796"])) == set(NEED_TRUTH)
+
+
+def test_each_code_is_unchecked_only_when_its_own_columns_are_null(reentry_traces):
+    trace = reentry_traces["pr30796"]
+    assert unchecked_codes(without_ground_truth(trace, ("apply_token_mismatches",))) == ["T1-wrong-token"]
+    assert unchecked_codes(without_ground_truth(trace, ("truth_kv_ok",))) == ["K1-kv-content"]
+    assert unchecked_codes(without_ground_truth(trace, ("truth_num_computed_tokens",))) == [
+        "S3-scheduler-computed-tokens",
+        "X2-worker-kv-position",
+    ]
+    # Ground truth in some rows: checked where it is.
+    assert unchecked_codes(without_ground_truth(trace, keep_rows=trace.num_rows // 2)) == []
+
+
+@pytest.mark.parametrize(
+    "chosen, expected",
+    [
+        (("T1-wrong-token", "X2-sched-worker-computed"), ["T1-wrong-token"]),
+        (("X2-sched-worker-computed", "S5-draft-provenance"), []),
+        (("K1-kv-content", "S3-scheduler-computed-tokens"), ["S3-scheduler-computed-tokens", "K1-kv-content"]),
+    ],
+)
+def test_a_checker_of_some_codes_names_only_its_own_unchecked(reentry_traces, chosen, expected):
+    bare = without_ground_truth(reentry_traces["upstream"])
+    checker = Checker(bare.config, bare.outcome, invariants=[BY_CODE[code] for code in chosen])
+    for batch in bare.batches(NEEDED):
+        checker.feed(batch)
+    checker.findings()
+    assert checker.unchecked() == expected
+
+
+@pytest.mark.vllm
+def test_a_live_engine_trace_has_no_ground_truth(live_reentry_trace):
+    trace = live_reentry_trace
+    assert trace.impl["engine"] == "vllm"
+    assert unchecked_codes(trace) == NEED_TRUTH
+    assert check_report(trace, trace.batches(NEEDED)).unchecked == NEED_TRUTH
+    assert not codes(trace) & set(NEED_TRUTH)

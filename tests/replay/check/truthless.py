@@ -1,0 +1,23 @@
+"""A trace without ground truth, as a live vLLM engine records one, made from any trace by nulling
+its ground-truth columns (so the behaviour is tested without vllm installed)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pyarrow as pa
+
+from specreplay.replay.check.coverage import GROUND_TRUTH
+from specreplay.traces.trace import Trace
+
+
+def without_ground_truth(trace: Trace, columns: tuple[str, ...] = GROUND_TRUTH, keep_rows: int = 0) -> Trace:
+    """`trace` with `columns` null in every row but its first `keep_rows`."""
+    table = trace.table
+    for name in columns:
+        index = table.schema.get_field_index(name)
+        field = table.schema.field(index)
+        kept = table.column(name).slice(0, keep_rows).combine_chunks()
+        nulls = pa.nulls(table.num_rows - len(kept), field.type)
+        table = table.set_column(index, field, pa.chunked_array([kept, nulls], field.type))
+    return dataclasses.replace(trace, table=table)
