@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from specreplay.cli import diff, explore, fidelity, gate, listing, record, show, shrink
+from specreplay.cli import diff, explore, fidelity, gate, listing, merge, record, show, shrink
 from specreplay.cli.common import CONTEXT
 
 
@@ -31,6 +31,7 @@ for command in (
     record.record,
     record.replay,
     record.recover,
+    merge.merge,
     record.compare,
     diff.diff,
     gate.gate,

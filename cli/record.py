@@ -77,11 +77,31 @@ def _summary(recorded) -> None:
     help="Stop the run after this many engine steps (default: the workload's max_steps).",
 )
 @flush_option
+@click.option(
+    "--attach",
+    is_flag=True,
+    help="Run COMMAND (after `--`: a vLLM server or your script) with the recorder attached to the "
+    "vLLM it starts, forward Ctrl-C / SIGTERM to it, and merge what it recorded into OUTPUT.",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @handle_errors
 def record(
-    scenario, workload_file, seed, impl_name, engine, executor, device, model, output, max_steps, flush_every
+    scenario,
+    workload_file,
+    seed,
+    impl_name,
+    engine,
+    executor,
+    device,
+    model,
+    output,
+    max_steps,
+    flush_every,
+    attach,
+    command,
 ) -> None:
-    """Run a workload through an implementation and record both views to a Parquet trace.
+    """Run a workload through an implementation and record both views to a Parquet trace; or,
+    with --attach, record your own vLLM under its own traffic.
 
     While it runs, settled rows go to OUTPUT.partial every --flush-every steps and on any error, so
     a crash or a kill keeps them: `specreplay recover OUTPUT.partial` turns them into a trace.
@@ -89,7 +109,16 @@ def record(
     \b
     Example:
       specreplay record --scenario reentry --impl pr30796 -o pr30796.parquet
+      specreplay record --attach -o run.parquet -- python -m vllm.entrypoints.openai.api_server --model M
     """
+    from specreplay.traces.errors import InputError
+
+    if attach or command:
+        if not attach:
+            raise InputError(f"unexpected argument {command[0]!r}; to record a command's vLLM, give --attach")
+        if scenario or workload_file or engine or executor or model or max_steps or impl_name != "upstream":
+            raise InputError("--attach records the command's vLLM as it runs: no workload, engine or implementation")
+        return _record_attached(output, command)
     from specreplay.replay.workflows.recording import pick_workload, record_to
 
     workload = pick_workload(scenario, workload_file, seed, max_steps)
@@ -106,6 +135,18 @@ def record(
             progress=progress,
         )
     )
+
+
+def _record_attached(output: Path, command: tuple[str, ...]) -> None:
+    from specreplay.cli.merge import report
+    from specreplay.replay.workflows.attach import attach_to
+    from specreplay.traces.errors import ObserverError
+
+    attached = attach_to(output, command)
+    click.echo(f"{command[0]} exited with status {attached.returncode}")
+    report(attached.merged)
+    if attached.merged.failures:  # the engine went on; specreplay's recorder did not: its bug, exit 3
+        raise ObserverError(f"{attached.merged.failures[0]} (the trace holds what was recorded before it)")
 
 
 @click.command(context_settings=CONTEXT)

@@ -19,3 +19,8 @@ class TraceError(InputError):
 class RecordingError(RuntimeError):
     """specreplay's own recorder produced rows or metadata that fail the trace schema: a bug in
     specreplay (or in an implementation that fills trace columns itself), caught before writing."""
+
+
+class ObserverError(RuntimeError):
+    """An observer failed while it watched an engine: a failure of specreplay itself, never a
+    finding about the engine under test (the CLI says so, exit code 3)."""

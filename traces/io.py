@@ -36,7 +36,8 @@ def write_trace(trace: Trace, path: str | os.PathLike[str], row_group_size: int 
     file at `path` is never left half-written."""
     path = Path(path)
     table = trace.table.cast(schema.SCHEMA).replace_schema_metadata(trace.metadata())
-    check_before_writing(table, str(path))
+    # A trace read from an older version is written as that version (its newer columns null).
+    check_before_writing(table, str(path), RowValidator(str(path), trace.schema_version))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -95,8 +96,8 @@ def open_trace(path: str | os.PathLike[str]) -> TraceFile:
             f"{where}: not a readable Parquet file ({_short(exc)}); record a trace with `specreplay record`"
         ) from None
     meta = file_schema.metadata or {}
-    _check_schema_version(where, meta)
-    _check_columns(where, file_schema)
+    version = _check_schema_version(where, meta)
+    _check_columns(where, file_schema, version)
     header = header_from_metadata(where, meta)
     return TraceFile(path, parquet, header)
 
@@ -141,13 +142,16 @@ class TraceFile:
     def batches(self, columns: tuple[str, ...] | None = None):
         """Validated row groups in step order, as tables in the schema, with the given columns
         (all by default; every column is read and validated either way)."""
-        validator = RowValidator(self.where)
+        validator = RowValidator(self.where, self.header.schema_version)
         for index in range(self._parquet.metadata.num_row_groups):
             try:
                 group = self._parquet.read_row_group(index).replace_schema_metadata(None)
                 group.validate(full=True)  # offsets, dictionary indices, UTF-8: a damaged file stops here
             except (pa.ArrowException, OSError, ValueError) as exc:
                 raise TraceError(f"{self.where}: Parquet data is damaged or truncated ({_short(exc)})") from None
+            for name in schema.COLUMN_NAMES:  # added after the file's schema version: null
+                if name not in group.column_names:
+                    group = group.append_column(name, pa.nulls(group.num_rows, schema.SCHEMA.field(name).type))
             try:
                 group = group.select(list(schema.COLUMN_NAMES)).cast(schema.SCHEMA)
             except (pa.ArrowException, ValueError) as exc:
@@ -190,7 +194,7 @@ class TraceFile:
 def header_from_metadata(where: str, meta: dict[bytes, bytes], outcome_required: bool = True) -> Trace:
     """A trace's validated metadata as a `Trace` without rows. `outcome_required=False` is for a
     recording journal, whose outcome is `running` until `recover` replaces it."""
-    _check_schema_version(where, meta)
+    version = _check_schema_version(where, meta)
     config = _json(where, meta, schema.META_CONFIG)
     outcome = _json(where, meta, schema.META_OUTCOME)
     impl = _json(where, meta, schema.META_IMPL)
@@ -205,6 +209,8 @@ def header_from_metadata(where: str, meta: dict[bytes, bytes], outcome_required:
         device=meta.get(schema.META_DEVICE, b"cpu").decode(errors="replace"),
         version=meta.get(schema.META_VERSION, b"?").decode(errors="replace"),
         volatile=_json(where, meta, schema.META_VOLATILE, required=False),
+        schema_version=version,
+        inputs=_json(where, meta, schema.META_INPUTS, required=False),
     )
 
 
@@ -213,7 +219,7 @@ def _short(exc: BaseException) -> str:
     return text[:160] + ("..." if len(text) > 160 else "")
 
 
-def _check_schema_version(where: str, meta: dict[bytes, bytes]) -> None:
+def _check_schema_version(where: str, meta: dict[bytes, bytes]) -> int:
     raw = meta.get(schema.META_SCHEMA_VERSION)
     if raw is None:
         raise TraceError(
@@ -233,13 +239,14 @@ def _check_schema_version(where: str, meta: dict[bytes, bytes]) -> None:
             f"{where}: trace schema v1 (specreplay 0.1, before request lives and control events); "
             f"this specreplay reads v{schema.SCHEMA_VERSION}: record the workload again"
         )
-    if version < 1 or version != schema.SCHEMA_VERSION:
+    if version < schema.OLDEST_READ:
         raise TraceError(f"{where}: trace schema v{version} is not supported (expected v{schema.SCHEMA_VERSION})")
+    return version
 
 
-def _check_columns(where: str, file_schema: pa.Schema) -> None:
+def _check_columns(where: str, file_schema: pa.Schema, version: int = schema.SCHEMA_VERSION) -> None:
     names = file_schema.names
-    missing = [n for n in schema.COLUMN_NAMES if n not in names]
+    missing = [n for n in schema.columns_of_version(version) if n not in names]
     extra = [n for n in names if n not in schema.DESCRIPTIONS]
     mistyped = []
     for field in schema.SCHEMA_FIELDS:
@@ -260,7 +267,7 @@ def _check_columns(where: str, file_schema: pa.Schema) -> None:
         problems.append("mistyped: " + "; ".join(mistyped[:4]) + (" ..." if len(mistyped) > 4 else ""))
     if problems:
         raise TraceError(
-            f"{where}: does not match trace schema v{schema.SCHEMA_VERSION} ("
+            f"{where}: does not match trace schema v{version} ("
             + "; ".join(problems)
             + "); re-record it with this specreplay"
         )

@@ -23,7 +23,10 @@ import pyarrow as pa
 
 #: v2 (specreplay 0.2): request lives and control events (sched_life, sched_event, step_event,
 #: the in-flight and stale token counters, apply_outcome, apply_life).
-SCHEMA_VERSION = 2
+#: v3: the run's outcomes (apply_sampled_token_ids) and, for attached runs, the recorded inputs
+#: (META_INPUTS). v2 files are still read: the columns v3 added come back null.
+SCHEMA_VERSION = 3
+OLDEST_READ = 2
 
 #: Status of the request in the scheduler after `schedule()` of this step.
 STATUSES = ("waiting", "running", "preempted", "finished")
@@ -168,6 +171,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
     ("apply_num_rejected", pa.int16(), True, "scheduler: rejected drafts it subtracted from C and P"),
     ("apply_num_tokens", pa.int16(), True, "scheduler: output tokens appended (after stop truncation)"),
     (
+        "apply_sampled_token_ids",
+        pa.list_(pa.int32()),
+        True,
+        "scheduler: the token ids the output carried for r as update_from_output received them (the "
+        "worker's sampled tokens: 1 + accepted drafts), before it trimmed them at a stop or max_tokens",
+    ),
+    (
         "apply_token_mismatches",
         pa.int16(),
         True,
@@ -233,6 +243,16 @@ COLUMN_NAMES = tuple(name for name, *_ in COLUMNS)
 DESCRIPTIONS = {name: doc for name, _, _, doc in COLUMNS}
 
 #: Allowed values of the enum columns, checked by the reader.
+#: The schema version that added each column after v2; a file of an older version has them null,
+#: and a diff against it leaves them out.
+ADDED_IN = {"apply_sampled_token_ids": 3}
+
+
+def columns_of_version(version: int) -> tuple[str, ...]:
+    """The columns a trace of schema `version` holds."""
+    return tuple(name for name in COLUMN_NAMES if ADDED_IN.get(name, OLDEST_READ) <= version)
+
+
 ENUMS = {
     "sched_status": STATUSES,
     "sched_kind": KINDS,
@@ -253,6 +273,10 @@ META_SEED = b"specreplay.seed"
 #: from a recording journal, rows of steps 1..step only)
 META_OUTCOME = b"specreplay.outcome"
 META_DEVICE = b"specreplay.device"
+#: JSON, attached runs only: the recorded inputs (each request life's prompt token ids and
+#: sampling parameters, streaming chunks, aborts, pauses, cache resets), which the workload
+#: only summarises.
+META_INPUTS = b"specreplay.inputs"
 #: Metadata that legitimately differs between two recordings of the same run; kept out of
 #: content comparisons.
 META_VOLATILE = b"specreplay.volatile"  # JSON: created_at, host, torch version

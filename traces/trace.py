@@ -38,6 +38,7 @@ class Trace:
     version: str = field(default_factory=package_version)
     schema_version: int = schema.SCHEMA_VERSION
     volatile: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, Any] = field(default_factory=dict)  # attached runs: the recorded inputs
 
     @property
     def impl_name(self) -> str:
@@ -65,7 +66,7 @@ class Trace:
         def js(value: Any) -> bytes:
             return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
-        return {
+        meta = {
             schema.META_SCHEMA_VERSION: str(self.schema_version).encode(),
             schema.META_VERSION: self.version.encode(),
             schema.META_WORKLOAD: js(self.workload),
@@ -76,6 +77,9 @@ class Trace:
             schema.META_DEVICE: self.device.encode(),
             schema.META_VOLATILE: js(self.volatile),
         }
+        if self.inputs:
+            meta[schema.META_INPUTS] = js(self.inputs)
+        return meta
 
     def content_equals(self, other: Trace) -> bool:
         """Same rows and same non-volatile metadata (creation time, host and device are ignored)."""

@@ -38,6 +38,7 @@ class TraceDiff:
     only_a: int = 0
     only_b: int = 0
     rows_compared: int = 0
+    left_out: list[str] = field(default_factory=list)  # columns the older trace's schema lacks
 
     @property
     def same(self) -> bool:
@@ -59,8 +60,12 @@ def diff_batches(a, b, batches_a: Iterable, batches_b: Iterable) -> TraceDiff:
     """Two traces arriving in batches in step order; `a` and `b` give the metadata (outcome, steps)."""
     out = TraceDiff()
     first_per_field: dict[str, Finding] = {}
+    # A trace of an older schema version lacks the columns added since: they are left out.
+    older = min(getattr(t, "schema_version", schema.SCHEMA_VERSION) for t in (a, b))
+    columns = [c for c in schema.columns_of_version(older) if c not in _KEY]
+    out.left_out = [c for c in _COLUMNS if c not in columns]
     for chunk_a, chunk_b in _aligned(iter(batches_a), iter(batches_b)):
-        _compare(chunk_a, chunk_b, out, first_per_field)
+        _compare(chunk_a, chunk_b, out, first_per_field, columns)
     # Messages may be worded differently by different engines; status, step and kind must agree.
     if _outcome_key(a) != _outcome_key(b):
         out.fields["(outcome)"] += 1
@@ -128,13 +133,15 @@ def _split(table: pa.Table, bound: int) -> tuple[pa.Table, pa.Table]:
     return table.slice(0, cut), table.slice(cut)
 
 
-def _compare(ta: pa.Table, tb: pa.Table, out: TraceDiff, first_per_field: dict[str, Finding]) -> None:
+def _compare(
+    ta: pa.Table, tb: pa.Table, out: TraceDiff, first_per_field: dict[str, Finding], columns: list[str]
+) -> None:
     ta = ta.sort_by([("step", "ascending"), ("request_id", "ascending")])
     tb = tb.sort_by([("step", "ascending"), ("request_id", "ascending")])
     if not (ta["step"].equals(tb["step"]) and ta["request_id"].equals(tb["request_id"])):
         ta, tb = _match(ta, tb, out, first_per_field)
     out.rows_compared += ta.num_rows
-    for name in _COLUMNS:
+    for name in columns:
         rows = _differing_rows(ta[name], tb[name])
         if not len(rows):
             continue

@@ -23,12 +23,13 @@ from dataclasses import replace
 from typing import Any
 
 from specreplay.replay.engines import plugin
+from specreplay.replay.engines import sink as sink_files
 from specreplay.replay.engines.inputs import InputDriver
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
-from specreplay.traces.errors import InputError
+from specreplay.traces.errors import InputError, ObserverError
 from specreplay.traces.trace import Trace
 
 
@@ -54,7 +55,7 @@ def run_live(
 
     on_cpu = current_platform.is_cpu()
     config = cpu_attention_config(workload.config) if on_cpu else workload.config
-    sink = plugin.new_sink()
+    sink = sink_files.new_sink()
     env = live_environment(impl, config, sink, on_cpu)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -75,8 +76,12 @@ def run_live(
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    rows = plugin.merge_parts(sink)
-    plugin.clean_sink(sink)
+    parts = sink_files.read_parts(sink)
+    sink_files.clean_sink(sink)
+    failures = sink_files.observer_failures(parts)
+    if failures:  # specreplay's own failure, not the engine's crash (record/guard.py)
+        raise ObserverError(failures[0])
+    rows = sink_files.merge_rows(parts)
     impl_doc = {
         "name": impl.name,
         "engine": "vllm",
@@ -89,7 +94,7 @@ def run_live(
         "patches": list(plugin.CPU_PATCHES) if on_cpu else [],
     }
     header = trace_header(workload, impl_doc, "cpu" if on_cpu else device, outcome, config)
-    return replace(header, table=plugin.rows_to_table(rows))
+    return replace(header, table=sink_files.rows_to_table(rows))
 
 
 def live_environment(impl: Implementation, config: EngineConfig, sink: str, on_cpu: bool) -> dict[str, str]:

@@ -19,15 +19,12 @@ null: a live engine has no oracle.
 from __future__ import annotations
 
 import functools
-import glob
 import json
 import os
 import re
-import shutil
-import tempfile
 from typing import Any
 
-from specreplay.traces import schema
+from specreplay.replay.engines.sink import Sink, SinkWriter, sink_recorder
 
 SINK_ENV = "SPECREPLAY_LIVE_SINK"
 IMPL_ENV = "SPECREPLAY_LIVE_IMPL"
@@ -47,54 +44,6 @@ def external_id(internal: str) -> str:
     (Cached: the observers ask for every request at every step.)"""
     m = _SUFFIX.match(internal)
     return m.group(1) if m else internal
-
-
-class Sink:
-    """One process's part file under the sink folder: one JSON line per event, flushed."""
-
-    def __init__(self, folder: str, role: str) -> None:
-        self.path = os.path.join(folder, f"{role}-{os.getpid()}-{id(self)}.jsonl")
-        self._file = open(self.path, "a", encoding="utf-8")
-
-    def write(self, event: dict[str, Any]) -> None:
-        self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
-        self._file.flush()
-
-
-def sink_recorder(sink: Sink):
-    """A Recorder that also streams its rows and patches to `sink` as they are written."""
-    from specreplay.replay.record.recorder import SCHEDULE_COLUMNS, Recorder
-
-    names = ["step", "step_total_scheduled_tokens", "step_event", *SCHEDULE_COLUMNS]
-
-    class SinkRecorder(Recorder):
-        def append_step(self, step, total_scheduled, step_event, rows):
-            index = super().append_step(step, total_scheduled, step_event, rows)
-            c = self.cols
-            sink.write({"e": "rows", "names": names, "rows": [[c[n][i] for n in names] for i in index.values()]})
-            return index
-
-        def fill(self, at, values):
-            super().fill(at, values)
-            sink.write({"e": "patch", "rows": [[self.cols["step"][at], self.cols["request_id"][at], values]]})
-
-    return SinkRecorder()
-
-
-class SinkWriter:
-    """The worker observer's rows of one step, as one patch line."""
-
-    def __init__(self, sink: Sink) -> None:
-        self.sink = sink
-        self.rows: list[list[Any]] = []
-
-    def write(self, step: int, rid: str, values: dict[str, Any]) -> None:
-        self.rows.append([step, rid, dict(values)])
-
-    def step_done(self, step: int) -> None:
-        if self.rows:
-            self.sink.write({"e": "patch", "rows": self.rows})
-        self.rows = []
 
 
 def attach_to_core(scheduler: Any, sink: Sink, config: Any, impl: Any) -> None:
@@ -148,34 +97,31 @@ def attach_to_runner(runner: Any, sink: Sink, impl: Any) -> None:
 # ====================================================================== the vLLM plugin
 def register() -> None:
     """vllm.general_plugins entry point, run by vLLM in every process it starts. Does nothing
-    unless specreplay's live recorder set SPECREPLAY_LIVE_SINK for this run."""
-    if not os.environ.get(SINK_ENV):
+    unless specreplay's live run set SPECREPLAY_LIVE_SINK, or the user set SPECREPLAY_RECORD
+    (engines/attached.py) to record their own vLLM."""
+    from specreplay.replay.engines.attached import recording_folder, run_id
+
+    live, attached = os.environ.get(SINK_ENV), recording_folder()
+    if not live and not attached:
         return
+    if attached and not live:
+        run_id()  # drawn by the first process, inherited by the ones it starts
+        os.makedirs(attached, exist_ok=True)
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    if os.environ.get(CPU_ENV) == "1":
+    if os.environ.get(CPU_ENV) == "1" or (attached and not live and _on_cpu()):
         apply_cpu_patches()
     if getattr(EngineCore, "_specreplay_patched", False):
         return
     EngineCore._specreplay_patched = True
 
-    def run_settings() -> tuple[Any, Any, str]:
-        """This run's implementation and config, read when first needed (the sink may change
-        between two live runs in one process: each attach reads the current one)."""
-        from specreplay.replay.impls.registry import resolve
-        from specreplay.replay.workloads.config import EngineConfig
-
-        impl = resolve(os.environ.get(IMPL_ENV, "upstream"), allow_import=True)
-        return impl, EngineConfig.from_dict(json.loads(os.environ[CONFIG_ENV])), os.environ[SINK_ENV]
-
     def core_tap(step_fn):
         @functools.wraps(step_fn)
         def step(self, *a, **kw):
-            if os.environ.get(SINK_ENV) and "_specreplay_attached" not in self.__dict__:
-                impl, config, folder = run_settings()
-                attach_to_core(self.scheduler, Sink(folder, "core"), config, impl)
+            if "_specreplay_attached" not in self.__dict__:
                 self._specreplay_attached = True
+                _attach_core(self)
             return step_fn(self, *a, **kw)
 
         return step
@@ -186,14 +132,73 @@ def register() -> None:
     original_execute = GPUModelRunner.execute_model
 
     def execute_model(self, *a, **kw):
-        if os.environ.get(SINK_ENV) and "_specreplay_attached" not in self.__dict__:
-            impl, config, folder = run_settings()
+        if "_specreplay_attached" not in self.__dict__:
             self._specreplay_attached = True
-            attach_to_runner(self, Sink(folder, "runner"), impl)
-            return self.execute_model(*a, **kw)  # the instance wrapper now
+            if _attach_runner(self):
+                return self.execute_model(*a, **kw)  # the instance wrapper now
         return original_execute(self, *a, **kw)
 
     GPUModelRunner.execute_model = execute_model
+
+
+def _run_settings() -> tuple[Any, Any, str]:
+    """A live run's implementation and config, read when first needed (the sink may change
+    between two live runs in one process: each attach reads the current one)."""
+    from specreplay.replay.impls.registry import resolve
+    from specreplay.replay.workloads.config import EngineConfig
+
+    impl = resolve(os.environ.get(IMPL_ENV, "upstream"), allow_import=True)
+    return impl, EngineConfig.from_dict(json.loads(os.environ[CONFIG_ENV])), os.environ[SINK_ENV]
+
+
+def _attach_core(core: Any) -> None:
+    from specreplay.replay.engines.attached import attach_recorder_to_core, recording_folder
+
+    if os.environ.get(SINK_ENV):
+        impl, config, folder = _run_settings()
+        sink = Sink(folder, "core")
+        _report_failures_to(sink, "core", stop=False)
+        attach_to_core(core.scheduler, sink, config, impl)
+    elif recording_folder():
+        _report_failures_to(attach_recorder_to_core(core, recording_folder()), "core", stop=True)
+
+
+def _attach_runner(runner: Any) -> bool:
+    from specreplay.replay.engines.attached import attach_recorder_to_runner, recording_folder
+
+    if os.environ.get(SINK_ENV):
+        impl, _config, folder = _run_settings()
+        sink = Sink(folder, "runner")
+        _report_failures_to(sink, "runner", stop=False)
+        attach_to_runner(runner, sink, impl)
+        return True
+    if recording_folder():
+        _report_failures_to(attach_recorder_to_runner(runner, recording_folder()), "runner", stop=True)
+        return True
+    return False
+
+
+def _report_failures_to(sink: Sink, role: str, stop: bool) -> None:
+    """An observer's failure in this process goes to `sink` as an `error` line. `stop` (attached
+    to a user's vLLM): observation stops and the engine goes on; else the error propagates."""
+    from specreplay.replay.record.guard import GUARD
+
+    GUARD.on_failure = "stop" if stop else "raise"
+    GUARD.failed = None  # a new run
+    GUARD.reporters[role] = lambda message: sink.write({"e": "error", "message": message})
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def applied_patches() -> list[str]:
+    """The recipe's patches if this process applied them (stamped into the trace)."""
+    import torch
+
+    return list(CPU_PATCHES) if getattr(torch.zeros, "_specreplay", False) else []
 
 
 def apply_cpu_patches() -> None:
@@ -222,50 +227,3 @@ def apply_cpu_patches() -> None:
             vllm_config.scheduler_config.async_scheduling = True
 
     CpuPlatform.check_and_update_config = check_and_update_config
-
-
-# ====================================================================== merging the parts
-def merge_parts(folder: str) -> list[dict[str, Any]]:
-    """Rows from every part file under `folder`, patched, in step order."""
-    rows: dict[tuple[int, str], dict[str, Any]] = {}
-    order: list[tuple[int, str]] = []
-    patches: list[list[Any]] = []
-    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue  # a line cut by a dying process
-                if event.get("e") == "rows":
-                    for values in event["rows"]:
-                        row = dict(zip(event["names"], values))
-                        key = (row["step"], row["request_id"])
-                        rows[key] = row
-                        order.append(key)
-                elif event.get("e") == "patch":
-                    patches.extend(event["rows"])
-    for step, rid, values in patches:
-        row = rows.get((step, rid))
-        if row is not None:
-            row.update(values)
-    order.sort(key=lambda k: k[0])  # stable: within a step, the scheduler's row order
-    return [rows[k] for k in order]
-
-
-def rows_to_table(rows: list[dict[str, Any]]):
-    from specreplay.replay.record.recorder import Recorder
-
-    rec = Recorder()
-    for row in rows:
-        for name in schema.COLUMN_NAMES:
-            rec.cols[name].append(row.get(name))
-    return rec.table()
-
-
-def clean_sink(folder: str) -> None:
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def new_sink() -> str:
-    return tempfile.mkdtemp(prefix="specreplay-live-")

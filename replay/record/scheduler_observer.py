@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from specreplay.replay.models.rules import reaches_max_tokens_in_flight
+from specreplay.replay.record.guard import GUARD
 from specreplay.replay.record.recorder import Recorder
 
 #: vLLM's RequestStatus names (the reference's Status uses the same) -> the trace's sched_status.
@@ -81,7 +82,7 @@ class Delivery:
 
     tracked: Tracked
     before: Counters
-    num_sampled: int  # tokens the worker emitted for it (before vLLM trims the list)
+    sampled: tuple[int, ...]  # the tokens the worker emitted for it (before vLLM trims the list)
     outcome: str  # applied | stale_delivered | dropped: vLLM's stale test, read before it drains
 
 
@@ -278,7 +279,7 @@ class SchedulerObserver:
             stale = r.num_stale_output_tokens > 0
             outcome = ("dropped" if r.drop_stale_output else "stale_delivered") if stale else "applied"
             deliveries[rid] = Delivery(
-                t, Counters.of(r), len(sampled[i]) if i is not None and i < len(sampled) else 0, outcome
+                t, Counters.of(r), tuple(sampled[i]) if i is not None and i < len(sampled) else (), outcome
             )
         return deliveries
 
@@ -302,7 +303,8 @@ class SchedulerObserver:
             given.add(trace_id)
             slots = len(so.scheduled_spec_decode_tokens.get(rid, ()))
             dropped = d.outcome == "dropped"
-            rejected = slots - (d.num_sampled - 1) if slots and d.num_sampled and not dropped else 0
+            num_sampled = len(d.sampled)
+            rejected = slots - (num_sampled - 1) if slots and num_sampled and not dropped else 0
             i = out_index.get(rid)
             tokens = () if dropped or i is None else tuple(model_output.sampled_token_ids[i])
             finish = self.finish_reason(r, was, tokens)
@@ -318,6 +320,7 @@ class SchedulerObserver:
                     "apply_num_draft_slots": slots,
                     "apply_num_rejected": rejected,
                     "apply_num_tokens": len(tokens),
+                    "apply_sampled_token_ids": list(d.sampled),
                     "apply_token_mismatches": (
                         None
                         if self.mismatches is None
@@ -354,27 +357,31 @@ def attach(observer: SchedulerObserver, step_of: Callable[[Any], int], apply_ste
     s = observer.scheduler
     add, schedule, update = s.add_request, s.schedule, s.update_from_output
 
+    call = GUARD.call  # an observer's exception is specreplay's, never the scheduler's (record/guard.py)
+
     @functools.wraps(add)
     def add_request(request, *a, **kw):
         result = add(request, *a, **kw)
-        observer.request_added(request.request_id)
+        call("scheduler observer", observer.request_added, request.request_id)
         return result
 
     @functools.wraps(schedule)
     def schedule_(*a, **kw):
-        observer.before_schedule()
+        call("scheduler observer", observer.before_schedule)
         so = schedule(*a, **kw)
-        so._specreplay_step = step = step_of(so)
-        observer.after_schedule(so, step)
+        step = call("scheduler observer", step_of, so)
+        if step is not None:
+            so._specreplay_step = step
+            call("scheduler observer", observer.after_schedule, so, step)
         return so
 
     @functools.wraps(update)
     def update_from_output(so, model_output, *a, **kw):
-        deliveries = observer.before_update(so, model_output)
+        deliveries = call("scheduler observer", observer.before_update, so, model_output)
         result = update(so, model_output, *a, **kw)
         step = getattr(so, "_specreplay_step", None)
-        if step is not None:
-            observer.after_update(so, model_output, deliveries, step, apply_step())
+        if step is not None and deliveries is not None:
+            call("scheduler observer", observer.after_update, so, model_output, deliveries, step, apply_step())
         return result
 
     s.add_request, s.schedule, s.update_from_output = add_request, schedule_, update_from_output

@@ -25,6 +25,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Protocol
 
+from specreplay.replay.record.guard import GUARD
+
 
 class RowWriter(Protocol):
     """Where a worker-side observer's values go: row (step, request id) of the trace."""
@@ -224,8 +226,9 @@ def attach_runner(runner: Any, observers: list[RunnerObserver], reader: RunnerRe
     )
 
     def each(hook: str, *args: Any) -> None:
+        # An observer's exception is specreplay's, never the runner's (record/guard.py).
         for obs in observers:
-            getattr(obs, hook)(*args)
+            GUARD.call("worker observer", getattr(obs, hook), *args)
 
     @functools.wraps(execute)
     def execute_model(so, *a, **kw):
@@ -245,7 +248,9 @@ def attach_runner(runner: Any, observers: list[RunnerObserver], reader: RunnerRe
     @functools.wraps(prepare)
     def _prepare_inputs(so, *a, **kw):
         result = prepare(so, *a, **kw)
-        each("on_inputs", reader.inputs(runner, so, result), runner, so, result)
+        inputs = GUARD.call("worker observer", reader.inputs, runner, so, result)
+        if inputs is not None:
+            each("on_inputs", inputs, runner, so, result)
         return result
 
     @functools.wraps(sample)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specreplay.replay.check.findings import Finding, fails
+from specreplay.traces import schema
 from specreplay.traces.errors import InputError
 
 
@@ -198,7 +199,18 @@ def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult
                 "updated",
                 dict(diff.fields),
                 diff.first,
-                "metadata only (implementation, version or config stamp)" if diff.same else "",
+                _why_updated(golden, diff),
             )
         )
     return out
+
+
+def _why_updated(golden, diff) -> str:
+    """What changed when the rows agree: an older schema (upgraded, its new columns now filled)
+    or only the metadata's stamps."""
+    if not diff.same:
+        return ""
+    if golden.schema_version < schema.SCHEMA_VERSION:
+        added = ", ".join(diff.left_out)
+        return f"upgraded from schema v{golden.schema_version} to v{schema.SCHEMA_VERSION} ({added} now recorded)"
+    return "metadata only (implementation, version or config stamp)"

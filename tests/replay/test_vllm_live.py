@@ -106,3 +106,48 @@ def test_diff_and_info_read_a_live_trace(live, tmp_path):
     result = CliRunner().invoke(main, ["diff", str(path)])
     assert result.exit_code == 0 and "verdict: wasteful" in result.output
     assert CliRunner().invoke(main, ["info", str(path)]).exit_code == 0
+
+
+def test_two_live_recordings_in_one_process(tmp_path):
+    """`compare` records one live run per implementation in the same process: each attaches to
+    its own engine and writes its own folder (the second once failed on the first's sink)."""
+    from click.testing import CliRunner
+
+    from specreplay.cli.main import main
+    from specreplay.traces.io import read_trace
+
+    result = CliRunner().invoke(
+        main,
+        ["compare", "--scenario", "reentry", "--engine", "vllm", "--impls", "upstream,sched-clear"]
+        + ["-o", str(tmp_path)],
+    )
+    assert result.exit_code in (0, 1), result.output
+    assert "crashed" not in result.output and "E1-engine-crash" not in result.output
+    for name in ("upstream", "sched-clear"):
+        assert completed(read_trace(tmp_path / f"reentry-{name}.parquet")).step.max() >= 8
+
+
+def test_an_observer_failure_is_specreplays_own_not_an_engine_crash(tmp_path, monkeypatch):
+    """An exception inside specreplay's worker observer, raised while the live engine runs: exit 3
+    in one line naming specreplay, no trace, never a verdict or an E1 finding about vLLM."""
+    from click.testing import CliRunner
+
+    from specreplay.cli.main import main
+    from specreplay.replay.record.worker_observer import WorkerObserver
+
+    calls = {"n": 0}
+    original = WorkerObserver.on_sampled
+
+    def breaks_at_step_3(self, runner):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyError("a bug in the observer")
+        return original(self, runner)
+
+    monkeypatch.setattr(WorkerObserver, "on_sampled", breaks_at_step_3)
+    out = tmp_path / "live.parquet"
+    result = CliRunner().invoke(main, ["record", "--scenario", "reentry", "--engine", "vllm", "-o", str(out)])
+    assert result.exit_code == 3, result.output
+    assert "specreplay's worker observer failed: KeyError" in result.output
+    assert "a specreplay bug" in result.output and result.output.strip().count("\n") == 0
+    assert not out.exists()

@@ -140,3 +140,24 @@ def test_reader_rejects_half_filled_column_groups(tmp_path, reentry_traces):
 def test_written_traces_are_world_readable(tmp_path, reentry_traces):
     path = write_trace(reentry_traces["upstream"], tmp_path / "t.parquet")
     assert path.stat().st_mode & 0o044 == 0o044
+
+
+def test_a_v2_trace_reads_with_its_v3_columns_null_and_diffs_without_them(tmp_path, reentry_traces):
+    """A schema v2 trace (before the recorded outcomes): it reads, compares with a
+    v3 recording of the same workload on the columns both have, and is written back as v2."""
+    from pathlib import Path
+
+    from specreplay.replay.check.tracediff import diff_traces
+
+    golden = read_trace(Path(__file__).parent / "data" / "reentry-v2.parquet")  # kept as written by 0.2
+    assert golden.schema_version == 2
+    assert golden.table["apply_sampled_token_ids"].null_count == golden.num_rows
+    fresh = reentry_traces["upstream"]
+    assert fresh.schema_version == schema.SCHEMA_VERSION == 3
+    applied = fresh.table.filter(pa.compute.equal(fresh.table["apply_outcome"], "applied"))
+    assert applied["apply_sampled_token_ids"].null_count == 0
+    diff = diff_traces(fresh, golden)
+    assert diff.same and diff.left_out == ["apply_sampled_token_ids"]
+    assert diff_traces(fresh, fresh).left_out == []
+    again = read_trace(write_trace(golden, tmp_path / "upgraded.parquet"))
+    assert again.schema_version == 2 and again.table.equals(golden.table)

@@ -1,0 +1,54 @@
+"""`specreplay merge`: the part files of an attached vLLM run into one trace.
+
+Where it sits: cli over the merge workflow (replay/workflows/merge.py). A vLLM process started
+with `SPECREPLAY_RECORD=DIR` (engines/attached.py) leaves one part file per process in DIR; this
+command joins them, says what it dropped and why, and prints the one-line check `record` prints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from specreplay.cli.common import CONTEXT, handle_errors
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Trace file to write (.parquet).")
+@click.option("--run", "run_id", default=None, help="The run to merge, when FOLDER holds parts of several.")
+@handle_errors
+def merge(folder, output, run_id) -> None:
+    """Merge what a vLLM process started with SPECREPLAY_RECORD=FOLDER wrote (one part file per
+    process: engine core, workers) into one trace.
+
+    \b
+    Example:
+      SPECREPLAY_RECORD=rec/ python -m vllm.entrypoints.openai.api_server --model M ...
+      specreplay merge rec/ -o run.parquet
+      specreplay diff run.parquet
+    """
+    from specreplay.replay.workflows.merge import merge_to
+    from specreplay.traces.errors import ObserverError
+
+    merged = merge_to(folder, output, run_id)
+    report(merged)
+    if merged.failures:  # the engine went on; specreplay's recorder did not: its bug, exit 3
+        raise ObserverError(f"{merged.failures[0]} (the trace holds what was recorded before it)")
+
+
+def report(merged) -> None:
+    """What was merged, what was dropped and why, and `record`'s one-line check."""
+    from specreplay.cli.record import _summary
+    from specreplay.replay.workflows.recording import Recorded
+
+    trace = merged.trace
+    requests = len({r["id"] for r in trace.inputs.get("requests", [])})
+    click.echo(
+        f"merged run {merged.run}: {merged.parts} part files, {requests} requests, "
+        f"{len(trace.inputs.get('aborts', []))} aborts"
+    )
+    for line in merged.dropped:
+        click.echo(f"dropped: {line}")
+    _summary(Recorded(merged.path, trace))

@@ -1,0 +1,135 @@
+"""Recording your own vLLM: `SPECREPLAY_RECORD=DIR` in the environment of any vLLM 0.32 process.
+
+Where it sits: workloads -> models -> impls -> record -> **engines** -> check. vLLM loads
+specreplay's `vllm.general_plugins` entry point (engines/plugin.py `register`) in every process
+it starts: the front end (`LLM`, `AsyncLLM`, `vllm serve`'s API server), the engine core and
+its workers. With `SPECREPLAY_RECORD` set, each attaches what it can see, unchanged (no variant,
+no lookahead, no patch but the CPU recipe's on a CPU platform):
+
+- the engine core's scheduler: the scheduler observer (both views' scheduler side, as on every
+  engine) and the input observer (arrivals with prompt ids and sampling parameters, aborts,
+  pauses, cache resets, streaming chunks, resubmissions), and the engine config, read from the
+  real `VllmConfig`;
+- every `GPUModelRunner`: the worker observer.
+
+Each process writes its own part file under DIR (engines/sink.py), whose first line names the
+run: the first process to load the plugin draws a run id and leaves it in the environment for
+the processes it starts, so the parts of one run share it and two runs in one folder are told
+apart. `specreplay merge DIR` (workflows/merge.py) joins the parts into one trace.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from typing import Any
+
+RECORD_ENV = "SPECREPLAY_RECORD"
+RUN_ENV = "SPECREPLAY_RUN_ID"
+
+
+def recording_folder() -> str | None:
+    return os.environ.get(RECORD_ENV) or None
+
+
+def run_id() -> str:
+    """This run's id: drawn by the first process that asks, inherited by the ones it starts."""
+    if not os.environ.get(RUN_ENV):
+        os.environ[RUN_ENV] = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
+    return os.environ[RUN_ENV]
+
+
+def engine_config_of(vllm_config: Any, scheduler: Any = None) -> tuple[Any, dict[str, Any]]:
+    """The engine config the run has, read from vLLM's own config (and the scheduler's KV cache:
+    num_blocks is known only once the engine sized it); plus what the trace's impl says of it."""
+    from specreplay.replay.workloads.config import EngineConfig
+
+    sched, cache, model = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.model_config
+    spec = vllm_config.speculative_config
+    num_blocks = cache.num_gpu_blocks
+    if scheduler is not None:
+        pool = getattr(getattr(scheduler, "kv_cache_manager", None), "block_pool", None)
+        num_blocks = getattr(pool, "num_gpu_blocks", None) or num_blocks
+    config = EngineConfig(
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        max_num_seqs=sched.max_num_seqs,
+        num_spec_tokens=vllm_config.num_speculative_tokens,
+        async_scheduling=bool(sched.async_scheduling),
+        block_size=cache.block_size,
+        num_blocks=int(num_blocks or 1),
+        max_model_len=model.max_model_len,
+        long_prefill_token_threshold=sched.long_prefill_token_threshold,
+        vocab_size=model.get_vocab_size(),
+        num_lookahead_tokens=vllm_config.num_lookahead_tokens,
+    )
+    about = {
+        "drafter": (spec.method if spec is not None else None) or "none",
+        "model": str(model.model),
+        "scheduler_cls": type(scheduler).__name__ if scheduler is not None else "?",
+    }
+    return config, about
+
+
+def part_header(role: str) -> dict[str, Any]:
+    """The first line of every part file: which run, which process."""
+    import vllm
+
+    from specreplay.replay.engines.plugin import applied_patches
+
+    return {
+        "e": "part",
+        "run": run_id(),
+        "role": role,
+        "pid": os.getpid(),
+        "started": time.time(),
+        "vllm": getattr(vllm, "__version__", "?"),
+        "patches": applied_patches(),
+    }
+
+
+def attach_recorder_to_core(core: Any, folder: str) -> Any:
+    """The scheduler and input observers on an engine core's scheduler, unchanged otherwise."""
+    from specreplay.replay.engines.plugin import external_id
+    from specreplay.replay.engines.sink import Sink, sink_recorder
+    from specreplay.replay.record.input_observer import InputObserver, attach_inputs
+    from specreplay.replay.record.scheduler_observer import SchedulerObserver, attach
+
+    scheduler = core.scheduler
+    sink = Sink(folder, "core", part_header("core"))
+    config, about = engine_config_of(scheduler.vllm_config, scheduler)
+    sink.write({"e": "config", "config": config.to_dict(), **about})
+    observer = SchedulerObserver(
+        scheduler,
+        sink_recorder(sink),
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=config.max_model_len,
+        external_id=external_id,
+    )
+    clock = {"step": 0}
+
+    def next_step(_so: Any) -> int:
+        clock["step"] += 1
+        sink.write({"e": "step", "step": clock["step"], "t": time.time()})
+        return clock["step"]
+
+    inputs = InputObserver(scheduler, observer, sink.write, lambda: clock["step"], external_id)
+    for rid in list(scheduler.requests):  # added before the recorder attached: arrived at step 1
+        observer.request_added(rid)
+        inputs.request_seen(scheduler.requests[rid], step=1)
+    attach(observer, step_of=next_step, apply_step=lambda: clock["step"])
+    attach_inputs(inputs)
+    return sink
+
+
+def attach_recorder_to_runner(runner: Any, folder: str) -> Any:
+    from specreplay.replay.engines.plugin import external_id
+    from specreplay.replay.engines.sink import Sink, SinkWriter
+    from specreplay.replay.record.worker_observer import VllmReader, WorkerObserver, attach_runner
+
+    sink = Sink(folder, "runner", part_header("runner"))
+    attach_runner(runner, [WorkerObserver(SinkWriter(sink), VllmReader, external_id)], VllmReader)
+    return sink
+
+
+__all__ = ["RECORD_ENV", "RUN_ENV", "attach_recorder_to_core", "attach_recorder_to_runner", "recording_folder"]

@@ -1,0 +1,222 @@
+"""Merge: the part files an attached vLLM wrote (`SPECREPLAY_RECORD=DIR`) into one trace.
+
+Where it sits: workflows, over engines (the part files: engines/sink.py; what wrote them:
+engines/attached.py) -> traces. What `specreplay merge DIR -o run.parquet` and
+`specreplay record --attach` call.
+
+The parts of one run are those whose first line names its run id; a folder holding two runs is
+refused unless `run` picks one. The engine core's part gives the engine config (read from the
+real `VllmConfig`), the scheduler rows and the recorded inputs (arrivals with prompt ids and
+sampling parameters, aborts, pauses, cache resets, streaming chunks); the runners' parts give
+the worker view. A process killed at any moment loses at most the line it was writing: that
+line is dropped and counted, and trailing steps whose scheduled rows never got their worker rows
+(the step the kill cut) are dropped, each named with why. Nothing is dropped silently: the
+trace's outcome is `partial` when anything was, with the last whole step.
+
+The trace's workload is a summary of the recorded inputs in specreplay's workload format
+(prompt lengths, max_tokens, arrival steps, events), so `info`, `show` and the checker read it
+as any other; the exact inputs (prompt token ids, stop token ids, min_tokens, ignore_eos, each
+life and chunk) are kept beside it in the trace's `inputs` metadata.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from specreplay.traces.errors import InputError
+from specreplay.traces.trace import Trace
+
+INPUT_KINDS = ("request", "stream", "abort", "event")
+
+
+@dataclass
+class Merged:
+    path: Path
+    trace: Trace
+    run: str
+    parts: int
+    dropped: list[str] = field(default_factory=list)  # what was dropped and why, one line each
+    failures: list[str] = field(default_factory=list)  # specreplay's own failures while recording
+
+
+def merge_to(folder: Path, output: Path, run: str | None = None) -> Merged:
+    """Merge the run's parts under `folder` into the trace `output` (written atomically)."""
+    from specreplay.traces.io import write_trace
+
+    merged = merge_folder(folder, run)
+    write_trace(merged.trace, output)
+    merged.path = Path(output)
+    return merged
+
+
+def merge_folder(folder: Path, run: str | None = None) -> Merged:
+    from specreplay.replay.engines.run import trace_header
+    from specreplay.replay.engines.sink import merge_rows, observer_failures, read_parts, rows_to_table
+    from specreplay.replay.workloads.config import EngineConfig
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: no such folder (the SPECREPLAY_RECORD folder of a recorded run)")
+    parts = [p for p in read_parts(str(folder)) if p.events or p.cut_lines]
+    if not parts:
+        raise InputError(f"{folder}: no part files (*.jsonl); was SPECREPLAY_RECORD={folder} set for the vLLM process?")
+    runs: dict[str | None, list] = defaultdict(list)
+    for part in parts:
+        runs[part.run].append(part)
+    if run is None:
+        if len(runs) > 1:
+            listing = ", ".join(f"{r or '(no run id)'} ({len(ps)} parts)" for r, ps in sorted(runs.items(), key=str))
+            raise InputError(f"{folder}: parts of {len(runs)} runs: {listing}; merge one with --run ID")
+        run = next(iter(runs))
+    elif run not in runs:
+        raise InputError(f"{folder}: no parts of run {run!r}; runs here: {', '.join(sorted(map(str, runs)))}")
+    parts = runs[run]
+    cores = [p for p in parts if p.role == "core"]
+    if len(cores) != 1:
+        raise InputError(
+            f"{folder}: run {run} has {len(cores)} engine-core parts; merge needs exactly one "
+            "(data-parallel engines are not supported yet)"
+        )
+    core = cores[0]
+    dropped = [
+        f"{os.path.basename(p.path)}: {p.cut_lines} line(s) cut mid-write (the process died writing them)"
+        for p in parts
+        if p.cut_lines
+    ]
+    config_event = next((e for e in core.events if e.get("e") == "config"), None)
+    if config_event is None:
+        raise InputError(f"{folder}: run {run}'s engine-core part has no config line (cut before its first write)")
+    config = EngineConfig(**config_event["config"])
+    rows = merge_rows(parts)
+    rows, cut_steps = whole_steps(rows)
+    if cut_steps:
+        dropped.append(
+            f"step(s) {', '.join(map(str, cut_steps))}: scheduled, but the worker's rows never arrived "
+            "(the run stopped inside them)"
+        )
+    inputs = collect_inputs(parts)
+    last_step = rows[-1]["step"] if rows else 0
+    workload = workload_of(inputs, config, run, last_step)
+    impl_doc = {
+        "name": "upstream",
+        "engine": "vllm (attached)",
+        "executor": "multiproc" if len({p.header.get("pid") for p in parts}) > 1 else "inproc",
+        "scheduler": config_event.get("scheduler_cls", "?"),
+        "runner": "GPUModelRunner (attached)",
+        "models": f"vllm {core.header.get('vllm', '?')}",
+        "model": config_event.get("model", "?"),
+        "drafter": config_event.get("drafter", "none"),
+        "run": run,
+        "patches": sorted({patch for p in parts for patch in p.header.get("patches", [])}),
+    }
+    failures = observer_failures(parts)
+    dropped += [f"recording stopped: {failure}" for failure in failures]
+    outcome: dict[str, Any] = {"status": "completed"}
+    if dropped:
+        outcome = {"status": "partial", "step": last_step, "message": "; ".join(dropped)[:500]}
+    header = trace_header(workload, impl_doc, "cpu", outcome, config)
+    trace = replace(header, table=rows_to_table(rows), inputs=inputs)
+    return Merged(Path(), trace, str(run), len(parts), dropped, failures)
+
+
+def whole_steps(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+    """Drop trailing steps with a scheduled row that has no worker row: the run stopped inside
+    them. A step inside the run with such a row stays: that is a finding (X1), not a cut."""
+    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_step[row["step"]].append(row)
+    cut = []
+    for step in sorted(by_step, reverse=True):
+        scheduled = [r for r in by_step[step] if r.get("sched_num_scheduled_tokens")]
+        if scheduled and all(r.get("worker_num_scheduled_tokens") is not None for r in scheduled):
+            break
+        if not scheduled:
+            break
+        cut.append(step)
+    cut.reverse()
+    keep = [r for r in rows if r["step"] not in set(cut)]
+    return keep, cut
+
+
+def collect_inputs(parts: list) -> dict[str, Any]:
+    """The recorded inputs, by kind, in the order they happened."""
+    inputs: dict[str, list] = {"requests": [], "chunks": [], "aborts": [], "events": []}
+    key = {"request": "requests", "stream": "chunks", "abort": "aborts", "event": "events"}
+    for part in parts:
+        for event in part.events:
+            kind = event.get("e")
+            if kind in key:
+                inputs[key[kind]].append({k: v for k, v in event.items() if k != "e"})
+    return inputs
+
+
+def workload_of(inputs: dict[str, Any], config: Any, run: str, last_step: int) -> Any:
+    """The recorded inputs as a workload (a summary: lengths and steps, not token ids)."""
+    from specreplay.replay.workloads.workload import Workload
+
+    requests, events = [], []
+    first = {}
+    for r in inputs["requests"]:
+        if r["id"] not in first:
+            first[r["id"]] = r
+            requests.append(
+                {
+                    "id": r["id"],
+                    "arrival_step": max(1, r["step"]),
+                    "prompt_len": max(1, len(r["prompt"])),
+                    "max_tokens": max(1, r["max_tokens"]),
+                    "streaming": bool(r["streaming"]),
+                }
+            )
+        else:
+            events.append({"step": r["step"], "kind": "resubmit", "request": r["id"]})
+    for a in inputs["aborts"]:
+        if a["id"] in first:
+            after = a["step"] >= first[a["id"]]["step"]
+            events.append(
+                {"step": max(1, a["step"]), "kind": "abort", "request": a["id"], "when": "after"}
+                if after
+                else {"step": first[a["id"]]["step"], "kind": "abort", "request": a["id"]}
+            )
+    for c in inputs["chunks"]:
+        if c["prompt"] and c["id"] in first:
+            events.append(
+                {
+                    "step": c["step"],
+                    "kind": "stream_append",
+                    "request": c["id"],
+                    "tokens": len(c["prompt"]),
+                    "max_tokens": max(1, c["max_tokens"]),
+                }
+            )
+    for e in inputs["events"]:
+        if e["kind"] == "pause":
+            mode = "keep" if e.get("state") == "paused_all" else "wait"
+            events.append({"step": e["step"], "kind": "pause", "mode": mode, "clear_cache": False})
+        elif e["kind"] in ("resume", "reset_prefix_cache"):
+            item = {"step": e["step"], "kind": e["kind"]}
+            if e["kind"] == "reset_prefix_cache":
+                item["reset_running"] = bool(e.get("reset_running"))
+            events.append(item)
+    doc = {
+        "name": f"attached-{run}",
+        "seed": 0,
+        "acceptance": "all",
+        "max_steps": max(1, last_step),
+        "config": config.to_dict(),
+        "requests": requests,
+        "events": sorted(events, key=lambda e: e["step"]),
+    }
+    try:
+        return Workload.from_dict(doc)
+    except InputError:
+        # Some real traffic has no exact form in the workload format (a resubmission with another
+        # prompt, a pause left unresumed): keep the requests, the events stay in `inputs`.
+        return Workload.from_dict({**doc, "events": []})
+
+
+__all__ = ["Merged", "collect_inputs", "merge_folder", "merge_to", "whole_steps", "workload_of"]

