@@ -118,11 +118,12 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
     sink = None
     if tap:
         from specreplay.replay.engines import plugin
+        from specreplay.replay.engines import sink as sink_files
         from specreplay.replay.impls.registry import resolve
 
-        sink = plugin.new_sink()  # the live engine's scheduler observer, as its plugin attaches it
+        sink = sink_files.new_sink()  # the live engine's scheduler observer, as its plugin attaches it
         plugin.attach_to_core(
-            sched, plugin.Sink(sink, "core"), workload.config, resolve("upstream", allow_import=False)
+            sched, sink_files.Sink(sink, "core"), workload.config, resolve("upstream", allow_import=False)
         )
     depth = workload.config.depth
 
@@ -145,9 +146,9 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
                     continue
             sched.update_from_output(*queue.pop())
         if sink:
-            from specreplay.replay.engines import plugin
+            from specreplay.replay.engines import sink as sink_files
 
-            plugin.clean_sink(sink)
+            sink_files.clean_sink(sink)
         return done
 
     return Prepared(loop)
@@ -198,6 +199,39 @@ def fig_live_overhead(args, out: dict) -> None:
         "off_s": res["off"][0],
         "on_s": res["on"][0],
         "overhead": res["on"][0] / res["off"][0] - 1,
+    }
+
+
+def fig_attached_overhead(args, out: dict) -> None:
+    """The attached recorder (SPECREPLAY_RECORD) on a whole tiny in-process vLLM engine: the CPU
+    time of every observer call against the CPU time of the scheduler's own schedule() and
+    update_from_output(), in the same run (benchmarks/attached_overhead.py, in a process of its
+    own so the plugin is active there only); medians over --repeat runs."""
+    if not have_vllm():
+        out["attached_recorder_overhead"] = {"note": "n/a: vllm not installed"}
+        return
+    requests, tokens = (32, 48) if args.quick else (64, 128)
+    runs = []
+    for _ in range(args.repeat):
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.attached_overhead", str(requests), str(tokens)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"},
+        )
+        if done.returncode != 0:
+            out["attached_recorder_overhead"] = {"note": f"failed: {done.stderr.strip().splitlines()[-1:]}"}
+            return
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    out["attached_recorder_overhead"] = {
+        "requests": requests,
+        "max_tokens": tokens,
+        "request_steps": med["request_steps"],
+        "scheduler_us_per_request_step": med["scheduler_cpu_s"] / med["request_steps"] * 1e6,
+        "recorder_us_per_request_step": med["recorder_cpu_s"] / med["request_steps"] * 1e6,
+        "ratio": statistics.median(r["recorder_cpu_s"] / r["scheduler_cpu_s"] for r in runs),
     }
 
 
@@ -330,6 +364,7 @@ FIGURES = {
     "throughput": fig_throughput,
     "growth": fig_growth,
     "live": fig_live_overhead,
+    "attached": fig_attached_overhead,
     "diff": fig_diff_and_size,
     "startup": fig_startup,
     "gpu": fig_gpu,

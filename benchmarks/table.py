@@ -48,6 +48,18 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             "linear (ratio ~1)",
             0.5 <= g["steps_ratio"] <= 2,
         )
+    attached = out.get("attached_recorder_overhead")
+    if attached:
+        if "ratio" in attached:
+            add(
+                "attached recorder CPU vs the scheduler's own",
+                f"{attached['ratio'] * 100:.1f}% ({attached['recorder_us_per_request_step']:.1f} vs "
+                f"{attached['scheduler_us_per_request_step']:.1f} us per request-step)",
+                "<= 10%",
+                attached["ratio"] <= 0.10,
+            )
+        else:
+            add("attached recorder CPU vs the scheduler's own", attached["note"], "<= 10%", None)
     live = out.get("live_recording_overhead")
     if live:
         if "overhead" in live:

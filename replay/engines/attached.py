@@ -20,13 +20,36 @@ apart. `specreplay merge DIR` (workflows/merge.py) joins the parts into one trac
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import secrets
 import time
 from typing import Any
 
 RECORD_ENV = "SPECREPLAY_RECORD"
 RUN_ENV = "SPECREPLAY_RUN_ID"
+
+
+#: The OpenAI server's engine ids for a client's request id X: `cmpl-X-<prompt index>` for
+#: completions (vllm/entrypoints/openai/completion/serving.py), `chatcmpl-X` for chat.
+_SERVER_ID = re.compile(r"^(?:cmpl-(?P<completion>.+)-(?P<index>\d+)|chatcmpl-(?P<chat>.+))$")
+
+
+@functools.lru_cache(maxsize=1 << 16)  # asked for every request at every step
+def client_id(internal: str) -> str:
+    """The client's own request id for an engine's: vLLM's random suffix stripped
+    (plugin.external_id), then the OpenAI server's wrapping; a completion's later prompts of one
+    request keep their index (`X#1`). Ids from `LLM` / `AsyncLLM` are the caller's already."""
+    from specreplay.replay.engines.plugin import external_id
+
+    rid = external_id(internal)
+    m = _SERVER_ID.match(rid)
+    if m is None:
+        return rid
+    if m["chat"] is not None:
+        return m["chat"]
+    return m["completion"] if m["index"] == "0" else f"{m['completion']}#{m['index']}"
 
 
 def recording_folder() -> str | None:
@@ -90,7 +113,6 @@ def part_header(role: str) -> dict[str, Any]:
 
 def attach_recorder_to_core(core: Any, folder: str) -> Any:
     """The scheduler and input observers on an engine core's scheduler, unchanged otherwise."""
-    from specreplay.replay.engines.plugin import external_id
     from specreplay.replay.engines.sink import Sink, sink_recorder
     from specreplay.replay.record.input_observer import InputObserver, attach_inputs
     from specreplay.replay.record.scheduler_observer import SchedulerObserver, attach
@@ -104,7 +126,7 @@ def attach_recorder_to_core(core: Any, folder: str) -> Any:
         sink_recorder(sink),
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=config.max_model_len,
-        external_id=external_id,
+        external_id=client_id,
     )
     clock = {"step": 0}
 
@@ -113,7 +135,7 @@ def attach_recorder_to_core(core: Any, folder: str) -> Any:
         sink.write({"e": "step", "step": clock["step"], "t": time.time()})
         return clock["step"]
 
-    inputs = InputObserver(scheduler, observer, sink.write, lambda: clock["step"], external_id)
+    inputs = InputObserver(scheduler, observer, sink.write, lambda: clock["step"], client_id)
     for rid in list(scheduler.requests):  # added before the recorder attached: arrived at step 1
         observer.request_added(rid)
         inputs.request_seen(scheduler.requests[rid], step=1)
@@ -123,12 +145,11 @@ def attach_recorder_to_core(core: Any, folder: str) -> Any:
 
 
 def attach_recorder_to_runner(runner: Any, folder: str) -> Any:
-    from specreplay.replay.engines.plugin import external_id
     from specreplay.replay.engines.sink import Sink, SinkWriter
     from specreplay.replay.record.worker_observer import VllmReader, WorkerObserver, attach_runner
 
     sink = Sink(folder, "runner", part_header("runner"))
-    attach_runner(runner, [WorkerObserver(SinkWriter(sink), VllmReader, external_id)], VllmReader)
+    attach_runner(runner, [WorkerObserver(SinkWriter(sink), VllmReader, client_id)], VllmReader)
     return sink
 
 

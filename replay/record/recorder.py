@@ -68,6 +68,11 @@ class Recorder:
         for name, value in values.items():
             c[name][at] = value
 
+    def fill_many(self, fills: list[tuple[int, dict[str, object]]]) -> None:
+        """Several rows' fills at once (an output's apply columns): one write for a sink."""
+        for at, values in fills:
+            self.fill(at, values)
+
     def step_done(self, step: int) -> None:
         """Both views of `step` are in: a journal flush after an exception may keep it."""
         self.recorded_step = step

