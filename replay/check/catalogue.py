@@ -352,7 +352,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         "X11-executed-other-work",
         "warning",
         5,
-        "the worker executes what the scheduler booked",
+        "the worker executes what the scheduler booked, less the drafts vLLM's ngram_gpu could not propose",
         "INV-X10",
         rules_batch.check_executed_work,
         sides=("expected", "actual"),

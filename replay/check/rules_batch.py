@@ -2,7 +2,8 @@
 
 Codes: S6 (token budget and max_model_len), X1 (batch membership), X10 (the SchedulerOutput read
 back by update_from_output is the one the worker was given), X11 (the worker executes what was
-booked). Vectorised over a frame's columns (frames.py); the message texts are in the catalogue.
+booked, less the drafts vLLM's ngram_gpu drafter could not propose). Vectorised over a frame's
+columns (frames.py); the message texts are in the catalogue.
 """
 
 from __future__ import annotations
@@ -66,13 +67,67 @@ def check_membership(frame: Frame, chk: Checker) -> Iterable[Finding]:
         yield chk.finding(frame, "X1-batch-membership", i, "worker_row", bool(scheduled[i]), bool(in_batch[i]))
 
 
+#: Why a row's executed work differs from the booked work by more than vLLM's ngram_gpu trim
+#: (`trim_mismatch`); index 0: it is that trim.
+TRIM_MISMATCHES = (
+    None,
+    "no_cached_drafts",  # no row in the worker's batch the step before (new, resumed, re-entering)
+    "not_only_draft_slots",  # other tokens than trailing draft slots differ, or more than booked ran
+    "drafts_fed",  # the drafts fed are not the kept slots' real ids, from the drafts cached
+    "scheduler_output_edited",  # update_from_output read the cut back: vLLM cuts only its own copy
+    "runner_never_trims",  # the row has ground truth: specreplay's reference runner ran it
+)
+
+
+def trim_mismatch(c: dict[str, np.ndarray]) -> np.ndarray:
+    """Per row, the index into TRIM_MISMATCHES of the first way its executed work is not vLLM
+    0.32.0's ngram_gpu trim of the drafts it could not propose (0: it is that trim).
+
+    What the trim does, in vllm/v1/spec_decode/ngram_proposer_gpu.py (`ngram_gpu` below) and
+    vllm/v1/worker/gpu_model_runner.py (`runner`): `_update_states` (runner:1316-1327) calls
+    `update_scheduler_for_invalid_drafts` (ngram_gpu:472-513) for each cached request still in
+    the persistent batch, i.e. run the step before (the unscheduled ones left it at
+    runner:1218-1233; new, resumed and re-entering ones join it only later, runner:1430-1441 and
+    1487-1489, so they are never cut), that has draft slots. It keeps as many slots as the
+    leading valid drafts the drafter proposed for it the step before (ngram_gpu:200-206, cached
+    at runner:4813-4823), takes the other slots off num_scheduled_tokens[r] and the total, and
+    pops r's entry when none is left. It edits the worker's own copy of the SchedulerOutput
+    (runner:3951-3966), so the scheduler reads back what it booked. With k = 3, booked 4 tokens
+    with 3 slots: the drafter had 2 valid drafts -> the worker runs 3 tokens with those 2
+    drafts; it had none -> 1 token, no drafts (every row of the live re-entry run's step 2).
+
+    The trace does not hold the valid count, so a row passes when its cut has that shape: a
+    request with drafts cached from the previous step, fewer trailing draft slots and nothing
+    else, every draft fed a real id among those cached, the scheduler's copy untouched, and a
+    runner that cuts: vLLM's own, whose rows have no ground truth (every runner specreplay drives
+    records it; a live engine has no oracle). The first of these a row fails is its reason."""
+    booked, booked_slots = c["sched_num_scheduled_tokens"], c["sched_num_draft_slots"]
+    ran, ran_slots = c["worker_num_scheduled_tokens"], c["worker_num_draft_slots"]
+    cached = c["worker_cached_drafts"]
+    only_slots = (ran_slots >= 0) & (ran_slots < booked_slots) & (booked - ran == booked_slots - ran_slots)
+    fed_kept = (
+        (c["worker_num_draft_ids"] == ran_slots) & (c["worker_num_negative_draft_ids"] == 0) & (ran_slots <= cached)
+    )
+    read_back = c["apply_num_draft_slots_is_null"] | (
+        (c["apply_num_scheduled_tokens"] == booked) & (c["apply_num_draft_slots"] == booked_slots)
+    )
+    return np.select(
+        [cached <= 0, ~only_slots, ~fed_kept, ~read_back, ~c["truth_num_computed_tokens_is_null"]],
+        [1, 2, 3, 4, 5],
+        0,
+    )
+
+
 def check_executed_work(frame: Frame, chk: Checker) -> Iterable[Finding]:
-    """X11: the worker runs the tokens and draft slots the scheduler booked."""
+    """X11: the worker runs the tokens and draft slots the scheduler booked, less the draft
+    slots vLLM's ngram_gpu drafter cuts because it had no valid draft for them (`trim_mismatch`):
+    that cut is the drafter's normal work, not booked work lost, and is not reported."""
     c = frame.c
     booked, booked_slots = c["sched_num_scheduled_tokens"], c["sched_num_draft_slots"]
     ran, ran_slots = c["worker_num_scheduled_tokens"], c["worker_num_draft_slots"]
-    violated = ~c["worker_num_scheduled_tokens_is_null"] & ((ran != booked) | (ran_slots != booked_slots))
-    for i in np.flatnonzero(frame.own & violated):
+    differs = ~c["worker_num_scheduled_tokens_is_null"] & ((ran != booked) | (ran_slots != booked_slots))
+    why = trim_mismatch(c)
+    for i in np.flatnonzero(frame.own & differs & (why > 0)):
         yield chk.finding(
             frame,
             "X11-executed-other-work",
@@ -82,6 +137,8 @@ def check_executed_work(frame: Frame, chk: Checker) -> Iterable[Finding]:
             int(ran[i]),
             sched_num_draft_slots=int(booked_slots[i]),
             worker_num_draft_slots=int(ran_slots[i]),
+            worker_cached_drafts=int(c["worker_cached_drafts"][i]),
+            reason=TRIM_MISMATCHES[why[i]],
         )
 
 

@@ -232,7 +232,12 @@ CASES = [
         expected=4,
         actual=1,
         life=0,
-        detail={"sched_num_draft_slots": 3, "worker_num_draft_slots": 3},
+        detail={
+            "sched_num_draft_slots": 3,
+            "worker_num_draft_slots": 3,
+            "worker_cached_drafts": 3,
+            "reason": "not_only_draft_slots",
+        },
         message="the worker executed 1 tokens (3 drafts) where the scheduler booked 4 (3 drafts)",
     ),
     Case(
