@@ -4,10 +4,13 @@ Where it sits: workloads -> models -> impls -> record -> **engines** -> check. B
 from the workload's engine config (dummy weights, a tiny model config written on the fly, no
 tokenizer, no hub) and steps it: a live engine drives its own scheduler and runner, so what
 this module drives is its input side, with the same input driver as the other engines
-(arrivals at their steps, aborts). The plugin (engines/plugin.py) attaches the same observers
-as the other engines inside vLLM's processes; their part files are merged into one trace.
-`--executor inproc` keeps the engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0);
-`multiproc` runs it, and on a CPU the worker too, in processes of their own.
+(arrivals at their steps, aborts, control events), through the engine's own API (`LiveInputs`).
+The plugin (engines/plugin.py) attaches the same observers as the other engines inside vLLM's
+processes, and they see the inputs from the scheduler's own calls; their part files are merged
+into one trace. `--executor inproc` keeps the engine core in this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0), one engine iteration per LLMEngine.step(), so inputs land at
+the workload's steps; `multiproc` runs it, and on a CPU the worker too, in processes of their
+own, where the engine core steps on its own and inputs land when it takes them.
 
 On a CPU machine the recipe's two patches are applied inside specreplay's run only (no pinned
 memory; keep async scheduling on), and stamped into the trace metadata.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -28,7 +32,7 @@ from specreplay.replay.engines.inputs import InputDriver
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.oracle import Oracle
-from specreplay.replay.workloads.workload import Workload
+from specreplay.replay.workloads.workload import Event, Workload
 from specreplay.traces.errors import InputError, ObserverError
 from specreplay.traces.trace import Trace
 
@@ -45,11 +49,8 @@ def run_live(
     from specreplay.replay.engines.vllm_setup import load_vllm
 
     impl.require_real_forms("vllm")
-    if workload.events:
-        raise InputError(
-            f"--engine vllm does not drive control events yet ({len(workload.events)} in this workload); "
-            "use --engine vllm-scheduler, which calls the real scheduler's pause, reset and abort methods"
-        )
+    in_process = impl.executor != "multiproc"
+    refuse_undrivable(workload, in_process)
     vllm = load_vllm()
     from vllm.platforms import current_platform
 
@@ -64,7 +65,7 @@ def run_live(
     try:
         plugin.register()  # this process; vLLM loads the same entry point in the ones it starts
         llm = build_llm(vllm, config, model, workload.seed)
-        counts, outcome = drive(llm, workload, progress)
+        counts, outcome = drive(llm, workload, progress, in_process)
         outcome["engine_output_tokens"] = counts
     finally:
         if llm is not None:
@@ -156,41 +157,278 @@ def cpu_attention_config(config: EngineConfig) -> EngineConfig:
     return replace(config, block_size=block_size, num_blocks=1 + max(1, usable_tokens // block_size))
 
 
+def refuse_undrivable(workload: Workload, in_process: bool) -> None:
+    """The one event kind a live engine cannot take through its API: a pause in `wait` mode with
+    the engine core in this process (vLLM 0.32's EngineCore.pause_scheduler refuses it)."""
+    for event in workload.events:
+        if in_process and event.kind == "pause" and event.mode == "wait":
+            raise InputError(
+                f"the pause (mode wait) at step {event.step} cannot be driven on --engine vllm --executor inproc: "
+                "vLLM 0.32's in-process engine core refuses it (\"'wait' mode can't be used in inproc-engine mode\"); "
+                "use --executor multiproc or --engine vllm-scheduler"
+            )
+
+
 def drive(
-    llm: Any, workload: Workload, progress: Callable[[int, int], None] | None = None
+    llm: Any, workload: Workload, progress: Callable[[int, int], None] | None = None, in_process: bool = True
 ) -> tuple[dict[str, int], dict[str, Any]]:
     """Feed the engine its inputs (one LLMEngine.step() per engine step) and step until nothing
-    is left. Returns each request's output token count as the engine itself reports it, and the
-    run's outcome."""
-    from specreplay.replay.engines.vllm_setup import sampling_params
-
-    inputs = InputDriver(workload, Oracle(workload))
-    engine = llm.llm_engine
-    counts: dict[str, int] = {}
+    is left. Returns each request's output token count as the engine itself reports it (summed
+    over its lives and a session's turns), and the run's outcome."""
+    feed = LiveInputs(llm.llm_engine, workload, in_process)
     step = 0
     while True:
         step += 1
-        for spec in inputs.pop_arrivals(step):
-            prompt, max_tokens, stop = inputs.submit(spec)
-            engine.add_request(spec.request_id, {"prompt_token_ids": prompt}, sampling_params(max_tokens, stop))
-        aborts = inputs.pop_aborts(step)
-        if aborts:
-            engine.abort_request(aborts)
-        try:
-            outputs = engine.step()
-        except Exception as exc:  # the engine died: that is the run's outcome, not specreplay's crash
-            return counts, {
+        try:  # the engine died (an assert in add_request or in a step): the run's outcome, not specreplay's crash
+            feed.before_step(step)
+            if feed.expects_output():
+                feed.took(feed.engine.step())
+        except Exception as exc:
+            return feed.counts, {
                 "status": "crashed",
                 "step": step,
                 "kind": "engine-crash",
-                "message": f"{type(exc).__name__}: {exc}"[:500],
+                "message": crash_message(exc),
             }
-        for out in outputs:
-            if out.finished:
-                counts[out.request_id] = len(out.outputs[0].token_ids) if out.outputs else 0
         if progress is not None:
             progress(step, workload.max_steps)
-        if not engine.has_unfinished_requests() and inputs.next_input_step(step) is None:
-            return counts, {"status": "completed"}
+        if feed.done(step):
+            outcome: dict[str, Any] = {"status": "completed"}
+            held = feed.unfinished()
+            if held:  # idle for good while the front end still waits for these: requests the engine lost
+                outcome.update(step=step, unfinished=held)
+            return feed.counts, outcome
         if step >= workload.max_steps:
-            return counts, {"status": "step_limit", "step": step}
+            return feed.counts, {"status": "step_limit", "step": step}
+
+
+def crash_message(exc: Exception) -> str:
+    """The engine's exception in one line; a bare vLLM assert names its source line, as the
+    real-scheduler engine reports it (vllm_setup.asserting)."""
+    what = str(exc)
+    if isinstance(exc, AssertionError) and not what:
+        import traceback
+
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        what = f"{(frame.line or 'assert').strip()} ({os.path.basename(frame.filename)}:{frame.lineno})"
+    return f"{type(exc).__name__}: {what}"[:500]
+
+
+class LiveInputs:
+    """The workload's inputs and control events, fed to a live engine through its own API at the
+    steps the workload says, in the order the other engines apply them (engines/loop.py, after
+    vLLM's EngineCoreProc): before step s's LLMEngine.step(), the idle callback (a pause's
+    pending cache clear), arrivals, events; aborts after s's schedule() through the engine
+    core's early-aborts queue. The observers in the engine core see each input from the
+    scheduler call it ends in; nothing is marked from here.
+
+    In this process the engine core is `llm_engine.engine_core.engine_core` (vLLM's InprocClient),
+    stepped by LLMEngine.step() one iteration at a time: this driver is then the engine core's
+    busy loop, and does what EngineCoreProc does around the step (its pause's idle callback, its
+    input queue). With `multiproc` the engine core runs its own busy loop and this driver is its
+    client: utility calls and aborts over the engine's sockets, landing when the core takes them.
+    """
+
+    def __init__(self, engine: Any, workload: Workload, in_process: bool) -> None:
+        self.engine = engine
+        self.inputs = InputDriver(workload, Oracle(workload))
+        self.in_process = in_process
+        self.client = engine.engine_core  # InprocClient or SyncMPClient
+        self.core = self.client.engine_core if in_process else None  # vLLM's EngineCore, in this process
+        self.clear_when_idle = False  # in process: a pause's clear_cache, run once the engine idles
+        self.paused = False  # multiproc: between a pause (which returns once the core drained) and its resume
+        self.quiet = False  # multiproc: the core sent nothing for a while; it is idle until the next input
+        self.counts: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ the step
+    def before_step(self, step: int) -> None:
+        """EngineCoreProc's _process_input_queue before step `step`'s iteration."""
+        self.finish_pause_if_idle()
+        self.take_leftover_aborts()
+        for spec in self.inputs.pop_arrivals(step):
+            self.submit_spec(spec)
+        for event in self.inputs.pop_events(step):
+            self.finish_pause_if_idle()
+            self.apply(event)
+        aborts = self.inputs.pop_aborts(step)
+        if aborts:
+            self.abort_in_flight(aborts)
+
+    def took(self, outputs: list[Any]) -> None:
+        """Each request's output tokens (DELTA outputs: only the new ones), summed per id."""
+        for out in outputs:
+            for completion in out.outputs or ():
+                self.counts[out.request_id] = self.counts.get(out.request_id, 0) + len(completion.token_ids)
+
+    def expects_output(self) -> bool:
+        """In process: always step (an idle iteration is a step). Multiproc: LLMEngine.step()
+        blocks until the engine core sends outputs, so only when it has something to send."""
+        if self.in_process:
+            return True
+        if self.paused or self.quiet or not self.engine.has_unfinished_requests():
+            return False
+        deadline = time.monotonic() + MULTIPROC_QUIET_S
+        while self.client.outputs_queue.empty():  # SyncMPClient's queue, filled by its socket thread
+            if time.monotonic() > deadline:
+                self.quiet = True  # sessions between turns, a paused or lost request: nothing to step
+                return False
+            time.sleep(0.002)
+        return True
+
+    def done(self, step: int) -> bool:
+        """Nothing left to feed, and nothing left to run: the front end waits for nothing, or the
+        engine core has nothing it may schedule or apply (it holds requests it will never run)."""
+        # next_input_step(step - 1): every input still to come (those of step + 1 included).
+        if self.inputs.next_input_step(step - 1) is not None or self.clear_when_idle:
+            return False
+        if not self.engine.has_unfinished_requests():
+            return True
+        return self.core_idle() if self.in_process else self.quiet and not self.paused
+
+    def unfinished(self) -> list[str]:
+        """Requests the front end still waits for (the engine went idle for good without them)."""
+        from specreplay.replay.engines.plugin import external_id
+
+        return sorted({external_id(rid) for rid in self.engine.output_processor.request_states})
+
+    def core_idle(self) -> bool:
+        """EngineCoreProc.has_work(), negated (core.py:1534), without calling has_requests(): the
+        observer counts those calls as the engine's iterations (engines/plugin.py)."""
+        sched = self.core.scheduler
+        return not (sched.has_unfinished_requests() or sched.has_finished_requests() or self.core.batch_queue)
+
+    # ------------------------------------------------------------------ requests
+    def submit_spec(self, spec: Any) -> None:
+        prompt, max_tokens, stop = self.inputs.submit(spec)
+        self.submit(spec.request_id, prompt, max_tokens, stop, resumable=spec.streaming)
+        if self.inputs.ends_at_once(spec):
+            self.end_stream(spec.request_id)
+
+    def submit(self, rid: str, prompt: list[int], max_tokens: int, stop: int | None, resumable: bool = False) -> None:
+        """LLMEngine.add_request (llm_engine.py:229) as it runs with vLLM's
+        VLLM_DISABLE_REQUEST_ID_RANDOMIZATION: the request keeps the workload's id, so a
+        resubmission reaches the scheduler under the same id and a streaming session's chunks
+        reach its session, as on the other engines (vLLM's envs cache makes the variable itself
+        unreliable inside one process). `resumable`: a streaming-input chunk, as AsyncLLM builds
+        it (async_llm.py:636)."""
+        from vllm.sampling_params import RequestOutputKind
+
+        from specreplay.replay.engines.vllm_setup import sampling_params
+
+        engine = self.engine
+        params = sampling_params(max_tokens, stop)
+        params.output_kind = RequestOutputKind.DELTA  # each output: the new tokens only (counts over lives)
+        request = engine.input_processor.process_inputs(
+            rid,
+            {"prompt_token_ids": prompt},
+            params,
+            supported_tasks=engine.get_supported_tasks(),
+            resumable=resumable,
+        )
+        request.external_req_id = rid
+        engine.output_processor.add_request(request, None, None, 0)
+        engine.engine_core.add_request(request)
+        self.quiet = False
+
+    def end_stream(self, rid: str) -> None:
+        """AsyncLLM's final request of a session: a non-resumable one-token prompt, same id."""
+        self.submit(rid, [0], 1, None)
+
+    def stream_append(self, rid: str) -> None:
+        if rid not in self.engine.output_processor.request_states:
+            self.inputs.drop_chunk(rid)  # the session ended (aborted): its client stops streaming
+            return
+        tokens, max_tokens, last = self.inputs.next_chunk(rid)
+        self.submit(rid, tokens, max_tokens, None, resumable=True)
+        if last:
+            self.end_stream(rid)
+
+    # ------------------------------------------------------------------ aborts
+    def abort_in_flight(self, rids: list[str]) -> None:
+        """Aborts after this step's schedule(), before the oldest batch is applied. In process:
+        LLMEngine.abort_request's front-end half, and the engine core's early-aborts queue
+        (core.py:247), which step_with_batch_queue drains right before update_from_output
+        (core.py:782), as EngineCoreProc's input thread fills it (core.py:1928). Multiproc:
+        LLMEngine.abort_request, which lands when the core takes it."""
+        if not self.in_process:
+            self.engine.abort_request(rids)
+            self.quiet = False
+            return
+        ids = self.engine.output_processor.abort_requests(rids, internal=False)
+        if ids:
+            self.core.aborts_queue.put_nowait(ids)
+
+    def take_leftover_aborts(self) -> None:
+        """Early aborts the last iteration did not take (it applied no batch): they land from the
+        input queue before the next schedule() (EngineCore.abort_requests, core.py:554)."""
+        if not self.in_process:
+            return
+        ids: list[str] = []
+        while not self.core.aborts_queue.empty():
+            ids.extend(self.core.aborts_queue.get_nowait())
+        if ids:
+            self.core.abort_requests(ids)
+
+    # ------------------------------------------------------------------ control events
+    def apply(self, event: Event) -> None:
+        """One control event, through the engine's API (see the README's "Control events")."""
+        engine = self.engine
+        if event.kind == "abort":
+            engine.abort_request([event.request])  # llm_engine.py:224
+            self.quiet = False
+        elif event.kind == "resubmit":
+            self.submit_spec(self.inputs.spec_of[event.request])
+        elif event.kind == "stream_append":
+            if self.inputs.lives.get(event.request) is not None:
+                self.stream_append(event.request)
+        elif event.kind == "pause":
+            self.pause(event)
+        elif event.kind == "resume":
+            if self.in_process:
+                self.core.resume_scheduler()  # core.py:951
+            else:
+                self.client.call_utility("resume_scheduler")
+                self.paused = self.quiet = False
+            # A clear still pending stays registered, as vLLM's idle callback does.
+        elif event.kind == "reset_prefix_cache":
+            try:
+                engine.reset_prefix_cache(reset_running_requests=event.reset_running)  # llm_engine.py:403
+            except Exception:
+                # "Failed to reset KV cache even when all the running requests are preempted": a
+                # session between turns holds blocks. vLLM raises to the caller after the
+                # preemptions; the engine goes on (the observer marks it failed).
+                pass
+            self.quiet = False
+
+    def pause(self, event: Event) -> None:
+        """Multiproc: EngineCoreProc.pause_scheduler (core.py:2061) as a utility call, which
+        returns once the pause completed (the batches in flight drained, the cache cleared). In
+        process, EngineCore.pause_scheduler (core.py:921) would clear the cache at once with a
+        batch in flight: its clear is left to the idle callback, as EngineCoreProc does it, and
+        pause(abort) first aborts through LLMEngine, whose front end no abort output reaches."""
+        if not self.in_process:
+            self.client.call_utility("pause_scheduler", event.mode, event.clear_cache)
+            self.paused = True
+            return
+        if event.mode == "abort":
+            self.engine.abort_request(list(self.engine.output_processor.request_states), internal=True)
+        self.core.pause_scheduler(mode=event.mode, clear_cache=False)
+        self.clear_when_idle = event.clear_cache
+        self.finish_pause_if_idle()
+
+    def finish_pause_if_idle(self) -> None:
+        """EngineCoreProc's idle callback for a pause with clear_cache (core.py:2080): once the
+        engine has no work, _finish_pause(clear_cache=True) resets the caches, preempting every
+        request (vLLM returns a failed reset to the pause's caller; the engine goes on)."""
+        if self.clear_when_idle and self.core_idle():
+            self.clear_when_idle = False
+            try:
+                self.core._finish_pause(True)
+            except RuntimeError:
+                pass
+
+
+#: Multiproc: how long the driver waits for the engine core's next output before it takes the
+#: core for idle (sessions between turns, a request it lost); a CPU step of the tiny model takes
+#: well under a tenth of this.
+MULTIPROC_QUIET_S = 3.0

@@ -47,7 +47,19 @@ def external_id(internal: str) -> str:
 
 
 def attach_to_core(scheduler: Any, sink: Sink, config: Any, impl: Any) -> None:
-    """The scheduler observer on a live engine core's scheduler (its variant class first)."""
+    """The scheduler observer and the input observer on a live engine core's scheduler (its
+    variant class first): the same recorder path as an attached run (engines/attached.py), so
+    arrivals, aborts, pauses, resumes, cache resets, resubmissions and streaming chunks reach the
+    rows from the scheduler's own calls, wherever the engine core runs.
+
+    Steps: with the engine core in this process (`--executor inproc`) the driver calls
+    LLMEngine.step() once per engine step, and each is one engine iteration, which starts with
+    `scheduler.has_requests()` (EngineCore.step / step_with_batch_queue); an iteration that
+    schedules nothing (idle, or draining the batch queue while paused) still takes a step, as
+    the other engines number them. step_with_batch_queue asks has_requests() a second time after
+    an empty schedule (core.py:755): not an iteration. A multiprocess engine core polls
+    has_requests() while it waits for input, so there a step is a schedule() call."""
+    from specreplay.replay.record.input_observer import InputObserver, attach_inputs
     from specreplay.replay.record.scheduler_observer import SchedulerObserver, attach
 
     scheduler.__class__ = impl.real_scheduler_class(type(scheduler), config)
@@ -62,28 +74,48 @@ def attach_to_core(scheduler: Any, sink: Sink, config: Any, impl: Any) -> None:
         max_model_len=config.max_model_len,
         external_id=external_id,
     )
-    for rid in list(scheduler.requests):  # added before the observer attached (the first step)
-        observer.request_added(rid)
-    clock = {"step": 0}
+    in_process = impl.executor != "multiproc"
+    # step: the last schedule()'s; iterations: engine iterations begun (in-process only);
+    # empty_schedule: the last call was a schedule() of no tokens (its has_requests() follows).
+    clock = {"step": 0, "iterations": 0, "empty_schedule": False}
 
-    def next_step(_so: Any) -> int:
-        clock["step"] += 1
+    def next_step(so: Any) -> int:
+        clock["iterations"] = max(clock["iterations"], clock["step"] + 1) if in_process else clock["step"] + 1
+        clock["step"] = clock["iterations"]
+        clock["empty_schedule"] = so.total_num_scheduled_tokens == 0
         return clock["step"]
 
+    inputs = InputObserver(
+        scheduler,
+        observer,
+        sink.write,
+        lambda: clock["step"],
+        external_id,
+        input_step=lambda: max(clock["iterations"], clock["step"]) + 1,
+    )
+    for rid in list(scheduler.requests):  # added before the observers attached: at step 1
+        observer.request_added(rid)
+        inputs.request_seen(scheduler.requests[rid], step=1)
     attach(observer, step_of=next_step, apply_step=lambda: clock["step"])
-    finish = scheduler.finish_requests
+    attach_inputs(inputs)
+    if not in_process:
+        return
+    has_requests, update = scheduler.has_requests, scheduler.update_from_output
 
-    @functools.wraps(finish)
-    def finish_requests(request_ids, *a, **kw):
-        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or ())
-        live = [r for r in ids if r in scheduler.requests and not scheduler.requests[r].is_finished()]
-        result = finish(request_ids, *a, **kw)
-        for rid in live:
-            if rid not in scheduler.requests or scheduler.requests[rid].is_finished():
-                observer.abort_landed(clock["step"], external_id(rid))
-        return result
+    @functools.wraps(has_requests)
+    def has_requests_(*a, **kw):
+        if clock["empty_schedule"]:
+            clock["empty_schedule"] = False
+        else:
+            clock["iterations"] += 1
+        return has_requests(*a, **kw)
 
-    scheduler.finish_requests = finish_requests
+    @functools.wraps(update)
+    def update_from_output(*a, **kw):
+        clock["empty_schedule"] = False
+        return update(*a, **kw)
+
+    scheduler.has_requests, scheduler.update_from_output = has_requests_, update_from_output
 
 
 def attach_to_runner(runner: Any, sink: Sink, impl: Any) -> None:

@@ -236,14 +236,6 @@ kind = "resume"
     assert same.exit_code == 0 and "verdict: same" in same.output
 
 
-def test_the_live_engine_refuses_events_in_one_line(tmp_path):
-    result = CliRunner().invoke(
-        main, ["record", "--scenario", "pause-clear", "--engine", "vllm", "-o", str(tmp_path / "t.parquet")]
-    )
-    assert result.exit_code == 2 and "does not drive control events yet" in result.output
-    assert len(result.output.strip().splitlines()) == 1
-
-
 def test_shrink_keeps_the_events_the_finding_needs():
     from specreplay.replay.workflows.shrink import shrink
 
