@@ -1,9 +1,10 @@
 """A user's own in-process vLLM program, for the attached-recording tests (not a test module).
 
-Run as `python attached_llm.py OUT.json [--steps N] [--slow]` with SPECREPLAY_RECORD set: it
-builds a tiny dummy-weight `vllm.LLM` (async scheduling, ngram_gpu, k = 3), feeds requests
-through the engine's own API (arrivals over several steps, one abort), steps it to the end (or
-N steps, then sleeps until killed with --slow) and writes what the client received per request.
+Run as `python attached_llm.py OUT.json [--steps N] [--slow] [--generate]` with SPECREPLAY_RECORD
+set: it builds a tiny dummy-weight `vllm.LLM` (async scheduling, ngram_gpu, k = 3), feeds
+requests through the engine's own API (arrivals over several steps, one abort), steps it to the
+end (or N steps, then sleeps until killed with --slow) and writes what the client received per
+request; with --generate, one `LLM.generate` call on ten prompts instead.
 specreplay appears only to write the tiny model's config.json.
 """
 
@@ -40,6 +41,9 @@ def main() -> None:
         speculative_config=speculative_config(config),
         disable_log_stats=True,
     )
+    if "--generate" in sys.argv:  # the everyday call: LLM.generate on a batch of prompts
+        generate(llm, out_path)
+        return
     engine = llm.llm_engine
     sent: dict[str, dict] = {}
     received: dict[str, list[int]] = {}
@@ -68,6 +72,20 @@ def main() -> None:
             break
         if step > 6 and not engine.has_unfinished_requests():
             break
+
+
+def generate(llm: LLM, out_path: str) -> None:
+    prompts = [[5 + i, 7, 9, 11 + i] * (1 + i % 3) for i in range(10)]
+    params = [
+        SamplingParams(max_tokens=4 + 2 * i, ignore_eos=True, temperature=0.0, detokenize=False) for i in range(10)
+    ]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    doc = {
+        "sent": {o.request_id: {"prompt": p, "max_tokens": q.max_tokens} for o, p, q in zip(outputs, prompts, params)},
+        "received": {o.request_id: list(o.outputs[0].token_ids) for o in outputs},
+    }
+    with open(out_path, "w") as fh:
+        json.dump(doc, fh)
 
 
 if __name__ == "__main__":

@@ -199,3 +199,22 @@ def test_record_attach_runs_the_command_and_merges(tmp_path):
     df = trace.table.to_pandas()
     assert {rid: applied_tokens(df, rid) for rid in received} == received
     assert not (tmp_path / "run.parquet.parts").exists()
+
+
+def test_llm_generate_records(tmp_path):
+    """The everyday in-process call, `LLM.generate`, with the variable set: every prompt and the
+    tokens it returned are in the merged trace."""
+    from specreplay.replay.workflows.merge import merge_to
+
+    folder, out = tmp_path / "rec", tmp_path / "client.json"
+    done = run_program(folder, out, "--generate")
+    assert done.returncode == 0, done.stderr[-2000:]
+    client = json.loads(out.read_text())
+    trace = merge_to(folder, tmp_path / "run.parquet").trace
+    df = trace.table.to_pandas()
+    recorded = {r["id"]: r for r in trace.inputs["requests"]}
+    assert {rid: (r["prompt"], r["max_tokens"]) for rid, r in recorded.items()} == {
+        rid: (sent["prompt"], sent["max_tokens"]) for rid, sent in client["sent"].items()
+    }
+    assert {rid: applied_tokens(df, rid) for rid in client["received"]} == client["received"]
+    assert all(len(tokens) == client["sent"][rid]["max_tokens"] for rid, tokens in client["received"].items())
