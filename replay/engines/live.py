@@ -429,6 +429,7 @@ class LiveInputs:
 
 
 #: Multiproc: how long the driver waits for the engine core's next output before it takes the
-#: core for idle (sessions between turns, a request it lost); a CPU step of the tiny model takes
-#: well under a tenth of this.
-MULTIPROC_QUIET_S = 3.0
+#: core for idle (sessions between turns, a request it lost). Long: a step of the tiny model
+#: takes milliseconds, but the first ones compile vLLM's sampler helpers (15-30 s on 2 busy
+#: cores), and a run taken for idle too early ends with its requests unfinished.
+MULTIPROC_QUIET_S = 60.0

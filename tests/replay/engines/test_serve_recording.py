@@ -70,6 +70,7 @@ def server_env() -> dict[str, str]:
         VLLM_NO_USAGE_STATS="1",
         PYTHONUNBUFFERED="1",
         TORCHDYNAMO_DISABLE="1",
+        VLLM_LOGGING_LEVEL="INFO",  # the abort lines the harness reads (load_vllm may have set ERROR)
         VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
     )
     return env
