@@ -157,13 +157,27 @@ def _record_attached(output: Path, command: tuple[str, ...]) -> None:
 @device_option
 @output_option
 @flush_option
+@click.option(
+    "--oracle",
+    type=click.Choice(["recorded", "synthetic"]),
+    default=None,
+    help="recorded: the trace's own sampled tokens and drafts drive the run (default when it has "
+    "them: schema v3); synthetic: the workload's seeded tokens.",
+)
 @handle_errors
-def replay(trace_path, impl_name, engine, executor, device, output, flush_every) -> None:
-    """Replay a recorded trace's workload and outcomes through another implementation.
+def replay(trace_path, impl_name, engine, executor, device, output, flush_every, oracle) -> None:
+    """Replay a recording: its workload, engine config and executor, driven by the tokens and
+    drafts it recorded, through the same or another implementation (what-if).
+
+    \b
+    Replayed through the implementation it was recorded with, a recording comes back step for
+    step; through another, `specreplay diff RECORDING REPLAY` says where they part. A live or
+    attached vLLM recording replays on --engine reference (default) or vllm-scheduler.
 
     \b
     Example:
-      specreplay replay reentry.parquet --impl sched-clear -o fixed.parquet
+      specreplay replay live.parquet -o same.parquet
+      specreplay replay live.parquet --impl sched-clear -o fixed.parquet
     """
     from specreplay.replay.workflows.recording import replay_to
 
@@ -177,6 +191,7 @@ def replay(trace_path, impl_name, engine, executor, device, output, flush_every)
             device=device,
             flush_every=flush_every,
             progress=progress,
+            oracle=oracle,
         )
     )
 

@@ -82,7 +82,7 @@ def check_batches(header, batches: Iterable[pa.Table | pa.RecordBatch]) -> list[
 
 def check_report(header, batches: Iterable[pa.Table | pa.RecordBatch]) -> CheckReport:
     """`check_batches`, and in the same pass the codes the trace gave no ground truth to check."""
-    checker = Checker(header.config, header.outcome)
+    checker = Checker(header.config, header.outcome, drafter=(header.impl or {}).get("drafter"))
     for batch in batches:
         checker.feed(batch)
     return CheckReport(checker.findings(), checker.unchecked())

@@ -46,10 +46,15 @@ class Checker:
     `invariants` are kept); `findings()` at the end."""
 
     def __init__(
-        self, config: dict[str, Any], outcome: dict[str, Any], invariants: Sequence[Invariant] | None = None
+        self,
+        config: dict[str, Any],
+        outcome: dict[str, Any],
+        invariants: Sequence[Invariant] | None = None,
+        drafter: str | None = None,
     ) -> None:
         self.config = config
         self.outcome = outcome
+        self.drafter = drafter  # the run's drafter when the trace names it (X11: does its runner trim?)
         self.is_async = bool(config.get("async_scheduling", True))
         self.crash_step = outcome.get("step") if outcome.get("status") == "crashed" else None
         rows = catalogue.CATALOGUE if invariants is None else tuple(invariants)

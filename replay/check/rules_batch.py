@@ -75,11 +75,11 @@ TRIM_MISMATCHES = (
     "not_only_draft_slots",  # other tokens than trailing draft slots differ, or more than booked ran
     "drafts_fed",  # the drafts fed are not the kept slots' real ids, from the drafts cached
     "scheduler_output_edited",  # update_from_output read the cut back: vLLM cuts only its own copy
-    "runner_never_trims",  # the row has ground truth: specreplay's reference runner ran it
+    "runner_never_trims",  # not the ngram_gpu drafter's runner (the trace's drafter, else: it has ground truth)
 )
 
 
-def trim_mismatch(c: dict[str, np.ndarray]) -> np.ndarray:
+def trim_mismatch(c: dict[str, np.ndarray], drafter: str | None = None) -> np.ndarray:
     """Per row, the index into TRIM_MISMATCHES of the first way its executed work is not vLLM
     0.32.0's ngram_gpu trim of the drafts it could not propose (0: it is that trim).
 
@@ -99,8 +99,9 @@ def trim_mismatch(c: dict[str, np.ndarray]) -> np.ndarray:
     The trace does not hold the valid count, so a row passes when its cut has that shape: a
     request with drafts cached from the previous step, fewer trailing draft slots and nothing
     else, every draft fed a real id among those cached, the scheduler's copy untouched, and a
-    runner that cuts: vLLM's own, whose rows have no ground truth (every runner specreplay drives
-    records it; a live engine has no oracle). The first of these a row fails is its reason."""
+    runner that cuts: one whose drafter is ngram_gpu (`drafter`, from the trace's metadata: a live
+    vLLM's, or a replay of its recording); for a trace that names no drafter, vLLM's own runner,
+    the one whose rows have no ground truth. The first of these a row fails is its reason."""
     booked, booked_slots = c["sched_num_scheduled_tokens"], c["sched_num_draft_slots"]
     ran, ran_slots = c["worker_num_scheduled_tokens"], c["worker_num_draft_slots"]
     cached = c["worker_cached_drafts"]
@@ -111,8 +112,9 @@ def trim_mismatch(c: dict[str, np.ndarray]) -> np.ndarray:
     read_back = c["apply_num_draft_slots_is_null"] | (
         (c["apply_num_scheduled_tokens"] == booked) & (c["apply_num_draft_slots"] == booked_slots)
     )
+    trims = np.full(len(booked), drafter == "ngram_gpu") if drafter else c["truth_num_computed_tokens_is_null"]
     return np.select(
-        [cached <= 0, ~only_slots, ~fed_kept, ~read_back, ~c["truth_num_computed_tokens_is_null"]],
+        [cached <= 0, ~only_slots, ~fed_kept, ~read_back, ~trims],
         [1, 2, 3, 4, 5],
         0,
     )
@@ -126,7 +128,7 @@ def check_executed_work(frame: Frame, chk: Checker) -> Iterable[Finding]:
     booked, booked_slots = c["sched_num_scheduled_tokens"], c["sched_num_draft_slots"]
     ran, ran_slots = c["worker_num_scheduled_tokens"], c["worker_num_draft_slots"]
     differs = ~c["worker_num_scheduled_tokens_is_null"] & ((ran != booked) | (ran_slots != booked_slots))
-    why = trim_mismatch(c)
+    why = trim_mismatch(c, chk.drafter)
     for i in np.flatnonzero(frame.own & differs & (why > 0)):
         yield chk.finding(
             frame,

@@ -5,6 +5,9 @@ is compared. Differences come back as findings (code `D1-trace-differs`; expecte
 value, actual = trace B's, life = the row's sched_life; scheduler and worker repeat A and B for
 the 0.1 JSON) so the CLI renders them like any other finding.
 
+Ground truth is compared where both traces hold it: a trace with none at all (a live engine's
+recording) against one with it (its replay) leaves those columns out, named in `no_truth`.
+
 Both traces stream in step order (row groups from `TraceFile.batches()`, or an in-memory table in
 slices) and are compared a run of whole steps at a time, vectorised: when the two sides hold the
 same (step, request) rows (the common case) column against column; otherwise the rows both have
@@ -22,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from specreplay.replay.check.coverage import GROUND_TRUTH, columns_with_values
 from specreplay.replay.check.findings import Finding
 from specreplay.traces import schema
 from specreplay.traces.trace import Trace
@@ -39,6 +43,9 @@ class TraceDiff:
     only_b: int = 0
     rows_compared: int = 0
     left_out: list[str] = field(default_factory=list)  # columns the older trace's schema lacks
+    #: Ground-truth columns one trace holds no value in at all (a live engine's recording has
+    #: none): not compared, by side ("A" or "B").
+    no_truth: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def same(self) -> bool:
@@ -64,8 +71,19 @@ def diff_batches(a, b, batches_a: Iterable, batches_b: Iterable) -> TraceDiff:
     older = min(getattr(t, "schema_version", schema.SCHEMA_VERSION) for t in (a, b))
     columns = [c for c in schema.columns_of_version(older) if c not in _KEY]
     out.left_out = [c for c in _COLUMNS if c not in columns]
+    truth = {"A": set(), "B": set()}  # ground-truth columns with a value somewhere, per side
     for chunk_a, chunk_b in _aligned(iter(batches_a), iter(batches_b)):
+        truth["A"] |= columns_with_values(chunk_a)
+        truth["B"] |= columns_with_values(chunk_b)
         _compare(chunk_a, chunk_b, out, first_per_field, columns)
+    for side, other in (("A", "B"), ("B", "A")):
+        # A trace without ground truth against one with it: the truth is the other's alone, not a difference.
+        missing = [c for c in GROUND_TRUTH if c in truth[other] and c not in truth[side]]
+        if missing:
+            out.no_truth[side] = missing
+            for name in missing:
+                first_per_field.pop(name, None)
+                out.fields.pop(name, None)
     # Messages may be worded differently by different engines; status, step and kind must agree.
     if _outcome_key(a) != _outcome_key(b):
         out.fields["(outcome)"] += 1

@@ -27,6 +27,7 @@ from specreplay.replay.engines.inputs import InputDriver
 from specreplay.replay.engines.ports import wire
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.models.request import Request
+from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Event, RequestSpec, Workload
 
 
@@ -34,13 +35,18 @@ class EngineLoop:
     """One run: the scheduler, the runner, the batch queue and the input driver."""
 
     def __init__(
-        self, workload: Workload, impl: Implementation, device: str = "cpu", engine: str = "reference"
+        self,
+        workload: Workload,
+        impl: Implementation,
+        device: str = "cpu",
+        engine: str = "reference",
+        oracle: Oracle | None = None,
     ) -> None:
         self.workload = workload
         self.config = workload.config
         self.impl, self.device, self.engine = impl, device, engine
         self.step_no = 0
-        self.parts = parts = wire(workload, impl, device, engine, step_now=lambda: self.step_no)
+        self.parts = parts = wire(workload, impl, device, engine, step_now=lambda: self.step_no, oracle=oracle)
         self.sched = parts.scheduler
         self.runner = parts.runner
         self.observer = parts.scheduler_observer
@@ -48,6 +54,9 @@ class EngineLoop:
         self.clear_after_drain = False  # a pause with clear_cache waits for the batches in flight
         self.queue: deque = deque()  # (SchedulerOutput, ModelRunnerOutput), newest first
         self.outcome: dict[str, Any] = {"status": "completed"}
+        # False for a replay of a live recording: stop, as the live engine did, once nothing is
+        # left to feed or schedule, leaving the batches in flight unapplied.
+        self.drains_at_end = getattr(oracle, "drains_at_end", True)
 
     def step(self) -> bool:
         """One engine iteration, as vLLM's step_with_batch_queue orders it. False when done."""
@@ -61,6 +70,13 @@ class EngineLoop:
         for event in self.inputs.pop_events(self.step_no + 1):
             self.finish_pause_if_idle()  # the engine is idle between two inputs: its callbacks run
             self.apply_event(event)
+        if (
+            not self.drains_at_end
+            and not self.sched.has_requests()
+            and not self.clear_after_drain
+            and self.inputs.next_input_step(self.step_no) is None
+        ):
+            return False
         if not self.sched.has_requests() and not self.queue:
             # Idle: nothing to do until the next input.
             idle_until = self.inputs.next_input_step(self.step_no)

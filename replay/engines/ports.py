@@ -73,12 +73,19 @@ class EngineParts:
 
 
 def wire(
-    workload: Workload, impl: Implementation, device: str, engine: str, step_now: Callable[[], int]
+    workload: Workload,
+    impl: Implementation,
+    device: str,
+    engine: str,
+    step_now: Callable[[], int],
+    oracle: Oracle | None = None,
 ) -> EngineParts:
     """Build the scheduler and runner of `impl` on `engine` and attach the observers.
-    `step_now()`: the engine step being scheduled or applied (the loop's clock)."""
+    `step_now()`: the engine step being scheduled or applied (the loop's clock). `oracle`: the
+    tokens the run produces (default: the workload's synthetic ones; a replay passes a
+    recording's)."""
     config = workload.config
-    oracle = Oracle(workload)
+    oracle = oracle or Oracle(workload)
     if engine == "reference":
         scheduler = observed = impl.make_scheduler(config)
     elif engine == "vllm-scheduler":

@@ -19,6 +19,7 @@ from specreplay.replay.engines.loop import EngineLoop
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.models.messages import EngineCrash
 from specreplay.replay.record.recorder import FLUSH_EVERY
+from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces import schema
 from specreplay.traces.errors import InputError
@@ -37,19 +38,26 @@ def run_workload(
     model: str | None = None,
     journal: str | os.PathLike[str] | None = None,
     flush_every: int = FLUSH_EVERY,
+    oracle: Oracle | None = None,
 ) -> Trace:
     """Run `workload` through `impl` and return the recorded trace. An exception raised inside
     outside code (a `module:attr` implementation) becomes one InputError line naming it.
 
     `journal`: a path where settled rows are appended every `flush_every` steps and everything
-    recorded on any exception (traces.journal); the caller deletes it once the trace is written."""
+    recorded on any exception (traces.journal); the caller deletes it once the trace is written.
+    `oracle`: the outcomes the run produces (default: the workload's synthetic ones; a replay of
+    a recording passes its recorded ones); a live engine makes its own."""
     if engine == "vllm":
+        if oracle is not None:
+            raise InputError(
+                "a live engine makes its own outcomes: replay a recording through --engine reference or vllm-scheduler"
+            )
         from specreplay.replay.engines.live import run_live
 
         return run_live(workload, impl, device, model, progress)  # its observers write part files as they go
     if model is not None:
         raise InputError("--model is for --engine vllm (a live engine); the other engines run the reference model")
-    loop = _guarded(impl, EngineLoop, workload, impl, device, engine)
+    loop = _guarded(impl, EngineLoop, workload, impl, device, engine, oracle)
     # Outside the guard: a journal path that cannot be written is the user's file error, not
     # something the implementation raised.
     header = trace_header(workload, impl.describe(loop.parts.observed, engine), device, loop.outcome)

@@ -21,6 +21,12 @@ Hooks a variant may override (README, "Writing an implementation"):
   _prepare_inputs(out, rows) -> inputs               gather, scatter, clamp
   rejection_sample(...) / propose_drafts(...) / bookkeeping(...)
 
+The drafter is the oracle's (`oracle.drafter`): `fixed` proposes k drafts every step (the
+seeded drafter); the n-gram drafters of a replayed vLLM recording propose 0..k. `ngram_gpu`, as
+vLLM's, works on its own copy of the output's two dicts and trims the draft slots the scheduler
+booked to the valid count the drafter gave the row last step (`trim_invalid_drafts`), keeping
+the booked count for the correction.
+
 Worked example of the correction (k = 3): the scheduler booked step m-1 as if all 3 drafts were
 accepted, so at step m it sends C_s = K + 3. Step m-1 accepted a = 1 (valid count 2): the worker
 subtracts prev_num_draft_len - a = 2 and writes from K + 1, the first position not yet in its KV.
@@ -28,13 +34,13 @@ subtracts prev_num_draft_len - a = 2 and writes from K + 1, the first position n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from specreplay.replay.models.input_batch import CachedRequestState, InputBatch
 from specreplay.replay.models.messages import EngineCrash, ModelRunnerOutput, NewRequestData, SchedulerOutput
-from specreplay.replay.models.target_model import TargetModel
+from specreplay.replay.models.target_model import RecordedTargetModel, TargetModel
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.oracle import Oracle
 
@@ -79,6 +85,11 @@ class GPUModelRunner:
         self.k = config.num_spec_tokens
         self.use_async_scheduling = config.async_scheduling
         self.model = TargetModel(config.vocab_size, self.device)
+        self.drafter = getattr(oracle, "drafter", "fixed")
+        # A recorded oracle answers by table, not by the closed-form rule (workloads/recorded.py).
+        self.recorded_model = RecordedTargetModel(oracle, self.device) if getattr(oracle, "recorded", False) else None
+        self.num_valid_draft_tokens: list[int] = []  # ngram_gpu: per row of the last proposal
+        self.booked_drafts: dict[str, int] = {}  # ngram_gpu: draft slots booked before the trim
         self.requests: dict[str, CachedRequestState] = {}
         self.input_batch = InputBatch()
         # Results of the previous non-empty step, indexed by its rows.
@@ -98,6 +109,13 @@ class GPUModelRunner:
         """The forward half of a step. None: sample_tokens() follows (vLLM's async split); an
         empty step returns its (empty) output at once."""
         self._pending = None
+        if self.drafter == "ngram_gpu":
+            # vLLM's runner copies the two dicts it trims, so the scheduler's output stays as booked.
+            out = replace(
+                out,
+                num_scheduled_tokens=dict(out.num_scheduled_tokens),
+                scheduled_spec_decode_tokens=dict(out.scheduled_spec_decode_tokens),
+            )
         deferred = self._update_states(out)
         if out.total_num_scheduled_tokens == 0:
             # Empty step: no forward and no sample_tokens; the previous step's drafts and sampled
@@ -105,7 +123,7 @@ class GPUModelRunner:
             return ModelRunnerOutput()
         rows = [rid for rid in self.input_batch.req_ids if rid is not None]
         inputs = self._prepare_inputs(out, rows)
-        targets = self.model.forward(inputs.input_ids, inputs.positions, self._hashes(inputs))
+        targets = self.forward(inputs)
         # Design B: the CPU correction runs once the forward is launched (its positions came
         # from the device-side corrected values in _prepare_inputs).
         self.apply_deferred_corrections(deferred)
@@ -132,6 +150,7 @@ class GPUModelRunner:
         self.remove_finished(out)
         self.remove_unscheduled(out)
         to_add = [self.add_new_request(data) for data in out.scheduled_new_reqs]
+        self.booked_drafts = self.trim_invalid_drafts(out) if self.drafter == "ngram_gpu" else {}
         self.prev_num_draft_tokens = [0] * len(self.prev_num_draft_tokens)
         deferred: list[tuple[str, int]] = []
         for i, rid in enumerate(out.scheduled_cached_reqs.req_ids):
@@ -226,6 +245,28 @@ class GPUModelRunner:
         self.write_spec_ids(st, row, out)
         return None
 
+    def trim_invalid_drafts(self, out: SchedulerOutput) -> dict[str, int]:
+        """vLLM's update_scheduler_for_invalid_drafts: a cached request with a row keeps only as
+        many draft slots as the drafter found valid drafts for its row last step. Returns the
+        booked counts, which the correction keeps using (prev_num_draft_len)."""
+        booked = {rid: len(spec) for rid, spec in out.scheduled_spec_decode_tokens.items()}
+        valid_counts = self.num_valid_draft_tokens
+        for rid in out.scheduled_cached_reqs.req_ids:
+            row = self.input_batch.req_id_to_index.get(rid)
+            spec = out.scheduled_spec_decode_tokens.get(rid)
+            if row is None or spec is None:
+                continue
+            valid = max(0, min(valid_counts[row] if row < len(valid_counts) else 0, len(spec)))
+            trim = len(spec) - valid
+            if trim:
+                out.total_num_scheduled_tokens -= trim
+                out.num_scheduled_tokens[rid] -= trim
+            if valid == 0:
+                out.scheduled_spec_decode_tokens.pop(rid, None)
+            else:
+                out.scheduled_spec_decode_tokens[rid] = spec[:valid]
+        return booked
+
     def on_reentry(self, out: SchedulerOutput, rid: str) -> bool:
         """A scheduled cached request with no row (re-entering or resumed). Upstream: nothing."""
         return False
@@ -233,7 +274,8 @@ class GPUModelRunner:
     def write_spec_ids(self, st: CachedRequestState, row: int, out: SchedulerOutput) -> None:
         spec = out.scheduled_spec_decode_tokens.get(st.req_id, [])
         self.input_batch.write_spec_ids(row, spec)
-        st.prev_num_draft_len = len(spec)
+        # After an ngram_gpu trim the correction still counts the slots the scheduler booked.
+        st.prev_num_draft_len = self.booked_drafts.get(st.req_id, len(spec))
 
     def apply_deferred_corrections(self, deferred: list[tuple[str, int]]) -> dict[str, int]:
         """Design B's closure, run after the forward is launched: subtract the drafts of step m-1
@@ -334,6 +376,13 @@ class GPUModelRunner:
                 raise NegativeInputIdError(f"input id -1 reached the embedding for request {bad!r} at step {out.step}")
         return draft_ids, negatives
 
+    def forward(self, inputs: PreparedInputs) -> torch.Tensor:
+        """The target model's token for every input position."""
+        if self.recorded_model is not None:
+            turns = [(rid, len(self.requests[rid].prompt_token_ids)) for rid in inputs.rows]
+            return self.recorded_model.forward(inputs.input_ids, inputs.positions, turns, inputs.num_scheduled)
+        return self.model.forward(inputs.input_ids, inputs.positions, self._hashes(inputs))
+
     def _hashes(self, inputs: PreparedInputs) -> torch.Tensor:
         per_token: list[int] = []
         for x, rid in enumerate(inputs.rows):
@@ -402,14 +451,18 @@ class GPUModelRunner:
         fits = max(inputs.seq_lens, default=0) + self.k <= self.config.max_model_len
         for x, rid in enumerate(inputs.rows):
             if discarded[x] or not self.k or not fits:
-                proposals.append([0] * self.k)
+                proposals.append([0] * self.k if self.drafter == "fixed" else [])
                 continue
             last_position = inputs.starts[x] + inputs.num_scheduled[x] - inputs.num_drafts[x] - 1 + len(emitted[x])
             proposals.append(
                 self.oracle.drafts(rid, last_position + 1, self.k, len(self.requests[rid].prompt_token_ids))
             )
+        if self.drafter == "ngram_gpu" and self.k and fits:
+            # Skipped for the whole batch, the drafter leaves the previous counts in place, as vLLM's buffer.
+            self.num_valid_draft_tokens = [len(p) for p in proposals]
         if self.use_async_scheduling:
-            self._draft_token_ids = torch.tensor(proposals, dtype=torch.int64, device=self.device).reshape(
+            padded = [p + [0] * (self.k - len(p)) for p in proposals]
+            self._draft_token_ids = torch.tensor(padded, dtype=torch.int64, device=self.device).reshape(
                 len(inputs.rows), self.k
             )
         else:

@@ -6,7 +6,7 @@ Where it sits: workloads -> **models** -> engines -> record -> check. The refere
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specreplay.replay.workloads.tokens import MUL_POS, MUL_TOKEN
 
@@ -30,3 +30,27 @@ class TargetModel:
         (a negative id on CUDA is a device-side assert that poisons the whole context)."""
         emb = self.embedding[input_ids]
         return (MUL_TOKEN * emb + MUL_POS * positions + hashes) % self.vocab_size
+
+
+class RecordedTargetModel:
+    """The target model of a replayed recording: each position's token is looked up in the
+    recorded outcomes (`workloads.recorded.RecordedOracle.answer`), a gap filled by its rules.
+    A table, not a formula: it runs on the host and hands the runner a tensor on its device."""
+
+    def __init__(self, oracle: Any, device: torch.device) -> None:
+        self.oracle = oracle
+        self.device = device
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, turns: list[tuple[str, int]], counts: list[int]
+    ) -> torch.Tensor:
+        """`turns`: per row, (request id, prompt length); `counts`: per row, its input tokens."""
+        import torch
+
+        ids, where = input_ids.tolist(), positions.tolist()
+        out: list[int] = []
+        at = 0
+        for (rid, prompt_len), n in zip(turns, counts):
+            out.extend(self.oracle.answer(rid, prompt_len, where[at + j], ids[at + j]) for j in range(n))
+            at += n
+        return torch.tensor(out, dtype=torch.int64, device=self.device)

@@ -99,9 +99,11 @@ def record_to(
     model: str | None = None,
     flush_every: int = FLUSH_EVERY,
     progress: ProgressBar | None = None,
+    oracle: Any = None,
 ) -> Recorded:
     """Run `workload` through `impl` (a registry name; module:attr too with `allow_import`, i.e.
-    typed by the user) on `engine` and write the trace to `output`.
+    typed by the user) on `engine` and write the trace to `output`. `oracle`: a recording's
+    outcomes to run with (replay_to), noted in the trace's impl metadata with what it filled.
 
     While it runs, settled rows go to the journal `output.partial` every `flush_every` steps.
     Refuses to start while an unfinished journal there holds steps. On an InputError from the run
@@ -127,6 +129,7 @@ def record_to(
                 model=model,
                 journal=journal,
                 flush_every=flush_every,
+                oracle=oracle,
             )
         except InputError as exc:
             if journal.exists() and holds_steps(journal):
@@ -135,9 +138,22 @@ def record_to(
                 ) from None
             journal.unlink(missing_ok=True)
             raise
+    if getattr(oracle, "recorded", False):
+        note = outcomes_note(oracle, trace)
+        trace = replace(trace, impl={**trace.impl, "drafter": oracle.drafter, "outcomes": note})
     write_trace(trace, output)
     journal.unlink(missing_ok=True)  # the trace is written: the journal has served its purpose
     return Recorded(output, trace)
+
+
+def outcomes_note(oracle: Any, trace: Trace) -> dict[str, Any]:
+    """What a replay's recorded outcomes gave and what their rules had to fill (info shows it)."""
+    return {
+        "source": oracle.source,
+        "drafter": oracle.drafter,
+        "recorded": oracle.summary(),
+        "filled": oracle.unobserved(trace.table),
+    }
 
 
 def _claim_journal(output: Path) -> Path:
@@ -158,6 +174,11 @@ def _claim_journal(output: Path) -> Path:
     return journal
 
 
+ORACLES = ("recorded", "synthetic")
+#: Engines a recording's outcomes can drive (a live engine makes its own).
+REPLAY_ENGINES = ("reference", "vllm-scheduler")
+
+
 def replay_to(
     output: Path,
     source: Path,
@@ -168,23 +189,50 @@ def replay_to(
     device: str = "cpu",
     flush_every: int = FLUSH_EVERY,
     progress: ProgressBar | None = None,
+    oracle: str | None = None,
 ) -> Recorded:
-    """Record a trace's workload (from its metadata: no rows are read) again, through `impl`
-    (default: the trace's own, by registry name only) on `engine` (default: the trace's own)."""
-    from specreplay.traces.io import open_trace
+    """Run a trace's workload again through `impl` (default: the trace's own, by registry name
+    only) on `engine`, with the engine config and executor that ran it.
 
-    trace = open_trace(source)
+    `oracle` recorded (the default when the trace carries outcomes, schema v3): the recording's
+    sampled tokens and drafts drive the run (workloads/recorded.py), on `engine` reference or
+    vllm-scheduler (default: the trace's own, reference for a live or attached recording).
+    synthetic: the workload's seeded tokens, as it was first recorded (default engine: the
+    trace's own)."""
+    from specreplay.replay.workloads.config import EngineConfig
+    from specreplay.replay.workloads.recorded import has_outcomes, recorded_oracle
+    from specreplay.traces.io import read_trace
+
+    trace = read_trace(source)
     workload = Workload.from_dict(trace.workload, f"{source}: workload metadata")
+    if trace.config:  # what ran (a live engine on a CPU rounds the block size), not what was asked
+        workload = replace(workload, config=EngineConfig.from_dict(trace.config, f"{source}: config metadata"))
+    mode = oracle or ("recorded" if has_outcomes(trace.table) else "synthetic")
+    if mode not in ORACLES:
+        raise InputError(f"--oracle {mode}: unknown; known: {', '.join(ORACLES)}")
+    recorded_engine = trace.impl.get("engine", "reference")
+    outcomes = None
+    if mode == "recorded":
+        engine = engine or (recorded_engine if recorded_engine in REPLAY_ENGINES else "reference")
+        if engine not in REPLAY_ENGINES:
+            raise InputError(
+                f"--engine {engine}: a live engine makes its own outcomes; replay a recording's through "
+                f"{' or '.join(REPLAY_ENGINES)} (or --oracle synthetic to run its workload live again)"
+            )
+        outcomes = recorded_oracle(workload, trace)
+        outcomes.source = str(source)
+        outcomes.drains_at_end = recorded_engine in REPLAY_ENGINES
     return record_to(
         output,
         workload,
         impl or trace.impl_name,
         allow_import=impl is not None,
-        executor=executor,
-        engine=engine or trace.impl.get("engine", "reference"),
+        executor=executor or trace.impl.get("executor"),
+        engine=engine or recorded_engine,
         device=device,
         flush_every=flush_every,
         progress=progress,
+        oracle=outcomes,
     )
 
 

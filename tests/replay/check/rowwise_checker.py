@@ -93,6 +93,7 @@ class TraceRows:
                 cuts += self.col["sched_preempted"][i] or self.col["sched_event"][i] in ("reset_preempt", "stream_turn")
                 self.epoch[i] = cuts
         self.is_async = bool(self.config.get("async_scheduling", True))
+        self.drafter = (trace.impl or {}).get("drafter")
         self.crash_step = trace.outcome.get("step") if trace.outcome.get("status") == "crashed" else None
 
     def __getitem__(self, name: str) -> list:
@@ -406,8 +407,9 @@ def check_membership(rows: TraceRows) -> Iterator[Finding]:
 def _not_a_drafter_trim(rows: TraceRows, i: int) -> str | None:
     """Why row i's executed work is not vLLM 0.32.0's ngram_gpu trim (None: it is): that trim
     cuts only a request run the step before (drafts cached for it), only trailing draft slots,
-    feeds only the real drafts it keeps, edits only the worker's copy, and runs only in vLLM's
-    own runner (the reference runner records ground truth, a live engine has none)."""
+    feeds only the real drafts it keeps, edits only the worker's copy, and runs only with the
+    ngram_gpu drafter (the trace's drafter; a trace that names none: vLLM's own runner, the one
+    without ground truth)."""
     c = rows.col
     booked, booked_slots = c["sched_num_scheduled_tokens"][i], c["sched_num_draft_slots"][i]
     ran, ran_slots = c["worker_num_scheduled_tokens"][i], c["worker_num_draft_slots"][i]
@@ -422,7 +424,8 @@ def _not_a_drafter_trim(rows: TraceRows, i: int) -> str | None:
     read_slots = c["apply_num_draft_slots"][i]
     if read_slots is not None and (c["apply_num_scheduled_tokens"][i], read_slots) != (booked, booked_slots):
         return "scheduler_output_edited"
-    if c["truth_num_computed_tokens"][i] is not None:
+    trims = rows.drafter == "ngram_gpu" if rows.drafter else c["truth_num_computed_tokens"][i] is None
+    if not trims:
         return "runner_never_trims"
     return None
 

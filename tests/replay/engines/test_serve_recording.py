@@ -118,9 +118,11 @@ def test_a_served_vllm_under_real_clients_records_into_one_trace(tmp_path):
     assert trace.impl["engine"] == "vllm (attached)" and trace.impl["executor"] == "multiproc"
 
 
-def rows_recorded(folder, prefix: str) -> int:
-    """How often the engine core's part names a request id starting with `prefix` so far."""
-    return sum(path.read_text(errors="replace").count(f'"{prefix}') for path in folder.glob("core-*.jsonl"))
+def worker_rows_recorded(folder, prefix: str) -> int:
+    """How many worker rows of requests whose id starts with `prefix` the runner's part holds so
+    far. The worker's row is what makes a step whole: counting the core's part instead (input
+    lines, scheduler rows) let the server die with only 8 of them mergeable."""
+    return sum(path.read_text(errors="replace").count(f'"{prefix}') for path in folder.glob("runner-*.jsonl"))
 
 
 def clients_until_killed(server: Server) -> None:
@@ -141,14 +143,14 @@ def test_a_server_killed_with_sigkill_still_merges(tmp_path):
         traffic = threading.Thread(target=clients_until_killed, args=(server,), daemon=True)
         traffic.start()
         deadline = time.monotonic() + 180
-        while rows_recorded(folder, "oa-") < 40 and time.monotonic() < deadline:
-            time.sleep(0.1)  # until the clients' requests are being stepped
-        seen = rows_recorded(folder, "oa-")
+        while worker_rows_recorded(folder, "oa-") < 20 and time.monotonic() < deadline:
+            time.sleep(0.1)  # until the clients' requests have whole steps on record
+        seen = worker_rows_recorded(folder, "oa-")
         server.kill()  # the whole process group, mid-run: nothing gets to shut down or flush a buffer
         traffic.join(60)
-    assert seen >= 40, server.log_tail()
+    assert seen >= 20, server.log_tail()
     result = CliRunner().invoke(main, ["merge", str(folder), "-o", str(tmp_path / "killed.parquet")])
     assert result.exit_code == 0, result.output
     df = read_trace(tmp_path / "killed.parquet").table.to_pandas()
-    assert df.request_id.str.startswith("oa-").sum() >= 10, (result.output, seen)
+    assert df.request_id.str.startswith("oa-").sum() >= seen, (result.output, seen)
     assert df[df.sched_num_scheduled_tokens > 0].worker_num_scheduled_tokens.notna().all()

@@ -1,0 +1,286 @@
+"""Recorded outcomes as the oracle: a trace's sampled tokens and drafts drive a replay.
+
+Where it sits: traces -> **workloads** -> models -> engines. `specreplay replay RECORDING` builds
+a `RecordedOracle` from the recording's rows and hands it to the engine in place of the
+synthetic one, so the target model returns, for each position of each request, the token the
+recorded run sampled there, and the drafter proposes the drafts the recorded worker verified.
+Acceptance is not stored: it follows, as in the recorded run, from the drafts and the tokens.
+
+What a row tells (worker view of step m, the output the scheduler received for it): the worker
+wrote its inputs at positions `P .. P + n - 1` (`worker_first_position`, `n` tokens), the last
+`d` of them drafts (`worker_draft_ids`); the sampled tokens `apply_sampled_token_ids` are the
+tokens at positions `P + n - d`, `P + n - d + 1`, ... The first is the model's answer to the
+input at `q0 = P + n - d - 1`, the following ones its answers to the accepted drafts.
+
+The model is read as a function of (request, turn, position, input token), as the synthetic
+one is. One rule each for what the recording never observed:
+
+- **a position past what was recorded** (a request run longer, a draft verified where the
+  recording had none): the synthetic model's token, `tokens.next_token` of the previous token;
+- **an input the recording never fed at that position** (a clamped -1, a stale draft): the
+  synthetic model's token for that input, moved on by one when it would equal the recorded
+  token (a wrong input never yields the right token by chance);
+- **a proposal the recording never verified**: a fixed-k drafter proposes tokens that are
+  rejected (the expected token + 1); an n-gram drafter proposes nothing (no valid draft).
+
+`unobserved(table)` counts, on a replay's rows, the emitted tokens and verified drafts that
+came from these rules: `info` shows it, and a replay that reproduces its recording has none.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from specreplay.replay.workloads import tokens
+from specreplay.replay.workloads.oracle import Oracle
+from specreplay.replay.workloads.workload import Workload
+from specreplay.traces.errors import InputError
+
+#: The columns a recording needs for its outcomes to drive a replay.
+COLUMNS = (
+    "step",
+    "request_id",
+    "sched_num_prompt_tokens",
+    "sched_num_draft_slots",
+    "sched_spec_len",
+    "worker_first_position",
+    "worker_num_scheduled_tokens",
+    "worker_num_draft_slots",
+    "worker_draft_ids",
+    "worker_negative_inputs",
+    "worker_cached_drafts",
+    "worker_num_accepted",
+    "worker_num_emitted",
+    "apply_sampled_token_ids",
+)
+
+#: Drafter kinds a replay models. fixed: k proposals every step (the reference's seeded drafter);
+#: ngram: vLLM's CPU n-gram drafter under sync scheduling (0..k drafts back to the scheduler);
+#: ngram_gpu: vLLM's GPU n-gram drafter under async scheduling (k placeholder slots booked, the
+#: runner trims them to the valid count).
+DRAFTERS = ("fixed", "ngram", "ngram_gpu")
+
+
+@dataclass
+class Observed:
+    """What a recording observed of one request turn."""
+
+    tokens: dict[int, int] = field(default_factory=dict)  # position -> token, from a right input
+    wrong: dict[tuple[int, int], int] = field(default_factory=dict)  # (position, input) -> next token
+    drafts: dict[int, list[int]] = field(default_factory=dict)  # first draft position -> drafts verified
+    proposed: dict[int, int] = field(default_factory=dict)  # first draft position -> proposal length
+    conflicts: int = 0  # positions recorded twice with different tokens (the first is kept)
+
+
+def drafter_of(impl: dict[str, Any]) -> str:
+    """The drafter a trace's run used: a live engine names it; the reference's is fixed-k."""
+    drafter = impl.get("drafter", "fixed")
+    return drafter if drafter in DRAFTERS else "fixed"
+
+
+def has_outcomes(table: Any) -> bool:
+    """Does a trace carry recorded outcomes (schema v3 sampled token ids on some row)?"""
+    if "apply_sampled_token_ids" not in table.column_names:
+        return False
+    return table.column("apply_sampled_token_ids").null_count < table.num_rows
+
+
+class RecordedOracle(Oracle):
+    """The oracle of a replay of a recording: recorded tokens and drafts, one rule per gap."""
+
+    recorded = True
+
+    def __init__(self, workload: Workload, table: Any, drafter: str = "fixed") -> None:
+        super().__init__(workload)
+        self.drafter = drafter
+        self.source = ""  # the recording's path, for the replay's metadata
+        # A live engine stops stepping once its front end waits for nothing: the batches still
+        # in flight then are never applied. A replay of its recording stops there too.
+        self.drains_at_end = True
+        self.observed: dict[tuple[str, int], Observed] = defaultdict(Observed)
+        self._chain: dict[tuple[str, int], list[int]] = {}
+        self._read(table)
+
+    # ------------------------------------------------------------------ reading the recording
+    def _read(self, table: Any) -> None:
+        cols = {name: table.column(name).to_pylist() for name in COLUMNS}
+        for i in range(table.num_rows):
+            row = {name: cols[name][i] for name in COLUMNS}
+            rid = row["request_id"]
+            if rid not in self.specs or row["worker_first_position"] is None:
+                continue
+            seen = self.observed[(rid, self.turn(rid, row["sched_num_prompt_tokens"]))]
+            n, d = row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"] or 0
+            first_draft = row["worker_first_position"] + n - d
+            drafts = list(row["worker_draft_ids"] or [])
+            if self._drafts_are_proposals(row, drafts):
+                seen.drafts.setdefault(first_draft, drafts)
+                proposed = row["sched_spec_len"] if self.drafter == "ngram" else len(drafts)
+                seen.proposed.setdefault(first_draft, max(proposed, len(drafts)))
+            sampled = row["apply_sampled_token_ids"]
+            if not sampled:
+                # An output never applied (its request had finished) still shows its accepted
+                # drafts: each is the token at its own position.
+                if row["worker_num_accepted"] and self._drafts_are_proposals(row, drafts):
+                    for j, token in enumerate(drafts[: row["worker_num_accepted"]]):
+                        self._note(seen, first_draft + j, token)
+                continue
+            self._check_row(row, sampled, drafts)
+            # The first sampled token answers the input at q0: the right token, or 0 when a
+            # negative id there was clamped (negatives beyond the drafts' own).
+            clamped = (row["worker_negative_inputs"] or 0) - sum(1 for t in drafts if t < 0) > 0
+            position = first_draft
+            if clamped:
+                seen.wrong.setdefault((position - 1, 0), sampled[0])
+            else:
+                self._note(seen, position, sampled[0])
+            for j, token in enumerate(sampled[1:], start=1):  # answers to accepted drafts
+                self._note(seen, position + j, token)
+
+    def _drafts_are_proposals(self, row: dict[str, Any], drafts: list[int]) -> bool:
+        """Drafts the drafter proposed (not placeholders nobody filled): under async scheduling
+        they came from a cached row, in sync mode from the scheduler's spec tokens."""
+        if any(t < 0 for t in drafts):
+            return False
+        if self.workload.config.async_scheduling:
+            return bool(row["worker_cached_drafts"]) or row["sched_num_draft_slots"] == 0
+        return True
+
+    @staticmethod
+    def _note(seen: Observed, position: int, token: int) -> None:
+        old = seen.tokens.setdefault(position, token)
+        if old != token:
+            seen.conflicts += 1
+
+    def _check_row(self, row: dict[str, Any], sampled: list[int], drafts: list[int]) -> None:
+        """A row whose outcome contradicts itself cannot drive a replay: one line, exit 2."""
+        where = f"step {row['step']}, request {row['request_id']!r}"
+        accepted, emitted = row["worker_num_accepted"], row["worker_num_emitted"]
+        if accepted is not None and accepted > len(drafts):
+            raise InputError(
+                f"recorded outcomes inconsistent at {where}: {accepted} drafts accepted of {len(drafts)} verified"
+            )
+        if emitted and emitted != len(sampled):  # 0: a sync-mode live worker does not count them
+            raise InputError(
+                f"recorded outcomes inconsistent at {where}: the worker emitted {emitted} tokens, "
+                f"the scheduler received {len(sampled)}"
+            )
+        if len(sampled) > len(drafts) + 1:
+            raise InputError(
+                f"recorded outcomes inconsistent at {where}: {len(sampled)} tokens sampled with "
+                f"{len(drafts)} drafts (at most 1 + drafts)"
+            )
+        if any(t < 0 or t >= self.vocab for t in sampled):
+            raise InputError(
+                f"recorded outcomes inconsistent at {where}: a sampled token outside the vocabulary (0..{self.vocab - 1})"
+            )
+
+    # ------------------------------------------------------------------ the model
+    def _seen(self, rid: str, prompt_len: int | None) -> Observed:
+        return self.observed.get((rid, self.turn(rid, prompt_len))) or Observed()
+
+    def expected(self, rid: str, prompt_len: int | None = None) -> list[int]:
+        """Prompt then the recorded tokens, a gap filled by the synthetic rule, long enough for
+        any position a run can reach (as the synthetic oracle's)."""
+        turn = self.turn(rid, prompt_len)
+        seq = self._chain.get((rid, turn))
+        if seq is None:
+            if turn == 0:
+                seq = self.prompt(rid)
+            else:
+                before_len, before_max = self._turns[rid][turn - 1]
+                seq = self.expected(rid, before_len)[: before_len + before_max - 1] + self.chunk(rid, turn)
+            self._chain[(rid, turn)] = seq
+            length, max_tokens = (
+                (self.specs[rid].prompt_len, self.specs[rid].max_tokens) if turn == 0 else self._turns[rid][turn]
+            )
+            self._extend(rid, turn, seq, length + max_tokens + 2 * self.workload.config.num_spec_tokens + 2)
+        return seq
+
+    def _extend(self, rid: str, turn: int, seq: list[int], length: int) -> None:
+        known = self.observed.get((rid, turn))
+        h = self._hash[rid]
+        while len(seq) < length:
+            q = len(seq)
+            token = known.tokens.get(q) if known is not None else None
+            seq.append(token if token is not None else tokens.next_token(h, q - 1, seq[-1], self.vocab))
+
+    def token_at(self, rid: str, position: int, prompt_len: int | None = None) -> int:
+        seq = self.expected(rid, prompt_len)
+        if len(seq) <= position:
+            self._extend(rid, self.turn(rid, prompt_len), seq, position + 1)
+        return seq[position]
+
+    def answer(self, rid: str, prompt_len: int, position: int, token: int) -> int:
+        """The target model's token for position + 1 given `token` at `position`."""
+        if token == self.token_at(rid, position, prompt_len):
+            return self.token_at(rid, position + 1, prompt_len)
+        recorded = self._seen(rid, prompt_len).wrong.get((position, token))
+        if recorded is not None:
+            return recorded
+        guess = tokens.next_token(self._hash[rid], position, token, self.vocab)
+        right = self.token_at(rid, position + 1, prompt_len)
+        return guess if guess != right else (guess + 1) % self.vocab
+
+    # ------------------------------------------------------------------ the drafter
+    def drafts(self, rid: str, first_position: int, k: int, prompt_len: int | None = None) -> list[int]:
+        """The drafts proposed for positions first_position.. : the recorded ones; the rest of a
+        proposal rejected tokens. An n-gram drafter's proposal is as long as recorded (none
+        when the recording never saw it), a fixed-k drafter's always k."""
+        seen = self._seen(rid, prompt_len)
+        drafts = list(seen.drafts.get(first_position, ()))[:k]
+        length = k if self.drafter == "fixed" else min(k, seen.proposed.get(first_position, 0))
+        for q in range(first_position + len(drafts), first_position + length):
+            drafts.append((self.token_at(rid, q, prompt_len) + 1) % self.vocab)
+        return drafts
+
+    # ------------------------------------------------------------------ what was filled
+    def is_observed_token(self, rid: str, prompt_len: int, position: int) -> bool:
+        seen = self._seen(rid, prompt_len)
+        return position < prompt_len or position in seen.tokens
+
+    def unobserved(self, table: Any) -> dict[str, int]:
+        """On a replay's rows: emitted tokens at positions the recording never observed, and
+        verified drafts it never proposed, as the rules above filled them."""
+        names = (
+            "request_id",
+            "sched_num_prompt_tokens",
+            "worker_first_position",
+            "worker_num_scheduled_tokens",
+            "worker_num_draft_slots",
+            "worker_draft_ids",
+            "worker_num_emitted",
+        )
+        cols = {name: table.column(name).to_pylist() for name in names}
+        filled_tokens = filled_drafts = 0
+        for i in range(table.num_rows):
+            rid, plen, start = cols["request_id"][i], cols["sched_num_prompt_tokens"][i], cols["worker_first_position"][i]
+            if start is None or rid not in self.specs:
+                continue
+            first_draft = start + cols["worker_num_scheduled_tokens"][i] - (cols["worker_num_draft_slots"][i] or 0)
+            emitted = cols["worker_num_emitted"][i] or 0
+            filled_tokens += sum(1 for j in range(emitted) if not self.is_observed_token(rid, plen, first_draft + j))
+            drafts = cols["worker_draft_ids"][i] or []
+            recorded = self._seen(rid, plen).drafts.get(first_draft, [])
+            filled_drafts += max(0, len([t for t in drafts if t >= 0]) - len(recorded))
+        return {"tokens": filled_tokens, "drafts": filled_drafts}
+
+    def summary(self) -> dict[str, int]:
+        """What the recording gave: token positions and proposals observed, conflicts."""
+        return {
+            "tokens": sum(len(s.tokens) for s in self.observed.values()),
+            "proposals": sum(len(s.drafts) for s in self.observed.values()),
+            "conflicts": sum(s.conflicts for s in self.observed.values()),
+        }
+
+
+def recorded_oracle(workload: Workload, trace: Any) -> RecordedOracle:
+    """The oracle of `trace`'s recorded outcomes, refused in one line when it has none."""
+    if not has_outcomes(trace.table):
+        raise InputError(
+            f"{trace.workload.get('name', 'the trace')}: no recorded outcomes (schema v{trace.schema_version} "
+            "traces before v3 carry no sampled token ids); replay it with --oracle synthetic"
+        )
+    return RecordedOracle(workload, trace.table, drafter_of(trace.impl))
