@@ -161,8 +161,9 @@ def _record_attached(output: Path, command: tuple[str, ...]) -> None:
     "--oracle",
     type=click.Choice(["recorded", "synthetic"]),
     default=None,
-    help="recorded: the trace's own sampled tokens and drafts drive the run (default when it has "
-    "them: schema v3); synthetic: the workload's seeded tokens.",
+    help="recorded: the trace's own sampled tokens and drafts drive the run (the default for a live "
+    "or attached vLLM recording); synthetic: the workload's seeded model (the default for a trace of "
+    "the reference or the real scheduler, whose workload regenerates every token).",
 )
 @handle_errors
 def replay(trace_path, impl_name, engine, executor, device, output, flush_every, oracle) -> None:

@@ -475,7 +475,11 @@ class GPUModelRunner:
         """Cache this step's results for the next one and extend the output lists (one -1 per
         sampled row under async; the real tokens in sync mode)."""
         rows = inputs.rows
-        self.input_batch.prev_req_id_to_index = {rid: x for x, rid in enumerate(rows) if not discarded[x]}
+        # vLLM keeps the previous step's row map under async scheduling only (sync feeds the
+        # sampled tokens back through the scheduler).
+        self.input_batch.prev_req_id_to_index = (
+            {rid: x for x, rid in enumerate(rows) if not discarded[x]} if self.use_async_scheduling else {}
+        )
         self.valid_sampled_token_count_cpu = [0 if discarded[x] else len(emitted[x]) for x in range(len(rows))]
         self.prev_starts = list(inputs.starts)
         self.prev_num_draft_tokens = [0] * len(rows)

@@ -62,7 +62,7 @@ class KvTruth(RunnerObserver):
             if not (0 <= start // bs and (start + n - 1) // bs < len(blocks)):
                 self.ok[rid] = False
 
-    def on_sampled(self, runner: Any) -> None:
+    def on_sampled(self, runner: Any, output: Any = None) -> None:
         inputs = self.inputs
         host = inputs.input_ids.tolist()  # after the clamp: what the model really read
         counts = runner.valid_sampled_token_count_cpu

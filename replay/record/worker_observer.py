@@ -124,8 +124,8 @@ class RunnerObserver:
     def on_executed(self, runner: Any, so: Any) -> None:
         """execute_model returned (the deferred correction has run)."""
 
-    def on_sampled(self, runner: Any) -> None:
-        """sample_tokens returned."""
+    def on_sampled(self, runner: Any, output: Any = None) -> None:
+        """sample_tokens returned `output`."""
 
     def flush(self) -> None:
         """The step is over on the worker (after sample_tokens, or an empty execute_model)."""
@@ -188,11 +188,13 @@ class WorkerObserver(RunnerObserver):
                 row["worker_correction"] = self.optimistic[rid] - st.num_computed_tokens
                 row["worker_num_computed_tokens"] = st.num_computed_tokens
 
-    def on_sampled(self, runner: Any) -> None:
+    def on_sampled(self, runner: Any, output: Any = None) -> None:
         batch = runner.input_batch
         ids = batch.req_ids[: batch.num_reqs]
         counts = runner.valid_sampled_token_count_cpu
         counts = [int(c) for c in counts[: len(ids)]] if counts is not None else None
+        if counts is None:
+            counts = sync_counts(output, ids)
         sampled = batch.prev_req_id_to_index or {}
         for x, rid in enumerate(ids):
             row = self.rows.get(rid)
@@ -213,6 +215,16 @@ class WorkerObserver(RunnerObserver):
             self.writer.write(self.step, self.ext(rid), row)
         self.writer.step_done(self.step)
         self.rows = {}
+
+
+def sync_counts(output: Any, ids: list[str]) -> list[int] | None:
+    """Tokens emitted per row, read from a sync-mode ModelRunnerOutput (its sampled token ids
+    are host lists; vLLM keeps no valid count and no previous-step map without async)."""
+    sampled = getattr(output, "sampled_token_ids", None)
+    index = getattr(output, "req_id_to_index", None)
+    if not isinstance(sampled, list) or not isinstance(index, dict):
+        return None
+    return [len(sampled[index[rid]]) if rid in index and index[rid] < len(sampled) else 0 for rid in ids]
 
 
 def attach_runner(runner: Any, observers: list[RunnerObserver], reader: RunnerReader) -> None:
@@ -256,7 +268,7 @@ def attach_runner(runner: Any, observers: list[RunnerObserver], reader: RunnerRe
     @functools.wraps(sample)
     def sample_tokens(*a, **kw):
         result = sample(*a, **kw)
-        each("on_sampled", runner)
+        each("on_sampled", runner, result)
         each("flush")
         return result
 

@@ -174,11 +174,6 @@ def _claim_journal(output: Path) -> Path:
     return journal
 
 
-ORACLES = ("recorded", "synthetic")
-#: Engines a recording's outcomes can drive (a live engine makes its own).
-REPLAY_ENGINES = ("reference", "vllm-scheduler")
-
-
 def replay_to(
     output: Path,
     source: Path,
@@ -191,48 +186,25 @@ def replay_to(
     progress: ProgressBar | None = None,
     oracle: str | None = None,
 ) -> Recorded:
-    """Run a trace's workload again through `impl` (default: the trace's own, by registry name
-    only) on `engine`, with the engine config and executor that ran it.
-
-    `oracle` recorded (the default when the trace carries outcomes, schema v3): the recording's
-    sampled tokens and drafts drive the run (workloads/recorded.py), on `engine` reference or
-    vllm-scheduler (default: the trace's own, reference for a live or attached recording).
-    synthetic: the workload's seeded tokens, as it was first recorded (default engine: the
-    trace's own)."""
-    from specreplay.replay.workloads.config import EngineConfig
-    from specreplay.replay.workloads.recorded import has_outcomes, recorded_oracle
+    """Run a trace again through `impl` (default: the trace's own, by registry name only), with
+    the engine config and executor that ran it, on the oracle and engine `plan_replay` picks
+    (workflows/replaying.py): a live or attached recording on its recorded outcomes."""
+    from specreplay.replay.workflows.replaying import plan_replay
     from specreplay.traces.io import read_trace
 
     trace = read_trace(source)
-    workload = Workload.from_dict(trace.workload, f"{source}: workload metadata")
-    if trace.config:  # what ran (a live engine on a CPU rounds the block size), not what was asked
-        workload = replace(workload, config=EngineConfig.from_dict(trace.config, f"{source}: config metadata"))
-    mode = oracle or ("recorded" if has_outcomes(trace.table) else "synthetic")
-    if mode not in ORACLES:
-        raise InputError(f"--oracle {mode}: unknown; known: {', '.join(ORACLES)}")
-    recorded_engine = trace.impl.get("engine", "reference")
-    outcomes = None
-    if mode == "recorded":
-        engine = engine or (recorded_engine if recorded_engine in REPLAY_ENGINES else "reference")
-        if engine not in REPLAY_ENGINES:
-            raise InputError(
-                f"--engine {engine}: a live engine makes its own outcomes; replay a recording's through "
-                f"{' or '.join(REPLAY_ENGINES)} (or --oracle synthetic to run its workload live again)"
-            )
-        outcomes = recorded_oracle(workload, trace)
-        outcomes.source = str(source)
-        outcomes.drains_at_end = recorded_engine in REPLAY_ENGINES
+    plan = plan_replay(trace, str(source), engine=engine, oracle=oracle)
     return record_to(
         output,
-        workload,
+        plan.workload,
         impl or trace.impl_name,
         allow_import=impl is not None,
-        executor=executor or trace.impl.get("executor"),
-        engine=engine or recorded_engine,
+        executor=executor or plan.executor,
+        engine=plan.engine,
         device=device,
         flush_every=flush_every,
         progress=progress,
-        oracle=outcomes,
+        oracle=plan.oracle,
     )
 
 

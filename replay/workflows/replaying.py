@@ -1,0 +1,83 @@
+"""What a replay of a trace runs: its workload, engine config, executor, engine and oracle.
+
+Where it sits: workflows, over traces -> workloads -> engines. `plan_replay` reads a trace's
+metadata (and, for recorded outcomes, its rows) and says how to run it again; `replay`, `shrink`
+and `gate` all replay through it, so a recording means the same run to each.
+
+The oracle: a trace recorded from a live or attached vLLM carries the only truth there is, its
+outcomes (schema v3: the sampled tokens, the drafts verified), and a replay runs on them
+(`workloads/recorded.py`) through the reference or the real scheduler. A trace recorded on the
+reference or the real scheduler came from its workload's seeded model, which its workload
+regenerates whole: it replays on that (`synthetic`), unless told `recorded`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from specreplay.replay.workloads.workload import Workload
+from specreplay.traces.errors import InputError
+from specreplay.traces.trace import Trace
+
+ORACLES = ("recorded", "synthetic")
+#: Engines a recording's outcomes can drive (a live engine makes its own).
+REPLAY_ENGINES = ("reference", "vllm-scheduler")
+
+
+@dataclass
+class ReplayPlan:
+    workload: Workload
+    engine: str
+    executor: str | None  # the trace's own (how the SchedulerOutput reached the worker)
+    oracle: Any  # a RecordedOracle, or None: the workload's synthetic one
+
+
+def default_oracle(trace: Trace) -> str:
+    """recorded for a trace of a live or attached vLLM with outcomes; else synthetic."""
+    from specreplay.replay.workloads.recorded import has_outcomes
+
+    live = trace.impl.get("engine", "reference") not in REPLAY_ENGINES
+    return "recorded" if live and has_outcomes(trace.table) else "synthetic"
+
+
+def trace_workload(trace: Trace, where: str) -> Workload:
+    """The trace's workload on the engine config that ran it (a live engine on a CPU rounds the
+    block size up: the config metadata holds what ran, the workload what was asked)."""
+    from specreplay.replay.workloads.config import EngineConfig
+
+    workload = Workload.from_dict(trace.workload, f"{where}: workload metadata")
+    if trace.config:
+        workload = replace(workload, config=EngineConfig.from_dict(trace.config, f"{where}: config metadata"))
+    return workload
+
+
+def plan_replay(
+    trace: Trace,
+    where: str,
+    engine: str | None = None,
+    oracle: str | None = None,
+    workload: Workload | None = None,
+) -> ReplayPlan:
+    """How to run `trace` again. `workload`: a part of the trace's (shrink), default the whole;
+    the recorded outcomes of what remains drive it."""
+    from specreplay.replay.workloads.recorded import recorded_oracle
+
+    mode = oracle or default_oracle(trace)
+    if mode not in ORACLES:
+        raise InputError(f"--oracle {mode}: unknown; known: {', '.join(ORACLES)}")
+    workload = workload or trace_workload(trace, where)
+    recorded_engine = trace.impl.get("engine", "reference")
+    executor = trace.impl.get("executor")
+    if mode == "synthetic":
+        return ReplayPlan(workload, engine or recorded_engine, executor, None)
+    engine = engine or (recorded_engine if recorded_engine in REPLAY_ENGINES else "reference")
+    if engine not in REPLAY_ENGINES:
+        raise InputError(
+            f"--engine {engine}: a live engine makes its own outcomes; replay a recording's through "
+            f"{' or '.join(REPLAY_ENGINES)} (or --oracle synthetic to run its workload live again)"
+        )
+    outcomes = recorded_oracle(workload, trace)
+    outcomes.source = where
+    outcomes.drains_at_end = recorded_engine in REPLAY_ENGINES
+    return ReplayPlan(workload, engine, executor, outcomes)
