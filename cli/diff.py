@@ -115,7 +115,10 @@ def _compare_two(loaded, paths: list[str], fmt: str, fail_on: str) -> int:
                     "differing_rows_per_field": dict(result.fields),
                     "rows_only_in_a": result.only_a,
                     "rows_only_in_b": result.only_b,
-                    "not_compared": {"schema": result.left_out, **{f"no_truth_in_{s.lower()}": c for s, c in result.no_truth.items()}},
+                    "not_compared": {
+                        "schema": result.left_out,
+                        **{f"no_truth_in_{side.lower()}": cols for side, cols in result.no_truth.items()},
+                    },
                 },
                 verdict_text="same" if result.same else "differ",
             )
@@ -138,7 +141,9 @@ def _compare_two(loaded, paths: list[str], fmt: str, fail_on: str) -> int:
             summary = ", ".join(f"{name} x{n}" for name, n in result.fields.most_common())
             out.print(f"differing rows per field: {summary}")
         for side, columns in result.no_truth.items():
-            out.print(f"not compared: {', '.join(columns)} (no ground truth in {side}: a live engine's recording has none)")
+            out.print(
+                f"not compared: {', '.join(columns)} (no ground truth in {side}: a live engine's recording has none)"
+            )
         if result.left_out:
             out.print(f"not compared: {', '.join(result.left_out)} (not in the older trace's schema)")
     return EXIT_FINDINGS if (not result.same and fail_on != "never") else EXIT_OK

@@ -83,6 +83,8 @@ def run_live(
     if failures:  # specreplay's own failure, not the engine's crash (record/guard.py)
         raise ObserverError(failures[0])
     rows = sink_files.merge_rows(parts)
+    # The inputs as the engine core took them: under multiproc their steps are the observed ones.
+    inputs = sink_files.collect_inputs(parts)
     impl_doc = {
         "name": impl.name,
         "engine": "vllm",
@@ -95,7 +97,7 @@ def run_live(
         "patches": list(plugin.CPU_PATCHES) if on_cpu else [],
     }
     header = trace_header(workload, impl_doc, "cpu" if on_cpu else device, outcome, config)
-    return replace(header, table=sink_files.rows_to_table(rows))
+    return replace(header, table=sink_files.rows_to_table(rows), inputs=inputs)
 
 
 def live_environment(impl: Implementation, config: EngineConfig, sink: str, on_cpu: bool) -> dict[str, str]:

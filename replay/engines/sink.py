@@ -103,6 +103,18 @@ class Part:
         return self.header.get("role") or os.path.basename(self.path).split("-", 1)[0]
 
 
+def collect_inputs(parts: list[Part]) -> dict[str, Any]:
+    """The recorded inputs (the input observer's events), by kind, in the order they happened."""
+    inputs: dict[str, list] = {"requests": [], "chunks": [], "aborts": [], "events": []}
+    key = {"request": "requests", "stream": "chunks", "abort": "aborts", "event": "events"}
+    for part in parts:
+        for event in part.events:
+            kind = event.get("e")
+            if kind in key:
+                inputs[key[kind]].append({k: v for k, v in event.items() if k != "e"})
+    return inputs
+
+
 def read_parts(folder: str) -> list[Part]:
     parts = []
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):

@@ -55,7 +55,13 @@ def merge_to(folder: Path, output: Path, run: str | None = None) -> Merged:
 
 def merge_folder(folder: Path, run: str | None = None) -> Merged:
     from specreplay.replay.engines.run import trace_header
-    from specreplay.replay.engines.sink import merge_rows, observer_failures, read_parts, rows_to_table
+    from specreplay.replay.engines.sink import (
+        collect_inputs,
+        merge_rows,
+        observer_failures,
+        read_parts,
+        rows_to_table,
+    )
     from specreplay.replay.workloads.config import EngineConfig
 
     folder = Path(folder)
@@ -142,18 +148,6 @@ def whole_steps(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[
     return keep, cut
 
 
-def collect_inputs(parts: list) -> dict[str, Any]:
-    """The recorded inputs, by kind, in the order they happened."""
-    inputs: dict[str, list] = {"requests": [], "chunks": [], "aborts": [], "events": []}
-    key = {"request": "requests", "stream": "chunks", "abort": "aborts", "event": "events"}
-    for part in parts:
-        for event in part.events:
-            kind = event.get("e")
-            if kind in key:
-                inputs[key[kind]].append({k: v for k, v in event.items() if k != "e"})
-    return inputs
-
-
 def workload_of(inputs: dict[str, Any], config: Any, run: str, last_step: int) -> Any:
     """The recorded inputs as a workload (a summary: lengths and steps, not token ids)."""
     from specreplay.replay.workloads.workload import Workload
@@ -219,4 +213,4 @@ def workload_of(inputs: dict[str, Any], config: Any, run: str, last_step: int) -
         return Workload.from_dict({**doc, "events": []})
 
 
-__all__ = ["Merged", "collect_inputs", "merge_folder", "merge_to", "whole_steps", "workload_of"]
+__all__ = ["Merged", "merge_folder", "merge_to", "whole_steps", "workload_of"]

@@ -54,6 +54,7 @@ COLUMNS = (
     "worker_num_accepted",
     "worker_num_emitted",
     "apply_sampled_token_ids",
+    "apply_num_tokens",
 )
 
 #: Drafter kinds a replay models. fixed: k proposals every step (the reference's seeded drafter);
@@ -101,6 +102,7 @@ class RecordedOracle(Oracle):
         self.drains_at_end = True
         self.observed: dict[tuple[str, int], Observed] = defaultdict(Observed)
         self._chain: dict[tuple[str, int], list[int]] = {}
+        self._synthetic: Oracle | None = None  # what specreplay fed the recorded engine (stop token ids)
         self._read(table)
 
     # ------------------------------------------------------------------ reading the recording
@@ -111,6 +113,7 @@ class RecordedOracle(Oracle):
             rid = row["request_id"]
             if rid not in self.specs or row["worker_first_position"] is None:
                 continue
+            self._check_prompt(row)
             seen = self.observed[(rid, self.turn(rid, row["sched_num_prompt_tokens"]))]
             n, d = row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"] or 0
             first_draft = row["worker_first_position"] + n - d
@@ -154,6 +157,17 @@ class RecordedOracle(Oracle):
         if old != token:
             seen.conflicts += 1
 
+    def _check_prompt(self, row: dict[str, Any]) -> None:
+        """The rows' prompt length is one the workload gives the request (a turn's, streaming)."""
+        rid, length = row["request_id"], row["sched_num_prompt_tokens"]
+        spec = self.specs[rid]
+        known = {spec.prompt_len} | {turn_len for turn_len, _ in self._turns.get(rid, ())}
+        if length not in known:
+            raise InputError(
+                f"recorded outcomes inconsistent at step {row['step']}, request {rid!r}: its prompt has "
+                f"{length} tokens in the rows, {spec.prompt_len} in the workload"
+            )
+
     def _check_row(self, row: dict[str, Any], sampled: list[int], drafts: list[int]) -> None:
         """A row whose outcome contradicts itself cannot drive a replay: one line, exit 2."""
         where = f"step {row['step']}, request {row['request_id']!r}"
@@ -172,9 +186,15 @@ class RecordedOracle(Oracle):
                 f"recorded outcomes inconsistent at {where}: {len(sampled)} tokens sampled with "
                 f"{len(drafts)} drafts (at most 1 + drafts)"
             )
+        if row["apply_num_tokens"] is not None and row["apply_num_tokens"] > len(sampled):
+            raise InputError(
+                f"recorded outcomes inconsistent at {where}: {row['apply_num_tokens']} tokens applied of "
+                f"{len(sampled)} sampled"
+            )
         if any(t < 0 or t >= self.vocab for t in sampled):
             raise InputError(
-                f"recorded outcomes inconsistent at {where}: a sampled token outside the vocabulary (0..{self.vocab - 1})"
+                f"recorded outcomes inconsistent at {where}: a sampled token outside the vocabulary "
+                f"(0..{self.vocab - 1})"
             )
 
     # ------------------------------------------------------------------ the model
@@ -224,6 +244,13 @@ class RecordedOracle(Oracle):
         right = self.token_at(rid, position + 1, prompt_len)
         return guess if guess != right else (guess + 1) % self.vocab
 
+    def stop_token(self, rid: str) -> int | None:
+        """The stop token id the recorded run was given: the synthetic model's N-th output token
+        of a `stop_at = N` request, whatever the recorded model produced there."""
+        if self._synthetic is None:
+            self._synthetic = Oracle(self.workload)
+        return self._synthetic.stop_token(rid)
+
     # ------------------------------------------------------------------ the drafter
     def drafts(self, rid: str, first_position: int, k: int, prompt_len: int | None = None) -> list[int]:
         """The drafts proposed for positions first_position.. : the recorded ones; the rest of a
@@ -256,7 +283,8 @@ class RecordedOracle(Oracle):
         cols = {name: table.column(name).to_pylist() for name in names}
         filled_tokens = filled_drafts = 0
         for i in range(table.num_rows):
-            rid, plen, start = cols["request_id"][i], cols["sched_num_prompt_tokens"][i], cols["worker_first_position"][i]
+            rid, plen = cols["request_id"][i], cols["sched_num_prompt_tokens"][i]
+            start = cols["worker_first_position"][i]
             if start is None or rid not in self.specs:
                 continue
             first_draft = start + cols["worker_num_scheduled_tokens"][i] - (cols["worker_num_draft_slots"][i] or 0)

