@@ -273,9 +273,9 @@ META_SEED = b"specreplay.seed"
 #: from a recording journal, rows of steps 1..step only)
 META_OUTCOME = b"specreplay.outcome"
 META_DEVICE = b"specreplay.device"
-#: JSON, attached runs only: the recorded inputs (each request life's prompt token ids and
-#: sampling parameters, streaming chunks, aborts, pauses, cache resets), which the workload
-#: only summarises.
+#: JSON, runs of a live or attached vLLM: the recorded inputs (each request life's prompt token
+#: ids and sampling parameters, streaming chunks, aborts, pauses, cache resets) at the steps the
+#: engine took them, which the workload only summarises (attached) or planned (live).
 META_INPUTS = b"specreplay.inputs"
 #: Metadata that legitimately differs between two recordings of the same run; kept out of
 #: content comparisons.

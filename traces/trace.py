@@ -38,7 +38,7 @@ class Trace:
     version: str = field(default_factory=package_version)
     schema_version: int = schema.SCHEMA_VERSION
     volatile: dict[str, Any] = field(default_factory=dict)
-    inputs: dict[str, Any] = field(default_factory=dict)  # attached runs: the recorded inputs
+    inputs: dict[str, Any] = field(default_factory=dict)  # live and attached vLLM runs: the recorded inputs
 
     @property
     def impl_name(self) -> str:

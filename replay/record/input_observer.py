@@ -108,16 +108,20 @@ class InputObserver:
         for internal in ids:
             rid = self.ext(internal)
             self.write({"e": "abort", "id": rid, "life": self.lives.get(rid, 0), "step": step, "status": name})
-            self.observer.abort_landed(step, rid)
             if by_input:
-                self.unplaced_aborts.append(rid)
+                self.unplaced_aborts.append((rid, step))
+            else:
+                self.observer.abort_landed(step, rid)
 
     def place_aborts(self, before_schedule: bool) -> None:
-        """The aborts since the last call: marked on the coming schedule's rows unless vLLM's
-        early-aborts queue landed them, right before the oldest batch's update_from_output."""
-        if before_schedule:
-            for rid in self.unplaced_aborts:
+        """The aborts since the last call: marked on the coming schedule's rows, or, when vLLM's
+        early-aborts queue landed them right before the oldest batch's update_from_output, on
+        the row of the step in flight (as the other engines place them: engines/loop.py)."""
+        for rid, step in self.unplaced_aborts:
+            if before_schedule:
                 self.observer.mark_request_event(rid, "abort")
+            else:
+                self.observer.abort_landed(step, rid)
         self.unplaced_aborts = []
 
     def engine_event(self, kind: str, label: str, state: str) -> None:

@@ -42,7 +42,9 @@ early aborts queue; the same as a request's `abort_step`):
     abort                 request = "ID": finish_requests([ID], FINISHED_ABORTED)
     resubmit              request = "ID": add the same request (same prompt and max_tokens) again
                           under the same id, a new life of it; the id's previous life must have
-                          finished or been aborted by then, or vLLM asserts ("duplicate request id")
+                          finished or been aborted by then, or vLLM asserts ("duplicate request id").
+                          max_tokens = M: this life's (default: the request's), as a recorded
+                          client may ask another
     stream_append         request = "ID" (a streaming request), tokens = N prompt tokens appended,
                           max_tokens = M for the turn they start (default: the request's). vLLM
                           0.32 streams input turn by turn: a chunk that arrives while a turn runs
@@ -110,7 +112,7 @@ class Event:
     clear_cache: bool = True  # pause
     reset_running: bool = False  # reset_prefix_cache
     tokens: int = 0  # stream_append: prompt tokens appended
-    max_tokens: int | None = None  # stream_append: the next turn's max_tokens (None: the request's)
+    max_tokens: int | None = None  # stream_append: the next turn's, resubmit: the life's (None: the request's)
 
     def to_dict(self) -> dict[str, Any]:
         item: dict[str, Any] = {"step": self.step, "kind": self.kind}
@@ -125,14 +127,16 @@ class Event:
             item["reset_running"] = self.reset_running
         if self.kind == "stream_append":
             item["tokens"] = self.tokens
-            if self.max_tokens is not None:
-                item["max_tokens"] = self.max_tokens
+        if self.kind in ("stream_append", "resubmit") and self.max_tokens is not None:
+            item["max_tokens"] = self.max_tokens
         return item
 
     def label(self) -> str:
-        """How the trace's step_event column names an engine-level event."""
+        """How the trace's step_event column names an engine-level event. A pause is named by its
+        mode, as vLLM's scheduler sees it (set_pause_state); its clear_cache shows when it runs,
+        as `pause: clear_cache`, so a live or attached recording names it the same way."""
         if self.kind == "pause":
-            return f"pause({self.mode}{', clear_cache' if self.clear_cache else ''})"
+            return f"pause({self.mode})"
         if self.kind == "reset_prefix_cache":
             return "reset_prefix_cache(running)" if self.reset_running else "reset_prefix_cache"
         if self.request is not None:
@@ -219,7 +223,7 @@ class Workload:
         if not isinstance(raw_events, list):
             raise InputError(f"{where}: events must be a list of [[events]] tables")
         specs = {spec.request_id: spec for spec in requests}
-        events = tuple(_event(raw, f"{where}: events[{i}]", specs) for i, raw in enumerate(raw_events))
+        events = tuple(_event(raw, f"{where}: events[{i}]", specs, config) for i, raw in enumerate(raw_events))
         check_events(events, f"{where}: events")
         workload = cls(
             requests=tuple(requests),
@@ -268,7 +272,7 @@ def _check_session(workload: Workload, spec: RequestSpec, where: str) -> None:
         )
 
 
-def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
+def _event(raw: Any, where: str, specs: dict[str, RequestSpec], config: EngineConfig) -> Event:
     raw = _table(raw, where)
     kind = raw.get("kind")
     if kind not in EVENT_KINDS:
@@ -278,7 +282,7 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
         "resume": set(),
         "reset_prefix_cache": {"reset_running"},
         "abort": {"request"},
-        "resubmit": {"request"},
+        "resubmit": {"request", "max_tokens"},
         "stream_append": {"request", "tokens", "max_tokens"},
     }[kind]
     unknown = sorted(set(raw) - allowed)
@@ -317,8 +321,10 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec]) -> Event:
         if "tokens" not in raw:
             raise InputError(f"{where}: missing 'tokens' (prompt tokens appended)")
         tokens = _int(raw["tokens"], f"{where}: tokens", low=1)
-        if raw.get("max_tokens") is not None:
-            max_tokens = _int(raw["max_tokens"], f"{where}: max_tokens", low=1)
+    if raw.get("max_tokens") is not None:
+        max_tokens = _int(raw["max_tokens"], f"{where}: max_tokens", low=1)
+        if kind == "resubmit":  # the life must fit as the request's first had to
+            _check_fits(specs[request].prompt_len, max_tokens, config, where)
     if kind == "resubmit" and specs[request].streaming:
         raise InputError(
             f"{where}: resubmitting streaming request {request!r} is not supported (the same id "
@@ -401,23 +407,24 @@ def _request(raw: Any, where: str, config: EngineConfig) -> RequestSpec:
         raise InputError(f"{where}: a streaming request takes no stop_at (its turns end at max_tokens)")
     if spec.acceptance is not None:
         parse_acceptance(spec.acceptance, f"{where}: acceptance")
-    if spec.prompt_len + spec.max_tokens > config.max_model_len:
+    _check_fits(spec.prompt_len, spec.max_tokens, config, where)
+    return spec
+
+
+def _check_fits(prompt_len: int, max_tokens: int, config: EngineConfig, where: str) -> None:
+    if prompt_len + max_tokens > config.max_model_len:
         raise InputError(
-            f"{where}: prompt_len + max_tokens = {spec.prompt_len + spec.max_tokens} "
-            f"exceeds max_model_len {config.max_model_len}"
+            f"{where}: prompt_len + max_tokens = {prompt_len + max_tokens} exceeds max_model_len {config.max_model_len}"
         )
     # Block 0 is vLLM's null block; a request must fit alone (drafts and lookahead included) or
     # it can never be admitted, or preempts itself forever.
-    longest = min(
-        spec.prompt_len + spec.max_tokens + config.num_spec_tokens + config.num_lookahead_tokens, config.max_model_len
-    )
+    longest = min(prompt_len + max_tokens + config.num_spec_tokens + config.num_lookahead_tokens, config.max_model_len)
     blocks_needed = -(-longest // config.block_size)
     if blocks_needed > config.num_blocks - 1:
         raise InputError(
             f"{where}: needs {blocks_needed} KV blocks alone, the cache has {config.num_blocks - 1} "
             f"usable (num_blocks {config.num_blocks}, block 0 reserved)"
         )
-    return spec
 
 
 __all__ = ["Event", "RequestSpec", "Workload", "load_workload", "parse_acceptance"]

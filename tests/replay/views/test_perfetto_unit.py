@@ -130,7 +130,7 @@ def test_control_events_are_global_instants():
     doc = export_events(trace, findings)
     marks = [e for e in of(doc, "i") if e.get("cat") == "control event"]
     assert [(e["ts"] // STEP_US + 1, e["name"]) for e in marks] == [
-        (9, "pause(keep, clear_cache); pause: clear_cache; resume"),
+        (9, "pause(keep); pause: clear_cache; resume"),
         (14, "reset_prefix_cache(running)"),
     ]
     assert all(e["pid"] == 0 and e["s"] == "g" for e in marks)
