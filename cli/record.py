@@ -182,19 +182,26 @@ def replay(trace_path, impl_name, engine, executor, device, output, flush_every,
     """
     from specreplay.replay.workflows.recording import replay_to
 
-    _summary(
-        replay_to(
-            output,
-            trace_path,
-            impl_name,
-            executor=executor,
-            engine=engine,
-            device=device,
-            flush_every=flush_every,
-            progress=progress,
-            oracle=oracle,
-        )
+    replayed = replay_to(
+        output,
+        trace_path,
+        impl_name,
+        executor=executor,
+        engine=engine,
+        device=device,
+        flush_every=flush_every,
+        progress=progress,
+        oracle=oracle,
     )
+    _summary(replayed)
+    outcomes = replayed.trace.impl.get("outcomes")
+    if outcomes:
+        recorded, filled = outcomes["recorded"], outcomes["filled"]
+        click.echo(
+            f"on the recorded outcomes of {outcomes['source']} ({replayed.trace.impl['engine']} engine): "
+            f"{recorded['tokens']} token positions and {recorded['proposals']} proposals recorded; "
+            f"filled by rule: {filled['tokens']} tokens, {filled['drafts']} drafts"
+        )
 
 
 @click.command(context_settings=CONTEXT)

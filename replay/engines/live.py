@@ -189,7 +189,7 @@ def drive(
             return feed.counts, {
                 "status": "crashed",
                 "step": step,
-                "kind": "engine-crash",
+                "kind": crash_kind(exc),
                 "message": crash_message(exc),
             }
         if progress is not None:
@@ -202,6 +202,17 @@ def drive(
             return feed.counts, outcome
         if step >= workload.max_steps:
             return feed.counts, {"status": "step_limit", "step": step}
+
+
+def crash_kind(exc: Exception) -> str:
+    """`scheduler-assert` for an assert inside vLLM's scheduler (as the other engines name it, so
+    a replay of the recording that dies on the same assert has the same outcome), else
+    `engine-crash`."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    in_scheduler = bool(frames) and f"{os.sep}core{os.sep}sched{os.sep}" in frames[-1].filename
+    return "scheduler-assert" if isinstance(exc, AssertionError) and in_scheduler else "engine-crash"
 
 
 def crash_message(exc: Exception) -> str:

@@ -33,9 +33,21 @@ from specreplay.replay.workloads.tokens import next_token
 from specreplay.traces.io import read_trace, write_trace
 
 SCENARIO_NAMES = [name for name in SCENARIOS if name != "random"]
-#: Seeds of the `random` scenario for the live sweep; vLLM refuses a few (a KV cache too small for
-#: their max model length) and at least 30 must record.
-LIVE_RANDOM_SEEDS = range(36)
+
+
+def vllm_takes(config) -> bool:
+    """vLLM refuses an engine whose KV cache cannot hold one request of max_model_len (its first
+    block is the null block); the reference runs such workloads (random seeds, streaming-preempt)."""
+    from specreplay.replay.engines.live import cpu_attention_config
+
+    config = cpu_attention_config(config)
+    return (config.num_blocks - 1) * config.block_size >= config.max_model_len
+
+
+#: The first 30 seeds of the `random` scenario a live vLLM takes.
+LIVE_RANDOM_SEEDS = [s for s in range(200) if vllm_takes(pick_workload(scenario="random", seed=s).config)][:30]
+#: The scenarios a live vLLM takes.
+LIVE_SCENARIOS = [name for name in SCENARIO_NAMES if vllm_takes(pick_workload(scenario=name).config)]
 
 
 def run(*args):
@@ -199,20 +211,30 @@ def record_live(folder: Path, name: str, seed: int, executor: str) -> Path | str
 @pytest.fixture(scope="module")
 def live_inproc(tmp_path_factory):
     folder = tmp_path_factory.mktemp("live")
-    jobs = [(name, 0) for name in SCENARIO_NAMES] + [("random", seed) for seed in LIVE_RANDOM_SEEDS]
+    jobs = [(name, 0) for name in LIVE_SCENARIOS] + [("random", seed) for seed in LIVE_RANDOM_SEEDS]
     return {f"{name}-{seed}": record_live(folder, name, seed, "inproc") for name, seed in jobs}
 
 
-def assert_live_replays(recordings: dict, tmp_path: Path, engine: str) -> None:
-    """Every recording replays step for step; only the ground truth the live run lacks is left out."""
+#: Where a live recording is known to part from its replay, and why (README, "Replay a recorded
+#: run"): (request, step, field) of the first difference. vLLM 0.32's in-process streaming
+#: session: its worker discards the second turn's sampled tokens for four steps, which the
+#: reference runner does not model (multiprocess, it does not happen).
+KNOWN_DIFFERENCES = {("streaming-append-0", "inproc"): ("s", 6, "apply_num_tokens")}
+
+
+def assert_live_replays(recordings: dict, tmp_path: Path, engine: str, executor: str = "inproc") -> None:
+    """Every recording replays step for step; only the ground truth the live run lacks is left
+    out. A known difference must still be exactly that one."""
     failures = {}
     for tag, path in recordings.items():
-        if path == "refused":
-            continue
         out = tmp_path / f"{tag}.{engine}.parquet"
         replay_to(out, path, engine=engine)
         diff = diff_traces(read_trace(path), read_trace(out))
-        if not diff.same:
+        known = KNOWN_DIFFERENCES.get((tag, executor))
+        if known is not None:
+            first = diff.first
+            assert first is not None and (first.request_id, first.step, first.field) == known, (tag, first)
+        elif not diff.same:
             failures[tag] = (diff.first, dict(diff.fields))
         else:
             assert diff.no_truth.get("A") == list(GROUND_TRUTH), tag
@@ -222,9 +244,9 @@ def assert_live_replays(recordings: dict, tmp_path: Path, engine: str) -> None:
 @pytest.mark.vllm
 @pytest.mark.parametrize("engine", ["reference", "vllm-scheduler"])
 def test_live_recordings_replay_step_for_step(live_inproc, tmp_path, engine):
-    recorded = [tag for tag, path in live_inproc.items() if path != "refused"]
-    assert set(SCENARIO_NAMES) <= {tag.rsplit("-", 1)[0] for tag in recorded}
-    assert sum(tag.startswith("random-") for tag in recorded) >= 30
+    assert "refused" not in live_inproc.values(), live_inproc
+    assert len(LIVE_SCENARIOS) == len(SCENARIO_NAMES) - 1  # all but streaming-preempt (a KV cache of 4 blocks)
+    assert len(LIVE_RANDOM_SEEDS) == 30
     assert_live_replays(live_inproc, tmp_path, engine)
 
 
@@ -232,12 +254,13 @@ def test_live_recordings_replay_step_for_step(live_inproc, tmp_path, engine):
 def test_multiprocess_live_recordings_replay_step_for_step(tmp_path):
     """The engine core in its own process: the worker edits its own copy of the output, and the
     arrival steps are the ones observed."""
-    jobs = [("reentry", 0), ("reentry-sync", 0), ("abort-inflight", 0), ("random", 1), ("random", 2)]
+    jobs = [("reentry", 0), ("reentry-sync", 0), ("abort-inflight", 0), ("streaming-append", 0)]
+    jobs += [("random", seed) for seed in LIVE_RANDOM_SEEDS[:2]]
     recordings = {f"{n}-{s}": record_live(tmp_path, n, s, "multiproc") for n, s in jobs}
     for tag, path in recordings.items():
         assert path != "refused", tag
         assert read_trace(path).impl["executor"] == "multiproc"
-    assert_live_replays(recordings, tmp_path, "reference")
+    assert_live_replays(recordings, tmp_path, "reference", "multiproc")
 
 
 @pytest.mark.vllm
