@@ -6,7 +6,9 @@ life), aborts (a request's `abort_step`, or an `[[events]]` abort after a schedu
 before the oldest batch is applied), and the control events taken with the input queue before
 a step's `schedule()` (vLLM's EngineCoreProc). Streaming sessions: each `stream_append` sends
 the session's next input chunk (same id, resumable), and after the last one the end of the
-stream (AsyncLLM's final one-token request).
+stream (AsyncLLM's final one-token request). A replay of a recording also steps where the
+recorded engine scheduled with nothing unfinished (the oracle's `announce_steps`, see
+workloads/recorded_inputs.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,15 @@ class InputDriver:
         self.lives: dict[str, int] = {}  # request id -> submissions so far
         self.turns_sent: dict[str, int] = {}  # streaming request -> input chunks sent after its prompt
         self.appends_left = {rid: len(inputs) - 1 for rid, inputs in oracle.inputs.items()}
+        # Per request, each life's max_tokens: its own, then each resubmit's (a recorded client
+        # may ask another), in the order the engine takes them.
+        self.max_tokens_of_life = {spec.request_id: [spec.max_tokens] for spec in workload.requests}
+        for event in sorted(workload.events, key=lambda e: e.step):
+            if event.kind == "resubmit":
+                spec = self.spec_of[event.request]
+                self.max_tokens_of_life[spec.request_id].append(event.max_tokens or spec.max_tokens)
+        # Only a recorded oracle has them; a synthetic run steps when its scheduler has requests.
+        self.announce_steps = frozenset(getattr(oracle, "announce_steps", ()))
 
     def pop_arrivals(self, step: int) -> list[RequestSpec]:
         """Requests arriving with the input queue before step `step`'s schedule()."""
@@ -59,13 +70,20 @@ class InputDriver:
         (arrivals and events before their step's schedule(), aborts after it), or None."""
         pending = [s - 1 for s in (*self.arrivals, *self.events) if s > step + 1]
         pending += [s for s, _ in self.aborts if s > step]
+        pending += [s - 1 for s in self.announce_steps if s > step + 1]
         return min(pending) if pending else None
 
+    def steps_to_announce(self, step: int) -> bool:
+        """Does the recorded engine schedule step `step` with nothing unfinished? (vLLM's
+        has_requests() counts finished requests until a schedule() has announced them.)"""
+        return step in self.announce_steps
+
     def submit(self, spec: RequestSpec) -> tuple[list[int], int, int | None]:
-        """A submission of `spec`: its prompt, max_tokens and stop token; counts the life."""
-        self.lives[spec.request_id] = self.lives.get(spec.request_id, -1) + 1
+        """A submission of `spec`: its prompt, the life's max_tokens and stop token; counts the life."""
         rid = spec.request_id
-        return self.oracle.prompt(rid), spec.max_tokens, self.oracle.stop_token(rid)
+        life = self.lives[rid] = self.lives.get(rid, -1) + 1
+        max_tokens = self.max_tokens_of_life[rid]
+        return self.oracle.prompt(rid), max_tokens[min(life, len(max_tokens) - 1)], self.oracle.stop_token(rid)
 
     def ends_at_once(self, spec: RequestSpec) -> bool:
         """A streaming request with no chunk to come: its stream ends right after the prompt."""

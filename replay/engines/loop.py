@@ -70,21 +70,25 @@ class EngineLoop:
         for event in self.inputs.pop_events(self.step_no + 1):
             self.finish_pause_if_idle()  # the engine is idle between two inputs: its callbacks run
             self.apply_event(event)
+        # vLLM's has_requests() also counts finished requests not yet announced; the models'
+        # counts unfinished ones only, so a replay of a recording steps where the recorded engine
+        # announced them (InputDriver.steps_to_announce); a synthetic run numbers its steps as before.
+        busy = self.sched.has_requests() or self.inputs.steps_to_announce(self.step_no + 1)
         if (
             not self.drains_at_end
-            and not self.sched.has_requests()
+            and not busy
             and not self.clear_after_drain
             and self.inputs.next_input_step(self.step_no) is None
         ):
             return False
-        if not self.sched.has_requests() and not self.queue:
+        if not busy and not self.queue:
             # Idle: nothing to do until the next input.
             idle_until = self.inputs.next_input_step(self.step_no)
             if idle_until is None:
                 return False
             self.step_no = idle_until
             return True
-        if self.sched.has_requests():
+        if busy:
             out = self.schedule_and_execute()
             # Keep a batch in flight: async returns here until the queue holds two batches.
             if out.total_num_scheduled_tokens > 0 and len(self.queue) < self.config.depth:
@@ -95,9 +99,22 @@ class EngineLoop:
         if not self.sched.is_async and self.config.num_spec_tokens:
             self.sched.update_draft_token_ids(*self.runner.take_draft_token_ids())
         if self.step_no >= self.workload.max_steps:
-            self.outcome = {"status": "step_limit", "step": self.step_no}
+            # A run whose last input and request end at its last step completed (a recording's
+            # summary ends at its last step); one with work left was cut.
+            if self.work_left():
+                self.outcome = {"status": "step_limit", "step": self.step_no}
             return False
         return True
+
+    def work_left(self) -> bool:
+        """Requests to schedule, inputs to come, a cache clear pending or (when the run drains)
+        batches in flight."""
+        return (
+            self.sched.has_requests()
+            or self.inputs.next_input_step(self.step_no - 1) is not None  # those of the next step too
+            or self.clear_after_drain
+            or (self.drains_at_end and bool(self.queue))
+        )
 
     def schedule_and_execute(self):
         self.step_no += 1

@@ -16,7 +16,9 @@ trace's outcome is `partial` when anything was, with the last whole step.
 The trace's workload is a summary of the recorded inputs in specreplay's workload format
 (prompt lengths, max_tokens, arrival steps, events), so `info`, `show` and the checker read it
 as any other; the exact inputs (prompt token ids, stop token ids, min_tokens, ignore_eos, each
-life and chunk) are kept beside it in the trace's `inputs` metadata.
+life and chunk) are kept beside it in the trace's `inputs` metadata, from which a replay takes
+its prompts, chunks and stop tokens (workloads/recorded_inputs.py). Its steps are the recorded
+engine's (schedule() calls), and each abort lands where the rows say vLLM took it.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
         )
     inputs = collect_inputs(parts)
     last_step = rows[-1]["step"] if rows else 0
-    workload = workload_of(inputs, config, run, last_step)
+    workload = workload_of(inputs, config, run, last_step, rows)
     impl_doc = {
         "name": "upstream",
         "engine": "vllm (attached)",
@@ -148,12 +150,17 @@ def whole_steps(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[
     return keep, cut
 
 
-def workload_of(inputs: dict[str, Any], config: Any, run: str, last_step: int) -> Any:
-    """The recorded inputs as a workload (a summary: lengths and steps, not token ids)."""
+def workload_of(
+    inputs: dict[str, Any], config: Any, run: str, last_step: int, rows: list[dict[str, Any]] | None = None
+) -> Any:
+    """The recorded inputs as a workload (a summary: lengths and steps, not token ids; a life's
+    own max_tokens on its resubmit event). `rows`: the scheduler's, which say where each abort
+    landed (see `abort_event`)."""
     from specreplay.replay.workloads.workload import Workload
 
     requests, events = [], []
     first = {}
+    marked = {(r["step"], r["request_id"]) for r in rows or () if r.get("sched_event") == "abort"}
     for r in inputs["requests"]:
         if r["id"] not in first:
             first[r["id"]] = r
@@ -167,17 +174,17 @@ def workload_of(inputs: dict[str, Any], config: Any, run: str, last_step: int) -
                 }
             )
         else:
-            events.append({"step": r["step"], "kind": "resubmit", "request": r["id"]})
+            item = {"step": r["step"], "kind": "resubmit", "request": r["id"]}
+            if r["max_tokens"] != first[r["id"]]["max_tokens"]:
+                item["max_tokens"] = max(1, r["max_tokens"])
+            events.append(item)
     for a in inputs["aborts"]:
         if a["id"] in first:
-            after = a["step"] >= first[a["id"]]["step"]
-            events.append(
-                {"step": max(1, a["step"]), "kind": "abort", "request": a["id"], "when": "after"}
-                if after
-                else {"step": first[a["id"]]["step"], "kind": "abort", "request": a["id"]}
-            )
+            events.append(abort_event(a, first[a["id"]]["step"], marked))
     for c in inputs["chunks"]:
-        if c["prompt"] and c["id"] in first:
+        # The end of a stream (AsyncLLM's final non-resumable request) is no chunk: the replay
+        # ends a session's stream after its last one.
+        if c["prompt"] and not c.get("end") and c["id"] in first:
             events.append(
                 {
                     "step": c["step"],
@@ -213,4 +220,16 @@ def workload_of(inputs: dict[str, Any], config: Any, run: str, last_step: int) -
         return Workload.from_dict({**doc, "events": []})
 
 
-__all__ = ["Merged", "merge_folder", "merge_to", "whole_steps", "workload_of"]
+def abort_event(abort: dict[str, Any], arrival: int, marked: set[tuple[int, str]]) -> dict[str, Any]:
+    """Where an abort recorded at step s (schedule() calls before it) lands, as a workload event.
+    vLLM takes it from one of two queues (record/input_observer.py): the input queue, before step
+    s + 1's schedule(), whose row then carries the `abort` event; or the early-aborts queue,
+    after step s's schedule() and before the oldest batch is applied (`when = "after"`). Aborted
+    before its first schedule(), a request is aborted at its arrival step."""
+    rid, step = abort["id"], abort["step"]
+    if step < arrival or (step + 1, rid) in marked:
+        return {"step": max(step + 1, arrival), "kind": "abort", "request": rid}
+    return {"step": max(1, step), "kind": "abort", "request": rid, "when": "after"}
+
+
+__all__ = ["Merged", "abort_event", "merge_folder", "merge_to", "whole_steps", "workload_of"]

@@ -35,6 +35,7 @@ from typing import Any
 
 from specreplay.replay.workloads import tokens
 from specreplay.replay.workloads.oracle import Oracle
+from specreplay.replay.workloads.recorded_inputs import RecordedInputs
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
 
@@ -93,8 +94,15 @@ class RecordedOracle(Oracle):
 
     recorded = True
 
-    def __init__(self, workload: Workload, table: Any, drafter: str = "fixed") -> None:
+    def __init__(
+        self, workload: Workload, table: Any, drafter: str = "fixed", inputs: RecordedInputs | None = None
+    ) -> None:
         super().__init__(workload)
+        # An attached run's own prompts, chunks and stop tokens (recorded_inputs.py); None: the
+        # workload's seeded ones, which specreplay fed the engines it drove. `announce_steps`
+        # tell the input driver where the recorded engine stepped with nothing unfinished.
+        self.recorded_inputs = inputs
+        self.announce_steps = inputs.announce_steps if inputs is not None else frozenset()
         self.drafter = drafter
         self.source = ""  # the recording's path, for the replay's metadata
         # A live engine stops stepping once its front end waits for nothing: the batches still
@@ -244,9 +252,24 @@ class RecordedOracle(Oracle):
         right = self.token_at(rid, position + 1, prompt_len)
         return guess if guess != right else (guess + 1) % self.vocab
 
+    def prompt(self, rid: str) -> list[int]:
+        """An attached run's recorded prompt; else the workload's seeded one."""
+        length = self.specs[rid].prompt_len
+        recorded = None if self.recorded_inputs is None else self.recorded_inputs.prompt(rid, length)
+        return recorded if recorded is not None else super().prompt(rid)
+
+    def chunk(self, rid: str, turn: int) -> list[int]:
+        """An attached run's recorded input chunk; else the workload's seeded one."""
+        length = self.inputs[rid][turn][0]
+        recorded = None if self.recorded_inputs is None else self.recorded_inputs.chunk(rid, turn, length)
+        return recorded if recorded is not None else super().chunk(rid, turn)
+
     def stop_token(self, rid: str) -> int | None:
         """The stop token id the recorded run was given: the synthetic model's N-th output token
-        of a `stop_at = N` request, whatever the recorded model produced there."""
+        of a `stop_at = N` request, whatever the recorded model produced there; an attached run's
+        from its recorded sampling parameters and outputs (recorded_inputs.py)."""
+        if self.recorded_inputs is not None:
+            return self.recorded_inputs.stop_token(rid)
         if self._synthetic is None:
             self._synthetic = Oracle(self.workload)
         return self._synthetic.stop_token(rid)
@@ -311,4 +334,5 @@ def recorded_oracle(workload: Workload, trace: Any) -> RecordedOracle:
             f"{trace.workload.get('name', 'the trace')}: no recorded outcomes (schema v{trace.schema_version} "
             "traces before v3 carry no sampled token ids); replay it with --oracle synthetic"
         )
-    return RecordedOracle(workload, trace.table, drafter_of(trace.impl))
+    inputs = RecordedInputs.of(trace.inputs, trace.table, "trace inputs metadata") if trace.inputs else None
+    return RecordedOracle(workload, trace.table, drafter_of(trace.impl), inputs)

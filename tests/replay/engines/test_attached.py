@@ -21,6 +21,8 @@ from specreplay.cli.main import main
 
 pytestmark = pytest.mark.vllm
 PROGRAM = Path(__file__).with_name("attached_llm.py")
+#: apply_token_mismatches compares outputs with an oracle's truth, which a live recording lacks.
+NOT_SCHEDULER = {"apply_token_mismatches"}
 
 
 def program_env(folder: Path | None, **extra: str) -> dict[str, str]:
@@ -45,6 +47,25 @@ def applied_tokens(df, rid: str) -> list[int]:
     """The tokens the scheduler appended for `rid`, step by step, from the recorded outcomes."""
     rows = df[(df.request_id == rid) & (df.apply_outcome == "applied")].sort_values("step")
     return [int(t) for ids, n in zip(rows.apply_sampled_token_ids, rows.apply_num_tokens) for t in list(ids)[: int(n)]]
+
+
+def replay_differences(recording: Path, out_dir: Path) -> dict[str, tuple[dict, dict]]:
+    """Replay `recording` (on its recorded inputs and outcomes) through each engine that can; per
+    engine, the differing rows per column against the recording, as (scheduler: sched_*, step_*,
+    apply_*, a row or the outcome one side lacks; worker: the rest)."""
+    from specreplay.replay.check.tracediff import diff_traces
+    from specreplay.replay.workflows.recording import replay_to
+    from specreplay.replay.workflows.replaying import REPLAY_ENGINES
+    from specreplay.traces.io import read_trace
+
+    found = {}
+    for engine in REPLAY_ENGINES:
+        replayed = replay_to(out_dir / f"replay-{engine}.parquet", recording, engine=engine)
+        fields = diff_traces(read_trace(recording), replayed.trace).fields
+        fields = {c: n for c, n in fields.items() if c not in NOT_SCHEDULER}
+        scheduler = {c: n for c, n in fields.items() if c.startswith(("sched_", "step_", "apply_", "("))}
+        found[engine] = (scheduler, {c: n for c, n in fields.items() if c not in scheduler})
+    return found
 
 
 def steps_done(out: Path) -> int:
@@ -92,15 +113,27 @@ def test_an_in_process_program_records_and_merges(recorded):
     # Per request, the tokens the scheduler applied are the tokens the program received.
     for rid, tokens in client["received"].items():
         assert applied_tokens(df, rid) == tokens, rid
-    # The abort sits at the step it landed: after step 8's schedule, before step 9's.
+    # The abort sits at the step it landed: after step 8's schedule, before step 9's, through the
+    # input queue (LLMEngine.abort_request in process): step 9's row carries it.
     (abort,) = trace.inputs["aborts"]
     assert (abort["id"], abort["step"]) == ("user-11", 8)
-    row = df[(df.request_id == "user-11") & (df.step == 8)]
-    assert row.apply_finish_reason.tolist() == ["aborted"]
+    row = df[(df.request_id == "user-11") & (df.step == 9)]
+    assert row.sched_event.tolist() == ["abort"] and row.sched_status.tolist() == ["finished"]
     # Every scheduled row has its worker row; the checker finds no error.
     scheduled = df[df.sched_num_scheduled_tokens > 0]
     assert scheduled.worker_num_scheduled_tokens.notna().all()
     assert not [f for f in check_trace(trace) if f.severity == "error"]
+
+
+def test_the_recording_replays_step_for_step(recorded, tmp_path):
+    """`specreplay replay` of the merged recording, on its recorded prompts, arrival steps, abort
+    and outcomes, through the reference and the real scheduler: every column as recorded."""
+    folder, _client, _base = recorded
+    recording = tmp_path / "run.parquet"
+    result = CliRunner().invoke(main, ["merge", str(folder), "-o", str(recording)])
+    assert result.exit_code == 0, result.output
+    found = replay_differences(recording, tmp_path)
+    assert found == {"reference": ({}, {}), "vllm-scheduler": ({}, {})}
 
 
 def test_unset_the_plugin_installs_nothing(tmp_path):
@@ -218,3 +251,5 @@ def test_llm_generate_records(tmp_path):
     }
     assert {rid: applied_tokens(df, rid) for rid in client["received"]} == client["received"]
     assert all(len(tokens) == client["sent"][rid]["max_tokens"] for rid, tokens in client["received"].items())
+    # Replayed on its recorded inputs and outcomes: every column as recorded.
+    assert replay_differences(tmp_path / "run.parquet", tmp_path) == {"reference": ({}, {}), "vllm-scheduler": ({}, {})}

@@ -29,6 +29,7 @@ from tests.live_serve import (
     start_server,
     tiny_served_model,
 )
+from tests.replay.engines.test_attached import replay_differences
 
 pytestmark = pytest.mark.vllm
 
@@ -118,6 +119,11 @@ def test_a_served_vllm_under_real_clients_records_into_one_trace(tmp_path):
     assert df[df.sched_num_scheduled_tokens > 0].worker_num_scheduled_tokens.notna().all()
     assert not [f for f in check_trace(trace) if f.severity == "error"]
     assert trace.impl["engine"] == "vllm (attached)" and trace.impl["executor"] == "multiproc"
+    # Replayed on its recorded prompts, arrival steps, aborts and outcomes, through the reference
+    # and the real scheduler: every column as recorded, the steps the engine core stepped only
+    # to announce finished requests (after the warm-up, at the end) included.
+    found = replay_differences(output, tmp_path)
+    assert found == {"reference": ({}, {}), "vllm-scheduler": ({}, {})}
 
 
 def worker_rows_recorded(folder, prefix: str) -> int:
