@@ -38,15 +38,28 @@ from specreplay.traces.errors import InputError
 @executor_option
 @device_option
 @fail_on_option
+@click.option(
+    "--oracle",
+    type=click.Choice(["recorded", "synthetic"]),
+    default=None,
+    help="recorded: rerun each golden on its own sampled tokens and drafts (the default for a live or "
+    "attached vLLM recording, rerun on --engine reference or vllm-scheduler); synthetic: on its workload's "
+    "seeded model (the default for every other golden, and with --engine vllm).",
+)
 @click.option("--allow-changed", is_flag=True, help="Behaviour that differs from the golden does not fail the gate.")
-@click.option("--update", is_flag=True, help="Rewrite the goldens from the implementation under test.")
+@click.option(
+    "--update",
+    is_flag=True,
+    help="Rewrite the goldens from the implementation under test. A recording golden (rerun on its recorded "
+    "outcomes) is refused, left as it is (exit 2): add --oracle synthetic to re-record it on its own engine.",
+)
 @click.option("--junit", "junit_file", type=click.Path(path_type=Path), help="Write JUnit XML here.")
 @click.option("--github", is_flag=True, help="Print GitHub workflow annotations; write $GITHUB_STEP_SUMMARY if set.")
 @format_option
 @jobs_option
 @handle_errors
 def gate(
-    paths, impl_name, engine, executor, device, fail_on, allow_changed, update, junit_file, github, fmt, jobs
+    paths, impl_name, engine, executor, device, fail_on, oracle, allow_changed, update, junit_file, github, fmt, jobs
 ) -> None:
     """Replay golden traces (files or folders; default: the shipped corpus) through an
     implementation, check every invariant, and compare with the golden.
@@ -55,14 +68,22 @@ def gate(
     failing finding); error (unreadable golden, unknown implementation). Exit 0 when all pass,
     1 on any fail or changed (changed allowed with --allow-changed), 2 on any error or bad usage.
 
+    A recording of a live or attached vLLM (with its outcomes) as a golden is rerun on its
+    recorded outcomes through the implementation under test on the reference engine; the ground
+    truth it lacks is not compared. --update leaves such a golden as it is and says so (exit 2):
+    a rerun is not the engine's run. --update --oracle synthetic re-records it on its own engine.
+
     \b
     Example:
       specreplay gate --impl sched-clear --allow-changed --junit gate.xml
       specreplay gate goldens/ --impl mypkg.sched:Fixed --jobs 2
+      specreplay gate live.parquet --impl sched-clear
     """
     from specreplay.replay.workflows.gate import GateOptions, corpus_dir, run_gate, update_goldens
 
-    options = GateOptions(impl=impl_name, executor=executor, fail_on=fail_on, device=device, engine=engine)
+    options = GateOptions(
+        impl=impl_name, executor=executor, fail_on=fail_on, device=device, engine=engine, oracle=oracle
+    )
     targets = list(paths) or [corpus_dir()]
     if update:
         _print_updates(update_goldens(targets, options))
@@ -134,8 +155,8 @@ def _table(results) -> None:
 
 def _print_updates(updates) -> None:
     for u in updates:
-        if u.status == "error":
-            click.echo(f"error   {u.path}: {u.message}")
+        if u.status in ("error", "refused"):
+            click.echo(f"{u.status:<7} {u.path}: {u.message}")
         elif u.status == "unchanged":
             click.echo(f"same    {u.path}")
         else:
@@ -144,5 +165,5 @@ def _print_updates(updates) -> None:
                 + ", ".join(f"{k} x{v}" for k, v in sorted(u.changed_fields.items()))
             )
             click.echo(f"updated {u.path}: {what}")
-    if any(u.status == "error" for u in updates):
+    if any(u.status in ("error", "refused") for u in updates):
         sys.exit(EXIT_INPUT)

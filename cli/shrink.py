@@ -24,6 +24,14 @@ from specreplay.cli.common import CONTEXT, engine_option, handle_errors, trace_a
 @trace_impl_option
 @engine_option
 @click.option(
+    "--oracle",
+    type=click.Choice(["recorded", "synthetic"]),
+    default=None,
+    help="recorded: every candidate runs on the trace's own sampled tokens and drafts, kept for the requests "
+    "it still has (the default for a live or attached vLLM recording; --engine reference or vllm-scheduler); "
+    "synthetic: on the candidate workload's seeded model (the default for every other trace).",
+)
+@click.option(
     "--max-runs", type=click.IntRange(min=1), default=3000, show_default=True, help="Stop after this many replays."
 )
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Minimal trace to write.")
@@ -35,26 +43,40 @@ from specreplay.cli.common import CONTEXT, engine_option, handle_errors, trace_a
     help="Also write a self-contained pytest module that fails while the code fires.",
 )
 @handle_errors
-def shrink(trace_path, code, impl_name, engine, max_runs, output, pytest_file) -> None:
+def shrink(trace_path, code, impl_name, engine, oracle, max_runs, output, pytest_file) -> None:
     """Cut a failing trace's workload down while the same finding code still fires: fewer
     requests, steps and tokens, simpler config and acceptance. Deterministic.
+
+    A live or attached vLLM recording shrinks on its recorded outcomes (prompts keep their
+    length); the minimal trace carries them, so it replays to itself and gates as a recording.
 
     \b
     Example:
       specreplay shrink found/X10-scheduler-output-mutated.parquet -o min.parquet --emit-pytest test_min.py
       SPECREPLAY_IMPL=sched-clear pytest test_min.py
+      specreplay shrink live.parquet --code X5-placeholder-drafts -o min.parquet
     """
     from specreplay.replay.workflows.shrink import shrink_to
 
     report = shrink_to(
-        trace_path, output, code=code, impl=impl_name, engine=engine, max_runs=max_runs, pytest_file=pytest_file
+        trace_path,
+        output,
+        code=code,
+        impl=impl_name,
+        engine=engine,
+        oracle=oracle,
+        max_runs=max_runs,
+        pytest_file=pytest_file,
     )
     before, after, shrunk = report.before, report.after, report.shrunk
+    on = f" on its recorded outcomes ({report.engine} engine)" if report.oracle == "recorded" else ""
     click.echo(
-        f"shrunk {trace_path} while {shrunk.code} fires on {report.impl}: {before[0]} requests, {before[1]} "
+        f"shrunk {trace_path}{on} while {shrunk.code} fires on {report.impl}: {before[0]} requests, {before[1]} "
         f"steps, {before[2]} tokens -> {after[0]} requests, {after[1]} steps, {after[2]} tokens "
         f"({shrunk.runs} replays, {len(shrunk.reductions)} reductions kept)"
     )
     click.echo(f"wrote {output}; see `specreplay diff {output}`")
     if pytest_file is not None:
         click.echo(f"wrote {pytest_file}: fails while {shrunk.code} fires (SPECREPLAY_IMPL picks the implementation)")
+        if report.oracle == "recorded":
+            click.echo(f"  it replays {output} on its recorded outcomes: keep the two together")

@@ -4,6 +4,12 @@ Where it sits: traces -> replay -> **diff**, over a corpus. `run_gate` returns o
 per golden (pass, fail, changed or error) and never prints; `GateResult.failed` says which fail
 the gate; `cli/gate.py` renders the results (table, JSON, JUnit XML, GitHub annotations).
 `update_goldens` rewrites goldens from the current implementation and says what changed.
+
+A golden that is a recording (a live or attached vLLM's trace with its outcomes; `plan_replay`
+decides, as for `replay`) is rerun on its recorded outcomes through the implementation under
+test on the reference (or real) scheduler, and compared as any golden: the ground truth the
+recording lacks is left out of the comparison (`TraceDiff.no_truth`). `update_goldens` refuses
+to overwrite such a golden with a rerun: it is the only record of what the engine did.
 """
 
 from __future__ import annotations
@@ -76,7 +82,10 @@ class GateOptions:
     executor: str | None = None
     fail_on: str = "error"
     device: str = "cpu"
-    engine: str | None = None  # None: each golden's own
+    engine: str | None = None  # None: each golden's own (a recording's: its plan's, reference)
+    # recorded | synthetic | None: each golden's default (`replaying.default_oracle`); --engine
+    # vllm alone means synthetic (a live engine makes its own outcomes).
+    oracle: str | None = None
 
 
 def fingerprint(trace) -> dict[str, Any]:
@@ -91,39 +100,70 @@ def fingerprint(trace) -> dict[str, Any]:
     }
 
 
-def replay_golden(path: str | Path, options: GateOptions):
-    """Read a golden and run its workload through the implementation under test (default: the
-    golden's own, by registry name only) on its engine. Returns (golden, impl, new trace); the
-    golden is opened, not loaded (`TraceFile`): its rows stream when it is compared."""
+def golden_plan(golden, where: str, options: GateOptions):
+    """How the gate reruns `golden` (a `TraceFile`): a `ReplayPlan` whose oracle is None for a
+    golden rerun on its workload's seeded model, as ever (the golden's rows are not read), or the
+    recorded outcomes of a recording (its rows are read once, to build them)."""
+    from specreplay.replay.workflows.replaying import REPLAY_ENGINES, ReplayPlan, default_oracle, plan_replay
+    from specreplay.replay.workloads.workload import Workload
+
+    oracle = options.oracle or ("synthetic" if options.engine == "vllm" else None)
+    recording = None
+    if oracle is None:
+        if golden.impl.get("engine", "reference") in REPLAY_ENGINES:
+            oracle = "synthetic"  # default_oracle's answer for these, without reading the rows
+        else:
+            recording = golden.read()
+            oracle = default_oracle(recording)
+    if oracle == "synthetic":
+        workload = Workload.from_dict(golden.workload, f"{where}: workload metadata")
+        engine = options.engine or golden.impl.get("engine", "reference")
+        return ReplayPlan(workload, engine, golden.impl.get("executor"), None)
+    return plan_replay(recording or golden.read(), where, engine=options.engine, oracle=oracle)
+
+
+def replay_golden(golden, plan, options: GateOptions):
+    """Run an opened golden (`TraceFile`: its rows stream when it is compared) through the
+    implementation under test (default: the golden's own, by registry name only) as `plan`
+    (`golden_plan`) says: its workload on its engine, or a recording's outcomes. Returns
+    (impl, new trace)."""
     from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
-    from specreplay.replay.workloads.workload import Workload
-    from specreplay.traces.io import open_trace
 
-    golden = open_trace(path)
-    workload = Workload.from_dict(golden.workload, f"{path}: workload metadata")
-    impl = resolve(options.impl or golden.impl_name, allow_import=options.impl is not None, executor=options.executor)
-    trace = run_workload(
-        workload, impl, device=options.device, engine=options.engine or golden.impl.get("engine", "reference")
-    )
-    return golden, impl, trace
+    # A recording reruns with the executor that ran it; any other golden with the implementation's
+    # own unless told (the gate notes a mismatch).
+    executor = options.executor or (plan.executor if plan.oracle is not None else None)
+    impl = resolve(options.impl or golden.impl_name, allow_import=options.impl is not None, executor=executor)
+    trace = run_workload(plan.workload, impl, device=options.device, engine=plan.engine, oracle=plan.oracle)
+    if plan.oracle is not None:  # noted as `replay` notes it: the checker's X11 asks the drafter
+        from specreplay.replay.workflows.shrink import on_outcomes
+
+        trace = on_outcomes(trace, plan.oracle)
+    return impl, trace
 
 
 def gate_one(path: str, options: GateOptions) -> GateResult:
     """Replay one golden through the implementation under test. Never raises for bad input."""
     from specreplay.replay.check.checker import check_trace, unchecked_codes
     from specreplay.replay.check.tracediff import diff_batches
+    from specreplay.traces.io import open_trace
     from specreplay.traces.trace import package_version
 
     try:
-        golden, impl, trace = replay_golden(path, options)
+        golden = open_trace(path)
+        plan = golden_plan(golden, path, options)
+        impl, trace = replay_golden(golden, plan, options)
     except InputError as exc:
         return GateResult(path, "error", impl=options.impl or "", message=str(exc))
     result = GateResult(path, "pass", impl=impl.name, golden_impl=golden.impl_name)
     made_by = fingerprint(golden)
     if made_by["impl"] != impl.name:
         result.notes.append(f"golden made by {made_by['impl']}, gating {impl.name}")
-    if made_by["engine"] != trace.impl.get("engine"):
+    if plan.oracle is not None:  # the engine differs by design: a recording's outcomes drive the reference
+        result.notes.append(
+            f"golden recorded on the {made_by['engine']} engine, rerun on its recorded outcomes on {plan.engine}"
+        )
+    elif made_by["engine"] != trace.impl.get("engine"):
         result.notes.append(f"golden made on the {made_by['engine']} engine, gating on {trace.impl.get('engine')}")
     if made_by["executor"] != trace.impl.get("executor"):
         result.notes.append(f"golden made with the {made_by['executor']} executor, gating {trace.impl.get('executor')}")
@@ -137,6 +177,8 @@ def gate_one(path: str, options: GateOptions) -> GateResult:
         return GateResult(path, "error", impl=impl.name, golden_impl=golden.impl_name, message=str(exc))
     result.changes = diff.findings
     result.changed_fields = dict(diff.fields)
+    if diff.no_truth.get("A"):  # a recording has no ground truth to compare its rerun's with
+        result.notes.append("not compared: " + ", ".join(diff.no_truth["A"]) + " (no ground truth in the golden)")
     if fails(result.findings, options.fail_on):
         result.result = "fail"
         first = result.first
@@ -166,23 +208,31 @@ def run_gate(paths: list[Path], options: GateOptions, jobs: int = 1) -> list[Gat
 @dataclass
 class UpdateResult:
     path: str
-    status: str  # unchanged | updated | error
+    status: str  # unchanged | updated | refused (a recording) | error
     changed_fields: dict[str, int] = field(default_factory=dict)
     first: Finding | None = None
     message: str = ""
 
 
 def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult]:
-    """Re-record each golden from the implementation under test and write it in place."""
+    """Re-record each golden from the implementation under test and write it in place. A golden
+    the gate reruns on recorded outcomes is refused, unwritten: a rerun would put the reference's
+    rows where the engine's own were, and nothing could bring those back. Re-recording it on its
+    own engine is asked for with `oracle="synthetic"` (a live golden: a fresh live run)."""
     from specreplay.replay.check.tracediff import diff_traces
     from specreplay.replay.workflows.recording import check_device
-    from specreplay.traces.io import write_trace
+    from specreplay.traces.io import open_trace, write_trace
 
     check_device(options.device)
     out: list[UpdateResult] = []
     for path in collect(paths):
         try:
-            golden, _, trace = replay_golden(path, options)
+            golden = open_trace(path)
+            plan = golden_plan(golden, str(path), options)
+            if plan.oracle is not None:
+                out.append(UpdateResult(str(path), "refused", message=_recording_refused(golden)))
+                continue
+            _, trace = replay_golden(golden, plan, options)
             golden = golden.read()
         except InputError as exc:
             out.append(UpdateResult(str(path), "error", message=str(exc)))
@@ -203,6 +253,14 @@ def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult
             )
         )
     return out
+
+
+def _recording_refused(golden) -> str:
+    engine = golden.impl.get("engine", "reference")
+    return (
+        f"a recording of the {engine} engine, gated on its recorded outcomes; --update would replace it by a "
+        f"rerun. Keep it, or re-record it on {engine} with --update --oracle synthetic"
+    )
 
 
 def _why_updated(golden, diff) -> str:

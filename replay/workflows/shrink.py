@@ -9,15 +9,23 @@ replayed through the same implementation and engine and kept only if the finding
 fires. Greedy and deterministic: the same trace and code give the same minimal workload.
 `emit_pytest` turns the result into a self-contained regression test; `shrink_to` does all of it
 from a trace file to the files `specreplay shrink` writes.
+
+A recording (a live or attached vLLM's trace: `replaying.plan_replay` says so) shrinks on its
+recorded outcomes: each candidate runs on a `RecordedOracle` built over the candidate's requests
+from the original rows, on the plan's engine and executor, and prompts keep their length (the
+recorded tokens follow them). The minimal trace then carries the outcomes it ran on, so it is a
+recording too and replays to itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import pprint
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from specreplay.replay.workloads.workload import RequestSpec, Workload
 from specreplay.traces.errors import InputError
@@ -31,6 +39,7 @@ class Shrunk:
     code: str
     runs: int = 0  # replays tried
     reductions: list[str] = field(default_factory=list)  # the reductions kept, in order (labels)
+    oracle: Any = None  # the recorded outcomes the best run used (None: the workload's synthetic ones)
 
 
 def size(workload: Workload, trace: Trace) -> tuple[int, ...]:
@@ -63,43 +72,50 @@ def shrink(
     engine: str = "reference",
     max_runs: int = 3000,
     progress: Callable[[Shrunk], None] | None = None,
+    outcomes: Callable[[Workload], Any] | None = None,
 ) -> Shrunk:
-    """The smallest workload (greedy) whose run through `impl` still fires `code`."""
+    """The smallest workload (greedy) whose run through `impl` still fires `code`. `outcomes`:
+    the oracle a candidate runs on, given the candidate (a recording's outcomes over its
+    requests); None: each candidate's own synthetic model."""
     from specreplay.replay.engines.run import run_workload
 
-    def fires(w: Workload) -> Trace | None:
+    def fires(w: Workload) -> tuple[Trace, Any] | None:
         from specreplay.replay.check.checker import check_trace
 
         try:
             w = Workload.from_dict(w.to_dict())  # a reduction must still be a valid workload
-            trace = run_workload(w, impl, engine=engine)
+            oracle = outcomes(w) if outcomes is not None else None  # refuses rows the candidate contradicts
+            trace = run_workload(w, impl, engine=engine, oracle=oracle)
         except InputError:
             return None
+        if oracle is not None:  # checked as `replay` writes it: X11 asks the trace's drafter
+            trace = on_outcomes(trace, oracle)
         if not any(f.code == code for f in check_trace(trace)):
             return None
         if code == "E1-engine-crash" and signature is not None and crash_signature(trace) != signature:
             return None  # the engine dies, but of something else (say, a duplicate request id)
-        return trace
+        return trace, oracle
 
     signature = None
     first = fires(workload)
-    signature = crash_signature(first) if first is not None else None
+    signature = crash_signature(first[0]) if first is not None else None
     if first is None:
+        on = " on its recorded outcomes" if outcomes is not None else ""
         raise InputError(
-            f"{code} does not fire when this workload is replayed through {impl.name}; "
+            f"{code} does not fire when this workload is replayed{on} through {impl.name}; "
             "nothing to shrink (pick a --code the trace's findings show)"
         )
-    best = Shrunk(workload, first, code, runs=1)
+    best = Shrunk(workload, first[0], code, runs=1, oracle=first[1])
     improved = True
     while improved and best.runs < max_runs:
         improved = False
-        for label, candidate in candidate_reductions(best.workload):
+        for label, candidate in candidate_reductions(best.workload, keep_prompts=outcomes is not None):
             if best.runs >= max_runs:
                 break
             best.runs += 1
-            trace = fires(candidate)
-            if trace is not None and size(candidate, trace) < size(best.workload, best.trace):
-                best.workload, best.trace = candidate, trace
+            ran = fires(candidate)
+            if ran is not None and size(candidate, ran[0]) < size(best.workload, best.trace):
+                best.workload, (best.trace, best.oracle) = candidate, ran
                 best.reductions.append(label)
                 improved = True
                 if progress is not None:
@@ -118,12 +134,13 @@ def crash_signature(trace: Trace) -> str | None:
     return f"{trace.outcome.get('kind')}: {re.sub(r'-?[0-9]+', 'N', message)}"
 
 
-def candidate_reductions(w: Workload) -> Iterator[tuple[str, Workload]]:
+def candidate_reductions(w: Workload, keep_prompts: bool = False) -> Iterator[tuple[str, Workload]]:
     """Candidate reductions of `w` as (label, smaller workload), biggest first: fewer requests,
-    simpler control events, smaller requests, a simpler acceptance and engine."""
+    simpler control events, smaller requests, a simpler acceptance and engine. `keep_prompts`:
+    no prompt gets shorter (a recording's tokens are recorded at positions after its prompts)."""
     yield from _fewer_requests(w)
-    yield from _simpler_events(w)
-    yield from _smaller_requests(w)
+    yield from _simpler_events(w, keep_prompts)
+    yield from _smaller_requests(w, keep_prompts)
     yield from _simpler_config(w)
 
 
@@ -184,33 +201,39 @@ def _fewer_requests(w: Workload) -> Iterator[tuple[str, Workload]]:
         )
 
 
-def _simpler_events(w: Workload) -> Iterator[tuple[str, Workload]]:
-    """Drop each control event, move it earlier, shrink what a streaming append adds."""
+def _simpler_events(w: Workload, keep_prompts: bool = False) -> Iterator[tuple[str, Workload]]:
+    """Drop each control event, move it earlier, shrink what a streaming append adds. With
+    `keep_prompts` a streaming append stays whole: it is the next turn's prompt."""
     events = list(w.events)
     for i, e in enumerate(events):
         name = f"event {e.kind}@{e.step}" + (f" ({e.request})" if e.request else "")
-        yield f"drop {name}", _with_events(w, events[:i] + events[i + 1 :])
+        if not (keep_prompts and e.kind == "stream_append"):
+            yield f"drop {name}", _with_events(w, events[:i] + events[i + 1 :])
         for step in sorted({1, e.step // 2, e.step - 1} - {0, e.step}):
             yield f"{name} at step {step}", _with_event(w, i, step=step)
         if e.kind == "stream_append":
-            if e.tokens > 1:
+            if e.tokens > 1 and not keep_prompts:
                 yield f"{name} tokens {e.tokens // 2}", _with_event(w, i, tokens=e.tokens // 2)
-            if (e.max_tokens or 2) > 1:
+            # A turn's outputs are part of the next turn's prompt: with `keep_prompts` only the last shrinks.
+            later = any(x.kind == "stream_append" and x.request == e.request for x in events[i + 1 :])
+            if (e.max_tokens or 2) > 1 and not (keep_prompts and later):
                 yield f"{name} max_tokens 1", _with_event(w, i, max_tokens=1)
 
 
-def _smaller_requests(w: Workload) -> Iterator[tuple[str, Workload]]:
+def _smaller_requests(w: Workload, keep_prompts: bool = False) -> Iterator[tuple[str, Workload]]:
     """Per request: shorter output and prompt, an earlier arrival, no abort, stop token,
-    acceptance of its own or streaming."""
+    acceptance of its own or streaming. With `keep_prompts` no prompt changes: not its own, nor
+    a streaming request's later turns (each holds the outputs before it)."""
     for i, r in enumerate(w.requests):
         rid = r.request_id
-        if r.max_tokens > 1:
+        turns_fixed = keep_prompts and r.streaming
+        if r.max_tokens > 1 and not turns_fixed:
             yield (
                 f"request {rid} max_tokens {r.max_tokens // 2}",
                 _with_request(w, i, max_tokens=max(1, r.max_tokens // 2)),
             )
             yield f"request {rid} max_tokens {r.max_tokens - 1}", _with_request(w, i, max_tokens=r.max_tokens - 1)
-        if r.prompt_len > 1:
+        if r.prompt_len > 1 and not keep_prompts:
             yield (
                 f"request {rid} prompt_len {r.prompt_len // 2}",
                 _with_request(w, i, prompt_len=max(1, r.prompt_len // 2)),
@@ -226,7 +249,7 @@ def _smaller_requests(w: Workload) -> Iterator[tuple[str, Workload]]:
             yield f"request {rid} no stop token", _with_request(w, i, stop_at=None)
         if r.acceptance is not None:
             yield f"request {rid} default acceptance", _with_request(w, i, acceptance=None)
-        if r.streaming:
+        if r.streaming and not turns_fixed:
             plain = _with_request(w, i, streaming=False)
             yield (
                 f"request {rid} not streaming",
@@ -256,21 +279,52 @@ def _simpler_config(w: Workload) -> Iterator[tuple[str, Workload]]:
         )
 
 
-def emit_pytest(shrunk: Shrunk, source: str, impl_name: str, engine: str) -> str:
+def emit_pytest(shrunk: Shrunk, source: str, impl_name: str, engine: str, trace_path: str | None = None) -> str:
     """A self-contained pytest module: the minimal workload inline, run through the implementation
-    under test (SPECREPLAY_IMPL, default `impl_name`), failing while `code` fires."""
+    under test (SPECREPLAY_IMPL, default `impl_name`), failing while `code` fires. A shrunk
+    recording's outcomes are rows, not a seed: its test replays the minimal trace at `trace_path`
+    (relative to the test file) on them instead."""
     first = next(f for f in _findings(shrunk.trace) if f.code == shrunk.code)
     slug = "".join(ch if ch.isalnum() else "_" for ch in shrunk.code.lower())
-    workload = pprint.pformat(shrunk.workload.to_dict(), width=100, sort_dicts=True)  # Python literals
     n, steps = size(shrunk.workload, shrunk.trace)[:2]
-    return f'''"""Regression test written by `specreplay shrink` from {source}.
+    recorded = shrunk.oracle is not None and trace_path is not None
+    doc = f"""Regression test written by `specreplay shrink` from {source}.
 
 {shrunk.code} fired on {impl_name} at step {first.step}, request {first.request_id!r}:
 {first.message}
 
 The workload is the shrunk reproduction ({n} requests, {steps} steps). The test replays it through
 the implementation under test and fails while {shrunk.code} fires. Choose the implementation with
-SPECREPLAY_IMPL (a registry name or module:attr; default {impl_name!r}).
+SPECREPLAY_IMPL (a registry name or module:attr; default {impl_name!r})."""
+    check = """    hits = [f for f in check_trace(trace) if f.code == CODE]
+    assert not hits, f"{CODE} at step {hits[0].step}, request {hits[0].request_id!r}: {hits[0].message}"
+"""
+    if recorded:
+        doc += f"\n\nIt runs on the recorded outcomes the minimal trace {trace_path} holds: keep it beside this file."
+        return f'''"""{doc}
+"""
+
+import os
+from pathlib import Path
+
+from specreplay.replay.check.checker import check_trace
+from specreplay.replay.engines.run import run_workload
+from specreplay.replay.impls.registry import resolve
+from specreplay.replay.workflows.replaying import plan_replay
+from specreplay.traces.io import read_trace
+
+CODE = {shrunk.code!r}
+ENGINE = {engine!r}
+TRACE = Path(__file__).parent / {trace_path!r}
+
+
+def test_{slug}_does_not_fire():
+    plan = plan_replay(read_trace(TRACE), str(TRACE), engine=ENGINE, oracle="recorded")
+    impl = resolve(os.environ.get("SPECREPLAY_IMPL", {impl_name!r}), allow_import=True, executor=plan.executor)
+    trace = run_workload(plan.workload, impl, engine=plan.engine, oracle=plan.oracle)
+{check}'''
+    workload = pprint.pformat(shrunk.workload.to_dict(), width=100, sort_dicts=True)  # Python literals
+    return f'''"""{doc}
 """
 
 import os
@@ -288,9 +342,7 @@ WORKLOAD = {workload}
 def test_{slug}_does_not_fire():
     impl = resolve(os.environ.get("SPECREPLAY_IMPL", {impl_name!r}), allow_import=True)
     trace = run_workload(Workload.from_dict(WORKLOAD), impl, engine=ENGINE)
-    hits = [f for f in check_trace(trace) if f.code == CODE]
-    assert not hits, f"{{CODE}} at step {{hits[0].step}}, request {{hits[0].request_id!r}}: {{hits[0].message}}"
-'''
+{check}'''
 
 
 def _findings(trace: Trace):
@@ -311,6 +363,8 @@ class ShrinkReport:
     before: tuple[int, ...]
     after: tuple[int, ...]
     pytest_file: Path | None = None
+    oracle: str = "synthetic"  # recorded: every candidate ran on the recording's outcomes
+    engine: str = "reference"  # the engine the candidates ran on
 
 
 def shrink_to(
@@ -320,25 +374,44 @@ def shrink_to(
     code: str | None = None,
     impl: str | None = None,
     engine: str | None = None,
+    oracle: str | None = None,
     max_runs: int = 3000,
     pytest_file: Path | None = None,
 ) -> ShrinkReport:
     """Shrink the workload of the trace at `source` while `code` (default: its first error, else
     its first finding) still fires through `impl` (default: the trace's own, by registry name
     only) on `engine` (default: the trace's own); write the minimal trace to `output` and, given
-    `pytest_file`, a regression test there."""
+    `pytest_file`, a regression test there. `oracle` (default: `replaying.default_oracle`):
+    recorded runs every candidate on the trace's recorded outcomes, on the engine and executor
+    `plan_replay` picks; synthetic on each candidate's own seeded model."""
     from specreplay.replay.impls.registry import resolve
+    from specreplay.replay.workflows.replaying import ORACLES, default_oracle, plan_replay
     from specreplay.traces.io import read_trace, write_trace
 
     trace = read_trace(source)
-    workload = Workload.from_dict(trace.workload, f"{source}: workload metadata")
-    implementation = resolve(impl or trace.impl_name, allow_import=impl is not None)
-    engine = engine or trace.impl.get("engine", "reference")
+    mode = oracle or default_oracle(trace)
+    if mode not in ORACLES:
+        raise InputError(f"--oracle {mode}: unknown; known: {', '.join(ORACLES)}")
+    outcomes = None
+    if mode == "synthetic":  # the workload as written, on its seeded model: as before recordings
+        workload = Workload.from_dict(trace.workload, f"{source}: workload metadata")
+        implementation = resolve(impl or trace.impl_name, allow_import=impl is not None)
+        engine = engine or trace.impl.get("engine", "reference")
+    else:
+        plan = plan_replay(trace, str(source), engine=engine, oracle="recorded")
+        workload, engine = plan.workload, plan.engine
+        implementation = resolve(impl or trace.impl_name, allow_import=impl is not None, executor=plan.executor)
+
+        def outcomes(candidate: Workload) -> Any:
+            # The original rows, read for the candidate's requests: what remains keeps its outcomes.
+            return plan_replay(trace, str(source), engine=engine, oracle="recorded", workload=candidate).oracle
+
     code = _target_code(trace, source, code)
-    result = shrink(workload, implementation, code, engine=engine, max_runs=max_runs)
-    write_trace(result.trace, output)
+    result = shrink(workload, implementation, code, engine=engine, max_runs=max_runs, outcomes=outcomes)
+    write_trace(result.trace if result.oracle is None else as_recording(result, trace), output)
     if pytest_file is not None:
-        pytest_file.write_text(emit_pytest(result, str(source), implementation.name, engine))
+        relative = os.path.relpath(output.resolve(), pytest_file.resolve().parent)
+        pytest_file.write_text(emit_pytest(result, str(source), implementation.name, engine, relative))
     return ShrinkReport(
         source,
         output,
@@ -347,7 +420,45 @@ def shrink_to(
         size(workload, trace),
         size(result.workload, result.trace),
         pytest_file,
+        mode,
+        engine,
     )
+
+
+def on_outcomes(trace: Trace, oracle: Any) -> Trace:
+    """A run on recorded outcomes, noted as `replay` notes it (`recording.record_to`): the
+    drafter they came from (the checker's X11 asks it) and what they gave and their rules filled."""
+    from specreplay.replay.workflows.recording import outcomes_note
+
+    note = outcomes_note(oracle, trace)
+    return dataclasses.replace(trace, impl={**trace.impl, "drafter": oracle.drafter, "outcomes": note})
+
+
+def as_recording(shrunk: Shrunk, recording: Trace) -> Trace:
+    """The minimal trace of a recording, stamped to replay as one: the recording's engine (so
+    `default_oracle` picks its outcomes again, and a replay stops where that engine stopped), the
+    engine these rows ran on (`replayed_on`), and the recorded inputs of the requests it kept (an
+    attached run's prompts, chunks and stops, which its workload only summarises); the drafter
+    and outcomes are noted already."""
+    impl = {
+        **shrunk.trace.impl,
+        "engine": recording.impl.get("engine", "reference"),
+        "replayed_on": shrunk.trace.impl.get("engine", "reference"),
+    }
+    kept = {r.request_id for r in shrunk.workload.requests}
+    return dataclasses.replace(shrunk.trace, impl=impl, inputs=_inputs_of(recording.inputs, kept))
+
+
+def _inputs_of(inputs: dict[str, Any], kept: set[str]) -> dict[str, Any]:
+    """A recording's `inputs` metadata less the requests dropped: their lives, aborts and chunks
+    (engine events stay: they name no request)."""
+    per_request = ("requests", "aborts", "chunks")
+    return {
+        key: [x for x in value if not isinstance(x, dict) or x.get("id") in kept]
+        if key in per_request and isinstance(value, list)
+        else value
+        for key, value in (inputs or {}).items()
+    }
 
 
 def _target_code(trace: Trace, source: Path, code: str | None) -> str:

@@ -225,7 +225,16 @@ def test_a_gate_on_the_live_engine_says_which_checks_did_not_run(live_reentry_tr
 
     golden = write_trace(live_reentry_trace, tmp_path / "live.parquet")
     junit, summary = tmp_path / "gate.xml", tmp_path / "summary.md"
-    # The golden was made on the vllm engine: the gate replays it there, and the new trace has no ground truth.
-    result = gate(golden, "--junit", junit, "--github", env={"GITHUB_STEP_SUMMARY": str(summary), "COLUMNS": "400"})
+    # --engine vllm reruns the golden's workload live (a recording golden otherwise reruns on its
+    # recorded outcomes on the reference, with ground truth): the new trace has none.
+    result = gate(
+        golden,
+        "--engine",
+        "vllm",
+        "--junit",
+        junit,
+        "--github",
+        env={"GITHUB_STEP_SUMMARY": str(summary), "COLUMNS": "400"},
+    )
     assert result.exit_code in (0, 1), result.output  # pass, or changed if the live engine's timing moved
     assert_outputs_name_the_unchecked(result, junit, summary, "live.parquet")
