@@ -116,6 +116,20 @@ executor_option = click.option(
     help="How the SchedulerOutput reaches the worker: the shared object (inproc) or a "
     "private copy (multiproc). Default: the implementation's own.",
 )
+
+
+def oracle_option(runs: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--oracle, for a command that runs a trace again; `runs` names what runs (workflows/replaying.py)."""
+    return click.option(
+        "--oracle",
+        type=click.Choice(["recorded", "synthetic"]),
+        default=None,
+        help=f"recorded: {runs} on the trace's own sampled tokens and drafts (the default for a live or "
+        "attached vLLM recording and for a replay or shrink of one; --engine reference or vllm-scheduler); "
+        "synthetic: on the workload's seeded model (the default for every other trace).",
+    )
+
+
 jobs_option = click.option(
     "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes on this machine."
 )

@@ -26,6 +26,7 @@ from specreplay.cli.common import (
     format_option,
     handle_errors,
     jobs_option,
+    oracle_option,
     trace_impl_option,
 )
 from specreplay.traces.errors import InputError
@@ -38,14 +39,7 @@ from specreplay.traces.errors import InputError
 @executor_option
 @device_option
 @fail_on_option
-@click.option(
-    "--oracle",
-    type=click.Choice(["recorded", "synthetic"]),
-    default=None,
-    help="recorded: rerun each golden on its own sampled tokens and drafts (the default for a live or "
-    "attached vLLM recording, rerun on --engine reference or vllm-scheduler); synthetic: on its workload's "
-    "seeded model (the default for every other golden, and with --engine vllm).",
-)
+@oracle_option("each golden reruns")
 @click.option("--allow-changed", is_flag=True, help="Behaviour that differs from the golden does not fail the gate.")
 @click.option(
     "--update",

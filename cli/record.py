@@ -20,6 +20,7 @@ from specreplay.cli.common import (
     format_option,
     handle_errors,
     impl_option,
+    oracle_option,
     progress,
     trace_argument,
     trace_impl_option,
@@ -157,14 +158,7 @@ def _record_attached(output: Path, command: tuple[str, ...]) -> None:
 @device_option
 @output_option
 @flush_option
-@click.option(
-    "--oracle",
-    type=click.Choice(["recorded", "synthetic"]),
-    default=None,
-    help="recorded: the trace's own sampled tokens and drafts drive the run (the default for a live "
-    "or attached vLLM recording); synthetic: the workload's seeded model (the default for a trace of "
-    "the reference or the real scheduler, whose workload regenerates every token).",
-)
+@oracle_option("the replay runs")
 @handle_errors
 def replay(trace_path, impl_name, engine, executor, device, output, flush_every, oracle) -> None:
     """Replay a recording: its workload, engine config and executor, driven by the tokens and

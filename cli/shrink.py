@@ -11,7 +11,14 @@ from pathlib import Path
 
 import click
 
-from specreplay.cli.common import CONTEXT, engine_option, handle_errors, trace_argument, trace_impl_option
+from specreplay.cli.common import (
+    CONTEXT,
+    engine_option,
+    handle_errors,
+    oracle_option,
+    trace_argument,
+    trace_impl_option,
+)
 
 
 @click.command(context_settings=CONTEXT)
@@ -23,14 +30,7 @@ from specreplay.cli.common import CONTEXT, engine_option, handle_errors, trace_a
 )
 @trace_impl_option
 @engine_option
-@click.option(
-    "--oracle",
-    type=click.Choice(["recorded", "synthetic"]),
-    default=None,
-    help="recorded: every candidate runs on the trace's own sampled tokens and drafts, kept for the requests "
-    "it still has (the default for a live or attached vLLM recording; --engine reference or vllm-scheduler); "
-    "synthetic: on the candidate workload's seeded model (the default for every other trace).",
-)
+@oracle_option("every candidate runs, for the requests it still has,")
 @click.option(
     "--max-runs", type=click.IntRange(min=1), default=3000, show_default=True, help="Stop after this many replays."
 )

@@ -179,7 +179,10 @@ def _run_settings() -> tuple[Any, Any, str]:
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.config import EngineConfig
 
-    impl = resolve(os.environ.get(IMPL_ENV, "upstream"), allow_import=True)
+    # The executor is the run's, as live_environment set it: an engine core process of a
+    # multiprocess run must number its steps by schedule() calls, not by its idle polling.
+    executor = "inproc" if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" else "multiproc"
+    impl = resolve(os.environ.get(IMPL_ENV, "upstream"), allow_import=True, executor=executor)
     return impl, EngineConfig.from_dict(json.loads(os.environ[CONFIG_ENV])), os.environ[SINK_ENV]
 
 

@@ -140,7 +140,9 @@ def record_to(
             raise
     if getattr(oracle, "recorded", False):
         note = outcomes_note(oracle, trace)
-        trace = replace(trace, impl={**trace.impl, "drafter": oracle.drafter, "outcomes": note})
+        # The recording's inputs go with its outcomes: a replay replays as a recording too.
+        inputs = trace.inputs or getattr(oracle, "trace_inputs", None) or {}
+        trace = replace(trace, impl={**trace.impl, "drafter": oracle.drafter, "outcomes": note}, inputs=inputs)
     write_trace(trace, output)
     journal.unlink(missing_ok=True)  # the trace is written: the journal has served its purpose
     return Recorded(output, trace)
@@ -151,6 +153,7 @@ def outcomes_note(oracle: Any, trace: Trace) -> dict[str, Any]:
     return {
         "source": oracle.source,
         "drafter": oracle.drafter,
+        "drains_at_end": oracle.drains_at_end,
         "recorded": oracle.summary(),
         "filled": oracle.unobserved(trace.table),
     }

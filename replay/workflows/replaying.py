@@ -34,11 +34,17 @@ class ReplayPlan:
 
 
 def default_oracle(trace: Trace) -> str:
-    """recorded for a trace of a live or attached vLLM with outcomes; else synthetic."""
+    """recorded for a trace of a live or attached vLLM with outcomes, and for a replay (or a
+    shrink) of one, whose rows carry its outcomes (`impl.outcomes`); else synthetic."""
     from specreplay.replay.workloads.recorded import has_outcomes
 
     live = trace.impl.get("engine", "reference") not in REPLAY_ENGINES
-    return "recorded" if live and has_outcomes(trace.table) else "synthetic"
+    return "recorded" if (live or replayed(trace)) and has_outcomes(trace.table) else "synthetic"
+
+
+def replayed(trace: Trace) -> bool:
+    """Did this trace run on a recording's outcomes (a replay, a shrink)?"""
+    return bool(trace.impl.get("outcomes"))
 
 
 def trace_workload(trace: Trace, where: str) -> Workload:
@@ -50,6 +56,20 @@ def trace_workload(trace: Trace, where: str) -> Workload:
     if trace.config:
         workload = replace(workload, config=EngineConfig.from_dict(trace.config, f"{where}: config metadata"))
     return workload
+
+
+def observed_workload(trace: Trace, workload: Workload) -> Workload:
+    """A multiprocess live recording's workload with its inputs at the steps the engine core took
+    them (its recorded inputs: over sockets they land when the core polls, not at the workload's
+    step); the prompts, chunks and stops come from the same inputs (workloads/recorded_inputs.py).
+    Any other trace ran its inputs at its workload's steps."""
+    from specreplay.replay.workflows.merge import workload_of
+
+    if not (trace.inputs and trace.impl.get("engine") == "vllm" and trace.impl.get("executor") == "multiproc"):
+        return workload
+    rows = trace.table.select(["step", "request_id", "sched_event"]).to_pylist()
+    observed = workload_of(trace.inputs, workload.config, workload.name, workload.max_steps, rows)
+    return replace(observed, name=workload.name, seed=workload.seed, acceptance=workload.acceptance)
 
 
 def plan_replay(
@@ -66,7 +86,10 @@ def plan_replay(
     mode = oracle or default_oracle(trace)
     if mode not in ORACLES:
         raise InputError(f"--oracle {mode}: unknown; known: {', '.join(ORACLES)}")
-    workload = workload or trace_workload(trace, where)
+    if workload is None:
+        workload = trace_workload(trace, where)
+        if not replayed(trace):  # a replay's workload is already the one that ran
+            workload = observed_workload(trace, workload)
     recorded_engine = trace.impl.get("engine", "reference")
     executor = trace.impl.get("executor")
     if mode == "synthetic":
@@ -79,5 +102,9 @@ def plan_replay(
         )
     outcomes = recorded_oracle(workload, trace)
     outcomes.source = where
-    outcomes.drains_at_end = recorded_engine in REPLAY_ENGINES
+    # Where the recording stopped: a live engine's left its last batches unapplied; a replay of it
+    # stopped as the recording did (its note says so).
+    ran_on = trace.impl.get("outcomes") or {}
+    outcomes.drains_at_end = ran_on.get("drains_at_end", recorded_engine in REPLAY_ENGINES)
+    outcomes.trace_inputs = trace.inputs
     return ReplayPlan(workload, engine, executor, outcomes)

@@ -435,18 +435,12 @@ def on_outcomes(trace: Trace, oracle: Any) -> Trace:
 
 
 def as_recording(shrunk: Shrunk, recording: Trace) -> Trace:
-    """The minimal trace of a recording, stamped to replay as one: the recording's engine (so
-    `default_oracle` picks its outcomes again, and a replay stops where that engine stopped), the
-    engine these rows ran on (`replayed_on`), and the recorded inputs of the requests it kept (an
-    attached run's prompts, chunks and stops, which its workload only summarises); the drafter
-    and outcomes are noted already."""
-    impl = {
-        **shrunk.trace.impl,
-        "engine": recording.impl.get("engine", "reference"),
-        "replayed_on": shrunk.trace.impl.get("engine", "reference"),
-    }
+    """The minimal trace of a recording, to replay as one: its outcomes note (which makes
+    `default_oracle` pick them again, and says where the recording stopped) and drafter are
+    there already; it keeps the recorded inputs of the requests it kept (an attached run's
+    prompts, chunks and stops, which its workload only summarises)."""
     kept = {r.request_id for r in shrunk.workload.requests}
-    return dataclasses.replace(shrunk.trace, impl=impl, inputs=_inputs_of(recording.inputs, kept))
+    return dataclasses.replace(shrunk.trace, inputs=_inputs_of(recording.inputs, kept))
 
 
 def _inputs_of(inputs: dict[str, Any], kept: set[str]) -> dict[str, Any]:

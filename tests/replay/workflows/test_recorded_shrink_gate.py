@@ -98,9 +98,9 @@ def test_a_live_recording_shrinks_on_its_outcomes_and_the_finding_stays(live, sh
     # The recorded inputs of the requests kept, and only theirs.
     lives = {r["id"]: r["prompt"] for r in recording.inputs["requests"]}
     assert {r["id"]: r["prompt"] for r in minimal.inputs["requests"]} == {rid: lives[rid] for rid in kept}
-    # Stamped to replay as the recording it reduces.
+    # The engine its rows ran on, and the outcomes note that makes it replay as the recording it reduces.
     impl = minimal.impl
-    assert (impl["engine"], impl["replayed_on"], impl["drafter"]) == ("vllm", "reference", "ngram_gpu")
+    assert (impl["engine"], impl["drafter"], impl["outcomes"]["drains_at_end"]) == ("reference", "ngram_gpu", False)
     assert impl["outcomes"]["source"] == str(live) and impl["outcomes"]["filled"] == {"tokens": 0, "drafts": 0}
     assert default_oracle(minimal) == "recorded"
 
@@ -195,9 +195,10 @@ def test_a_reference_recording_shrinks_on_its_outcomes_when_asked(reference, tmp
     impl = minimal.impl
     assert (impl["engine"], impl["drafter"]) == ("reference", "fixed")
     assert impl["outcomes"]["filled"]["drafts"] == 0  # every draft verified was a recorded proposal
-    # A reference trace's default is its seeded model; on its outcomes it replays to itself.
-    assert default_oracle(minimal) == "synthetic"
-    replay_to(tmp_path / "again.parquet", out, oracle="recorded")
+    # It ran on recorded outcomes, so it replays on them by default (its outcomes note says so),
+    # and comes back to itself.
+    assert default_oracle(minimal) == "recorded" and default_oracle(recording) == "synthetic"
+    replay_to(tmp_path / "again.parquet", out)
     assert diff_traces(minimal, read_trace(tmp_path / "again.parquet")).same
 
 
