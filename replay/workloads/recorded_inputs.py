@@ -39,6 +39,8 @@ COLUMNS = (
     "step",
     "request_id",
     "sched_status",
+    "sched_num_scheduled_tokens",
+    "sched_finished_announced",
     "apply_outcome",
     "apply_life",
     "apply_num_tokens",
@@ -189,13 +191,21 @@ def _stops(lives: dict[str, list[Life]], cols: dict[str, list], where: str) -> d
 
 
 def _announce_steps(cols: dict[str, list]) -> frozenset[int]:
-    """Steps whose rows are all of finished requests (the announcing schedule() of vLLM)."""
-    unfinished, steps = set(), set()
-    for step, status in zip(cols["step"], cols["sched_status"]):
+    """Steps whose schedule() scheduled nothing and announced a finished request (vLLM's
+    has_requests() counts finished requests not yet announced), or whose rows are all of
+    finished requests; a streaming session waiting for its next chunk does not keep vLLM from it."""
+    steps, unfinished, busy, announced = set(), set(), set(), set()
+    for step, status, scheduled, told in zip(
+        cols["step"], cols["sched_status"], cols["sched_num_scheduled_tokens"], cols["sched_finished_announced"]
+    ):
         steps.add(step)
         if status != "finished":
             unfinished.add(step)
-    return frozenset(steps - unfinished)
+        if scheduled:
+            busy.add(step)
+        if told:
+            announced.add(step)
+    return frozenset((steps - unfinished) | (announced - busy))
 
 
 __all__ = ["COLUMNS", "Life", "RecordedInputs"]
