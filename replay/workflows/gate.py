@@ -110,7 +110,7 @@ def golden_plan(golden, where: str, options: GateOptions):
     oracle = options.oracle or ("synthetic" if options.engine == "vllm" else None)
     recording = None
     if oracle is None:
-        if golden.impl.get("engine", "reference") in REPLAY_ENGINES:
+        if golden.impl.get("engine", "reference") in REPLAY_ENGINES and not golden.impl.get("outcomes"):
             oracle = "synthetic"  # default_oracle's answer for these, without reading the rows
         else:
             recording = golden.read()
