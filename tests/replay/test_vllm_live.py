@@ -138,11 +138,11 @@ def test_an_observer_failure_is_specreplays_own_not_an_engine_crash(tmp_path, mo
     calls = {"n": 0}
     original = WorkerObserver.on_sampled
 
-    def breaks_at_step_3(self, runner):
+    def breaks_at_step_3(self, runner, output=None):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyError("a bug in the observer")
-        return original(self, runner)
+        return original(self, runner, output)
 
     monkeypatch.setattr(WorkerObserver, "on_sampled", breaks_at_step_3)
     out = tmp_path / "live.parquet"
