@@ -62,7 +62,23 @@ def run_workload(
     # something the implementation raised.
     header = trace_header(workload, impl.describe(loop.parts.observed, engine), device, loop.outcome)
     writer = JournalWriter(journal, header) if journal is not None else None
-    return _guarded(impl, _run, loop, header, progress, writer, flush_every)
+    trace = _guarded(impl, _run, loop, header, progress, writer, flush_every)
+    return on_outcomes(trace, oracle) if getattr(oracle, "recorded", False) else trace
+
+
+def on_outcomes(trace: Trace, oracle: Any) -> Trace:
+    """A run on a recording's outcomes, noted so that it replays as a recording too: the drafter
+    they came from (the checker's X11 asks it), what they gave and what their rules filled, where
+    the recording stopped (`info` shows it), and the recording's inputs."""
+    note = {
+        "source": oracle.source,
+        "drafter": oracle.drafter,
+        "drains_at_end": oracle.drains_at_end,
+        "recorded": oracle.summary(),
+        "filled": oracle.unobserved(trace.table),
+    }
+    inputs = trace.inputs or getattr(oracle, "trace_inputs", None) or {}
+    return dataclasses.replace(trace, impl={**trace.impl, "drafter": oracle.drafter, "outcomes": note}, inputs=inputs)
 
 
 def _guarded(impl: Implementation, fn: Callable, *args):

@@ -104,13 +104,13 @@ def golden_plan(golden, where: str, options: GateOptions):
     """How the gate reruns `golden` (a `TraceFile`): a `ReplayPlan` whose oracle is None for a
     golden rerun on its workload's seeded model, as ever (the golden's rows are not read), or the
     recorded outcomes of a recording (its rows are read once, to build them)."""
-    from specreplay.replay.workflows.replaying import REPLAY_ENGINES, ReplayPlan, default_oracle, plan_replay
+    from specreplay.replay.workflows.replaying import ReplayPlan, default_oracle, may_be_recording, plan_replay
     from specreplay.replay.workloads.workload import Workload
 
     oracle = options.oracle or ("synthetic" if options.engine == "vllm" else None)
     recording = None
     if oracle is None:
-        if golden.impl.get("engine", "reference") in REPLAY_ENGINES and not golden.impl.get("outcomes"):
+        if not may_be_recording(golden.impl):
             oracle = "synthetic"  # default_oracle's answer for these, without reading the rows
         else:
             recording = golden.read()
@@ -135,10 +135,6 @@ def replay_golden(golden, plan, options: GateOptions):
     executor = options.executor or (plan.executor if plan.oracle is not None else None)
     impl = resolve(options.impl or golden.impl_name, allow_import=options.impl is not None, executor=executor)
     trace = run_workload(plan.workload, impl, device=options.device, engine=plan.engine, oracle=plan.oracle)
-    if plan.oracle is not None:  # noted as `replay` notes it: the checker's X11 asks the drafter
-        from specreplay.replay.workflows.shrink import on_outcomes
-
-        trace = on_outcomes(trace, plan.oracle)
     return impl, trace
 
 

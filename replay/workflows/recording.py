@@ -138,25 +138,9 @@ def record_to(
                 ) from None
             journal.unlink(missing_ok=True)
             raise
-    if getattr(oracle, "recorded", False):
-        note = outcomes_note(oracle, trace)
-        # The recording's inputs go with its outcomes: a replay replays as a recording too.
-        inputs = trace.inputs or getattr(oracle, "trace_inputs", None) or {}
-        trace = replace(trace, impl={**trace.impl, "drafter": oracle.drafter, "outcomes": note}, inputs=inputs)
     write_trace(trace, output)
     journal.unlink(missing_ok=True)  # the trace is written: the journal has served its purpose
     return Recorded(output, trace)
-
-
-def outcomes_note(oracle: Any, trace: Trace) -> dict[str, Any]:
-    """What a replay's recorded outcomes gave and what their rules had to fill (info shows it)."""
-    return {
-        "source": oracle.source,
-        "drafter": oracle.drafter,
-        "drains_at_end": oracle.drains_at_end,
-        "recorded": oracle.summary(),
-        "filled": oracle.unobserved(trace.table),
-    }
 
 
 def _claim_journal(output: Path) -> Path:

@@ -38,8 +38,13 @@ def default_oracle(trace: Trace) -> str:
     shrink) of one, whose rows carry its outcomes (`impl.outcomes`); else synthetic."""
     from specreplay.replay.workloads.recorded import has_outcomes
 
-    live = trace.impl.get("engine", "reference") not in REPLAY_ENGINES
-    return "recorded" if (live or replayed(trace)) and has_outcomes(trace.table) else "synthetic"
+    return "recorded" if may_be_recording(trace.impl) and has_outcomes(trace.table) else "synthetic"
+
+
+def may_be_recording(impl: dict[str, Any]) -> bool:
+    """From the metadata alone (no rows read): a live or attached vLLM's trace, or a run on one's
+    outcomes; only such a trace's default oracle can be its recorded outcomes."""
+    return impl.get("engine", "reference") not in REPLAY_ENGINES or bool(impl.get("outcomes"))
 
 
 def replayed(trace: Trace) -> bool:

@@ -88,8 +88,6 @@ def shrink(
             trace = run_workload(w, impl, engine=engine, oracle=oracle)
         except InputError:
             return None
-        if oracle is not None:  # checked as `replay` writes it: X11 asks the trace's drafter
-            trace = on_outcomes(trace, oracle)
         if not any(f.code == code for f in check_trace(trace)):
             return None
         if code == "E1-engine-crash" and signature is not None and crash_signature(trace) != signature:
@@ -423,15 +421,6 @@ def shrink_to(
         mode,
         engine,
     )
-
-
-def on_outcomes(trace: Trace, oracle: Any) -> Trace:
-    """A run on recorded outcomes, noted as `replay` notes it (`recording.record_to`): the
-    drafter they came from (the checker's X11 asks it) and what they gave and their rules filled."""
-    from specreplay.replay.workflows.recording import outcomes_note
-
-    note = outcomes_note(oracle, trace)
-    return dataclasses.replace(trace, impl={**trace.impl, "drafter": oracle.drafter, "outcomes": note})
 
 
 def as_recording(shrunk: Shrunk, recording: Trace) -> Trace:
