@@ -176,10 +176,12 @@ def replay_to(
     """Run a trace again through `impl` (default: the trace's own, by registry name only), with
     the engine config and executor that ran it, on the oracle and engine `plan_replay` picks
     (workflows/replaying.py): a live or attached recording on its recorded outcomes."""
-    from specreplay.replay.workflows.replaying import plan_replay
-    from specreplay.traces.io import read_trace
+    from specreplay.replay.workflows.replaying import may_be_recording, plan_replay
+    from specreplay.traces.io import open_trace
 
-    trace = read_trace(source)
+    trace = open_trace(source)
+    if oracle == "recorded" or (oracle is None and may_be_recording(trace.impl)):
+        trace = trace.read()  # the outcomes are in the rows; a synthetic replay needs the metadata only
     plan = plan_replay(trace, str(source), engine=engine, oracle=oracle)
     return record_to(
         output,

@@ -84,8 +84,9 @@ def plan_replay(
     oracle: str | None = None,
     workload: Workload | None = None,
 ) -> ReplayPlan:
-    """How to run `trace` again. `workload`: a part of the trace's (shrink), default the whole;
-    the recorded outcomes of what remains drive it."""
+    """How to run `trace` again (a `Trace`; a `TraceFile` will do where the plan is synthetic and
+    the trace no recording: `may_be_recording`). `workload`: a part of the trace's (shrink),
+    default the whole; the recorded outcomes of what remains drive it."""
     from specreplay.replay.workloads.recorded import recorded_oracle
 
     mode = oracle or default_oracle(trace)
