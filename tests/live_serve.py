@@ -233,6 +233,27 @@ class Server:
                 return aborted
             time.sleep(0.2)
 
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Poll /metrics until the engine reports no running and no waiting request (True), or
+        `timeout` passes (False). The gauges come with the engine core's step outputs, so once
+        they read 0 the worker has returned the last step that ran a request. Stopping before
+        that lets vLLM's SIGINT (which SIGKILLs the engine core and its worker at once, with the
+        default --shutdown-timeout 0) cut a step the worker is still running."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(self.url + "/metrics", timeout=5) as response:
+                    text = response.read().decode()
+                gauges = [
+                    float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))
+                ]
+                if gauges and not any(gauges):
+                    return True
+            time.sleep(0.2)
+        return False
+
     def logged_ids(self, marker: str) -> list[str]:
         ids: list[str] = []
         for line in self.log_text().splitlines():

@@ -103,8 +103,8 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     rows, cut_steps = whole_steps(rows)
     if cut_steps:
         dropped.append(
-            f"step(s) {', '.join(map(str, cut_steps))}: scheduled, but the worker's rows never arrived "
-            "(the run stopped inside them)"
+            f"step(s) {', '.join(map(str, cut_steps))}: step {cut_steps[0]} was scheduled, but its worker rows "
+            "never arrived (the run stopped inside it)"
         )
     inputs = collect_inputs(parts)
     last_step = rows[-1]["step"] if rows else 0
@@ -132,22 +132,26 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
 
 
 def whole_steps(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
-    """Drop trailing steps with a scheduled row that has no worker row: the run stopped inside
-    them. A step inside the run with such a row stays: that is a finding (X1), not a cut."""
+    """Drop the trailing steps from the last whole one on: the run stopped inside the first step
+    after it (a scheduled row whose worker row never arrived). Steps that schedule nothing (an
+    abort's or a finish's announcement) are looked through, and go with the cut: a Ctrl-C lands
+    while the worker still runs step s and the core has already stepped s + 1 to announce an
+    abort. A step inside the run with such a row stays: that is a finding (X1), not a cut."""
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_step[row["step"]].append(row)
-    cut = []
+    first_cut = None
     for step in sorted(by_step, reverse=True):
         scheduled = [r for r in by_step[step] if r.get("sched_num_scheduled_tokens")]
-        if scheduled and all(r.get("worker_num_scheduled_tokens") is not None for r in scheduled):
-            break
         if not scheduled:
+            continue
+        if all(r.get("worker_num_scheduled_tokens") is not None for r in scheduled):
             break
-        cut.append(step)
-    cut.reverse()
-    keep = [r for r in rows if r["step"] not in set(cut)]
-    return keep, cut
+        first_cut = step
+    if first_cut is None:
+        return rows, []
+    cut = [step for step in sorted(by_step) if step >= first_cut]
+    return [r for r in rows if r["step"] < first_cut], cut
 
 
 def workload_of(
