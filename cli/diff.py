@@ -55,8 +55,15 @@ def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
 
     report = check_report(trace, trace.batches(columns=NEEDED))
     findings = report.findings
+    # A recovered recording (outcome partial) is never a plain ok: it holds steps up to where the
+    # recording stopped, and nothing after them was recorded or checked.
+    word = verdict(findings)
+    upto = trace.outcome.get("step") if trace.outcome.get("status") == "partial" else None
+    if upto is not None and word != "diverged":
+        word = "partial"
     if fmt == "json":
-        click.echo(findings_json(findings, {"trace": path, "impl": trace.impl_name, "unchecked": report.unchecked}))
+        extra = {"trace": path, "impl": trace.impl_name, "unchecked": report.unchecked}
+        click.echo(findings_json(findings, extra | ({"up_to_step": upto} if upto is not None else {}), word))
     else:
         from specreplay.cli.render import trace_header
 
@@ -64,20 +71,25 @@ def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
         out.print(trace_header(trace, path))
         # A trace without ground truth (a live engine's) says what it could not check.
         note = f" ({unchecked_note(report.unchecked)})" if report.unchecked else ""
-        if not findings and not note:
+        if upto is not None:
+            note = f" ({'' if word == 'partial' else 'partial, '}up to step {upto}){note}"
+        stopped = f"; the recording stopped after step {upto}: nothing after it was checked" if upto else ""
+        if not findings and not report.unchecked:
             out.print(
-                "verdict: ok - the scheduler view, the worker view and the KV cache agree at every step", soft_wrap=True
+                f"verdict: {word}{note} - the scheduler view, the worker view and the KV cache agree at every step"
+                + stopped,
+                soft_wrap=True,
             )
         elif not findings:
             out.print(
-                f"verdict: ok{note} - the scheduler view and the worker view agree at every step; "
-                "the KV cache and the tokens were not checked",
+                f"verdict: {word}{note} - the scheduler view and the worker view agree at every step; "
+                "the KV cache and the tokens were not checked" + stopped,
                 soft_wrap=True,
             )
         else:
             first = next((f for f in findings if f.severity == "error"), findings[0])
             out.print(
-                f"verdict: {verdict(findings)}{note} - {len(findings)} findings ({code_counts(findings)})",
+                f"verdict: {word}{note} - {len(findings)} findings ({code_counts(findings)})" + stopped,
                 soft_wrap=True,
             )
             out.print(

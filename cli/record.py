@@ -7,12 +7,14 @@ or a table: what it wrote and what the checker says of it.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
 
 from specreplay.cli.common import (
     CONTEXT,
+    EXIT_FINDINGS,
     console,
     device_option,
     engine_option,
@@ -46,9 +48,11 @@ def _summary(recorded) -> None:
     from specreplay.replay.check.findings import verdict
 
     trace, findings, output = recorded.trace, recorded.findings, recorded.path
+    outcome = trace.outcome.get("status")
+    if outcome == "crashed":  # the engine died: where and of what, as the E1 finding says it
+        outcome += f" at step {trace.outcome.get('step')}: {trace.outcome.get('message', '')}"
     line = (
-        f"wrote {output}: {trace.num_steps} steps, {trace.num_rows} rows, outcome "
-        f"{trace.outcome.get('status')}; check: {verdict(findings)}"
+        f"wrote {output}: {trace.num_steps} steps, {trace.num_rows} rows, outcome {outcome}; check: {verdict(findings)}"
     )
     note = unchecked_note(recorded.unchecked)  # a live engine's trace: no ground truth
     if findings:
@@ -56,6 +60,13 @@ def _summary(recorded) -> None:
     elif note:
         line += f" ({note})"
     click.echo(line)
+
+
+def _exit_if_crashed(recorded) -> None:
+    """The engine died (outcome crashed: a vLLM assert, an exception the implementation raised):
+    the trace is written, and the run failed, exit 1."""
+    if recorded.trace.outcome.get("status") == "crashed":
+        sys.exit(EXIT_FINDINGS)
 
 
 @click.command(context_settings=CONTEXT)
@@ -107,6 +118,11 @@ def record(
     While it runs, settled rows go to OUTPUT.partial every --flush-every steps and on any error, so
     a crash or a kill keeps them: `specreplay recover OUTPUT.partial` turns them into a trace.
 
+    An exception the implementation raises (or a vLLM assert) kills the engine, as in vLLM: the
+    trace holds the steps up to it, outcome crashed with the exception and its source line, and
+    the exit code is 1. Exit 0: the run ended (`specreplay diff` sets its exit code by the
+    findings); 2: bad input (a bad --impl, a class of the wrong kind, a bad workload).
+
     \b
     Example:
       specreplay record --scenario reentry --impl pr30796 -o pr30796.parquet
@@ -123,19 +139,19 @@ def record(
     from specreplay.replay.workflows.recording import pick_workload, record_to
 
     workload = pick_workload(scenario, workload_file, seed, max_steps)
-    _summary(
-        record_to(
-            output,
-            workload,
-            impl_name,
-            executor=executor,
-            engine=engine or "reference",
-            device=device,
-            model=model,
-            flush_every=flush_every,
-            progress=progress,
-        )
+    recorded = record_to(
+        output,
+        workload,
+        impl_name,
+        executor=executor,
+        engine=engine or "reference",
+        device=device,
+        model=model,
+        flush_every=flush_every,
+        progress=progress,
     )
+    _summary(recorded)
+    _exit_if_crashed(recorded)
 
 
 def _record_attached(output: Path, command: tuple[str, ...]) -> None:
@@ -196,6 +212,7 @@ def replay(trace_path, impl_name, engine, executor, device, output, flush_every,
             f"{recorded['tokens']} token positions and {recorded['proposals']} proposals recorded; "
             f"filled by rule: {filled['tokens']} tokens, {filled['drafts']} drafts"
         )
+    _exit_if_crashed(replayed)
 
 
 @click.command(context_settings=CONTEXT)

@@ -1,6 +1,7 @@
 """The run as a whole, from the trace's outcome: the engine does not die, and every request finishes.
 
-Codes: E1 (the engine crashed), X5-negative-input-id (it crashed because a negative id reached
+Codes: E1 (the engine crashed: a vLLM assert, or any exception the implementation raised,
+engines/crash.py), X5-negative-input-id (it crashed because a negative id reached
 the embedding: a device-side assert on a GPU), E2 (the run hit the step limit, or went idle with
 requests held for good). These rules run once, after the last frame (scope "run").
 """
@@ -65,6 +66,18 @@ def check_crash(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
     if chk.outcome.get("kind", "negative-input-id") == "negative-input-id":
         yield chk.run_finding(
             "X5-negative-input-id", chk.crash_step, rid, "input_ids", None, -1, outcome_message=message
+        )
+    elif "exception" in chk.outcome:  # the implementation raised: its type and source line are the evidence
+        yield chk.run_finding(
+            "E1-engine-crash",
+            chk.crash_step,
+            rid,
+            "exception",
+            None,
+            chk.outcome["exception"],
+            outcome_message=message,
+            where=chk.outcome.get("where"),
+            side=chk.outcome.get("side"),
         )
     else:
         yield chk.run_finding(

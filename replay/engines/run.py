@@ -2,8 +2,8 @@
 
 Where it sits: workloads -> models -> impls -> record -> **engines** -> check. `run_workload`
 picks the driver (the loop for the reference and the real scheduler; a live vLLM drives itself
-and the input driver feeds it), guards the calls into user code, keeps the journal, and builds
-the trace with one header.
+and the input driver feeds it), ends the run as a crash when the implementation raises
+(engines/crash.py), keeps the journal, and builds the trace with one header.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from specreplay.replay.engines.crash import crash_outcome
 from specreplay.replay.engines.loop import EngineLoop
 from specreplay.replay.impls.registry import Implementation
-from specreplay.replay.models.messages import EngineCrash
 from specreplay.replay.record.recorder import FLUSH_EVERY
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
@@ -40,8 +40,10 @@ def run_workload(
     flush_every: int = FLUSH_EVERY,
     oracle: Oracle | None = None,
 ) -> Trace:
-    """Run `workload` through `impl` and return the recorded trace. An exception raised inside
-    outside code (a `module:attr` implementation) becomes one InputError line naming it.
+    """Run `workload` through `impl` and return the recorded trace. An exception the
+    implementation raises while the engine runs ends the run as it ends vLLM's engine: outcome
+    `crashed` at that step (engines/crash.py); one that a `module:attr` implementation raises
+    while it is built (no step ran) becomes one InputError line naming it and its source line.
 
     `journal`: a path where settled rows are appended every `flush_every` steps and everything
     recorded on any exception (traces.journal); the caller deletes it once the trace is written.
@@ -57,12 +59,10 @@ def run_workload(
         return run_live(workload, impl, device, model, progress)  # its observers write part files as they go
     if model is not None:
         raise InputError("--model is for --engine vllm (a live engine); the other engines run the reference model")
-    loop = _guarded(impl, EngineLoop, workload, impl, device, engine, oracle)
-    # Outside the guard: a journal path that cannot be written is the user's file error, not
-    # something the implementation raised.
+    loop = _built(impl, EngineLoop, workload, impl, device, engine, oracle)
     header = trace_header(workload, impl.describe(loop.parts.observed, engine), device, loop.outcome)
     writer = JournalWriter(journal, header) if journal is not None else None
-    trace = _guarded(impl, _run, loop, header, progress, writer, flush_every)
+    trace = _run(loop, header, progress, writer, flush_every)
     return on_outcomes(trace, oracle) if getattr(oracle, "recorded", False) else trace
 
 
@@ -81,17 +81,19 @@ def on_outcomes(trace: Trace, oracle: Any) -> Trace:
     return dataclasses.replace(trace, impl={**trace.impl, "drafter": oracle.drafter, "outcomes": note}, inputs=inputs)
 
 
-def _guarded(impl: Implementation, fn: Callable, *args):
-    """Call into the engine; an exception from a `module:attr` implementation's code becomes one
-    InputError line naming it (a built-in implementation's is a specreplay bug: it propagates)."""
-    if not impl.user_code:
-        return fn(*args)
+def _built(impl: Implementation, fn: Callable, *args):
+    """Build the engine; an exception from a `module:attr` implementation's constructor becomes
+    one InputError line naming it (no step ran: there is no run to report). A built-in's, or
+    specreplay's own, propagates: a specreplay bug."""
     try:
         return fn(*args)
     except InputError:
         raise
-    except Exception as exc:  # the user's scheduler or runner failed: say where, no traceback
-        raise InputError(f"implementation {impl.name} raised {type(exc).__name__}: {exc}") from None
+    except Exception as exc:
+        crash = crash_outcome(exc, impl, (), None) if impl.user_code else None
+        if crash is None:
+            raise
+        raise InputError(f"implementation {impl.name} failed to start: {crash['message']}") from None
 
 
 def _run(
@@ -106,14 +108,18 @@ def _run(
             rec.maybe_flush(loop.step_no)
             if progress is not None and loop.step_no:
                 progress(loop.step_no, loop.workload.max_steps)
-    except EngineCrash as exc:  # an assert in the scheduler, or the worker unable to run a step
-        loop.outcome = {"status": "crashed", "step": loop.step_no, "kind": exc.kind, "message": str(exc)}
-    except BaseException:
-        # Anything else (a bug, Ctrl-C): what was recorded goes to the journal before it propagates.
-        rec.flush(everything=True)
-        if writer is not None:
-            writer.close()
-        raise
+    except BaseException as exc:
+        # The implementation under test died (an assert in the scheduler, the worker unable to
+        # run a step, any exception its code raised): the run's outcome, as vLLM's engine dies.
+        crash = crash_outcome(exc, loop.impl, (loop.sched, loop.parts.observed), loop.runner)
+        if crash is None:
+            # Anything else (specreplay's bug, an observer's failure, bad input, Ctrl-C): what
+            # was recorded goes to the journal before it propagates.
+            rec.flush(everything=True)
+            if writer is not None:
+                writer.close()
+            raise
+        loop.outcome = {"status": "crashed", "step": loop.step_no, **crash}
     if loop.outcome["status"] == "completed":
         held = loop.unfinished()
         if held:  # idle for good with requests it holds: a request lost by the scheduler

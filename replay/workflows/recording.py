@@ -5,9 +5,11 @@ Where it sits: workflows, over engines -> record -> traces; what `specreplay rec
 `recover` and `compare` call. `record_to` owns the journal's whole life: it lies next to the
 output (`OUT.parquet.partial`), a recording refuses to start while an unfinished one there holds
 steps (they are nobody's to drop), the engine appends settled rows to it while it runs, and it is
-removed once the trace is written. When the implementation raises (bad input: exit 2), the steps
-recorded before it stay in the journal and the error says how to recover them; `recover_to` turns
-such a journal into an ordinary trace. Nothing here prints: progress goes to a callback.
+removed once the trace is written. An implementation that raises ends its run as a crash, with a
+trace like any other (engines/crash.py); when the run stops on an error (bad input, a failure of
+specreplay's own), the steps recorded before it stay in the journal and an input error says how
+to recover them; `recover_to` turns such a journal into an ordinary trace (outcome `partial`).
+Nothing here prints: progress goes to a callback.
 """
 
 from __future__ import annotations
@@ -107,8 +109,9 @@ def record_to(
 
     While it runs, settled rows go to the journal `output.partial` every `flush_every` steps.
     Refuses to start while an unfinished journal there holds steps. On an InputError from the run
-    (the implementation raised, the engine refused the workload) the journal keeps what was
-    recorded when it holds steps, and the error names it; any other exception leaves it as it is.
+    (the engine refused the workload) the journal keeps what was recorded when it holds steps, and
+    the error names it; any other exception leaves it as it is. An exception of the implementation
+    is no error here: the run ends as crashed and its trace is written (engines/crash.py).
     On success the journal is removed."""
     from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve

@@ -230,10 +230,10 @@ def test_user_implementation_errors_are_one_line(tmp_path, monkeypatch):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "x.parquet"
-    assert_bad_input(
-        run("record", "--scenario", "reentry", "--impl", "userimpls:Boom", "-o", out),
-        "implementation userimpls:Boom raised KeyError",
-    )
+    # An exception of the implementation kills the engine, as in vLLM: a trace, E1, exit 1.
+    crashed = run("record", "--scenario", "reentry", "--impl", "userimpls:Boom", "-o", out)
+    assert crashed.exit_code == 1 and crashed.output.strip().count("\n") == 0, crashed.output
+    assert "outcome crashed at step 1: KeyError: 'user bug', raised in the scheduler by Boom.schedule" in crashed.output
     assert_bad_input(
         run("record", "--scenario", "reentry", "--impl", "userimpls:Plain", "-o", out),
         "synchronous Scheduler but the workload uses async scheduling",

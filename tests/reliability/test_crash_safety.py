@@ -113,7 +113,9 @@ def test_a_recording_killed_at_random_moments_keeps_every_flushed_step(tmp_path)
     assert len(set(stops)) >= KILLS // 2 and min(stops) < full.num_steps // 4 < full.num_steps // 2 < max(stops)
 
 
-def test_an_exception_in_the_implementation_leaves_a_recoverable_journal(tmp_path, monkeypatch):
+def test_an_exception_leaves_a_crashed_trace_or_a_recoverable_journal(tmp_path, monkeypatch):
+    """The implementation's exception is the engine's death: a trace, outcome crashed. One of
+    specreplay's own (exit 3) leaves the journal, and every step recorded before it recovers."""
     (tmp_path / "crashy.py").write_text(
         "from specreplay.replay.models.scheduler import AsyncScheduler\n"
         "class CrashAt30(AsyncScheduler):\n"
@@ -130,12 +132,27 @@ def test_an_exception_in_the_implementation_leaves_a_recoverable_journal(tmp_pat
     spec.write_text(json.dumps(workload.to_dict()))
     out = tmp_path / "crash.parquet"
     result = CliRunner().invoke(main, ["record", "--workload", str(spec), "--impl", "crashy:CrashAt30", "-o", str(out)])
-    assert result.exit_code == 2 and "raised RuntimeError: bug at step 30" in result.output
-    assert "specreplay recover" in result.output and not out.exists()
-    recovered = recover(journal_path(out))
-    assert recovered.outcome["step"] == 29  # every step recorded before the exception, flushed on it
+    assert result.exit_code == 1 and "outcome crashed at step 30: RuntimeError: bug at step 30" in result.output
+    assert not journal_path(out).exists()
     full = run_workload(workload, resolve("upstream", allow_import=False))
     settled = sum(1 for s in full.table["step"].to_pylist() if s <= 27)  # outputs of 28, 29 still in flight
+    assert decoded(read_trace(out).table.slice(0, settled)).equals(decoded(full.table.slice(0, settled)))
+    # A bug of specreplay's own loop at the same step: exit 3, the journal keeps what was recorded.
+    from specreplay.replay.engines.loop import EngineLoop
+
+    schedule_and_execute = EngineLoop.schedule_and_execute
+
+    def loop_bug(self):
+        if self.step_no + 1 == 30:
+            raise RuntimeError("specreplay bug at step 30")
+        return schedule_and_execute(self)
+
+    monkeypatch.setattr(EngineLoop, "schedule_and_execute", loop_bug)
+    out = tmp_path / "bug.parquet"
+    result = CliRunner().invoke(main, ["record", "--workload", str(spec), "-o", str(out)])
+    assert result.exit_code == 3 and "specreplay bug at step 30" in result.output and not out.exists()
+    recovered = recover(journal_path(out))
+    assert recovered.outcome["step"] == 29  # every step recorded before the exception, flushed on it
     assert decoded(recovered.table.slice(0, settled)).equals(decoded(full.table.slice(0, settled)))
     # recover writes an ordinary trace that every command reads; it never overwrites one
     fixed = tmp_path / "fixed.parquet"
