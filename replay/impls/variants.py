@@ -102,28 +102,23 @@ def _restore(requests: dict, order: list, hidden: dict) -> dict:
 
 
 class LifeGuardScheduler(AsyncScheduler):
-    """A per-life guard vLLM 0.32.0 lacks: each scheduled step remembers the request objects it
-    was built for, and update_from_output gives an output only to that same object. A request
-    resubmitted under the id of an aborted one then never receives the old life's output."""
-
-    def __init__(self, config) -> None:
-        super().__init__(config)
-        self.scheduled_for: dict[int, dict] = {}
+    """A per-life guard vLLM 0.32.0 lacks: an output goes only to the request object (the life)
+    its step was scheduled for. A request resubmitted under the id of an aborted one then never
+    receives the old life's output. Each object notes, in its own `plugin_state` (empty for each
+    life), the steps in flight for it."""
 
     def update_after_schedule(self, out: SchedulerOutput) -> None:
         super().update_after_schedule(out)
-        self.scheduled_for[out.step] = {rid: self.requests[rid] for rid in out.num_scheduled_tokens}
+        for rid in out.num_scheduled_tokens:
+            self.requests[rid].plugin_state.setdefault("steps_in_flight", set()).add(out.step)
 
-    def update_from_output(self, out, model_output):
-        order = list(self.requests)
-        hidden = _hide_other_lives(self.requests, self.scheduled_for.pop(out.step, {}))
-        for rid in hidden:
-            del self.requests[rid]  # to update_from_output, the old life's id is gone: output ignored
-        try:
-            return super().update_from_output(out, model_output)
-        finally:
-            if hidden:
-                self.requests = _restore(self.requests, order, hidden)
+    def request_for_output(self, out, rid):
+        req = super().request_for_output(out, rid)
+        steps = req.plugin_state.get("steps_in_flight", set()) if req is not None else set()
+        if out.step not in steps:
+            return None  # scheduled for an earlier life of the id: to this output, the id is gone
+        steps.discard(out.step)
+        return req
 
 
 def life_guard_on(real_cls: type) -> type:

@@ -8,6 +8,7 @@ columns; nothing on the worker side ever sees this object. Status names are vLLM
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 
 class Status(enum.Enum):
@@ -47,6 +48,7 @@ class Request:
         "resumable",
         "streaming_queue",
         "output_start",
+        "_plugin_state",
     )
 
     def __init__(
@@ -81,6 +83,17 @@ class Request:
         # StreamingUpdate or None (the end of the stream) each; None for an ordinary request.
         self.resumable = resumable
         self.streaming_queue = None
+        self._plugin_state: dict[str, Any] | None = None  # see plugin_state; made on first use
+
+    @property
+    def plugin_state(self) -> dict[str, Any]:
+        """A variant's own per-request state, as the slots leave no room for new attributes:
+        empty for each new Request, that is each life of an id (a resubmission is a new
+        object); kept across preemptions and a streaming session's turns (the same object).
+        Nothing of specreplay reads or writes it, and it is not in the trace."""
+        if self._plugin_state is None:
+            self._plugin_state = {}
+        return self._plugin_state
 
     def is_finished(self) -> bool:
         return self.status.finished

@@ -2,18 +2,28 @@
 
 Where it sits: replay, scheduler side. The engine loop calls `schedule()`, hands the
 `SchedulerOutput` to a runner, and later calls `update_from_output()`. Variants subclass these
-classes and override the hooks below (documented in the README, "Writing an implementation").
+classes and override the hooks below (documented in the README, "Implementations and writing
+your own").
 
 Hooks, in the order a step uses them:
   schedule_running(plan)                                the running-queue visit
-  running_demand(req, budget, threshold) -> (n, skip)   tokens to give a running request
+  running_demand(req, budget, threshold) -> n           tokens to give a running request
   allocate_or_preempt(req, n, plan) -> bool             KV blocks, preempting from the tail
   preempt_request(req)                                  what preemption resets
   assign_draft_slots(req, n) -> list[int]               the draft slots booked inside n
   admit_waiting(plan)                                   the waiting queue (new and resumed)
   update_after_schedule(out)                            C += n; (async) placeholders
-  update_from_output(out, model_output)                 rejections, placeholders, stops
+  update_from_output(out, model_output)                 per scheduled request, the five below; stops
+    request_for_output(out, rid) -> Request | None      whose output it is (None: ignored)
+    take_output(req, n) -> stale                        in-flight count, stale share, its assert
+    discard_output(req, stale) -> bool                  finished/aborted, or stale in drop mode
+    account_rejections(req, slots, generated, stale)    C and P back by the rejected drafts
+    append_output(req, tokens, stale) -> (tokens, fin)  appends, stop check, cut after a stop
+      account_placeholders(req, tokens, stale)          (async) P -= appended tokens, its assert
   update_draft_token_ids(req_ids, drafts)               sync mode: real drafts from the worker
+
+Per-request state of your own goes in `req.plugin_state` (a dict, empty for each new Request:
+each life of an id; kept across preemptions and a streaming session's turns).
 
 Control events (between steps, from the engine loop): add_request (a new request, or the next
 input chunk of a streaming session: vLLM's resumable requests), finish_requests,
@@ -419,39 +429,21 @@ class Scheduler:
 
     # ---------------------------------------------------------------- update_from_output()
     def update_from_output(self, out: SchedulerOutput, model_output: ModelRunnerOutput) -> None:
-        """Apply step `out`'s output. As vLLM, the output's token lists are trimmed in place to
+        """Apply step `out`'s output, request by request, through the hooks below: whose output
+        it is, the in-flight count, discard or use, rejections, appends (and, async, the
+        placeholders), then the stops. As vLLM, the output's token lists are trimmed in place to
         what each request took (after a stop, nothing more)."""
         stopped: list[tuple[Request, bool, bool, str]] = []
         for rid, n in out.num_scheduled_tokens.items():
-            req = self.requests.get(rid)
-            stale = False
-            if req is not None:
-                req.num_in_flight_tokens -= n
-                if req.num_stale_output_tokens > 0:
-                    stale = True
-                    req.num_stale_output_tokens -= n
-                    if req.num_stale_output_tokens < 0:  # vLLM asserts: the stale share did not match
-                        raise EngineCrash(
-                            f"scheduler assert: request {rid!r} num_stale_output_tokens "
-                            f"{req.num_stale_output_tokens} < 0",
-                            kind="scheduler-assert",
-                        )
-            if req is None or req.status.finished:
-                continue  # finished or aborted while this step was in flight: output ignored
-            slots = out.scheduled_spec_decode_tokens.get(rid)
-            if stale and req.drop_stale_output:
-                continue  # drop mode: nothing of this output is used (its positions are resampled)
+            req = self.request_for_output(out, rid)
+            if req is None:
+                continue  # no live request under this id: the output is ignored
+            stale = self.take_output(req, n)
+            if self.discard_output(req, stale):
+                continue
             index = model_output.req_id_to_index.get(rid)
             generated = model_output.sampled_token_ids[index] if index is not None else []
-            rejected = 0
-            if slots and generated:
-                rejected = len(slots) - (len(generated) - 1)
-                # A stale rejection count predates the preemption's reset and must not apply.
-                if not stale:
-                    if req.num_computed_tokens > 0:
-                        req.num_computed_tokens -= rejected
-                    if req.num_output_placeholders > 0:
-                        req.num_output_placeholders -= rejected
+            self.account_rejections(req, out.scheduled_spec_decode_tokens.get(rid), generated, stale)
             if generated:
                 _, finish = self.append_output(req, generated, stale)
                 if finish:
@@ -468,6 +460,52 @@ class Scheduler:
                 self.remove_from_waiting(req)
             if finished:
                 self._free(req, Status.FINISHED_STOPPED if finish == "stop" else Status.FINISHED_LENGTH_CAPPED)
+
+    def request_for_output(self, out: SchedulerOutput, rid: str) -> Request | None:
+        """The request that step `out`'s output for `rid` goes to; None: ignored. vLLM looks
+        the id up, so a request resubmitted under the id of an aborted one takes the old life's
+        output (the life-guard variant narrows this to the object the step was scheduled for)."""
+        return self.requests.get(rid)
+
+    def take_output(self, req: Request, n: int) -> bool:
+        """The output of `n` scheduled tokens has come back: it leaves the in-flight count, and
+        drains the stale share if the request has one. Returns whether the output is stale
+        (scheduled before the request's last preemption or cache reset). Example: preempted with
+        4 + 4 tokens in flight (stale share 8), each of the two outputs takes 4 and is stale; the
+        next output is fresh. A share that goes below 0 did not match what was in flight:
+        vLLM's assert, an engine crash."""
+        req.num_in_flight_tokens -= n
+        if req.num_stale_output_tokens <= 0:
+            return False
+        req.num_stale_output_tokens -= n
+        if req.num_stale_output_tokens < 0:  # vLLM asserts: the stale share did not match
+            raise EngineCrash(
+                f"scheduler assert: request {req.request_id!r} num_stale_output_tokens "
+                f"{req.num_stale_output_tokens} < 0",
+                kind="scheduler-assert",
+            )
+        return True
+
+    def discard_output(self, req: Request, stale: bool) -> bool:
+        """True: nothing of this output is used. A request finished or aborted while the step
+        was in flight ignores it; a stale output in drop mode (a cache reset, a streaming
+        turn's end) too: its positions are scheduled again and resampled."""
+        return req.status.finished or (stale and req.drop_stale_output)
+
+    def account_rejections(self, req: Request, slots: list[int] | None, generated: list[int], stale: bool) -> int:
+        """The drafts the worker rejected out of the `slots` it was given (it returns accepted
+        drafts + 1 tokens): C and P were advanced for every slot at schedule time and go back
+        by the rejected ones. A stale rejection count predates the preemption's reset and
+        corrects nothing. Returns the number rejected (0 without slots or output)."""
+        if not (slots and generated):
+            return 0
+        rejected = len(slots) - (len(generated) - 1)
+        if not stale:
+            if req.num_computed_tokens > 0:
+                req.num_computed_tokens -= rejected
+            if req.num_output_placeholders > 0:
+                req.num_output_placeholders -= rejected
+        return rejected
 
     def append_output(self, req: Request, tokens: list[int], stale: bool) -> tuple[list[int], str]:
         """Append tokens one by one with the stop check after each; after a stop, the rest of
@@ -515,13 +553,19 @@ class AsyncScheduler(Scheduler):
 
     def append_output(self, req: Request, tokens: list[int], stale: bool) -> tuple[list[int], str]:
         tokens, finish = super().append_output(req, tokens, stale)
-        # Placeholders were zeroed at preemption; a stale delivery must not decrement them.
-        if not stale:
-            req.num_output_placeholders -= len(tokens)
-            if req.num_output_placeholders < 0:  # vLLM asserts here and EngineCore dies
-                raise EngineCrash(
-                    f"scheduler assert: request {req.request_id!r} num_output_placeholders "
-                    f"{req.num_output_placeholders} < 0",
-                    kind="scheduler-assert",
-                )
+        self.account_placeholders(req, tokens, stale)
         return tokens, finish
+
+    def account_placeholders(self, req: Request, tokens: list[int], stale: bool) -> None:
+        """The appended `tokens` are no longer placeholders: P -= len(tokens). Not for a stale
+        output: the preemption zeroed P, and this output never had a share in it. P below 0 is
+        vLLM's assert, an engine crash."""
+        if stale:
+            return
+        req.num_output_placeholders -= len(tokens)
+        if req.num_output_placeholders < 0:  # vLLM asserts here and EngineCore dies
+            raise EngineCrash(
+                f"scheduler assert: request {req.request_id!r} num_output_placeholders "
+                f"{req.num_output_placeholders} < 0",
+                kind="scheduler-assert",
+            )
