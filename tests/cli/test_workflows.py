@@ -28,12 +28,15 @@ def test_record_to_drops_an_empty_journal_and_refuses_one_that_holds_steps(tmp_p
     record_to(out, pick_workload("reentry"), "upstream")
     assert not journal_path(out).exists()
 
+    # A run stopped by an input error at step 6 (an exception of the implementation's own would be
+    # the engine's death: a crashed trace, tests/replay/engines/test_impl_raises.py).
     (tmp_path / "crashat6.py").write_text(
         "from specreplay.replay.models.runner import GPUModelRunner\n"
+        "from specreplay.traces.errors import InputError\n"
         "class CrashAt6(GPUModelRunner):\n"
         "    def execute_model(self, out):\n"
         "        if out.step == 6:\n"
-        "            raise RuntimeError('runner bug at step 6')\n"
+        "            raise InputError('the engine refuses step 6')\n"
         "        return super().execute_model(out)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))

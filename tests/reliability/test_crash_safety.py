@@ -204,16 +204,18 @@ def test_the_recorder_refuses_to_write_rows_that_fail_validation(tmp_path, reent
 
 
 def test_a_step_cut_short_by_an_exception_is_left_out_of_the_journal(tmp_path, monkeypatch):
-    """The runner raises inside step 6: the journal ends with step 5, both views whole, so the
-    recovered trace has no false finding where the step was cut."""
+    """The run stops on an error inside step 6 (an input error: an exception of the runner's own
+    would be the engine's death, a crashed trace): the journal ends with step 5, both views
+    whole, so the recovered trace has no false finding where the step was cut."""
     from specreplay.replay.check.checker import check_trace
 
     (tmp_path / "crashyrunner.py").write_text(
         "from specreplay.replay.models.runner import GPUModelRunner\n"
+        "from specreplay.traces.errors import InputError\n"
         "class CrashAt6(GPUModelRunner):\n"
         "    def execute_model(self, out):\n"
         "        if out.step == 6:\n"
-        "            raise RuntimeError('runner bug at step 6')\n"
+        "            raise InputError('runner bug at step 6')\n"
         "        return super().execute_model(out)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
