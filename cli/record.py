@@ -183,7 +183,8 @@ def replay(trace_path, impl_name, engine, executor, device, output, flush_every,
     \b
     Replayed through the implementation it was recorded with, a recording comes back step for
     step; through another, `specreplay diff RECORDING REPLAY` says where they part. A live or
-    attached vLLM recording replays on --engine reference (default) or vllm-scheduler.
+    attached vLLM recording replays on --engine reference (default) or vllm-scheduler. Exit 1
+    when the engine dies (outcome crashed: an exception of the implementation, a vLLM assert).
 
     \b
     Example:
