@@ -29,7 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from specreplay.replay.check import rules_batch, rules_counters, rules_drafts, rules_lives, rules_run, rules_truth
+from specreplay.replay.check import (
+    rules_batch,
+    rules_counters,
+    rules_drafts,
+    rules_lives,
+    rules_outputs,
+    rules_run,
+    rules_truth,
+    rules_waste,
+)
 from specreplay.replay.check.findings import Finding
 
 #: A rule: (frame, checker) -> findings; for scope "run" the frame is None.
@@ -142,6 +151,20 @@ def _l2_message(e: Evidence) -> str:
     )
 
 
+def _s9_message(e: Evidence) -> str:
+    if e.reason == "max_tokens":
+        return (
+            f"scheduled {e.actual} tokens for nothing: the output in flight already takes it to max_tokens "
+            f"{e.max_tokens} ({e.sched_num_computed_tokens} computed + 2 - {e.sched_num_output_placeholders} "
+            f"placeholders >= {e.sched_num_prompt_tokens} prompt + {e.max_tokens}); vLLM's running loop skips "
+            "it, and this step's output comes back to a finished request"
+        )
+    return (
+        f"scheduled {e.actual} tokens for nothing: the output of step {e.output_step}, applied at step "
+        f"{e.apply_step}, already finished it ({e.apply_finish_reason})"
+    )
+
+
 def _l3_message(e: Evidence) -> str:
     got, want = e.actual, e.expected
     counted = "in flight" if e.field == "num_in_flight_tokens" else "in flight from before the last preemption or reset"
@@ -173,7 +196,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "S1-placeholders-nonnegative",
         "error",
-        14,
+        15,
         "num_output_placeholders >= 0 at all times",
         "INV-S1",
         rules_counters.check_placeholders_nonnegative,
@@ -183,7 +206,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "S2-placeholder-count",
         "error",
-        12,
+        13,
         "P = sum over steps in flight of (1 + draft slots)",
         "INV-S2",
         rules_counters.check_placeholder_count,
@@ -196,7 +219,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "S3-scheduler-computed-tokens",
         "error",
-        9,
+        10,
         "C minus in-flight rejections = tokens valid in the KV cache",
         "INV-S3",
         rules_counters.check_computed_tokens,
@@ -209,7 +232,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "X2-sched-worker-computed",
         "error",
-        8,
+        9,
         "worker C = scheduler C minus rejections of m-1",
         "INV-X2",
         rules_counters.check_computed_tokens,
@@ -221,7 +244,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "X2-worker-kv-position",
         "error",
-        10,
+        11,
         "the worker writes from the first position not yet in its KV",
         "INV-X2",
         rules_counters.check_computed_tokens,
@@ -231,7 +254,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "X2-worker-position-mismatch",
         "error",
-        11,
+        12,
         "CPU num_computed_tokens = device position",
         "INV-X2 (design B)",
         rules_counters.check_computed_tokens,
@@ -244,7 +267,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "S4-decode-identity",
         "error",
-        13,
+        14,
         "num_tokens + P - C = 1 for a decoding request",
         "INV-S4",
         rules_counters.check_decode_identity,
@@ -257,7 +280,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "X3-output-length",
         "error",
-        16,
+        17,
         "worker output length = applied outputs + placeholders (design B)",
         "INV-X3",
         rules_counters.check_output_length,
@@ -269,7 +292,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "L3-in-flight-tokens",
         "error",
-        15,
+        16,
         "num_in_flight_tokens / num_stale_output_tokens = scheduled tokens of the outputs in flight / in flight "
         "across the last cut, never negative",
         "request lives",
@@ -291,7 +314,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "S7-draft-slot-count",
         "error",
-        18,
+        19,
         "k = max(0, min(len(spec), n + C - T - P))",
         "INV-S7",
         rules_drafts.check_draft_slot_count,
@@ -304,7 +327,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "X5-placeholder-drafts",
         "warning",
-        20,
+        21,
         "draft inputs are drafts cached for the request at m-1",
         "INV-X5",
         rules_drafts.check_draft_inputs,
@@ -315,7 +338,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "S6-token-budget",
         "error",
-        19,
+        20,
         "sum of scheduled tokens = total <= max_num_batched_tokens",
         "INV-S6",
         rules_batch.check_budget,
@@ -325,7 +348,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "X1-batch-membership",
         "error",
-        17,
+        18,
         "the worker's batch holds exactly the scheduled requests",
         "INV-X1",
         rules_batch.check_membership,
@@ -388,11 +411,37 @@ CATALOGUE: tuple[Invariant, ...] = (
         sides=("actual", "expected"),
         message=_l2_message,
     ),
+    # --- outputs applied against outputs emitted (rules_outputs)
+    Invariant(
+        "S8-token-lost",
+        "error",
+        8,
+        "update_from_output applies every token the worker emitted, unless the output finished the request",
+        "INV-S8",
+        rules_outputs.check_tokens_applied,
+        sides=("actual", "expected"),
+        message=lambda e: (
+            f"the worker emitted {e.expected} tokens at step {e.step} but update_from_output applied "
+            f"{e.actual} of them at step {e.apply_step}, with no stop, max_tokens or max_model_len to cut them: "
+            f"{e.expected - e.actual} lost (the next step starts at the wrong position)"
+        ),
+    ),
+    # --- wasted steps (rules_waste)
+    Invariant(
+        "S9-step-past-max-tokens",
+        "warning",
+        24,
+        "no step for a request whose outputs in flight or applied already finish it (vLLM's max-tokens skip)",
+        "INV-S9",
+        rules_waste.check_wasted_steps,
+        sides=("actual", "expected"),
+        message=_s9_message,
+    ),
     # --- ground truth (rules_truth)
     Invariant(
         "T1-wrong-token",
         "error",
-        22,
+        23,
         "applied tokens equal the expected sequence",
         "ground truth",
         rules_truth.check_tokens,
@@ -406,7 +455,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "K1-kv-content",
         "error",
-        21,
+        22,
         "valid KV positions hold the expected tokens",
         "ground truth",
         rules_truth.check_kv_truth,

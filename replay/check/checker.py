@@ -13,6 +13,7 @@ that could not run, `unchecked_codes` gives those alone); the parts:
 
     catalogue.py     one row per code: severity, statement, source, rank, rule, message template
     coverage.py      which codes need ground truth, and which a trace without it leaves unchecked
+    limits.py        each request life's max_tokens per turn, from the workload the trace stores
     rules_*.py       the rule families: counters, drafts, batch, truth, lives, run
     framework.py     `Checker`: streams row batches through the catalogue's rules, frame by frame
     frames.py        `Frame` and the column loading: numpy columns by the trace's column names
@@ -34,6 +35,7 @@ from specreplay.replay.check.catalogue import CATALOGUE, EXTRA_CODES, INVARIANTS
 from specreplay.replay.check.findings import Finding
 from specreplay.replay.check.frames import LOOKBACK, NEEDED, Frame
 from specreplay.replay.check.framework import Checker
+from specreplay.replay.check.limits import max_tokens_by_life
 from specreplay.traces.trace import Trace
 
 #: Within one step and request, the order of codes (the catalogue's `rank`).
@@ -82,7 +84,12 @@ def check_batches(header, batches: Iterable[pa.Table | pa.RecordBatch]) -> list[
 
 def check_report(header, batches: Iterable[pa.Table | pa.RecordBatch]) -> CheckReport:
     """`check_batches`, and in the same pass the codes the trace gave no ground truth to check."""
-    checker = Checker(header.config, header.outcome, drafter=(header.impl or {}).get("drafter"))
+    checker = Checker(
+        header.config,
+        header.outcome,
+        drafter=(header.impl or {}).get("drafter"),
+        limits=max_tokens_by_life(header.workload),
+    )
     for batch in batches:
         checker.feed(batch)
     return CheckReport(checker.findings(), checker.unchecked())
@@ -95,4 +102,6 @@ def unchecked_codes(trace) -> list[str]:
     seen: set[str] = set()
     for batch in trace.batches(columns=coverage.GROUND_TRUTH):
         seen |= coverage.columns_with_values(batch)
-    return coverage.unchecked((row.code for row in CATALOGUE), seen)
+    return coverage.unchecked(
+        (row.code for row in CATALOGUE), seen, limits_known=bool(max_tokens_by_life(trace.workload))
+    )

@@ -10,6 +10,10 @@ check instead of a bare "ok".
 
 A code is unchecked when every ground-truth column its rule reads (`TRUTH_INPUTS`) is null in
 every row of the trace. A trace whose rows carry truth only in part is checked where they do.
+
+The same holds for the requests' limits: the wasted-step rule needs each life's max_tokens,
+which the checker reads from the trace's workload (limits.py). A trace whose workload defines no
+request leaves that rule's code (`LIMIT_INPUTS`) unchecked.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ TRUTH_INPUTS: dict[str, tuple[str, ...]] = {
     "T1-wrong-token": ("apply_token_mismatches",),
     "K1-kv-content": ("truth_kv_ok",),
 }
+#: The codes whose rule needs the requests' max_tokens (limits.py): unchecked without them.
+LIMIT_INPUTS: tuple[str, ...] = ("S9-step-past-max-tokens",)
 assert set(TRUTH_INPUTS) <= set(BY_CODE), "TRUTH_INPUTS names a code the catalogue lacks"
+assert set(LIMIT_INPUTS) <= set(BY_CODE), "LIMIT_INPUTS names a code the catalogue lacks"
 assert {c for cols in TRUTH_INPUTS.values() for c in cols} <= set(GROUND_TRUTH), "TRUTH_INPUTS: not a truth column"
 
 
@@ -43,12 +50,17 @@ def columns_with_values(batch: pa.Table | pa.RecordBatch) -> set[str]:
     return {name for name in GROUND_TRUTH if name in names and batch.column(name).null_count < batch.num_rows}
 
 
-def unchecked(codes: Iterable[str], with_values: set[str]) -> list[str]:
+def unchecked(codes: Iterable[str], with_values: set[str], limits_known: bool = True) -> list[str]:
     """The codes of `codes` that could not run: every ground-truth column they read is in none
-    of the trace's rows (`with_values`: the columns that hold a value somewhere). Catalogue order."""
+    of the trace's rows (`with_values`: the columns that hold a value somewhere), or they need
+    the requests' limits and the trace's workload gave none (`limits_known`). Catalogue order."""
     wanted = set(codes)
     return [
         row.code
         for row in CATALOGUE
-        if row.code in wanted and TRUTH_INPUTS.get(row.code) and not with_values.intersection(TRUTH_INPUTS[row.code])
+        if row.code in wanted
+        and (
+            (TRUTH_INPUTS.get(row.code) and not with_values.intersection(TRUTH_INPUTS[row.code]))
+            or (row.code in LIMIT_INPUTS and not limits_known)
+        )
     ]

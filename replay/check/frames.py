@@ -19,6 +19,9 @@ frame holds a few columns derived while loading:
     cuts                            how many cuts (a preemption, a cache reset, a streaming
                                     turn's end) the request life has had up to its row's step,
                                     filled per chunk by the framework
+    max_tokens                      the max_tokens of the life's turn at the row (-1: not
+                                    known), from the trace's workload (limits.py), filled per
+                                    chunk by the framework
 """
 
 from __future__ import annotations
@@ -75,6 +78,9 @@ NEEDED = (
     "sched_num_stale_output_tokens",
     "apply_outcome",
     "apply_life",
+    "sched_num_prompt_tokens",
+    "worker_num_emitted",
+    "apply_finish_reason",
 )
 
 RUNNING, PREEMPTED, WAITING, FINISHED = (
@@ -83,6 +89,7 @@ RUNNING, PREEMPTED, WAITING, FINISHED = (
 NEW, RESUMED, UNSCHEDULED = (schema.KINDS.index(k) for k in ("new", "resumed", "unscheduled"))
 RESET_PREEMPT, STREAM_TURN = schema.EVENTS.index("reset_preempt"), schema.EVENTS.index("stream_turn")
 APPLIED, STALE_DELIVERED, DROPPED, IGNORED = (schema.APPLY_OUTCOMES.index(o) for o in schema.APPLY_OUTCOMES)
+STOP, LENGTH = schema.FINISH_REASONS.index("stop"), schema.FINISH_REASONS.index("length")
 
 #: Integer columns: (column, the value a null reads as, keep a `<column>_is_null` mask).
 INT_COLUMNS = (
@@ -113,6 +120,8 @@ INT_COLUMNS = (
     ("sched_num_in_flight_tokens", 0, False),
     ("sched_num_stale_output_tokens", 0, False),
     ("apply_life", -1, True),
+    ("sched_num_prompt_tokens", 0, False),
+    ("worker_num_emitted", 0, True),
 )
 #: Boolean columns (never null).
 BOOL_COLUMNS = ("sched_is_prefill_chunk", "sched_preempted")
@@ -122,6 +131,7 @@ ENUM_COLUMNS = (
     ("sched_kind", schema.KINDS),
     ("sched_event", schema.EVENTS),
     ("apply_outcome", schema.APPLY_OUTCOMES),
+    ("apply_finish_reason", schema.FINISH_REASONS),
 )
 
 Columns = dict[str, np.ndarray]
@@ -148,6 +158,7 @@ def load_columns(batch: pa.Table | pa.RecordBatch, request_code: Callable[[tuple
     for name, values in ENUM_COLUMNS:
         cols[name] = enum_codes(batch.column(name), values)
     cols["cuts"] = np.zeros(batch.num_rows, dtype=np.int64)  # filled per chunk
+    cols["max_tokens"] = np.full(batch.num_rows, -1, dtype=np.int64)  # filled per chunk
     for name, fill, keep_mask in INT_COLUMNS:
         col = batch.column(name)
         if keep_mask:

@@ -4,16 +4,18 @@ Where it sits: inside check. `Checker.feed` takes batches in step order (a trace
 holds back each batch's last step until it is whole, and checks each run of whole steps as one
 `Frame` (frames.py): every rule of scope "rows" runs over it. What a rule needs from earlier steps
 is carried between frames: the rows of the last `LOOKBACK` steps (the frame's context) and a few
-per-request values (whether the request is decoding, its cuts so far, its last status, which codes
-already fired for it). So memory is bounded by the batch size, not the trace. `findings()` checks
-what is held back, runs the rules of scope "run" (the run's outcome) and sorts the findings.
+per-request values (whether the request is decoding, its cuts so far, its turn and prompt length
+so far, its last status, which codes already fired for it). So memory is bounded by the batch
+size, not the trace. `findings()` checks what is held back, runs the rules of scope "run" (the
+run's outcome) and sorts the findings.
 
 Rules report through `finding` (a row of the frame), `step_finding` (a whole step) or
 `run_finding` (the run): they give the evidence (expected, actual and the values the message
 needs, by name), and the code's catalogue row renders the Finding.
 
 While it streams, the checker also notes which ground-truth columns hold a value anywhere;
-`unchecked()` names the codes that could not run for want of them (coverage.py).
+`unchecked()` names the codes that could not run for want of them, or of the requests' limits
+(coverage.py; the limits come from the trace's workload: limits.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from specreplay.replay.check.frames import (
     load_columns,
     row_range,
 )
+from specreplay.replay.check.limits import Limits
 
 
 class Checker:
@@ -51,8 +54,12 @@ class Checker:
         outcome: dict[str, Any],
         invariants: Sequence[Invariant] | None = None,
         drafter: str | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.config = config
+        # Each request life's max_tokens per turn (limits.py); {}: not known, the rules that need
+        # them do not run and `unchecked()` says so.
+        self.limits: Limits = dict(limits or {})
         self.outcome = outcome
         self.drafter = drafter  # the run's drafter when the trace names it (X11: does its runner trim?)
         self.is_async = bool(config.get("async_scheduling", True))
@@ -67,6 +74,9 @@ class Checker:
         self.decoding = np.zeros(0, dtype=bool)
         self.cuts = np.zeros(0, dtype=np.int64)  # cuts (preemptions, cache resets, turn ends) so far
         self.last_status = np.full(0, -1, dtype=np.int8)
+        self.turns = np.zeros(0, dtype=np.int64)  # streaming turns started so far (0: the first)
+        self.last_prompt = np.full(0, -1, dtype=np.int64)  # prompt length at its last row (-1: none yet)
+        self.turn_limits: list[tuple[int, ...]] = []  # code -> max_tokens per turn (empty: not known)
         self.fired: dict[str, np.ndarray] = {}  # code -> has it fired for the request
         self.context: Columns | None = None  # rows of the last LOOKBACK steps checked
         self.pending: list[Columns] = []  # rows of a step that may not be whole yet
@@ -102,7 +112,7 @@ class Checker:
     def unchecked(self) -> list[str]:
         """The codes of this checker that could not run on the rows fed: every ground-truth
         column they read was null in all of them (a live engine's trace). Catalogue order."""
-        return coverage.unchecked(self.codes, self.truth_seen)
+        return coverage.unchecked(self.codes, self.truth_seen, limits_known=bool(self.limits))
 
     def _code(self, key: tuple[str, int]) -> int:
         """The code of a (request id, life); findings name the request id."""
@@ -110,6 +120,7 @@ class Checker:
         if code is None:
             code = self.ids[key] = len(self.names)
             self.names.append(key[0])
+            self.turn_limits.append(self.limits.get(key, ()))
         return code
 
     def _check_frame(self, parts: list[Columns]) -> None:
@@ -118,11 +129,14 @@ class Checker:
             self.decoding = np.concatenate([self.decoding, np.zeros(grow, dtype=bool)])
             self.cuts = np.concatenate([self.cuts, np.zeros(grow, dtype=np.int64)])
             self.last_status = np.concatenate([self.last_status, np.full(grow, -1, dtype=np.int8)])
+            self.turns = np.concatenate([self.turns, np.zeros(grow, dtype=np.int64)])
+            self.last_prompt = np.concatenate([self.last_prompt, np.full(grow, -1, dtype=np.int64)])
             for code in self.fired:
                 self.fired[code] = np.concatenate([self.fired[code], np.zeros(grow, dtype=bool)])
         cols = concat(([] if self.context is None else [self.context]) + parts)
         frame = Frame(cols, 0 if self.context is None else len(self.context["step"]))
         self._count_cuts(frame)
+        self._look_up_limits(frame)
         for rule in self.rules_per_frame:
             self.found.extend(f for f in rule(frame, self) if f.code in self.codes)
         own = frame.own_by_request()
@@ -153,6 +167,35 @@ class Checker:
         c["cuts"][own] = self.cuts[reqs] + total - before_group
         ends = np.r_[starts[1:], True]
         self.cuts[reqs[ends]] = c["cuts"][own][ends]
+
+    def _look_up_limits(self, frame: Frame) -> None:
+        """Each own row's `max_tokens`: its life's limit for the turn the row is in (-1: not
+        known). A streaming session's next turn starts with a longer prompt (all computed so far
+        plus the chunk), so the turn is the number of prompt-length changes in the life's rows so
+        far, carried across frames. Example, prompt lengths 6 6 15 15 22: turns 0 0 1 1 2."""
+        c = frame.c
+        own = frame.own_by_request()
+        if not len(own):
+            return
+        reqs = c["request"][own]
+        prompt = c["sched_num_prompt_tokens"][own].astype(np.int64)
+        starts = np.r_[True, reqs[1:] != reqs[:-1]]
+        before = np.r_[-1, prompt[:-1]]
+        before[starts] = self.last_prompt[reqs[starts]]
+        changed = ((before >= 0) & (prompt != before)).astype(np.int64)
+        total = np.cumsum(changed)
+        first = np.flatnonzero(starts)
+        before_group = (total[first] - changed[first])[np.cumsum(starts) - 1]
+        turn = self.turns[reqs] + total - before_group
+        ends = np.r_[starts[1:], True]
+        self.turns[reqs[ends]] = turn[ends]
+        self.last_prompt[reqs[ends]] = prompt[ends]
+        # The limit of (request, turn), through one flat table of every request's turns.
+        counts = np.array([len(t) for t in self.turn_limits], dtype=np.int64)
+        offsets = np.r_[0, np.cumsum(counts)[:-1]]
+        flat = np.array([m for t in self.turn_limits for m in t] + [-1], dtype=np.int64)
+        known = turn < counts[reqs]
+        c["max_tokens"][own] = np.where(known, flat[np.where(known, offsets[reqs] + turn, -1)], -1)
 
     # ------------------------------------------------------------------ for the rules
     def first_per_request(self, code: str, frame: Frame, violated: np.ndarray) -> np.ndarray:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 # is stated here is the rules and the evidence they find, not its presentation.
 from specreplay.replay.check.catalogue import BY_CODE, INVARIANTS, RANK
 from specreplay.replay.check.findings import Finding
+from specreplay.replay.check.limits import max_tokens_by_life
 from specreplay.traces.trace import Trace
 
 _NEEDED = (
@@ -69,6 +70,8 @@ _NEEDED = (
     "sched_num_stale_output_tokens",
     "apply_outcome",
     "apply_life",
+    "sched_num_prompt_tokens",
+    "apply_finish_reason",
 )
 
 
@@ -92,6 +95,18 @@ class TraceRows:
             for i in idx:
                 cuts += self.col["sched_preempted"][i] or self.col["sched_event"][i] in ("reset_preempt", "stream_turn")
                 self.epoch[i] = cuts
+        # Per row: its life's max_tokens for the turn it is in (None: not known). A streaming
+        # session's next turn starts with a longer prompt, so each change of prompt length is a turn.
+        limits = max_tokens_by_life(trace.workload)
+        self.max_tokens: list[int | None] = [None] * self.num_rows
+        for key, idx in self.by_request.items():
+            turn, prompt = 0, None
+            for i in idx:
+                if prompt is not None and self.col["sched_num_prompt_tokens"][i] != prompt:
+                    turn += 1
+                prompt = self.col["sched_num_prompt_tokens"][i]
+                turns = limits.get(key, ())
+                self.max_tokens[i] = turns[turn] if turn < len(turns) else None
         self.is_async = bool(self.config.get("async_scheduling", True))
         self.drafter = (trace.impl or {}).get("drafter")
         self.crash_step = trace.outcome.get("step") if trace.outcome.get("status") == "crashed" else None
@@ -608,6 +623,100 @@ def check_in_flight_tokens(rows: TraceRows) -> Iterator[Finding]:
             break
 
 
+def check_tokens_applied(rows: TraceRows) -> Iterator[Finding]:
+    """S8: a fresh output (no cut between its schedule and the step that applied it) applied
+    with fewer tokens than the worker emitted, and no stop or length finish to cut it; found
+    from the applying row (nearest output first), first per request, named at the output's row."""
+    c = rows.col
+    for idx in rows.by_request.values():
+        done = False
+        for position, i in enumerate(idx):
+            for j in reversed(idx[max(0, position - LOOKBACK) : position + 1]):  # itself, then earlier
+                if not (
+                    rows.scheduled(j)
+                    and c["step"][j] >= c["step"][i] - LOOKBACK
+                    and c["apply_step"][j] == c["step"][i]
+                    and c["apply_outcome"][j] == "applied"
+                    and c["apply_life"][j] == c["sched_life"][j]
+                    and rows.epoch[i] == rows.epoch[j]
+                    and c["worker_num_emitted"][j] is not None
+                    and c["apply_finish_reason"][j] not in ("stop", "length")
+                    and c["apply_num_tokens"][j] < c["worker_num_emitted"][j]
+                ):
+                    continue
+                yield _f(
+                    rows,
+                    "S8-token-lost",
+                    j,
+                    "output_token_ids",
+                    c["worker_num_emitted"][j],
+                    c["apply_num_tokens"][j],
+                    apply_step=c["step"][i],
+                    sched_num_scheduled_tokens=c["sched_num_scheduled_tokens"][j],
+                )
+                done = True
+                break
+            if done:
+                break
+
+
+def check_wasted_steps(rows: TraceRows) -> Iterator[Finding]:
+    """S9: every scheduled row that books a step for nothing. From the running loop (not new,
+    not resumed) with the life's limit known: vLLM's max-tokens skip held (P > 0 and
+    C + 2 - P >= prompt + max_tokens). Any row: an earlier output of the same turn (same prompt
+    length), applied before this schedule(), finished it with a stop or a length (nearest named)."""
+    c = rows.col
+    for idx in rows.by_request.values():
+        for position, i in enumerate(idx):
+            n = c["sched_num_scheduled_tokens"][i]
+            if not n:
+                continue
+            limit = rows.max_tokens[i]
+            computed, placeholders = c["sched_num_computed_tokens"][i], c["sched_num_output_placeholders"][i]
+            prompt = c["sched_num_prompt_tokens"][i]
+            if (
+                c["sched_kind"][i] not in ("new", "resumed")
+                and limit is not None
+                and placeholders > 0
+                and computed + 2 - placeholders >= prompt + limit
+            ):
+                yield _f(
+                    rows,
+                    "S9-step-past-max-tokens",
+                    i,
+                    "num_scheduled_tokens",
+                    0,
+                    n,
+                    reason="max_tokens",
+                    max_tokens=limit,
+                    sched_num_computed_tokens=computed,
+                    sched_num_output_placeholders=placeholders,
+                    sched_num_prompt_tokens=prompt,
+                )
+                continue
+            for j in reversed(idx[max(0, position - LOOKBACK) : position]):
+                if (
+                    c["step"][j] >= c["step"][i] - LOOKBACK
+                    and c["apply_step"][j] is not None
+                    and c["apply_step"][j] < c["step"][i]
+                    and c["apply_finish_reason"][j] in ("stop", "length")
+                    and c["sched_num_prompt_tokens"][j] == c["sched_num_prompt_tokens"][i]
+                ):
+                    yield _f(
+                        rows,
+                        "S9-step-past-max-tokens",
+                        i,
+                        "num_scheduled_tokens",
+                        0,
+                        n,
+                        reason="finished",
+                        output_step=c["step"][j],
+                        apply_step=c["apply_step"][j],
+                        apply_finish_reason=c["apply_finish_reason"][j],
+                    )
+                    break
+
+
 def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
     outcome = rows.trace.outcome
     c = rows.col
@@ -673,6 +782,8 @@ CHECKS: dict[str, Callable[[TraceRows], Iterator[Finding]]] = {
     "S5-draft-provenance": check_draft_provenance,
     "S6-token-budget": check_budget,
     "S7-draft-slot-count": check_draft_slot_count,
+    "S8-token-lost": check_tokens_applied,
+    "S9-step-past-max-tokens": check_wasted_steps,
     "X1-batch-membership": check_membership,
     "X3-output-length": check_output_length,
     "X5-placeholder-drafts": check_draft_inputs,

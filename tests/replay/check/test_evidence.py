@@ -16,6 +16,7 @@ import pytest
 from specreplay.replay.check.catalogue import BY_CODE, CATALOGUE
 from specreplay.replay.check.checker import Checker, check_trace
 from specreplay.replay.check.findings import BASE_KEYS, Finding
+from specreplay.replay.check.limits import max_tokens_by_life
 
 
 class Case(NamedTuple):
@@ -369,6 +370,40 @@ CASES = [
         message="1 of the 3 tokens applied from step 4 differ from the request's expected sequence (a token lost, duplicated or computed at the wrong position)",
     ),
     Case(
+        "S8-token-lost",
+        ("clear", "apply_num_tokens", 3, "2", 2),
+        3,
+        "2",
+        "output_token_ids",
+        2,
+        4,
+        expected=4,
+        actual=2,
+        life=0,
+        detail={"apply_step": 4, "sched_num_scheduled_tokens": 4},
+        message="the worker emitted 4 tokens at step 3 but update_from_output applied 2 of them at step 4, with no stop, max_tokens or max_model_len to cut them: 2 lost (the next step starts at the wrong position)",
+    ),
+    Case(
+        "S9-step-past-max-tokens",
+        ("clear", "sched_num_computed_tokens", 5, "2", 17),
+        5,
+        "2",
+        "num_scheduled_tokens",
+        4,
+        0,
+        expected=0,
+        actual=4,
+        life=0,
+        detail={
+            "max_tokens": 12,
+            "reason": "max_tokens",
+            "sched_num_computed_tokens": 17,
+            "sched_num_output_placeholders": 4,
+            "sched_num_prompt_tokens": 3,
+        },
+        message="scheduled 4 tokens for nothing: the output in flight already takes it to max_tokens 12 (17 computed + 2 - 4 placeholders >= 3 prompt + 12); vLLM's running loop skips it, and this step's output comes back to a finished request",
+    ),
+    Case(
         "S2-placeholder-count",
         ("resubmit", "sched_num_output_placeholders", 12, "1", 9),
         12,
@@ -444,7 +479,8 @@ def test_a_firing_rule_yields_its_finding_with_the_evidence(case, reentry_traces
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.code}-{c.trace[0]}" for c in CASES])
 def test_a_checker_of_one_row_reports_only_that_code(case, reentry_traces):
     trace = build(case, reentry_traces)
-    checker = Checker(trace.config, trace.outcome, invariants=[BY_CODE[case.code]])
+    limits = max_tokens_by_life(trace.workload)  # S9 reads each life's max_tokens from the workload
+    checker = Checker(trace.config, trace.outcome, invariants=[BY_CODE[case.code]], limits=limits)
     checker.feed(trace.table)
     found = checker.findings()
     assert found and {f.code for f in found} == {case.code}

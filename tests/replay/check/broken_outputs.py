@@ -1,0 +1,48 @@
+"""Scheduler variants that waste steps or lose tokens: the bug shapes S9 and S8 are for.
+
+Test support, loaded as a user's plugin would be: `--impl tests.replay.check.broken_outputs:NAME`
+(from the repository root). Each overrides one hook of the reference AsyncScheduler
+(replay/models/scheduler.py):
+
+    NoMaxTokensSkip      running_demand without vLLM's max-tokens skip (vLLM <= 0.11.2's shape,
+                         #27922): one step past max_tokens per finishing request -> S9
+    TrimsAcceptedDrafts  append_output keeps only the first token of a fresh output: the
+                         accepted drafts the worker emitted are lost -> S8
+    DropsSecondOutput    append_output takes nothing of a request's second output: 0 tokens
+                         applied where the worker emitted 1 or more -> S8
+"""
+
+from __future__ import annotations
+
+from specreplay.replay.models.scheduler import AsyncScheduler
+
+
+class NoMaxTokensSkip(AsyncScheduler):
+    """Schedules a running request although its step in flight already reaches max_tokens."""
+
+    def running_demand(self, req, budget, threshold):
+        # The skip reads max_tokens; with no limit it never holds, and the demand is the rest.
+        limit, req.max_tokens = req.max_tokens, 1 << 30
+        try:
+            return super().running_demand(req, budget, threshold)
+        finally:
+            req.max_tokens = limit
+
+
+class TrimsAcceptedDrafts(AsyncScheduler):
+    """Appends only the first token of a fresh output: accepted drafts are lost."""
+
+    def append_output(self, req, tokens, stale):
+        if not stale and len(tokens) > 1:
+            del tokens[1:]
+        return super().append_output(req, tokens, stale)
+
+
+class DropsSecondOutput(AsyncScheduler):
+    """Takes nothing of a request's second fresh output (counters moved, no token appended)."""
+
+    def append_output(self, req, tokens, stale):
+        if not stale and req.num_output_tokens == 1:
+            del tokens[:]
+            return tokens, ""
+        return super().append_output(req, tokens, stale)
