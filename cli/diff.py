@@ -93,7 +93,8 @@ def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
                 soft_wrap=True,
             )
             out.print(
-                f"first divergence: step {first.step}, request {first.request_id!r}, {first.field}: {first.message}"
+                f"first divergence: step {first.step}, request {first.request_id!r}{first.life_note}, "
+                f"{first.field}: {first.message}"
             )
             for line in findings_lines(findings, path):
                 out.print(line, soft_wrap=True)

@@ -44,7 +44,7 @@ def junit_xml(results: list[GateResult]) -> str:
             kind = "failure" if first.severity == "error" else "skipped"
             if kind == "failure":
                 failures += 1
-            text = "\n".join(f"step {f.step} request {f.request_id}: {f.message}" for f in items[:20])
+            text = "\n".join(f"step {f.step} request {f.request_label}: {f.message}" for f in items[:20])
             if len(items) > 20:
                 text += f"\n... and {len(items) - 20} more"
             ET.SubElement(sub, kind, message=f"{len(items)} x {code}: {first.message}").text = text
@@ -110,7 +110,7 @@ def markdown_summary(results: list[GateResult]) -> str:
     size = sum(len(line) + 1 for line in lines)
     for i, r in enumerate(results):
         first = r.first
-        cell = "-" if first is None else f"step {first.step} req {first.request_id} `{first.code}`"
+        cell = "-" if first is None else f"step {first.step} req {first.request_label} `{first.code}`"
         if r.result == "error":
             cell = r.message
         elif r.unchecked:

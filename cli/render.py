@@ -20,11 +20,12 @@ EXAMPLES_PER_CODE = 3
 
 
 def findings_json(findings: list[Finding], extra: dict[str, Any] | None = None, verdict_text: str | None = None) -> str:
-    # The finding keys `diff --json` documents (README; tests/cli pins them). The evidence fields
-    # (expected, actual, life, detail) that Finding.to_dict() adds stay out of this output.
+    # The finding keys `diff --json` documents (README; tests/cli pins them), and the request's
+    # life (null where no request), whether or not its id has several. The other evidence fields
+    # (expected, actual, detail) that Finding.to_dict() adds stay out of this output.
     doc: dict[str, Any] = {
         "verdict": verdict_text or verdict(findings),
-        "findings": [f.to_dict(evidence=False) for f in findings],
+        "findings": [f.to_dict(evidence=False) | {"life": f.life} for f in findings],
     }
     if extra:
         doc.update(extra)
@@ -45,9 +46,8 @@ def findings_lines(findings: list[Finding], trace_path: str | None = None) -> li
         by_code[f.code].append(f)
     for code, items in sorted(by_code.items(), key=lambda kv: (kv[1][0].step, kv[0])):
         for f in items[:EXAMPLES_PER_CODE]:
-            req = f.request_id if f.request_id is not None else "-"
             lines.append(
-                f"  {f.severity:7} {f.code}  step {f.step}  request {req}  {f.field}: "
+                f"  {f.severity:7} {f.code}  step {f.step}  request {f.request_label}  {f.field}: "
                 f"scheduler {_v(f.scheduler)} / worker {_v(f.worker)}"
             )
             lines.append(f"          {f.message}")

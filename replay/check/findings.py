@@ -10,11 +10,16 @@ message is rendered from that evidence (one template per code, in the catalogue)
 
 `scheduler` and `worker` are the two values specreplay 0.1 reported (which side is which varies
 by code: the catalogue row says); they stay, with the same values, for JSON consumers.
+
+A request id can have several lives (a resubmission under the same id: the trace's sched_life).
+Every finding about a request carries its `life`, and `lives`, how many lives the id has in the
+trace (filled by the checker once the trace is read); reports name the life only where the id
+has more than one (`request_label`: "1 (life 2)"), JSON always carries it.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 #: The keys of a finding in specreplay 0.1's JSON (`specreplay diff --json`, documented in the README).
@@ -36,6 +41,9 @@ class Finding:
     actual: Any = None  # what the trace holds instead
     life: int | None = None  # the request's life (the trace's sched_life); None where no request
     detail: tuple[tuple[str, Any], ...] = ()  # the other values the rule read or derived, by name
+    # How many lives the request id has in the trace (None: not counted). A rendering hint, not
+    # evidence: two findings that differ only here are the same finding.
+    lives: int | None = field(default=None, compare=False)
 
     def facts(self) -> dict[str, Any]:
         """`detail` as a dict."""
@@ -44,10 +52,24 @@ class Finding:
     def to_dict(self, evidence: bool = True) -> dict[str, Any]:
         """The 0.1 keys, then (with `evidence`) expected, actual, life and detail (a dict)."""
         doc = asdict(self)
+        del doc["lives"]
         if not evidence:
             return {key: doc[key] for key in BASE_KEYS}
         doc["detail"] = self.facts()
         return doc
+
+    @property
+    def life_note(self) -> str:
+        """The suffix naming the request's life, " (life N)", when its id has more than one life
+        in the trace (a life past the first says so by itself); "" otherwise."""
+        if self.request_id is None or self.life is None:
+            return ""
+        return f" (life {self.life})" if self.life > 0 or (self.lives or 0) > 1 else ""
+
+    @property
+    def request_label(self) -> str:
+        """The request as a report names it: its id, and its life where the id has several."""
+        return "-" if self.request_id is None else f"{self.request_id}{self.life_note}"
 
 
 def fails(findings: list[Finding], fail_on: str) -> bool:

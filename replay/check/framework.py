@@ -21,6 +21,7 @@ While it streams, the checker also notes which ground-truth columns hold a value
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -104,6 +105,12 @@ class Checker:
             self.pending = []
         for rule in self.rules_at_end:
             self.found.extend(f for f in rule(None, self) if f.code in self.codes)
+        # How many lives each id has, now that the whole trace is read: reports name a finding's
+        # life where its id has several (Finding.request_label).
+        lives: dict[str, int] = {}
+        for name, _life in self.ids:
+            lives[name] = lives.get(name, 0) + 1
+        self.found = [f if f.request_id is None else replace(f, lives=lives.get(f.request_id)) for f in self.found]
         self.found.sort(
             key=lambda f: (f.step, f.request_id or "", catalogue.RANK.get(f.code, len(catalogue.RANK)), f.code)
         )

@@ -43,7 +43,8 @@ def test_diff_json_verdicts_and_exit_codes(recorded, impl, exit_code, verdict):
     doc = json.loads(result.output)
     assert doc["verdict"] == verdict
     for f in doc["findings"]:
-        assert set(f) == {"code", "severity", "step", "request_id", "field", "scheduler", "worker", "message"}
+        # The 0.1 keys and the request's life (README: diff --format json).
+        assert set(f) == {"code", "severity", "step", "request_id", "field", "scheduler", "worker", "message", "life"}
     if impl == "upstream":
         assert {(f["code"], f["step"], f["request_id"]) for f in doc["findings"]} == {
             ("S5-draft-provenance", 4, "10"),
