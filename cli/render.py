@@ -33,8 +33,15 @@ def findings_json(findings: list[Finding], extra: dict[str, Any] | None = None, 
 
 
 def unchecked_note(unchecked: list[str]) -> str:
-    """What a report says of the codes a trace gave no ground truth to check ("" when all ran)."""
-    return f"no ground truth: {', '.join(unchecked)} not checked" if unchecked else ""
+    """What a report says of the codes a trace gave no ground truth to check, or no requests'
+    limits (its workload defines no request: S9 needs their max_tokens); "" when all ran."""
+    from specreplay.replay.check.coverage import LIMIT_INPUTS
+
+    truth = [code for code in unchecked if code not in LIMIT_INPUTS]
+    limits = [code for code in unchecked if code in LIMIT_INPUTS]
+    notes = [f"no ground truth: {', '.join(truth)} not checked"] if truth else []
+    notes += [f"no max_tokens in the workload: {', '.join(limits)} not checked"] if limits else []
+    return "; ".join(notes)
 
 
 def findings_lines(findings: list[Finding], trace_path: str | None = None) -> list[str]:
