@@ -25,7 +25,9 @@ import pyarrow as pa
 #: the in-flight and stale token counters, apply_outcome, apply_life).
 #: v3: the run's outcomes (apply_sampled_token_ids) and, for attached runs, the recorded inputs
 #: (META_INPUTS). v2 files are still read: the columns v3 added come back null.
-SCHEMA_VERSION = 3
+#: v4: the physical KV cache's evidence (truth_kv_foreign_*, truth_kv_unowned_*,
+#: truth_kv_block_owner) and worker_kept_finished. v2 and v3 files read with those null.
+SCHEMA_VERSION = 4
 OLDEST_READ = 2
 
 #: Status of the request in the scheduler after `schedule()` of this step.
@@ -221,6 +223,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
     ("worker_num_emitted", pa.int16(), True, "worker: tokens emitted, 1 + accepted, 0 if discarded"),
     ("worker_num_output_tokens", pa.int32(), True, "worker: len(output_token_ids) after _update_states"),
     ("worker_edited_output", pa.bool_(), True, "worker: it changed r's entries in the SchedulerOutput"),
+    (
+        "worker_kept_finished",
+        pa.bool_(),
+        True,
+        "worker: on the row announcing r finished, r's cached state or batch row outlived _update_states "
+        "(null: not announced at this step)",
+    ),
     # ---- ground truth of the reference runner ----
     (
         "truth_num_computed_tokens",
@@ -235,6 +244,33 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         True,
         "truth: every valid KV position of r holds its expected token and nothing was skipped",
     ),
+    (
+        "truth_kv_foreign_positions",
+        pa.int32(),
+        True,
+        "truth: valid KV positions of r that hold another request's tokens after the step's writes, read "
+        "back from the blocks (tokens)",
+    ),
+    ("truth_kv_foreign_writer", pa.string(), True, "truth: the request whose tokens they are (null: none)"),
+    (
+        "truth_kv_unowned_blocks",
+        pa.int16(),
+        True,
+        "truth: blocks of the table the worker ran r with that the scheduler's KV manager does not hold for r "
+        "(freed, or another request's)",
+    ),
+    (
+        "truth_kv_block_owner",
+        pa.string(),
+        True,
+        "truth: who holds the first of those blocks in the scheduler ('': nobody, it is free; null: none)",
+    ),
+    (
+        "truth_kv_unowned_writes",
+        pa.int32(),
+        True,
+        "truth: positions r's step wrote into those blocks (tokens)",
+    ),
 )
 
 SCHEMA_FIELDS = [pa.field(name, typ, nullable=nullable) for name, typ, nullable, _ in COLUMNS]
@@ -245,7 +281,15 @@ DESCRIPTIONS = {name: doc for name, _, _, doc in COLUMNS}
 #: Allowed values of the enum columns, checked by the reader.
 #: The schema version that added each column after v2; a file of an older version has them null,
 #: and a diff against it leaves them out.
-ADDED_IN = {"apply_sampled_token_ids": 3}
+ADDED_IN = {
+    "apply_sampled_token_ids": 3,
+    "worker_kept_finished": 4,
+    "truth_kv_foreign_positions": 4,
+    "truth_kv_foreign_writer": 4,
+    "truth_kv_unowned_blocks": 4,
+    "truth_kv_block_owner": 4,
+    "truth_kv_unowned_writes": 4,
+}
 
 
 def columns_of_version(version: int) -> tuple[str, ...]:

@@ -43,13 +43,20 @@ NON_NEGATIVE = (
     "worker_first_position",
     "truth_num_computed_tokens",
     "truth_kv_after",
+    "truth_kv_foreign_positions",
+    "truth_kv_unowned_blocks",
+    "truth_kv_unowned_writes",
     "sched_life",
     "apply_life",
 )
 
 #: Columns filled together: in any row they are all null or all set.
 GROUPS = {
-    "worker": tuple(n for n in schema.COLUMN_NAMES if n.startswith("worker_") and n != "worker_num_accepted"),
+    "worker": tuple(
+        n
+        for n in schema.COLUMN_NAMES
+        if n.startswith("worker_") and n not in ("worker_num_accepted", "worker_kept_finished")
+    ),
     # apply_token_mismatches needs ground truth: null in a live engine's trace. apply_step and
     # apply_outcome are also set for an output update_from_output ignored (nothing to count).
     "apply": tuple(
@@ -59,7 +66,12 @@ GROUPS = {
         and n not in ("apply_finish_reason", "apply_token_mismatches", "apply_step", "apply_outcome")
     ),
     "popped": ("apply_step", "apply_outcome"),
-    "truth": tuple(n for n in schema.COLUMN_NAMES if n.startswith("truth_")),
+    # The other request a KV finding names is there only when there is one.
+    "truth": tuple(
+        n
+        for n in schema.COLUMN_NAMES
+        if n.startswith("truth_") and n not in ("truth_kv_foreign_writer", "truth_kv_block_owner")
+    ),
 }
 
 

@@ -33,6 +33,7 @@ from specreplay.replay.check import (
     rules_batch,
     rules_counters,
     rules_drafts,
+    rules_kv,
     rules_lives,
     rules_outputs,
     rules_run,
@@ -461,6 +462,62 @@ CATALOGUE: tuple[Invariant, ...] = (
         rules_truth.check_kv_truth,
         sides=(None, "truth_num_computed_tokens"),
         message=lambda e: "the KV cache no longer holds the request's expected tokens in every valid position",
+    ),
+    # --- the physical KV cache: blocks, their holders and writers (rules_kv)
+    Invariant(
+        "K2-kv-foreign-tokens",
+        "error",
+        25,
+        "a request's valid KV positions hold only its own tokens, never another request's",
+        "ground truth",
+        rules_kv.check_foreign_tokens,
+        sides=("expected", "actual"),
+        message=lambda e: (
+            f"{e.actual} valid KV positions of the request hold tokens written by "
+            + (f"request {e.other_request!r}" if e.other_request else "another request")
+            + ": one of its blocks was handed over while it still held it"
+        ),
+    ),
+    Invariant(
+        "K3-kv-unowned-block",
+        "error",
+        26,
+        "the worker runs a request on blocks the scheduler's KV manager holds for it, never a freed or another's",
+        "ground truth",
+        rules_kv.check_block_ownership,
+        sides=("expected", "actual"),
+        message=lambda e: (
+            f"the block table the worker ran the request with holds {e.actual} blocks the scheduler does not "
+            "hold for it: "
+            + (f"the first is request {e.other_request!r}'s" if e.other_request else "the first is free")
+        ),
+    ),
+    Invariant(
+        "K4-kv-write-unowned",
+        "error",
+        27,
+        "a step writes KV only into blocks its request still holds",
+        "ground truth",
+        rules_kv.check_block_ownership,
+        sides=("expected", "actual"),
+        message=lambda e: (
+            f"the step wrote {e.actual} KV positions into blocks the request no longer holds ("
+            + (f"request {e.other_request!r} holds the first" if e.other_request else "the first is free")
+            + ")"
+        ),
+    ),
+    Invariant(
+        "K5-finished-state-kept",
+        "error",
+        28,
+        "the worker drops a finished or aborted request's cached state and row at the step that announces it",
+        "request lives",
+        rules_kv.check_finished_state,
+        sides=("expected", "actual"),
+        message=lambda e: (
+            "the worker still holds the request's cached state or batch row after the step that announced it "
+            "finished (a resubmitted id would inherit it)"
+        ),
     ),
     # --- the run (rules_run)
     Invariant(

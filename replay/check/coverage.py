@@ -36,6 +36,9 @@ TRUTH_INPUTS: dict[str, tuple[str, ...]] = {
     "X2-worker-kv-position": ("truth_num_computed_tokens",),
     "T1-wrong-token": ("apply_token_mismatches",),
     "K1-kv-content": ("truth_kv_ok",),
+    "K2-kv-foreign-tokens": ("truth_kv_foreign_positions",),
+    "K3-kv-unowned-block": ("truth_kv_unowned_blocks",),
+    "K4-kv-write-unowned": ("truth_kv_unowned_writes",),
 }
 #: The codes whose rule needs the requests' max_tokens (limits.py): unchecked without them.
 LIMIT_INPUTS: tuple[str, ...] = ("S9-step-past-max-tokens",)

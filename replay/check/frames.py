@@ -14,6 +14,8 @@ frame holds a few columns derived while loading:
     request                         the request life's code (`Checker.names` gives its id); a
                                     resubmitted id is another request
     truth_kv_not_ok                 truth_kv_ok is False (null: not known, so not False)
+    worker_kept_finished            null read as False; the two text columns of the KV findings'
+                                    other request (TEXT_COLUMNS) as object arrays
     worker_num_draft_ids            the length of worker_draft_ids (null: 0)
     worker_num_negative_draft_ids   how many of worker_draft_ids are negative (-1 placeholders)
     cuts                            how many cuts (a preemption, a cache reset, a streaming
@@ -81,6 +83,12 @@ NEEDED = (
     "sched_num_prompt_tokens",
     "worker_num_emitted",
     "apply_finish_reason",
+    "truth_kv_foreign_positions",
+    "truth_kv_foreign_writer",
+    "truth_kv_unowned_blocks",
+    "truth_kv_block_owner",
+    "truth_kv_unowned_writes",
+    "worker_kept_finished",
 )
 
 RUNNING, PREEMPTED, WAITING, FINISHED = (
@@ -122,7 +130,12 @@ INT_COLUMNS = (
     ("apply_life", -1, True),
     ("sched_num_prompt_tokens", 0, False),
     ("worker_num_emitted", 0, True),
+    ("truth_kv_foreign_positions", 0, False),
+    ("truth_kv_unowned_blocks", 0, False),
+    ("truth_kv_unowned_writes", 0, False),
 )
+#: Text columns a rule names in its evidence (the other request of a KV finding): object arrays.
+TEXT_COLUMNS = ("truth_kv_foreign_writer", "truth_kv_block_owner")
 #: Boolean columns (never null).
 BOOL_COLUMNS = ("sched_is_prefill_chunk", "sched_preempted")
 #: Enum columns, as codes into these tuples (-1 for null).
@@ -167,6 +180,14 @@ def load_columns(batch: pa.Table | pa.RecordBatch, request_code: Callable[[tuple
     for name in BOOL_COLUMNS:
         cols[name] = as_numpy(batch.column(name))
     cols["truth_kv_not_ok"] = as_numpy(pc.fill_null(pc.invert(batch.column("truth_kv_ok")), False))
+    cols["worker_kept_finished"] = as_numpy(pc.fill_null(batch.column("worker_kept_finished"), False))
+    for name in TEXT_COLUMNS:
+        col = batch.column(name)
+        cols[name] = (
+            np.full(batch.num_rows, None, dtype=object)
+            if col.null_count == batch.num_rows
+            else np.asarray(col.to_pylist(), dtype=object)
+        )
     drafts = batch.column("worker_draft_ids")
     drafts = drafts.combine_chunks() if isinstance(drafts, pa.ChunkedArray) else drafts
     cols["worker_num_draft_ids"] = as_numpy(pc.fill_null(pc.list_value_length(drafts), 0)).astype(np.int64)

@@ -78,7 +78,7 @@ def diff_batches(a, b, batches_a: Iterable, batches_b: Iterable) -> TraceDiff:
         _compare(chunk_a, chunk_b, out, first_per_field, columns)
     for side, other in (("A", "B"), ("B", "A")):
         # A trace without ground truth against one with it: the truth is the other's alone, not a difference.
-        missing = [c for c in GROUND_TRUTH if c in truth[other] and c not in truth[side]]
+        missing = [c for c in GROUND_TRUTH if c in columns and c in truth[other] and c not in truth[side]]
         if missing:
             out.no_truth[side] = missing
             for name in missing:

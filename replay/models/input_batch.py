@@ -21,6 +21,7 @@ class CachedRequestState:
     num_computed_tokens: int
     output_token_ids: list[int] = field(default_factory=list)  # -1 placeholders under async
     prev_num_draft_len: int = 0  # draft slots scheduled for it in the last step it ran
+    kv_handle: int = -1  # which request life its KV writes are marked with (the runner's kv_writers)
 
     @property
     def num_tokens(self) -> int:

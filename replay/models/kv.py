@@ -4,7 +4,8 @@ Where it sits: replay, scheduler side. `allocate_slots` failing is what drives p
 the block ids reach the worker in `SchedulerOutput` and decide where its KV writes land.
 Modelled on vLLM 0.32.0's KVCacheManager for one full-attention group without prefix caching:
 block 0 is the reserved null block, allocation takes from the head of the free queue, and a
-freed request's blocks go back to the tail in reverse order.
+freed request's blocks go back to the tail in reverse order. `BlockLedger` is the same
+ownership as the scheduler's outputs state it (for the KV ground truth).
 """
 
 from __future__ import annotations
@@ -51,3 +52,47 @@ class BlockPool:
 
     def block_ids(self, request_id: str) -> list[int]:
         return list(self.blocks.get(request_id, ()))
+
+    def owners(self) -> dict[int, str]:
+        """Block -> the request holding it (free blocks and the null block absent)."""
+        return {block: rid for rid, owned in self.blocks.items() for block in owned}
+
+
+class BlockLedger:
+    """Who holds each block, as the scheduler's outputs state it: the blocks given with each new,
+    resumed or cached request in a `SchedulerOutput`, released with each id in its finished or
+    preempted sets (vLLM frees a request's blocks when it finishes or is preempted and announces
+    it with the next output; a block given again in that same output was freed first).
+
+    The KV ground truth (record/truth.py) reads block ownership here when the engine does not hand
+    it the scheduler's own manager: the scheduler's word, never the worker's block tables."""
+
+    def __init__(self) -> None:
+        self.owner: dict[int, str] = {}
+        self.held: dict[str, list[int]] = {}
+
+    def apply(self, out) -> None:
+        """One SchedulerOutput, as the scheduler made it: releases first, then what it gives."""
+        cached = out.scheduled_cached_reqs
+        for rid in (*out.finished_req_ids, *out.preempted_req_ids):
+            self.release(rid)
+        for data in out.scheduled_new_reqs:
+            self.give(data.req_id, data.block_ids, replace=True)  # a streaming turn: the whole list again
+        for i, rid in enumerate(cached.req_ids):
+            self.give(rid, cached.new_block_ids[i] or [], replace=rid in cached.resumed_req_ids)
+
+    def release(self, rid: str) -> None:
+        for block in self.held.pop(rid, []):
+            if self.owner.get(block) == rid:
+                del self.owner[block]
+
+    def give(self, rid: str, blocks, replace: bool = False) -> None:
+        if replace:
+            self.release(rid)
+        held = self.held.setdefault(rid, [])
+        for block in blocks:
+            old = self.owner.get(block)
+            if old is not None and old != rid and block in self.held.get(old, ()):
+                self.held[old].remove(block)  # given to another without being freed: it is theirs now
+            self.owner[block] = rid
+            held.append(block)

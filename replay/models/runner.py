@@ -13,12 +13,15 @@ outside, reading the state by vLLM's names (`requests`, `input_batch`, `_draft_t
 Hooks a variant may override (README, "Writing an implementation"):
   remove_finished(out) / remove_unscheduled(out)     the removals at the top of _update_states
   add_new_request(data) -> state                     a NewRequestData becomes worker state
-  update_cached_request(out, i, req_id, deferred)    per cached request: correction, trim, re-add
-  on_reentry(out, req_id) -> bool                    a cached request with no row; True if it
+  update_cached_request(out, i, req_id, deferred)    per cached request: correction, trim, blocks
+    readd_request(out, i, state) -> state            one with no row: on_reentry, outputs restored
+      on_reentry(out, req_id) -> bool                a cached request with no row; True if it
                                                      edited `out`
   write_spec_ids(state, row, out)                    draft slots into the token buffer
   apply_deferred_corrections(deferred)               the correction closure (design B)
   _prepare_inputs(out, rows) -> inputs               gather, scatter, clamp
+    scatter_prev_sampled(ids, ...)                   the previous step's sampled tokens and drafts
+  write_kv(inputs) / commit_kv()                     KV writes issued / landed (paged buffer)
   rejection_sample(...) / propose_drafts(...) / bookkeeping(...)
 
 The drafter is the oracle's (`oracle.drafter`): `fixed` proposes k drafts every step (the
@@ -26,6 +29,14 @@ seeded drafter); the n-gram drafters of a replayed vLLM recording propose 0..k. 
 vLLM's, works on its own copy of the output's two dicts and trims the draft slots the scheduler
 booked to the valid count the drafter gave the row last step (`trim_invalid_drafts`), keeping
 the booked count for the correction.
+
+The KV cache is paged as vLLM's: a buffer of `num_blocks * block_size` slots, a position p of a
+row written at slot `block_table[p // block_size] * block_size + p % block_size`, each slot
+marked with the token id and the request life that wrote it (`kv_tokens`, `kv_writer`). A step's
+writes are issued with its forward (`write_kv`) and land when the GPU would have finished it
+(`commit_kv`): before the next forward, so under async scheduling after the scheduler has
+already built the next step (and may have freed and handed out the blocks they go to); in sync
+mode when the step's output is taken. The KV ground truth reads the blocks back.
 
 Worked example of the correction (k = 3): the scheduler booked step m-1 as if all 3 drafts were
 accepted, so at step m it sends C_s = K + 3. Step m-1 accepted a = 1 (valid count 2): the worker
@@ -99,9 +110,17 @@ class GPUModelRunner:
         self.prev_starts: list[int] = []
         self.prev_num_draft_tokens: list[int] = []
         self.sync_drafts: tuple[list[str], list[list[int]]] = ([], [])
-        # The KV cache holds, per slot, the token id whose KV was written there.
+        # The paged KV cache (vLLM's layout: slot = block * block_size + offset, addressed through
+        # each row's block table). Per slot: the token id whose KV was written there, and which
+        # request life wrote it (a handle, `kv_writers[handle]` its request id); -1: never written.
         slots = config.num_blocks * config.block_size
         self.kv_tokens = torch.full((slots,), -1, dtype=torch.int64, device=self.device)
+        self.kv_writer = torch.full((slots,), -1, dtype=torch.int64, device=self.device)
+        self.kv_writers: list[str] = []
+        # Writes issued by forwards the GPU has not finished (slots, tokens, writer handles), oldest
+        # first: `commit_kv` lands them, in stream order, before the next forward.
+        self.kv_in_flight: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.kv_last_blocks: dict[int, set[int]] = {}  # block -> handles the last forward wrote it with
         self._pending: tuple[PreparedInputs, torch.Tensor] | None = None  # between the two halves
 
     # ================================================================ execute_model
@@ -109,6 +128,8 @@ class GPUModelRunner:
         """The forward half of a step. None: sample_tokens() follows (vLLM's async split); an
         empty step returns its (empty) output at once."""
         self._pending = None
+        # The previous forward is done before this one runs (one CUDA stream): its KV writes land.
+        self.commit_kv()
         if self.drafter == "ngram_gpu":
             # vLLM's runner copies the two dicts it trims, so the scheduler's output stays as booked.
             out = replace(
@@ -138,6 +159,8 @@ class GPUModelRunner:
         emitted, accepted, discarded = self.rejection_sample(inputs, targets)
         self.propose_drafts(inputs, emitted, discarded)
         self.bookkeeping(inputs, emitted, accepted, discarded)
+        if not self.use_async_scheduling:
+            self.commit_kv()  # sync: the engine waits for this step before it schedules the next
         rows = inputs.rows
         return ModelRunnerOutput(
             req_ids=rows, req_id_to_index={rid: x for x, rid in enumerate(rows)}, sampled_token_ids=emitted
@@ -187,6 +210,7 @@ class GPUModelRunner:
             data.req_id, list(data.prompt_token_ids), list(data.block_ids), data.num_computed_tokens
         )
         self.requests[data.req_id] = state
+        self.kv_handle(data.req_id)  # a new life: a new mark on the KV slots it writes
         return state
 
     def update_streaming_request(self, data: NewRequestData) -> CachedRequestState:
@@ -235,15 +259,24 @@ class GPUModelRunner:
         else:
             st.block_ids.extend(new_blocks)
         if row is None:
-            if self.on_reentry(out, rid):
-                self.edited.add(rid)
-            if self.use_async_scheduling and num_output > 0:
-                st.output_token_ids = list(cached.all_token_ids[rid][-num_output:])
-            return st
+            return self.readd_request(out, i, st)
         self.input_batch.num_computed_tokens_cpu[row] = num_computed
         self.input_batch.block_table[row].extend(new_blocks)
         self.write_spec_ids(st, row, out)
         return None
+
+    def readd_request(self, out: SchedulerOutput, i: int, st: CachedRequestState) -> CachedRequestState:
+        """A scheduled cached request with no row (re-entering after a step it was not scheduled
+        in, or resumed), its counters and blocks already updated: `on_reentry`, then under async
+        its outputs restored from the scheduler's `all_token_ids` (the worker's hold placeholders).
+        Returns the state to add back to the batch (after the new requests, lowest free row)."""
+        rid = st.req_id
+        num_output = out.scheduled_cached_reqs.num_output_tokens[i]
+        if self.on_reentry(out, rid):
+            self.edited.add(rid)
+        if self.use_async_scheduling and num_output > 0:
+            st.output_token_ids = list(out.scheduled_cached_reqs.all_token_ids[rid][-num_output:])
+        return st
 
     def trim_invalid_drafts(self, out: SchedulerOutput) -> dict[str, int]:
         """vLLM's update_scheduler_for_invalid_drafts: a cached request with a row keeps only as
@@ -345,15 +378,25 @@ class GPUModelRunner:
             ds.append(d)
             cu.append(total)
         ids = torch.tensor(flat, dtype=torch.int64, device=self.device)
-        if scatter_at:
-            at = torch.tensor(scatter_at, dtype=torch.int64, device=self.device)
-            ids[at] = self.prev_sampled_token_ids[torch.tensor(scatter_src, device=self.device)]
-        if draft_at:
-            at = torch.tensor(draft_at, dtype=torch.int64, device=self.device)
-            ids[at] = self._draft_token_ids.reshape(-1)[torch.tensor(draft_src, device=self.device)]
+        self.scatter_prev_sampled(ids, scatter_at, scatter_src, draft_at, draft_src)
         draft_ids, negatives = self.clamp_inputs(out, rows, ids, cu, ds)
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
         return PreparedInputs(rows, starts, ns, ds, cu, ids, pos, draft_ids, negatives, discarded, seq_lens)
+
+    def scatter_prev_sampled(
+        self, ids: torch.Tensor, token_at: list[int], token_rows: list[int], draft_at: list[int], draft_slots: list[int]
+    ) -> None:
+        """vLLM's _prepare_input_ids under async scheduling, on the device: each row that was in the
+        previous step's map gets that step's last sampled token at its last non-draft input
+        (`token_at[j]` <- `prev_sampled_token_ids[token_rows[j]]`) and the drafts cached for it in
+        its draft slots (`draft_at[j]` <- `_draft_token_ids.reshape(-1)[draft_slots[j]]`, slot =
+        previous row * width + j). A row with no previous-step row keeps what the gather put there."""
+        if token_at:
+            at = torch.tensor(token_at, dtype=torch.int64, device=self.device)
+            ids[at] = self.prev_sampled_token_ids[torch.tensor(token_rows, device=self.device)]
+        if draft_at:
+            at = torch.tensor(draft_at, dtype=torch.int64, device=self.device)
+            ids[at] = self._draft_token_ids.reshape(-1)[torch.tensor(draft_slots, device=self.device)]
 
     def clamp_inputs(
         self, out: SchedulerOutput, rows: list[str], ids: torch.Tensor, cu: list[int], num_drafts: list[int]
@@ -390,23 +433,77 @@ class GPUModelRunner:
         return torch.tensor(per_token, dtype=torch.int64, device=self.device)
 
     def write_kv(self, inputs: PreparedInputs) -> None:
-        """Write every scheduled token's id into its KV slot; a position outside the request's
-        blocks has no slot and is dropped (the KV ground truth marks it broken)."""
+        """Issue the KV writes of every scheduled token: its id (what the model read) into the
+        slot its position maps to through the row's block table, marked with the writing request
+        life. A position outside the row's blocks has no slot and is dropped (the KV ground
+        truth marks it broken). The writes land when the forward is done (`commit_kv`)."""
+        slots, keep, writers = self.kv_slots(inputs)
+        if slots:
+            dev = self.device
+            index = torch.tensor(keep, dtype=torch.int64, device=dev)
+            at = torch.tensor(slots, dtype=torch.int64, device=dev)
+            marks = torch.tensor(writers, dtype=torch.int64, device=dev)
+            self.kv_in_flight.append((at, inputs.input_ids[index], marks))
+
+    def kv_slots(self, inputs: PreparedInputs) -> tuple[list[int], list[int], list[int]]:
+        """The KV slot of every scheduled token that has one, its index in the flat inputs and
+        the handle of the request life writing it."""
         bs = self.config.block_size
         slots: list[int] = []
         keep: list[int] = []
+        writers: list[int] = []
         begin = 0
-        for x in range(len(inputs.rows)):
+        touched: dict[int, set[int]] = {}
+        for x, rid in enumerate(inputs.rows):
             blocks = self.input_batch.block_table[x]
+            start = inputs.starts[x]
+            before = len(slots)
             for j in range(inputs.num_scheduled[x]):
-                pos = inputs.starts[x] + j
+                pos = start + j
                 if 0 <= pos // bs < len(blocks):
                     slots.append(blocks[pos // bs] * bs + pos % bs)
                     keep.append(begin + j)
+            handle = self.kv_handle(rid)
+            writers.extend([handle] * (len(slots) - before))
+            for block in {slot // bs for slot in slots[before:]}:
+                touched.setdefault(block, set()).add(handle)
             begin = inputs.cu[x]
-        if slots:
-            index = torch.tensor(keep, dtype=torch.int64, device=self.device)
-            self.kv_tokens[torch.tensor(slots, dtype=torch.int64, device=self.device)] = inputs.input_ids[index]
+        self.kv_last_blocks = touched
+        return slots, keep, writers
+
+    def kv_handle(self, rid: str) -> int:
+        """The handle request `rid`'s current life marks its KV writes with (given on first use
+        to a state a variant built itself)."""
+        st = self.requests[rid]
+        if st.kv_handle < 0:
+            st.kv_handle = len(self.kv_writers)
+            self.kv_writers.append(rid)
+        return st.kv_handle
+
+    def commit_kv(self) -> None:
+        """The KV writes of the forwards issued so far land in the cache, oldest first: a later
+        write to a slot wins, as on one CUDA stream. Called before the next forward (async: step
+        m's writes land after schedule(m+1) ran, while the scheduler may have freed and reused
+        their blocks) and, in sync mode, when the step's output is taken."""
+        for at, tokens, writers in self.kv_in_flight:
+            self.kv_tokens[at] = tokens
+            self.kv_writer[at] = writers
+        self.kv_in_flight = []
+
+    def read_kv(self, slots: list[int], landed: bool = False) -> tuple[list[int], list[int]]:
+        """Token ids and writer handles in `slots`: the cache as it is, or (`landed`) as it will be
+        once the writes in flight land (nothing else writes in between)."""
+        at = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        tokens, writers = self.kv_tokens[at].tolist(), self.kv_writer[at].tolist()
+        if landed and self.kv_in_flight:
+            later: dict[int, tuple[int, int]] = {}
+            for where, new_tokens, new_writers in self.kv_in_flight:
+                later.update(zip(where.tolist(), zip(new_tokens.tolist(), new_writers.tolist())))
+            for i, slot in enumerate(slots):
+                hit = later.get(slot)
+                if hit is not None:
+                    tokens[i], writers[i] = hit
+        return tokens, writers
 
     # ================================================================ sample_tokens
     def rejection_sample(

@@ -1,46 +1,96 @@
-"""The KV ground truth: how many leading positions of each request's KV cache hold its true tokens.
+"""The KV ground truth: what each request's KV cache really holds, read back from the paged buffer.
 
 Where it sits: workloads -> models -> impls -> **record** -> engines -> check. An observer of
-the reference runner (attached with the worker observer, record/worker_observer.py): it follows
-the requests the worker knows, which positions each step writes and with which token ids, and
-compares them with the oracle's true sequence. It writes the truth_* columns:
+the reference runner (attached with the worker observer, record/worker_observer.py). The runner
+keeps a paged KV buffer as vLLM's cache is laid out (slot = block * block_size + offset, through
+each row's block table), each slot marked with the token id written there and the request life
+that wrote it; a step's writes land when the GPU would commit them (`GPUModelRunner.commit_kv`).
+This observer follows which leading positions of each request the worker has computed, and reads
+them back from the blocks after each step's writes: a position is valid while its slot holds the
+request's expected token, written by that request life. It writes the truth_* columns:
 
     truth_num_computed_tokens   valid leading positions before the step's write
     truth_kv_after              valid leading positions after it
-    truth_kv_ok                 no gap, no overwrite with a wrong token, no write outside the blocks
+    truth_kv_ok                 no gap, no overwrite with a wrong token, no write outside the blocks,
+                                no valid position overwritten by another request
+    truth_kv_foreign_positions  valid positions holding another request's tokens after the step,
+    truth_kv_foreign_writer     and which request wrote them (K2)
+    truth_kv_unowned_blocks     blocks of the table the worker ran the step with that the scheduler
+    truth_kv_block_owner        does not hold for the request (freed: "", or whose they are) (K3)
+    truth_kv_unowned_writes     positions the step wrote into such blocks (K4)
+
+Block ownership is the scheduler's: its KV manager when the engine hands it over (`kv_manager`,
+anything with vLLM's `get_block_ids(request_id)` or the reference `BlockPool`), else what its
+outputs say (`models.kv.BlockLedger`: blocks given with each new, resumed or cached request,
+released with each finished or preempted id), never the worker's own tables.
 
 A write that starts past the valid prefix leaves a gap; one that starts before it rewrites
 positions; a wrong token ends the valid prefix where it landed. A request the worker knows but
-did not run this step gets its standing values. A live engine has no oracle and no truth.
+did not run this step gets its standing values, read back again where this step wrote into its
+blocks. A live engine has no oracle and no truth.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from specreplay.replay.models.kv import BlockLedger
 from specreplay.replay.record.worker_observer import RowWriter, RunnerObserver
 
 
 class KvTruth(RunnerObserver):
-    def __init__(self, oracle: Any, writer: RowWriter, block_size: int) -> None:
+    def __init__(self, oracle: Any, writer: RowWriter, block_size: int, kv_manager: Any = None) -> None:
         self.oracle = oracle
         self.writer = writer
         self.block_size = block_size
+        self.kv_manager = kv_manager
+        self.ledger = BlockLedger()
         self.valid: dict[str, int] = {}  # request -> valid leading positions
         self.ok: dict[str, bool] = {}
         self.step: int | None = None
         self.before: dict[str, int] = {}
         self.inputs: Any = None
+        self.released: set[str] = set()  # preempted: their blocks are gone until they resume
+        self.tables: dict[str, list[int]] = {}  # the block table last read back, per request
+        self.users: dict[int, set[str]] = {}  # block -> the requests whose table (as last read) holds it
+        self.evidence: dict[str, dict[str, Any]] = {}  # this step's K2/K3/K4 values per request
 
     def on_execute(self, runner: Any, so: Any) -> None:
         self.step = getattr(so, "_specreplay_step", None)
         self.inputs = None
+        self.evidence = {}
+        self.ledger.apply(so)  # the SchedulerOutput as the scheduler made it (before any worker edit)
+        self.released -= {data.req_id for data in so.scheduled_new_reqs}
+        self.released -= set(so.scheduled_cached_reqs.resumed_req_ids)
+        self.released |= set(so.preempted_req_ids) - set(so.scheduled_cached_reqs.resumed_req_ids)
+
+    def owner(self, block: int) -> str | None:
+        """Who holds `block` in the scheduler now (None: nobody, it is free)."""
+        if self.kv_manager is None:
+            return self.ledger.owner.get(block)
+        return self._manager_owners().get(block)
+
+    def held(self, rid: str) -> list[int]:
+        """The blocks the scheduler holds for `rid`, in order."""
+        if self.kv_manager is None:
+            return self.ledger.held.get(rid, [])
+        if hasattr(self.kv_manager, "owners"):  # the reference BlockPool
+            return self.kv_manager.block_ids(rid)
+        return list(self.kv_manager.get_block_ids(rid)[0])  # vLLM: one KV cache group
+
+    def _manager_owners(self) -> dict[int, str]:
+        if hasattr(self.kv_manager, "owners"):  # the reference BlockPool
+            return self.kv_manager.owners()
+        # vLLM's KVCacheManager: one KV cache group, full attention.
+        held = self.kv_manager.coordinator.single_type_managers[0].req_to_blocks
+        return {b.block_id: rid for rid, blocks in held.items() for b in blocks}
 
     def on_states(self, runner: Any, so: Any) -> None:
         """What _update_states did to the worker's knowledge of each request's KV."""
         for rid in so.finished_req_ids:
             self.valid.pop(rid, None)
             self.ok.pop(rid, None)
+            self.retable(rid, None)
         for data in so.scheduled_new_reqs:
             rid = data.req_id
             if rid in self.valid:  # a streaming session's next turn keeps what was computed
@@ -53,14 +103,31 @@ class KvTruth(RunnerObserver):
         self.before = dict(self.valid)
 
     def on_inputs(self, rows: list, runner: Any, so: Any, inputs: Any) -> None:
-        """A position outside the request's blocks has no KV slot: the write is broken."""
+        """A position outside the request's blocks has no KV slot: the write is broken. A block of
+        the table the step runs with that the scheduler does not hold for the request: K3, and
+        the positions written into it: K4."""
         self.inputs = inputs
         bs = self.block_size
+        owners: dict[int, str] | None = None
         for x, rid in enumerate(inputs.rows):
             blocks = runner.input_batch.block_table[x]
             start, n = inputs.starts[x], inputs.num_scheduled[x]
             if not (0 <= start // bs and (start + n - 1) // bs < len(blocks)):
                 self.ok[rid] = False
+            if blocks == self.held(rid):
+                continue  # the table is exactly what the scheduler holds for it
+            if owners is None:
+                owners = self._manager_owners() if self.kv_manager is not None else self.ledger.owner
+            foreign = [j for j, b in enumerate(blocks) if owners.get(b) != rid]
+            if foreign:
+                first = max(start, 0) // bs
+                last = min((start + n - 1) // bs, len(blocks) - 1)
+                writes = sum(min(start + n, (j + 1) * bs) - max(start, j * bs) for j in foreign if first <= j <= last)
+                self.evidence[rid] = {
+                    "truth_kv_unowned_blocks": len(foreign),
+                    "truth_kv_block_owner": owners.get(blocks[foreign[0]], ""),
+                    "truth_kv_unowned_writes": writes,
+                }
 
     def on_sampled(self, runner: Any, output: Any = None) -> None:
         inputs = self.inputs
@@ -87,6 +154,81 @@ class KvTruth(RunnerObserver):
             else:
                 after = max(before, start + kept)
             self.valid[rid] = after
+        self.read_back(runner)
+
+    def read_back(self, runner: Any) -> None:
+        """Read each request's valid positions back from the blocks another request's write of
+        this step went into (all of them where its block table changed): each must hold its
+        expected token, written by it. The first that does not ends the valid prefix; one written
+        by another request is K2. (A request's own writes were checked against its inputs.)"""
+        bs = self.block_size
+        batch = runner.input_batch
+        wanted: dict[str, set[int]] = {}  # request -> indexes into its block table to read
+        for rid, valid in self.valid.items():
+            st = runner.requests.get(rid)
+            if st is None or valid <= 0 or rid in self.released:
+                continue
+            row = batch.req_id_to_index.get(rid)
+            table = batch.block_table[row] if row is not None else st.block_ids
+            old = self.tables.get(rid)
+            if old != table:
+                # Blocks appended (a request's table grows as it runs) are read; a replaced table whole.
+                kept = len(old) if old is not None and table[: len(old)] == old else 0
+                self.retable(rid, table)
+                wanted[rid] = set(range(kept, len(table)))
+        # Blocks this step wrote with another request life than the one whose table holds them.
+        for block, handles in runner.kv_last_blocks.items():
+            for rid in self.users.get(block, ()):
+                st = runner.requests.get(rid)
+                if st is not None and handles != {st.kv_handle} and rid in self.valid and rid not in self.released:
+                    wanted.setdefault(rid, set()).update(j for j, b in enumerate(self.tables[rid]) if b == block)
+        plan: list[tuple[str, int, list[int]]] = []  # (request, handle, positions to read)
+        slots: list[int] = []
+        for rid, indexes in wanted.items():
+            valid, table = self.valid[rid], self.tables[rid]
+            positions = [p for j in sorted(indexes) for p in range(j * bs, min((j + 1) * bs, valid))]
+            if positions:
+                plan.append((rid, runner.requests[rid].kv_handle, positions))
+                slots.extend(table[p // bs] * bs + p % bs for p in positions)
+        if not slots:
+            return
+        tokens, writers = runner.read_kv(slots, landed=True)
+        at = 0
+        for rid, handle, positions in plan:
+            expected = self.oracle.expected(rid, len(runner.requests[rid].prompt_token_ids))
+            bad = None
+            foreign = 0
+            other = None
+            for i, p in enumerate(positions):
+                w = writers[at + i]
+                if w != handle and w >= 0:
+                    foreign += 1
+                    other = other if other is not None else runner.kv_writers[w]
+                if bad is None and (w != handle or p >= len(expected) or tokens[at + i] != expected[p]):
+                    bad = p
+            at += len(positions)
+            if bad is not None:
+                self.valid[rid] = min(self.valid[rid], bad)
+                self.ok[rid] = False
+            if foreign:
+                found = self.evidence.setdefault(rid, {})
+                found["truth_kv_foreign_positions"] = foreign
+                found["truth_kv_foreign_writer"] = other
+
+    def retable(self, rid: str, table: list[int] | None) -> None:
+        """Note `rid`'s block table as now read (None: forget it), and who uses which block."""
+        old = self.tables.pop(rid, None) or []
+        keep = len(old) if table is not None and table[: len(old)] == old else 0
+        for block in old[keep:]:
+            users = self.users.get(block)
+            if users is not None:
+                users.discard(rid)
+                if not users:
+                    del self.users[block]
+        if table is not None:
+            for block in table[keep:]:
+                self.users.setdefault(block, set()).add(rid)
+            self.tables[rid] = list(table)
 
     def flush(self) -> None:
         if self.step is None:
@@ -94,10 +236,15 @@ class KvTruth(RunnerObserver):
         ran = set(self.inputs.rows) if self.inputs is not None else set()
         for rid, valid in self.valid.items():
             before = self.before.get(rid, valid) if rid in ran else valid
-            self.writer.write(
-                self.step,
-                rid,
-                {"truth_num_computed_tokens": before, "truth_kv_after": valid, "truth_kv_ok": self.ok.get(rid, True)},
-            )
+            values = {
+                "truth_num_computed_tokens": before,
+                "truth_kv_after": valid,
+                "truth_kv_ok": self.ok.get(rid, True),
+                "truth_kv_foreign_positions": 0,
+                "truth_kv_unowned_blocks": 0,
+                "truth_kv_unowned_writes": 0,
+            }
+            values.update(self.evidence.get(rid, ()))
+            self.writer.write(self.step, rid, values)
         self.writer.step_done(self.step)
         self.inputs = None

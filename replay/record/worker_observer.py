@@ -14,6 +14,9 @@ whichever runner ran:
     worker_row, _draft_ids, _negative_inputs,    from _prepare_inputs: the batch row, the drafts
     worker_first_position                        fed to the rejection sampler (before the clamp)
     worker_num_emitted, worker_num_accepted      from sample_tokens' valid sampled counts
+    worker_kept_finished                         on the row of the step announcing r finished: r's
+                                                 cached state (the same object) or batch row
+                                                 outlived that step's _update_states
 
 Only two readings differ between runners (`ReferenceReader` / `VllmReader`: the prepared
 inputs, the worker's own edits). The observers write through a
@@ -141,6 +144,8 @@ class WorkerObserver(RunnerObserver):
         self.step: int | None = None
         self.rows: dict[str, dict[str, Any]] = {}
         self.optimistic: dict[str, int] = {}
+        self.finishing: dict[str, Any] = {}  # finished ids announced this step -> their state before it
+        self.kept: dict[str, bool] = {}
 
     def on_execute(self, runner: Any, so: Any) -> None:
         """execute_model called: what the scheduler booked, before any edit by the worker."""
@@ -151,9 +156,19 @@ class WorkerObserver(RunnerObserver):
         drafts = runner._draft_token_ids  # async: [rows, k] on the device; sync: a list or None
         self.width = int(drafts.shape[-1]) if runner.use_async_scheduling and drafts is not None else 0
         self.rows, self.optimistic = {}, {}
+        # vLLM drops a finished request's state and row in the _update_states of the step that
+        # announces it (a resubmitted id then starts from a new state).
+        self.finishing = {rid: runner.requests.get(rid) for rid in so.finished_req_ids}
 
     def on_states(self, runner: Any, so: Any) -> None:
         """_update_states returned: the optimistic count, the previous-step map, any edit."""
+        batch = runner.input_batch
+        again = {data.req_id for data in so.scheduled_new_reqs}  # a resubmitted id's new life has a row
+        self.kept = {
+            rid: (st is not None and runner.requests.get(rid) is st)
+            or (rid in batch.req_id_to_index and rid not in again)
+            for rid, st in self.finishing.items()
+        }
         prev = runner.input_batch.prev_req_id_to_index or {}
         edited = self.reader.edited(runner)
         for rid, n in so.num_scheduled_tokens.items():
@@ -207,6 +222,9 @@ class WorkerObserver(RunnerObserver):
         """The step's worker rows, for the requests the worker ran."""
         if self.step is None:
             return
+        for rid, kept in self.kept.items():
+            self.writer.write(self.step, self.ext(rid), {"worker_kept_finished": kept})
+        self.kept = {}
         for rid, row in self.rows.items():
             if "worker_row" not in row:
                 continue  # not run this step (the worker dropped it)

@@ -250,7 +250,15 @@ def test_seed_overrides_a_workload_file_and_must_be_non_negative(tmp_path):
     assert run("record", "--scenario", "reentry", "--seed", -5, "-o", out).exit_code == 2
 
 
-NEED_TRUTH = ["S3-scheduler-computed-tokens", "X2-worker-kv-position", "T1-wrong-token", "K1-kv-content"]
+NEED_TRUTH = [
+    "S3-scheduler-computed-tokens",
+    "X2-worker-kv-position",
+    "T1-wrong-token",
+    "K1-kv-content",
+    "K2-kv-foreign-tokens",
+    "K3-kv-unowned-block",
+    "K4-kv-write-unowned",
+]
 NOT_CHECKED = f"no ground truth: {', '.join(NEED_TRUTH)} not checked"
 
 

@@ -158,7 +158,15 @@ def test_pytest_plugin_fixture(specreplay_gate, impl, should_pass):
             specreplay_gate(impl=impl)
 
 
-NEED_TRUTH = ["S3-scheduler-computed-tokens", "X2-worker-kv-position", "T1-wrong-token", "K1-kv-content"]
+NEED_TRUTH = [
+    "S3-scheduler-computed-tokens",
+    "X2-worker-kv-position",
+    "T1-wrong-token",
+    "K1-kv-content",
+    "K2-kv-foreign-tokens",
+    "K3-kv-unowned-block",
+    "K4-kv-write-unowned",
+]
 NOT_CHECKED = f"no ground truth: {', '.join(NEED_TRUTH)} not checked"
 
 

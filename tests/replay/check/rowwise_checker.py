@@ -72,6 +72,12 @@ _NEEDED = (
     "apply_life",
     "sched_num_prompt_tokens",
     "apply_finish_reason",
+    "truth_kv_foreign_positions",
+    "truth_kv_foreign_writer",
+    "truth_kv_unowned_blocks",
+    "truth_kv_block_owner",
+    "truth_kv_unowned_writes",
+    "worker_kept_finished",
 )
 
 
@@ -538,6 +544,49 @@ def check_kv_truth(rows: TraceRows) -> Iterator[Finding]:
                 break
 
 
+# ------------------------------------------------------------------ the physical KV cache
+def check_foreign_tokens(rows: TraceRows) -> Iterator[Finding]:
+    """K2: a request's valid KV positions hold no other request's tokens."""
+    c = rows.col
+    for idx in rows.by_request.values():
+        for i in idx:
+            if c["truth_kv_foreign_positions"][i]:
+                yield _f(
+                    rows,
+                    "K2-kv-foreign-tokens",
+                    i,
+                    "kv_cache",
+                    0,
+                    c["truth_kv_foreign_positions"][i],
+                    other_request=c["truth_kv_foreign_writer"][i],
+                )
+                break
+
+
+def check_block_ownership(rows: TraceRows) -> Iterator[Finding]:
+    """K3: a request runs on blocks the scheduler holds for it; K4: its step writes only there."""
+    c = rows.col
+    for code, column, field in (
+        ("K3-kv-unowned-block", "truth_kv_unowned_blocks", "block_table"),
+        ("K4-kv-write-unowned", "truth_kv_unowned_writes", "kv_cache"),
+    ):
+        for idx in rows.by_request.values():
+            for i in idx:
+                if c[column][i]:
+                    yield _f(rows, code, i, field, 0, c[column][i], other_request=c["truth_kv_block_owner"][i])
+                    break
+
+
+def check_finished_state(rows: TraceRows) -> Iterator[Finding]:
+    """K5: the worker no longer holds a request's state or row once its finish is announced."""
+    c = rows.col
+    for idx in rows.by_request.values():
+        for i in idx:
+            if c["worker_kept_finished"][i]:
+                yield _f(rows, "K5-finished-state-kept", i, "requests", False, True)
+                break
+
+
 # ------------------------------------------------------------------ request lives and control events
 def check_output_life(rows: TraceRows) -> Iterator[Finding]:
     c = rows.col
@@ -794,6 +843,9 @@ CHECKS: dict[str, Callable[[TraceRows], Iterator[Finding]]] = {
     "L3-in-flight-tokens": check_in_flight_tokens,
     "T1-wrong-token": check_tokens,
     "K1-kv-content": check_kv_truth,
+    "K2-kv-foreign-tokens": check_foreign_tokens,
+    "K3-kv-unowned-block": check_block_ownership,
+    "K5-finished-state-kept": check_finished_state,
     "E1-engine-crash": check_crash,
     "E2-run-incomplete": check_run_completes,
 }
