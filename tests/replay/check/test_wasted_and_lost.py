@@ -176,3 +176,16 @@ def test_the_row_by_row_statement_finds_the_same(cls):
         same_findings(trace)
         fired |= {f.code for f in check_trace(trace)}
     assert (S9 if cls is NoMaxTokensSkip else S8) in fired
+
+
+def test_a_step_after_an_applied_finish_is_flagged(reentry_traces):
+    # Request 2's output of step 2, applied at step 3, marked as its stop: steps 4 and 5 of the
+    # same turn (same prompt) are booked for a finished request.
+    from tests.replay.check.test_checker import mutate
+
+    trace = mutate(reentry_traces["sched-clear"], "apply_finish_reason", 2, "2", "stop")
+    found = [f for f in _codes(trace, S9) if f.request_id == "2"]
+    assert [(f.step, f.facts()["reason"]) for f in found] == [(4, "finished"), (5, "finished")]
+    assert found[0].facts() == {"reason": "finished", "output_step": 2, "apply_step": 3, "apply_finish_reason": "stop"}
+    same_findings(trace)
+    assert not [f for f in _codes(reentry_traces["sched-clear"], S9)]
