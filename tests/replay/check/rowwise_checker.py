@@ -814,6 +814,19 @@ def check_crash(rows: TraceRows) -> Iterator[Finding]:
         yield BY_CODE["X5-negative-input-id"].finding(
             rows.crash_step, rid, life, "input_ids", None, -1, outcome_message=message
         )
+    elif "exception" in rows.trace.outcome:  # the implementation raised (engines/crash.py)
+        outcome = rows.trace.outcome
+        yield BY_CODE["E1-engine-crash"].finding(
+            rows.crash_step,
+            rid,
+            life,
+            "exception",
+            None,
+            outcome["exception"],
+            outcome_message=message,
+            where=outcome.get("where"),
+            side=outcome.get("side"),
+        )
     else:
         yield BY_CODE["E1-engine-crash"].finding(
             rows.crash_step, rid, life, "scheduler_output", None, None, outcome_message=message
