@@ -23,6 +23,8 @@ Built-ins:
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -207,10 +209,20 @@ def _summary(obj: type, default: str) -> str:
     return doc.splitlines()[0] if doc else default
 
 
+def _importable_from_here() -> None:
+    """`--impl myfix:ClearOnSkip` names a module in the working directory, as `python -m` and
+    other `module:attr` tools find it; the `specreplay` console script does not put the
+    directory on sys.path by itself (process pools and live engines inherit the directory)."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+
+
 def _load(spec: str) -> Implementation:
     from specreplay.replay.models.runner import GPUModelRunner
 
     module_name, _, attr = spec.partition(":")
+    _importable_from_here()
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module may fail in any way; say so in one line
