@@ -63,8 +63,9 @@ def explore(impl_name, engine, budget, seconds, seed, jobs, ray_address, fail_on
     """Search seeded workloads and perturbations for findings; save a trace of every distinct
     finding code in OUTPUT_DIR (its smallest reproduction) with the seed that reproduces it.
 
-    Exit 0: no finding at or above --fail-on; 1: findings; 2: bad input, or workloads the
-    implementation raised on (listed in explore.json).
+    Exit 0: no finding at or above --fail-on; 1: findings (an exception the implementation
+    raises is the finding E1-engine-crash); 2: bad input, or workloads that could not start
+    (listed in explore.json).
 
     \b
     Example:

@@ -67,7 +67,7 @@ class CaseResult:
     features: frozenset[str]
     steps: int
     requests: int = 0
-    error: str = ""  # the implementation raised (user code): reported, the search goes on
+    error: str = ""  # the workload could not run (bad input): reported, the search goes on
 
 
 def candidate_workload(seed: int, profiles: tuple[str, ...]) -> Workload:
@@ -309,8 +309,10 @@ class ExploreReport:
         return max(found, key=lambda c: (found[c]["severity"] == "error", found[c]["workloads"]), default=None)
 
     def implementation_error(self) -> str | None:
-        """Why the implementation could not run some workloads (bad input, like `record` with an
-        implementation that raises), or None when every workload ran."""
+        """Why some workloads could not run through the implementation (bad input: a workload
+        its config refuses, a constructor that raises), or None when every workload ran. An
+        exception the implementation raises while stepping is no such error: that run is an
+        engine crash, the finding E1-engine-crash."""
         s = self.summary
         if not s["implementation_errors"]:
             return None
