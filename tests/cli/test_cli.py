@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from specreplay.cli.main import main
+from tests.replay.check.truthless import NEED_TRUTH, NOT_CHECKED
 
 
 @pytest.fixture(scope="module")
@@ -248,18 +249,6 @@ def test_seed_overrides_a_workload_file_and_must_be_non_negative(tmp_path):
     assert run("record", "--workload", wl, "--seed", 77, "-o", out).exit_code == 0
     assert json.loads(run("info", out, "--format", "json").output)["seed"] == 77
     assert run("record", "--scenario", "reentry", "--seed", -5, "-o", out).exit_code == 2
-
-
-NEED_TRUTH = [
-    "S3-scheduler-computed-tokens",
-    "X2-worker-kv-position",
-    "T1-wrong-token",
-    "K1-kv-content",
-    "K2-kv-foreign-tokens",
-    "K3-kv-unowned-block",
-    "K4-kv-write-unowned",
-]
-NOT_CHECKED = f"no ground truth: {', '.join(NEED_TRUTH)} not checked"
 
 
 def without_ground_truth(path, out):

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from specreplay.cli.main import main
 from specreplay.replay.workflows.gate import corpus_dir
+from tests.replay.check.truthless import NEED_TRUTH, NOT_CHECKED
 
 
 def gate(*args, env=None):
@@ -156,18 +157,6 @@ def test_pytest_plugin_fixture(specreplay_gate, impl, should_pass):
     else:
         with pytest.raises(AssertionError, match="X10-scheduler-output-mutated"):
             specreplay_gate(impl=impl)
-
-
-NEED_TRUTH = [
-    "S3-scheduler-computed-tokens",
-    "X2-worker-kv-position",
-    "T1-wrong-token",
-    "K1-kv-content",
-    "K2-kv-foreign-tokens",
-    "K3-kv-unowned-block",
-    "K4-kv-write-unowned",
-]
-NOT_CHECKED = f"no ground truth: {', '.join(NEED_TRUTH)} not checked"
 
 
 def assert_outputs_name_the_unchecked(result, junit, summary, name: str) -> None:
