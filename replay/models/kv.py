@@ -53,10 +53,6 @@ class BlockPool:
     def block_ids(self, request_id: str) -> list[int]:
         return list(self.blocks.get(request_id, ()))
 
-    def owners(self) -> dict[int, str]:
-        """Block -> the request holding it (free blocks and the null block absent)."""
-        return {block: rid for rid, owned in self.blocks.items() for block in owned}
-
 
 class BlockLedger:
     """Who holds each block, as the scheduler's outputs state it: the blocks given with each new,
@@ -64,8 +60,8 @@ class BlockLedger:
     preempted sets (vLLM frees a request's blocks when it finishes or is preempted and announces
     it with the next output; a block given again in that same output was freed first).
 
-    The KV ground truth (record/truth.py) reads block ownership here when the engine does not hand
-    it the scheduler's own manager: the scheduler's word, never the worker's block tables."""
+    The KV ground truth (record/truth.py) reads block ownership here: the scheduler's word, never
+    the worker's block tables."""
 
     def __init__(self) -> None:
         self.owner: dict[int, str] = {}

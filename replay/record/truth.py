@@ -19,10 +19,9 @@ request's expected token, written by that request life. It writes the truth_* co
     truth_kv_block_owner        does not hold for the request (freed: "", or whose they are) (K3)
     truth_kv_unowned_writes     positions the step wrote into such blocks (K4)
 
-Block ownership is the scheduler's: its KV manager when the engine hands it over (`kv_manager`,
-anything with vLLM's `get_block_ids(request_id)` or the reference `BlockPool`), else what its
-outputs say (`models.kv.BlockLedger`: blocks given with each new, resumed or cached request,
-released with each finished or preempted id), never the worker's own tables.
+Block ownership is the scheduler's, as its outputs state it (`models.kv.BlockLedger`: blocks
+given with each new, resumed or cached request, released with each finished or preempted id),
+never the worker's own tables.
 
 A write that starts past the valid prefix leaves a gap; one that starts before it rewrites
 positions; a wrong token ends the valid prefix where it landed. A request the worker knows but
@@ -39,11 +38,10 @@ from specreplay.replay.record.worker_observer import RowWriter, RunnerObserver
 
 
 class KvTruth(RunnerObserver):
-    def __init__(self, oracle: Any, writer: RowWriter, block_size: int, kv_manager: Any = None) -> None:
+    def __init__(self, oracle: Any, writer: RowWriter, block_size: int) -> None:
         self.oracle = oracle
         self.writer = writer
         self.block_size = block_size
-        self.kv_manager = kv_manager
         self.ledger = BlockLedger()
         self.valid: dict[str, int] = {}  # request -> valid leading positions
         self.ok: dict[str, bool] = {}
@@ -63,27 +61,6 @@ class KvTruth(RunnerObserver):
         self.released -= {data.req_id for data in so.scheduled_new_reqs}
         self.released -= set(so.scheduled_cached_reqs.resumed_req_ids)
         self.released |= set(so.preempted_req_ids) - set(so.scheduled_cached_reqs.resumed_req_ids)
-
-    def owner(self, block: int) -> str | None:
-        """Who holds `block` in the scheduler now (None: nobody, it is free)."""
-        if self.kv_manager is None:
-            return self.ledger.owner.get(block)
-        return self._manager_owners().get(block)
-
-    def held(self, rid: str) -> list[int]:
-        """The blocks the scheduler holds for `rid`, in order."""
-        if self.kv_manager is None:
-            return self.ledger.held.get(rid, [])
-        if hasattr(self.kv_manager, "owners"):  # the reference BlockPool
-            return self.kv_manager.block_ids(rid)
-        return list(self.kv_manager.get_block_ids(rid)[0])  # vLLM: one KV cache group
-
-    def _manager_owners(self) -> dict[int, str]:
-        if hasattr(self.kv_manager, "owners"):  # the reference BlockPool
-            return self.kv_manager.owners()
-        # vLLM's KVCacheManager: one KV cache group, full attention.
-        held = self.kv_manager.coordinator.single_type_managers[0].req_to_blocks
-        return {b.block_id: rid for rid, blocks in held.items() for b in blocks}
 
     def on_states(self, runner: Any, so: Any) -> None:
         """What _update_states did to the worker's knowledge of each request's KV."""
@@ -108,16 +85,14 @@ class KvTruth(RunnerObserver):
         the positions written into it: K4."""
         self.inputs = inputs
         bs = self.block_size
-        owners: dict[int, str] | None = None
+        owners = self.ledger.owner
         for x, rid in enumerate(inputs.rows):
             blocks = runner.input_batch.block_table[x]
             start, n = inputs.starts[x], inputs.num_scheduled[x]
             if not (0 <= start // bs and (start + n - 1) // bs < len(blocks)):
                 self.ok[rid] = False
-            if blocks == self.held(rid):
+            if blocks == self.ledger.held.get(rid, []):
                 continue  # the table is exactly what the scheduler holds for it
-            if owners is None:
-                owners = self._manager_owners() if self.kv_manager is not None else self.ledger.owner
             foreign = [j for j, b in enumerate(blocks) if owners.get(b) != rid]
             if foreign:
                 first = max(start, 0) // bs
