@@ -66,6 +66,21 @@ class Implementation:
     # variant's subclass. None with `runner` set: no live form.
     real_runner: Callable[[type], type] | None = None
 
+    def why_not(self, config: EngineConfig) -> str | None:
+        """Why this implementation cannot run a workload with `config` as asked, or None when it can.
+
+        Issue 21 extends this (runner variants whose hook the workload never reaches); explore
+        draws only workloads where this is None, and record/replay/gate refuse or mark n/a the rest.
+        """
+        if self.scheduler is None:
+            return None
+        name = self.scheduler.__name__
+        if config.async_scheduling and not issubclass(self.scheduler, AsyncScheduler):
+            return f"{name} is a synchronous Scheduler and the workload uses async scheduling"
+        if not config.async_scheduling and issubclass(self.scheduler, AsyncScheduler):
+            return f"{name} is an AsyncScheduler and the workload is synchronous"
+        return None
+
     def make_scheduler(self, config: EngineConfig) -> Scheduler:
         """The reference form of this variant's scheduler."""
         if self.scheduler is not None and config.async_scheduling and not issubclass(self.scheduler, AsyncScheduler):

@@ -10,6 +10,12 @@ from typing import Any
 
 from specreplay.traces.errors import InputError
 
+#: The vLLM releases the reference models follow, oldest first. Where they differ is written
+#: once, in replay/models/versions.py; a workload names the one it runs under.
+MODELLED_VERSIONS = ("0.32.0", "0.33.0")
+#: Traces and workloads from before versions were modelled were all 0.32.0's.
+EARLIEST_VERSION = MODELLED_VERSIONS[0]
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -23,6 +29,7 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0  # 0: off
     vocab_size: int = 512
     num_lookahead_tokens: int = 0  # KV slots past each scheduled range: 0 ngram, k EAGLE/draft model, k+1 DFlash
+    vllm_version: str = EARLIEST_VERSION  # the vLLM release the engine behaves as (MODELLED_VERSIONS)
 
     @property
     def depth(self) -> int:
@@ -40,7 +47,9 @@ class EngineConfig:
             raise InputError(f"{where}: unknown engine setting {unknown[0]!r}; known: {', '.join(known)}")
         values: dict[str, Any] = {}
         for name, value in data.items():
-            want = bool if known[name].type in ("bool", bool) else int
+            want = {"bool": bool, "str": str}.get(str(known[name].type), int)
+            if want is str and not isinstance(value, str):
+                raise InputError(f"{where}: {name} must be a string, got {value!r}")
             if want is bool and not isinstance(value, bool):
                 raise InputError(f"{where}: {name} must be true or false, got {value!r}")
             if want is int and (isinstance(value, bool) or not isinstance(value, int)):
@@ -51,6 +60,10 @@ class EngineConfig:
         return config
 
     def validate(self, where: str = "config") -> None:
+        if self.vllm_version not in MODELLED_VERSIONS:
+            raise InputError(
+                f"{where}: vllm_version {self.vllm_version!r} is not modelled; modelled: {', '.join(MODELLED_VERSIONS)}"
+            )
         positive = ("max_num_batched_tokens", "max_num_seqs", "block_size", "num_blocks", "max_model_len", "vocab_size")
         for name in positive:
             if getattr(self, name) < 1:
