@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from specreplay.replay.workloads.config import MODELLED_VERSIONS
 from specreplay.traces.errors import InputError
 
 EXIT_OK, EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -104,10 +105,19 @@ engine_option = click.option(
     "--engine",
     type=click.Choice(["reference", "vllm-scheduler", "vllm"]),
     default=None,
-    help="reference: specreplay's models of vLLM 0.32.0; vllm-scheduler: the installed vLLM's real "
+    help="reference: specreplay's models of vLLM (--vllm-version); vllm-scheduler: the installed vLLM's real "
     "scheduler with the reference runner; vllm: a live tiny vLLM engine, real scheduler and real "
     "model runner (--executor multiproc: engine core in its own process). Default: reference "
     "(replay, gate: the trace's own).",
+)
+vllm_version_option = click.option(
+    "--vllm-version",
+    "vllm_version",
+    type=click.Choice(MODELLED_VERSIONS),
+    default=None,
+    help="The vLLM release the engine behaves as: the reference models' and, with --engine "
+    "vllm-scheduler or vllm, the installed one's. Default: a trace's own (replay, gate, shrink), "
+    "else the installed vLLM's when modelled, else the newest modelled.",
 )
 executor_option = click.option(
     "--executor",
@@ -173,3 +183,12 @@ def progress(label: str) -> Iterator[Callable[[int, int], None] | None]:
                 bar.update(task, completed=done)
 
         yield update
+
+
+def ran_line(impl: dict[str, Any]) -> str:
+    """What ran, from a trace's implementation metadata: the scheduler and runner classes (module
+    and qualified name), the executor, the engine and its models."""
+    return (
+        f"scheduler {impl.get('scheduler', '?')}, runner {impl.get('runner', '?')}, "
+        f"executor {impl.get('executor', '?')}, engine {impl.get('engine', 'reference')} ({impl.get('models', '?')})"
+    )

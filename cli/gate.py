@@ -59,8 +59,12 @@ def gate(
     implementation, check every invariant, and compare with the golden.
 
     Per trace: pass; fail (findings at or above --fail-on); changed (differs from the golden, no
-    failing finding); error (unreadable golden, unknown implementation). Exit 0 when all pass,
-    1 on any fail or changed (changed allowed with --allow-changed), 2 on any error or bad usage.
+    failing finding); error (unreadable golden, unknown implementation); n/a (the implementation
+    does not apply to the golden's workload, e.g. an AsyncScheduler subclass on a synchronous
+    golden: nothing ran, and nothing runs in its place; the reason is shown). Exit 0 when all
+    that applied pass, 1 on any fail or changed (changed allowed with --allow-changed) or when no
+    golden applied at all, 2 on any error or bad usage, 3 when a rerun ran other classes than
+    asked (a specreplay bug).
 
     A recording of a live or attached vLLM (with its outcomes) as a golden is rerun on its
     recorded outcomes through the implementation under test on the reference engine; the ground
@@ -86,6 +90,9 @@ def gate(
     _report(results, fmt, junit_file, github)
     if any(r.result == "error" for r in results):
         sys.exit(EXIT_INPUT)
+    if all(r.result == "n/a" for r in results):  # a gate that ran nothing says nothing
+        click.echo(f"error: no golden applies to {results[0].impl}: nothing ran (see the n/a reasons)", err=True)
+        sys.exit(EXIT_FINDINGS)
     sys.exit(EXIT_FINDINGS if any(r.failed(allow_changed) for r in results) else EXIT_OK)
 
 
@@ -123,19 +130,14 @@ def _table(results) -> None:
     from specreplay.cli import gate_reports
     from specreplay.cli.render import unchecked_note
 
-    c = gate_reports.counts(results)
-    table = Table(
-        title=f"specreplay gate: {len(results)} traces, {c['pass']} pass, {c['fail']} fail, "
-        f"{c['changed']} changed, {c['error']} error",
-        title_justify="left",
-    )
+    table = Table(title=f"specreplay gate: {gate_reports.summary_line(results)}", title_justify="left")
     for column in ("trace", "impl", "result", "findings", "first finding / why"):
         table.add_column(column, overflow="fold")
     for r in results:
         first = r.first
         why = (
             r.message
-            if r.result in ("error", "changed") or first is None
+            if r.result in ("error", "changed", "n/a") or first is None
             else f"step {first.step} req {first.request_id} {first.code}"
         )
         notes = r.notes + ([unchecked_note(r.unchecked)] if r.unchecked else [])
@@ -143,13 +145,16 @@ def _table(results) -> None:
             why += "  [" + "; ".join(notes) + "]"
         errors = sum(f.severity == "error" for f in r.findings)
         warnings = len(r.findings) - errors
-        table.add_row(Path(r.path).name, r.impl, r.result, f"{errors} err, {warnings} warn", why)
+        found = "-" if r.result == "n/a" else f"{errors} err, {warnings} warn"
+        table.add_row(Path(r.path).name, r.impl, r.result, found, why)
     console().print(table)
 
 
 def _print_updates(updates) -> None:
     for u in updates:
-        if u.status in ("error", "refused"):
+        if u.status == "n/a":
+            click.echo(f"n/a     {u.path}: left as it is: {u.message}")
+        elif u.status in ("error", "refused"):
             click.echo(f"{u.status:<7} {u.path}: {u.message}")
         elif u.status == "unchanged":
             click.echo(f"same    {u.path}")

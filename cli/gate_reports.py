@@ -15,15 +15,25 @@ from specreplay.replay.workflows.gate import GateResult
 
 ANNOTATIONS_PER_KIND = 10
 SUMMARY_LIMIT = 200_000  # bytes; GitHub accepts 1 MiB per step summary
-_KIND = {"fail": "error", "error": "error", "changed": "warning"}  # gate result -> annotation
+_KIND = {"fail": "error", "error": "error", "changed": "warning", "n/a": "notice"}  # gate result -> annotation
+RESULTS = ("pass", "fail", "changed", "error", "n/a")
 
 
 def counts(results: list[GateResult]) -> Counter:
     return Counter(r.result for r in results)
 
 
+def summary_line(results: list[GateResult]) -> str:
+    """`11 traces, 8 pass, 0 fail, 0 changed, 0 error, 3 n/a (did not apply: nothing ran)`: n/a
+    counted apart, and only when there is one."""
+    c = counts(results)
+    line = f"{len(results)} traces, {c['pass']} pass, {c['fail']} fail, {c['changed']} changed, {c['error']} error"
+    return line + (f", {c['n/a']} n/a (did not apply: nothing ran)" if c["n/a"] else "")
+
+
 def junit_xml(results: list[GateResult]) -> str:
-    """One testcase per trace, and one per finding code inside it."""
+    """One testcase per trace, and one per finding code inside it; an n/a trace is skipped, with
+    the reason."""
     suite = ET.Element("testsuite", name="specreplay-gate")
     tests = failures = errors = 0
     for r in results:
@@ -33,6 +43,8 @@ def junit_xml(results: list[GateResult]) -> str:
         if r.result == "error":
             errors += 1
             ET.SubElement(case, "error", message=r.message, type="error").text = r.message
+        elif r.result == "n/a":
+            ET.SubElement(case, "skipped", message=f"n/a: {r.message}")
         elif r.result in ("fail", "changed"):
             failures += 1
             body = r.message + ("\n" + "\n".join(r.notes) if r.notes else "")
@@ -74,9 +86,9 @@ def _by_code(r: GateResult) -> dict:
 
 
 def github_annotations(results: list[GateResult]) -> list[str]:
-    """Workflow commands: an error or warning per failing or changed trace, then a notice per
-    trace with codes left unchecked (no ground truth); at most 10 per kind, the rest counted in
-    one notice."""
+    """Workflow commands: an error or warning per failing or changed trace, a notice per n/a
+    trace (the implementation does not apply: nothing ran), then a notice per trace with codes
+    left unchecked (no ground truth); at most 10 per kind, the rest counted in one notice."""
     found = [(_KIND[r.result], r.path, f"specreplay gate: {r.result}", r.message) for r in results if r.result in _KIND]
     found += [
         ("notice", r.path, "specreplay gate: not checked", unchecked_note(r.unchecked)) for r in results if r.unchecked
@@ -104,11 +116,10 @@ def _escape_property(text: str) -> str:
 
 
 def markdown_summary(results: list[GateResult]) -> str:
-    c = counts(results)
     lines = [
         "## specreplay gate",
         "",
-        f"{len(results)} traces: {c['pass']} pass, {c['fail']} fail, {c['changed']} changed, {c['error']} error",
+        summary_line(results).replace(" traces, ", " traces: ", 1),
         "",
         "| trace | result | first finding |",
         "| --- | --- | --- |",
@@ -117,7 +128,7 @@ def markdown_summary(results: list[GateResult]) -> str:
     for i, r in enumerate(results):
         first = r.first
         cell = "-" if first is None else f"step {first.step} req {first.request_label} `{first.code}`"
-        if r.result == "error":
+        if r.result in ("error", "n/a"):
             cell = r.message
         elif r.unchecked:
             cell = unchecked_note(r.unchecked) if first is None else f"{cell} ({unchecked_note(r.unchecked)})"
@@ -133,7 +144,7 @@ def markdown_summary(results: list[GateResult]) -> str:
 def gate_json(results: list[GateResult]) -> str:
     c = counts(results)
     return json.dumps(
-        {"counts": {k: c[k] for k in ("pass", "fail", "changed", "error")}, "results": [r.to_dict() for r in results]},
+        {"counts": {k: c[k] for k in RESULTS}, "results": [r.to_dict() for r in results]},
         indent=2,
         default=str,
     )

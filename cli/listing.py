@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from specreplay.cli.common import CONTEXT, console, format_option, handle_errors, trace_argument
+from specreplay.cli.common import CONTEXT, console, format_option, handle_errors, ran_line, trace_argument
 
 
 @click.command(context_settings=CONTEXT)
@@ -52,6 +52,7 @@ def info(trace_path, fmt) -> None:
         return
     out = console()
     out.print(trace_header(trace, str(trace_path)))
+    out.print(f"  ran: {ran_line(trace.impl)}")
     for key in (
         "schema_version",
         "specreplay_version",

@@ -1,9 +1,11 @@
 """One entry point for every engine: run a workload through an implementation, get its trace.
 
 Where it sits: workloads -> models -> impls -> record -> **engines** -> check. `run_workload`
-picks the driver (the loop for the reference and the real scheduler; a live vLLM drives itself
-and the input driver feeds it), ends the run as a crash when the implementation raises
-(engines/crash.py), keeps the journal, and builds the trace with one header.
+refuses an implementation that does not apply to the workload (`Implementation.why_not`: nothing
+runs in its place), picks the driver (the loop for the reference and the real scheduler; a live
+vLLM drives itself and the input driver feeds it), ends the run as a crash when the
+implementation raises (engines/crash.py), keeps the journal, and builds the trace with one
+header, which names the scheduler and runner classes that ran.
 """
 
 from __future__ import annotations
@@ -48,7 +50,12 @@ def run_workload(
     `journal`: a path where settled rows are appended every `flush_every` steps and everything
     recorded on any exception (traces.journal); the caller deletes it once the trace is written.
     `oracle`: the outcomes the run produces (default: the workload's synthetic ones; a replay of
-    a recording passes its recorded ones); a live engine makes its own."""
+    a recording passes its recorded ones); a live engine makes its own.
+
+    An implementation that does not apply to the workload (an AsyncScheduler variant on a
+    synchronous workload, ...: `Implementation.why_not`) raises `NotApplicable`, before anything
+    is built."""
+    impl.require_applies(workload.config, f"workload {workload.name!r}")
     if engine == "vllm":
         if oracle is not None:
             raise InputError(
@@ -60,7 +67,8 @@ def run_workload(
     if model is not None:
         raise InputError("--model is for --engine vllm (a live engine); the other engines run the reference model")
     loop = _built(impl, EngineLoop, workload, impl, device, engine, oracle)
-    header = trace_header(workload, impl.describe(loop.parts.observed, engine), device, loop.outcome)
+    ran = impl.describe(loop.parts.observed, engine, runner=loop.parts.runner, config=workload.config)
+    header = trace_header(workload, ran, device, loop.outcome)
     writer = JournalWriter(journal, header) if journal is not None else None
     trace = _run(loop, header, progress, writer, flush_every)
     return on_outcomes(trace, oracle) if getattr(oracle, "recorded", False) else trace

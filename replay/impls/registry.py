@@ -67,37 +67,54 @@ class Implementation:
     real_runner: Callable[[type], type] | None = None
 
     def why_not(self, config: EngineConfig) -> str | None:
-        """Why this implementation cannot run a workload with `config` as asked, or None when it can.
+        """Why this implementation does not apply to a workload with `config`, or None when it
+        does: one line, the reason and what to pass instead. Nothing ever runs in its place:
+        record, replay and compare refuse such a workload (`require_applies`, exit 2), the gate
+        reports its golden `n/a`, explore draws only workloads where this is None.
 
-        Issue 21 extends this (runner variants whose hook the workload never reaches); explore
-        draws only workloads where this is None, and record/replay/gate refuse or mark n/a the rest.
+        - A scheduler of the wrong mode: an `AsyncScheduler` subclass on a synchronous workload
+          (it would change nothing vLLM's sync `Scheduler` does), a plain `Scheduler` subclass on
+          an asynchronous one.
+        - A scheduler or runner class that declares where it applies: an optional classmethod
+          `why_not(cls, config) -> str | None` on it, with the same meaning as this method (the
+          built-in runner variants `pr30796`, `pr30796-copy` and `noclamp` declare that they need
+          draft slots, `num_spec_tokens > 0`).
         """
-        if self.scheduler is None:
-            return None
-        name = self.scheduler.__name__
-        if config.async_scheduling and not issubclass(self.scheduler, AsyncScheduler):
-            return f"{name} is a synchronous Scheduler and the workload uses async scheduling"
-        if not config.async_scheduling and issubclass(self.scheduler, AsyncScheduler):
-            return f"{name} is an AsyncScheduler and the workload is synchronous"
+        if self.scheduler is not None:
+            name = self.scheduler.__name__
+            if config.async_scheduling and not issubclass(self.scheduler, AsyncScheduler):
+                instead = "subclass AsyncScheduler for async workloads, or " if self.user_code else ""
+                return (
+                    f"{name} is a synchronous Scheduler and the workload uses async scheduling; "
+                    f"{instead}pass a synchronous workload"
+                )
+            if not config.async_scheduling and issubclass(self.scheduler, AsyncScheduler):
+                instead = "subclass Scheduler for synchronous workloads, or " if self.user_code else ""
+                return f"{name} is an AsyncScheduler and the workload is synchronous; {instead}pass an async workload"
+        for part in (self.scheduler, self.runner):
+            declared = getattr(part, "why_not", None)
+            reason = declared(config) if callable(declared) else None
+            if reason:
+                return str(reason)
         return None
 
-    def make_scheduler(self, config: EngineConfig) -> Scheduler:
-        """The reference form of this variant's scheduler."""
-        if self.scheduler is not None and config.async_scheduling and not issubclass(self.scheduler, AsyncScheduler):
-            raise InputError(
-                f"{self.name}: {self.scheduler.__name__} is a synchronous Scheduler but the workload uses "
-                "async scheduling; subclass AsyncScheduler or set async_scheduling = false"
-            )
-        if self._variant_applies(config):
-            return self.scheduler(config)
-        return AsyncScheduler(config) if config.async_scheduling else Scheduler(config)
+    def require_applies(self, config: EngineConfig, workload: str = "the workload") -> None:
+        """Refuse, in one line, a workload this implementation does not apply to (`why_not`)."""
+        reason = self.why_not(config)
+        if reason is not None:
+            raise NotApplicable(self.name, workload, reason)
 
-    def _variant_applies(self, config: EngineConfig) -> bool:
-        """An AsyncScheduler variant changes async behaviour only; in sync mode the plain
-        Scheduler runs (there are no placeholders to treat differently)."""
-        return self.scheduler is not None and (
-            config.async_scheduling or not issubclass(self.scheduler, AsyncScheduler)
-        )
+    def make_scheduler(self, config: EngineConfig) -> Scheduler:
+        """The reference form of this variant's scheduler: its own class, or vLLM's default for
+        the workload's mode when it changes only the runner. Never a stand-in for its class."""
+        self.require_applies(config)
+        if self.scheduler is None and self.real_scheduler is not None:
+            raise InputError(
+                f"{self.name} changes the real scheduler only; it has no form for --engine reference "
+                "(give it a scheduler, or pass --engine vllm-scheduler)"
+            )
+        default = AsyncScheduler if config.async_scheduling else Scheduler
+        return (self.scheduler or default)(config)
 
     def require_real_forms(self, engine: str) -> None:
         """Refuse, in one line, a variant that has no form for the real classes `engine` runs."""
@@ -113,10 +130,11 @@ class Implementation:
             )
 
     def real_scheduler_class(self, real_cls: type, config: EngineConfig) -> type:
-        """The class to run on the real vLLM for this variant: `real_cls` or its subclass."""
-        if self.real_scheduler is not None and self._variant_applies(config):
-            return self.real_scheduler(real_cls)
-        return real_cls
+        """The class to run on the real vLLM for this variant: `real_cls` (vLLM's Scheduler or
+        AsyncScheduler for the workload's mode) or the variant's subclass of it. A variant that
+        does not apply to `config` is refused, never run as `real_cls`."""
+        self.require_applies(config)
+        return self.real_scheduler(real_cls) if self.real_scheduler is not None else real_cls
 
     def real_runner_class(self, real_cls: type) -> type:
         """The runner class a live vLLM runs for this variant: `real_cls` or its subclass."""
@@ -126,30 +144,74 @@ class Implementation:
     def make_runner(self, config: EngineConfig, oracle: Oracle, device: str) -> GPUModelRunner:
         from specreplay.replay.models.runner import GPUModelRunner
 
+        self.require_applies(config)
+        if self.runner is None and self.real_runner is not None:
+            raise InputError(
+                f"{self.name} changes the real runner only; it has no form for the reference runner "
+                "(give it a runner, or pass --engine vllm)"
+            )
         return (self.runner or GPUModelRunner)(config, oracle, device)
 
     def deliver(self, out: SchedulerOutput) -> SchedulerOutput:
         """How the scheduler output reaches the worker (the engine's hook)."""
         return out if self.executor == "inproc" else out.private_copy()
 
-    def describe(self, scheduler: Any, engine: str = "reference") -> dict[str, Any]:
-        """What made a trace: stamped into its metadata. `scheduler`: the one that ran."""
-        cls = type(scheduler)
-        runner = self.runner.__name__ if self.runner else "GPUModelRunner"
+    def describe(
+        self, scheduler: Any, engine: str = "reference", *, runner: Any = None, config: EngineConfig | None = None
+    ) -> dict[str, Any]:
+        """What made a trace, stamped into its metadata: the classes that ran (module and
+        qualified name of the `scheduler` and `runner` objects, not the classes asked for), the
+        executor, the engine and the models. `runner` None: the class `make_runner` builds."""
+        runner_cls = type(runner) if runner is not None else self._runner_class()
         if engine == "vllm-scheduler":
             import vllm
 
             version = f"vllm {vllm.__version__}"
         else:
-            version = "specreplay reference of vllm 0.32.0"
+            version = f"specreplay reference of vllm {(config or EngineConfig()).vllm_version}"
         return {
             "name": self.name,
-            "scheduler": f"{cls.__module__}.{cls.__qualname__}",
-            "runner": runner,
+            "scheduler": qualified_name(type(scheduler)),
+            "runner": qualified_name(runner_cls),
             "executor": self.executor,
             "engine": engine,
             "models": version,
         }
+
+    def expected(self, config: EngineConfig, engine: str = "reference") -> dict[str, str]:
+        """The classes and executor a run of this implementation on `engine` is asked to run, as
+        `describe` names them: what the gate holds a run's header to. {} for a live engine (its
+        classes are replaced inside vLLM's own processes; the header does not name them)."""
+        if engine == "reference":
+            default = AsyncScheduler if config.async_scheduling else Scheduler
+            scheduler = qualified_name(self.scheduler or default)
+        elif engine == "vllm-scheduler":
+            from specreplay.replay.engines.vllm_setup import real_scheduler_class
+
+            scheduler = qualified_name(self.real_scheduler_class(real_scheduler_class(config.async_scheduling), config))
+        else:
+            return {}
+        return {"scheduler": scheduler, "runner": qualified_name(self._runner_class()), "executor": self.executor}
+
+    def _runner_class(self) -> type:
+        from specreplay.replay.models.runner import GPUModelRunner
+
+        return self.runner or GPUModelRunner
+
+
+class NotApplicable(InputError):
+    """An implementation asked to run a workload it does not apply to (`Implementation.why_not`):
+    bad input, refused in one line; the gate reports the golden `n/a` with `reason`."""
+
+    def __init__(self, impl: str, workload: str, reason: str) -> None:
+        self.impl = impl
+        self.reason = reason
+        super().__init__(f"{impl} does not apply to {workload}: {reason}")
+
+
+def qualified_name(cls: type) -> str:
+    """`module.QualifiedName` of a class, as a trace header names what ran."""
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _builtin() -> dict[str, Implementation]:

@@ -1,7 +1,9 @@
 """The built-in variants: each differs from upstream in one overridden hook.
 
 Where it sits: replay. Registered in `specreplay.replay.impls.registry`; also the worked examples for
-users writing their own implementation.
+users writing their own implementation. A runner variant whose hook a workload can never reach
+says so in a `why_not(config)` classmethod (`Implementation.why_not`): it is then never run, and
+never stood in for, on such a workload.
 """
 
 from __future__ import annotations
@@ -9,6 +11,18 @@ from __future__ import annotations
 from specreplay.replay.models.messages import SchedulerOutput
 from specreplay.replay.models.runner import GPUModelRunner
 from specreplay.replay.models.scheduler import AsyncScheduler
+from specreplay.replay.workloads.config import EngineConfig
+
+
+def needs_draft_slots(cls: type, what: str, config: EngineConfig) -> str | None:
+    """A runner variant whose change concerns draft slots only does not apply to a workload
+    that books none (num_spec_tokens = 0): `what` its hook does, for the reason."""
+    if config.num_spec_tokens > 0:
+        return None
+    return (
+        f"{cls.__name__} {what}, and the workload books no draft slots (num_spec_tokens = 0); "
+        "pass a workload with num_spec_tokens > 0"
+    )
 
 
 def drop_draft_slots(out, rid: str) -> bool:
@@ -28,6 +42,11 @@ class DropReentryDraftsRunner(GPUModelRunner):
 
     def on_reentry(self, out: SchedulerOutput, rid: str) -> bool:
         return drop_draft_slots(out, rid)
+
+    @classmethod
+    def why_not(cls, config: EngineConfig) -> str | None:
+        """Sync or async alike a re-entering request can carry draft slots; without any, never."""
+        return needs_draft_slots(cls, "drops the draft slots of a request re-entering the batch", config)
 
 
 def drop_reentry_drafts_on(real_cls: type) -> type:
@@ -85,6 +104,12 @@ class NoClampRunner(GPUModelRunner):
     """vLLM <= 0.22: no clamp before the embedding; a -1 placeholder draft crashes the engine."""
 
     clamps_negative_ids = False
+
+    @classmethod
+    def why_not(cls, config: EngineConfig) -> str | None:
+        """A negative input id comes only from a -1 draft slot (an async placeholder, or the
+        padding of a one-token admission to 1 + k tokens, sync too): none without draft slots."""
+        return needs_draft_slots(cls, "leaves -1 draft slots unclamped", config)
 
 
 def _hide_other_lives(requests: dict, scheduled_for: dict) -> dict:

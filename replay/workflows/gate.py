@@ -1,9 +1,15 @@
 """The regression gate: replay each golden trace through an implementation, check it, compare it.
 
 Where it sits: traces -> replay -> **diff**, over a corpus. `run_gate` returns one `GateResult`
-per golden (pass, fail, changed or error) and never prints; `GateResult.failed` says which fail
-the gate; `cli/gate.py` renders the results (table, JSON, JUnit XML, GitHub annotations).
+per golden (pass, fail, changed, error or n/a) and never prints; `GateResult.failed` says which
+fail the gate; `cli/gate.py` renders the results (table, JSON, JUnit XML, GitHub annotations).
 `update_goldens` rewrites goldens from the current implementation and says what changed.
+
+What ran is what was asked: a golden whose workload the implementation does not apply to
+(`Implementation.why_not`: an AsyncScheduler variant on a synchronous golden, ...) is `n/a`
+with the reason, never rerun through something else; and every rerun's header must name the
+scheduler, runner and executor the implementation asked for (`Implementation.expected`), else
+the gate stops on `RanOtherThanAsked`, a specreplay bug (exit 3), not a verdict on the code.
 
 A golden that is a recording (a live or attached vLLM's trace with its outcomes; `plan_replay`
 decides, as for `replay`) is rerun on its recorded outcomes through the implementation under
@@ -48,7 +54,7 @@ def collect(paths: list[Path]) -> list[Path]:
 @dataclass
 class GateResult:
     path: str
-    result: str  # pass | fail | changed | error
+    result: str  # pass | fail | changed | error | n/a (the implementation does not apply: message says why)
     impl: str = ""
     golden_impl: str = ""
     findings: list[Finding] = field(default_factory=list)  # invariant findings of the new trace
@@ -58,10 +64,11 @@ class GateResult:
     # Codes the new trace gave no ground truth to check (a live engine's: no oracle): a pass
     # says nothing about them.
     unchecked: list[str] = field(default_factory=list)
-    message: str = ""  # one line: why, for fail / changed / error
+    message: str = ""  # one line: why, for fail / changed / error / n/a
 
     def failed(self, allow_changed: bool = False) -> bool:
-        """Whether this trace fails the gate: fail and error always, changed unless allowed."""
+        """Whether this trace fails the gate: fail and error always, changed unless allowed; n/a
+        never (nothing ran: the gate fails only when no golden at all applied)."""
         return self.result in ("fail", "error") or (self.result == "changed" and not allow_changed)
 
     @property
@@ -86,6 +93,20 @@ class GateOptions:
     # recorded | synthetic | None: each golden's default (`replaying.default_oracle`); --engine
     # vllm alone means synthetic (a live engine makes its own outcomes).
     oracle: str | None = None
+
+
+class RanOtherThanAsked(RuntimeError):
+    """A rerun's header names other classes than the implementation asked for: specreplay ran
+    something in place of the code under test. A bug of specreplay's, never a verdict on that code."""
+
+
+def check_ran_as_asked(path: str, impl, trace, config, engine: str) -> None:
+    """Hold the classes a rerun's header says ran to those `impl` asks for on `engine`."""
+    asked = impl.expected(config, engine)
+    ran = {key: trace.impl.get(key) for key in asked}
+    if ran != asked:
+        wrong = "; ".join(f"{key}: asked {asked[key]}, ran {ran[key]}" for key in asked if ran[key] != asked[key])
+        raise RanOtherThanAsked(f"{path}: {impl.name} on {engine} did not run what it asked for ({wrong})")
 
 
 def fingerprint(trace) -> dict[str, Any]:
@@ -142,6 +163,7 @@ def gate_one(path: str, options: GateOptions) -> GateResult:
     """Replay one golden through the implementation under test. Never raises for bad input."""
     from specreplay.replay.check.checker import check_trace, unchecked_codes
     from specreplay.replay.check.tracediff import diff_batches
+    from specreplay.replay.impls.registry import NotApplicable
     from specreplay.traces.io import open_trace
     from specreplay.traces.trace import package_version
 
@@ -149,8 +171,11 @@ def gate_one(path: str, options: GateOptions) -> GateResult:
         golden = open_trace(path)
         plan = golden_plan(golden, path, options)
         impl, trace = replay_golden(golden, plan, options)
+    except NotApplicable as exc:  # nothing ran: neither a pass nor a failure of the code
+        return GateResult(path, "n/a", impl=exc.impl, golden_impl=golden.impl_name, message=exc.reason)
     except InputError as exc:
         return GateResult(path, "error", impl=options.impl or "", message=str(exc))
+    check_ran_as_asked(path, impl, trace, plan.workload.config, plan.engine)
     result = GateResult(path, "pass", impl=impl.name, golden_impl=golden.impl_name)
     made_by = fingerprint(golden)
     if made_by["impl"] != impl.name:
@@ -204,7 +229,7 @@ def run_gate(paths: list[Path], options: GateOptions, jobs: int = 1) -> list[Gat
 @dataclass
 class UpdateResult:
     path: str
-    status: str  # unchanged | updated | refused (a recording) | error
+    status: str  # unchanged | updated | refused (a recording) | error | n/a (the implementation does not apply)
     changed_fields: dict[str, int] = field(default_factory=dict)
     first: Finding | None = None
     message: str = ""
@@ -214,8 +239,10 @@ def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult
     """Re-record each golden from the implementation under test and write it in place. A golden
     the gate reruns on recorded outcomes is refused, unwritten: a rerun would put the reference's
     rows where the engine's own were, and nothing could bring those back. Re-recording it on its
-    own engine is asked for with `oracle="synthetic"` (a live golden: a fresh live run)."""
+    own engine is asked for with `oracle="synthetic"` (a live golden: a fresh live run). A golden
+    the implementation does not apply to is left as it is (n/a)."""
     from specreplay.replay.check.tracediff import diff_traces
+    from specreplay.replay.impls.registry import NotApplicable
     from specreplay.replay.workflows.recording import check_device
     from specreplay.traces.io import open_trace, write_trace
 
@@ -230,6 +257,9 @@ def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult
                 continue
             _, trace = replay_golden(golden, plan, options)
             golden = golden.read()
+        except NotApplicable as exc:
+            out.append(UpdateResult(str(path), "n/a", message=exc.reason))
+            continue
         except InputError as exc:
             out.append(UpdateResult(str(path), "error", message=str(exc)))
             continue

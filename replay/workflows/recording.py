@@ -9,7 +9,8 @@ removed once the trace is written. An implementation that raises ends its run as
 trace like any other (engines/crash.py); when the run stops on an error (bad input, a failure of
 specreplay's own), the steps recorded before it stay in the journal and an input error says how
 to recover them; `recover_to` turns such a journal into an ordinary trace (outcome `partial`).
-Nothing here prints: progress goes to a callback.
+An implementation that does not apply to the workload (`Implementation.why_not`) is refused
+before anything runs, never replaced by another. Nothing here prints: progress goes to a callback.
 """
 
 from __future__ import annotations
@@ -73,19 +74,23 @@ def pick_workload(
     workload_file: Path | None = None,
     seed: int | None = None,
     max_steps: int | None = None,
+    vllm_version: str | None = None,
 ) -> Workload:
     """Exactly one of a built-in scenario (seed default 0) or a workload file (seed, when given,
-    overrides the file's); `max_steps` overrides the workload's own."""
+    overrides the file's); `max_steps` overrides the workload's own. `vllm_version`: the release
+    to model; None: a workload file's own, else the default (engines/vllm_setup.py)."""
+    from specreplay.replay.engines.vllm_setup import default_vllm_version
     from specreplay.replay.workloads.scenarios import build_scenario
     from specreplay.replay.workloads.workload import load_workload
 
     if (scenario is None) == (workload_file is None):
         raise InputError("give exactly one of --scenario NAME or --workload FILE")
     if scenario:
-        workload = build_scenario(scenario, seed or 0)
+        workload = build_scenario(scenario, seed or 0).at_version(vllm_version or default_vllm_version())
     else:
-        workload = load_workload(workload_file)
+        workload = load_workload(workload_file, default_vllm_version())
         workload = workload if seed is None else replace(workload, seed=seed)
+        workload = workload if vllm_version is None else workload.at_version(vllm_version)
     return workload if max_steps is None else replace(workload, max_steps=max_steps)
 
 
@@ -119,6 +124,7 @@ def record_to(
     from specreplay.traces.journal import holds_steps
 
     implementation = resolve(impl, allow_import=allow_import, executor=executor)
+    implementation.require_applies(workload.config, f"workload {workload.name!r}")  # nothing runs in its place
     check_device(device)
     journal = _claim_journal(output)
     with (progress or _no_progress)(f"{workload.name} via {implementation.name}") as update:
@@ -235,11 +241,21 @@ def compare_to(
     progress: ProgressBar | None = None,
 ) -> Comparison:
     """Record `workload` through each implementation into `output_dir` (one trace each, named
-    after the workload and the implementation) and check each one."""
+    after the workload and the implementation) and check each one. Refuses, before recording
+    any, when one of them does not apply to the workload (`Implementation.why_not`)."""
     from specreplay.replay.check.findings import verdict
+    from specreplay.replay.impls.registry import resolve
 
     if not impls:
         raise InputError("--impls: give at least one implementation name")
+    for name in impls:
+        impl = resolve(name, allow_import=True)
+        if impl.why_not(workload.config) is not None:
+            others = ",".join(n for n in impls if resolve(n, allow_import=True).why_not(workload.config) is None)
+            hint = f" (--impls {others} apply)" if others else ""
+            raise InputError(
+                f"{name} does not apply to workload {workload.name!r}: {impl.why_not(workload.config)}{hint}"
+            )
     if output_dir.exists() and not output_dir.is_dir():
         raise InputError(f"{output_dir}: exists and is not a folder")
     results = []
