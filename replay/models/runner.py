@@ -46,7 +46,9 @@ subtracts prev_num_draft_len - a = 2 and writes from K + 1, the first position n
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import chain
 
+import numpy as np
 import torch
 
 from specreplay.replay.models.input_batch import CachedRequestState, InputBatch
@@ -329,59 +331,69 @@ class GPUModelRunner:
 
     # ================================================================ inputs and forward
     def _prepare_inputs(self, out: SchedulerOutput, rows: list[str]) -> PreparedInputs:
-        starts, ns, ds, cu, flat, positions = [], [], [], [], [], []
-        discarded: list[bool] = []
-        seq_lens: list[int] = []
-        scatter_at: list[int] = []
-        scatter_src: list[int] = []
-        draft_at: list[int] = []
-        draft_src: list[int] = []
-        prev_map = self.input_batch.prev_req_id_to_index
-        width = self._draft_token_ids.shape[1] if self._draft_token_ids is not None else 0
-        total = 0
-        for x, rid in enumerate(rows):
-            n = out.num_scheduled_tokens[rid]
-            d = len(out.scheduled_spec_decode_tokens.get(rid, ()))
-            if d >= n:
-                raise MalformedSchedulerOutput(
-                    f"request {rid!r} has {d} draft slots inside {n} scheduled tokens at step {out.step}"
-                )
-            cpu_start = self.input_batch.num_computed_tokens_cpu[x]
-            prev_row = prev_map.get(rid, -1) if self.use_async_scheduling else -1
-            start = cpu_start
-            if (
-                prev_row >= 0
-                and prev_row < len(self.prev_num_draft_tokens)
-                and self.prev_num_draft_tokens[prev_row] > 0
-            ):
-                # The GPU kernel: true start of m-1 plus its valid count is the true start of m.
-                start = self.prev_starts[prev_row] + self.valid_sampled_token_count_cpu[prev_row]
-            tokens = self.input_batch.token_ids[x][cpu_start : cpu_start + n]
-            # Past the row's known tokens the real buffer holds whatever an earlier row left there;
-            # the reference pads with 0 so the run stays deterministic.
-            tokens = tokens + [0] * (n - len(tokens))
-            flat.extend(tokens)
-            positions.extend(range(start, start + n))
-            total += n
-            if prev_row >= 0 and self.prev_sampled_token_ids is not None:
-                scatter_at.append(total - 1 - d)
-                scatter_src.append(prev_row)
-                if self._draft_token_ids is not None:
-                    for j in range(min(d, width)):
-                        draft_at.append(total - d + j)
-                        draft_src.append(prev_row * width + j)
-            # vLLM's discard mask: the step ends before the worker's known tokens do.
-            discarded.append(cpu_start + n < self.requests[rid].num_tokens)
-            seq_lens.append(cpu_start + n)
-            starts.append(start)
-            ns.append(n)
-            ds.append(d)
-            cu.append(total)
+        """vLLM's _prepare_inputs over the whole batch: per-row counts read once, then the
+        starts, positions, scatter indexes and discard mask as array operations."""
+        num_rows = len(rows)
+        batch = self.input_batch
+        sched, spec = out.num_scheduled_tokens, out.scheduled_spec_decode_tokens
+        ns_l = [sched[rid] for rid in rows]
+        ds_l = [len(spec[rid]) if rid in spec else 0 for rid in rows]
+        ns, ds = np.array(ns_l, dtype=np.int64), np.array(ds_l, dtype=np.int64)
+        if num_rows and (ds >= ns).any():
+            x = int(np.argmax(ds >= ns))
+            raise MalformedSchedulerOutput(
+                f"request {rows[x]!r} has {ds_l[x]} draft slots inside {ns_l[x]} scheduled tokens at step {out.step}"
+            )
+        cpu_l = batch.num_computed_tokens_cpu[:num_rows]
+        cpu = np.array(cpu_l, dtype=np.int64)
+        cu = np.cumsum(ns)
+        total = int(cu[-1]) if num_rows else 0
+        begin = cu - ns
+        if self.use_async_scheduling:
+            prev_map = batch.prev_req_id_to_index
+            prev = np.array([prev_map.get(rid, -1) for rid in rows], dtype=np.int64)
+        else:
+            prev = np.full(num_rows, -1, dtype=np.int64)
+        starts = cpu.copy()
+        pnd = np.array(self.prev_num_draft_tokens, dtype=np.int64)
+        if len(pnd) and pnd.any():
+            # The GPU kernel: true start of m-1 plus its valid count is the true start of m.
+            known = (prev >= 0) & (prev < len(pnd))
+            at = np.where(known, prev, 0)
+            fix = known & (pnd[at] > 0)
+            if fix.any():
+                ps = np.array(self.prev_starts, dtype=np.int64)
+                vc = np.array(self.valid_sampled_token_count_cpu, dtype=np.int64)
+                starts[fix] = ps[at[fix]] + vc[at[fix]]
+        # The gather from each row's token buffer; past the row's known tokens the real buffer
+        # holds whatever an earlier row left there, the reference pads with 0 (deterministic).
+        buffers = batch.token_ids
+        chunks = [buffers[x][c : c + n] for x, c, n in zip(range(num_rows), cpu_l, ns_l)]
+        flat = list(chain.from_iterable(chunks))
+        if len(flat) != total:
+            flat = list(chain.from_iterable(t + [0] * (n - len(t)) for t, n in zip(chunks, ns_l)))
+        positions = np.arange(total, dtype=np.int64) + np.repeat(starts - begin, ns)
+        scatter_at, scatter_src, draft_at, draft_src = [], [], [], []
+        if self.prev_sampled_token_ids is not None:
+            has = prev >= 0
+            scatter_at = (cu - 1 - ds)[has].tolist()
+            scatter_src = prev[has].tolist()
+            if self._draft_token_ids is not None:
+                width = self._draft_token_ids.shape[1]
+                j = np.arange(width, dtype=np.int64)
+                mask = has[:, None] & (j[None, :] < np.minimum(ds, width)[:, None])
+                draft_at = ((cu - ds)[:, None] + j[None, :])[mask].tolist()
+                draft_src = (prev[:, None] * width + j[None, :])[mask].tolist()
         ids = torch.tensor(flat, dtype=torch.int64, device=self.device)
         self.scatter_prev_sampled(ids, scatter_at, scatter_src, draft_at, draft_src)
-        draft_ids, negatives = self.clamp_inputs(out, rows, ids, cu, ds)
-        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
-        return PreparedInputs(rows, starts, ns, ds, cu, ids, pos, draft_ids, negatives, discarded, seq_lens)
+        cu_l = cu.tolist()
+        draft_ids, negatives = self.clamp_inputs(out, rows, ids, cu_l, ds_l)
+        pos = torch.from_numpy(positions).to(self.device)
+        # vLLM's discard mask: the step ends before the worker's known tokens do.
+        requests = self.requests
+        seq_l = (cpu + ns).tolist()
+        discarded = [end < requests[rid].num_tokens for rid, end in zip(rows, seq_l)]
+        return PreparedInputs(rows, starts.tolist(), ns_l, ds_l, cu_l, ids, pos, draft_ids, negatives, discarded, seq_l)
 
     def scatter_prev_sampled(
         self, ids: torch.Tensor, token_at: list[int], token_rows: list[int], draft_at: list[int], draft_slots: list[int]
@@ -404,19 +416,29 @@ class GPUModelRunner:
         """The drafts each row feeds the rejection sampler and its negative input ids, read
         before the clamp (vLLM gathers the spec metadata first); then the clamp, or without it
         (`clamps_negative_ids = False`) the embedding's failure."""
-        host = ids.tolist()
-        draft_ids = [host[cu[x] - num_drafts[x] : cu[x]] for x in range(len(rows))]
-        negatives = []
-        begin = 0
-        for x in range(len(rows)):
-            negatives.append(sum(1 for t in host[begin : cu[x]] if t < 0))
-            begin = cu[x]
-        if any(negatives):
-            if self.clamps_negative_ids:
-                ids.clamp_(min=0)
-            else:
-                bad = next(rows[x] for x in range(len(rows)) if negatives[x])
-                raise NegativeInputIdError(f"input id -1 reached the embedding for request {bad!r} at step {out.step}")
+        num_rows = len(rows)
+        width = max(num_drafts, default=0)
+        if width:
+            dev = self.device
+            ends = torch.tensor(cu, dtype=torch.int64, device=dev)
+            d = torch.tensor(num_drafts, dtype=torch.int64, device=dev)
+            index = (ends - d)[:, None] + torch.arange(width, device=dev)[None, :]
+            gathered = ids[index.clamp_(max=max(ids.numel() - 1, 0))].tolist()
+            draft_ids = [g[:n] for g, n in zip(gathered, num_drafts)]
+        else:
+            draft_ids = [[] for _ in range(num_rows)]
+        negative = ids < 0
+        if not bool(negative.any()):
+            return draft_ids, [0] * num_rows
+        ends = torch.tensor(cu, dtype=torch.int64, device=ids.device)
+        row_of = torch.searchsorted(ends, torch.arange(ids.numel(), device=ids.device), right=True)
+        negatives = torch.zeros(num_rows, dtype=torch.int64, device=ids.device)
+        negatives = negatives.index_add_(0, row_of, negative.to(torch.int64)).tolist()
+        if self.clamps_negative_ids:
+            ids.clamp_(min=0)
+        else:
+            bad = next(rows[x] for x in range(num_rows) if negatives[x])
+            raise NegativeInputIdError(f"input id -1 reached the embedding for request {bad!r} at step {out.step}")
         return draft_ids, negatives
 
     def forward(self, inputs: PreparedInputs) -> torch.Tensor:
@@ -427,10 +449,9 @@ class GPUModelRunner:
         return self.model.forward(inputs.input_ids, inputs.positions, self._hashes(inputs))
 
     def _hashes(self, inputs: PreparedInputs) -> torch.Tensor:
-        per_token: list[int] = []
-        for x, rid in enumerate(inputs.rows):
-            per_token.extend([self.oracle.hash(rid)] * inputs.num_scheduled[x])
-        return torch.tensor(per_token, dtype=torch.int64, device=self.device)
+        per_row = torch.tensor([self.oracle.hash(rid) for rid in inputs.rows], dtype=torch.int64, device=self.device)
+        counts = torch.tensor(inputs.num_scheduled, dtype=torch.int64, device=self.device)
+        return torch.repeat_interleave(per_row, counts)
 
     def write_kv(self, inputs: PreparedInputs) -> None:
         """Issue the KV writes of every scheduled token: its id (what the model read) into the
@@ -438,38 +459,40 @@ class GPUModelRunner:
         life. A position outside the row's blocks has no slot and is dropped (the KV ground
         truth marks it broken). The writes land when the forward is done (`commit_kv`)."""
         slots, keep, writers = self.kv_slots(inputs)
-        if slots:
-            dev = self.device
-            index = torch.tensor(keep, dtype=torch.int64, device=dev)
-            at = torch.tensor(slots, dtype=torch.int64, device=dev)
-            marks = torch.tensor(writers, dtype=torch.int64, device=dev)
-            self.kv_in_flight.append((at, inputs.input_ids[index], marks))
+        if slots.numel():
+            self.kv_in_flight.append((slots, inputs.input_ids[keep], writers))
 
-    def kv_slots(self, inputs: PreparedInputs) -> tuple[list[int], list[int], list[int]]:
+    def kv_slots(self, inputs: PreparedInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The KV slot of every scheduled token that has one, its index in the flat inputs and
-        the handle of the request life writing it."""
+        the handle of the request life writing it, for the whole batch at once (vLLM's slot
+        mapping: the block table flattened, each position's block looked up in its row's part).
+        Notes which handles wrote each block (`kv_last_blocks`)."""
         bs = self.config.block_size
-        slots: list[int] = []
-        keep: list[int] = []
-        writers: list[int] = []
-        begin = 0
+        dev = self.device
+        num_rows = len(inputs.rows)
+        tables = self.input_batch.block_table[:num_rows]
+        lengths = torch.tensor([len(t) for t in tables], dtype=torch.int64)
+        flat_blocks = torch.tensor(list(chain.from_iterable(tables)), dtype=torch.int64)
+        counts = torch.tensor(inputs.num_scheduled, dtype=torch.int64)
+        row_of = torch.repeat_interleave(torch.arange(num_rows), counts)
+        begin = torch.cumsum(counts, 0) - counts
+        offset = torch.arange(int(counts.sum())) - begin[row_of]
+        pos = torch.tensor(inputs.starts, dtype=torch.int64)[row_of] + offset
+        block_index = torch.div(pos, bs, rounding_mode="floor")
+        keep = torch.nonzero((block_index >= 0) & (block_index < lengths[row_of])).flatten()
+        row_kept = row_of[keep]
+        table_at = (torch.cumsum(lengths, 0) - lengths)[row_kept] + block_index[keep]
+        blocks = flat_blocks[table_at]
+        slots = blocks * bs + pos[keep] % bs
+        handles = torch.tensor([self.kv_handle(rid) for rid in inputs.rows], dtype=torch.int64)
+        writers = handles[row_kept]
         touched: dict[int, set[int]] = {}
-        for x, rid in enumerate(inputs.rows):
-            blocks = self.input_batch.block_table[x]
-            start = inputs.starts[x]
-            before = len(slots)
-            for j in range(inputs.num_scheduled[x]):
-                pos = start + j
-                if 0 <= pos // bs < len(blocks):
-                    slots.append(blocks[pos // bs] * bs + pos % bs)
-                    keep.append(begin + j)
-            handle = self.kv_handle(rid)
-            writers.extend([handle] * (len(slots) - before))
-            for block in {slot // bs for slot in slots[before:]}:
-                touched.setdefault(block, set()).add(handle)
-            begin = inputs.cu[x]
+        if keep.numel():
+            span = len(self.kv_writers) + 1
+            for key in torch.unique(blocks * span + writers).tolist():
+                touched.setdefault(key // span, set()).add(key % span)
         self.kv_last_blocks = touched
-        return slots, keep, writers
+        return slots.to(dev), keep.to(dev), writers.to(dev)
 
     def kv_handle(self, rid: str) -> int:
         """The handle request `rid`'s current life marks its KV writes with (given on first use
@@ -509,62 +532,67 @@ class GPUModelRunner:
     def rejection_sample(
         self, inputs: PreparedInputs, targets: torch.Tensor
     ) -> tuple[list[list[int]], list[int], list[bool]]:
-        """Greedy rejection sampling on the device: accept the longest prefix of drafts equal to
-        the target's argmax (a negative draft is always rejected), then one bonus/recovered
-        token. Rows whose step is a non-final prefill chunk emit nothing."""
+        """Greedy rejection sampling on the device, the whole batch at once: accept the longest
+        prefix of drafts equal to the target's argmax (a negative draft is always rejected), then
+        one bonus/recovered token. Rows whose step is a non-final prefill chunk emit nothing."""
         num_rows = len(inputs.rows)
         width = max(inputs.num_drafts, default=0)
         dev = self.device
         discarded = inputs.discarded
-        # Built as host lists and copied once: one tensor per step, not one per row.
-        slots: list[list[int]] = []
-        padded: list[list[int]] = []
-        for x in range(num_rows):
-            d = inputs.num_drafts[x]
-            last = inputs.cu[x] - 1
-            first = last - d
-            slots.append([min(first + j, last) for j in range(width + 1)])
-            padded.append(inputs.draft_ids[x] + [-1] * (max(width, 1) - d))
-        slot_index = torch.tensor(slots, dtype=torch.int64, device=dev).reshape(num_rows, width + 1)
-        drafts = torch.tensor(padded, dtype=torch.int64, device=dev).reshape(num_rows, max(width, 1))
+        d = torch.tensor(inputs.num_drafts, dtype=torch.int64, device=dev)
+        last = torch.tensor(inputs.cu, dtype=torch.int64, device=dev) - 1
+        slot_index = torch.minimum((last - d)[:, None] + torch.arange(width + 1, device=dev)[None, :], last[:, None])
         target = targets[slot_index]  # [rows, width + 1]
         if width:
-            valid = torch.arange(width, device=dev)[None, :] < torch.tensor(inputs.num_drafts, device=dev)[:, None]
-            match = (drafts[:, :width] == target[:, :width]) & (drafts[:, :width] >= 0) & valid
+            padded = [fed + [-1] * (width - len(fed)) for fed in inputs.draft_ids]
+            drafts = torch.tensor(padded, dtype=torch.int64, device=dev).reshape(num_rows, width)
+            valid = torch.arange(width, device=dev)[None, :] < d[:, None]
+            match = (drafts == target[:, :width]) & (drafts >= 0) & valid
             accepted_t = torch.cumprod(match.to(torch.int64), dim=1).sum(dim=1)
         else:
             accepted_t = torch.zeros(num_rows, dtype=torch.int64, device=dev)
         target_host = target.tolist()  # the D2H copy of the sampled tokens
         accepted = accepted_t.tolist()
-        emitted = [[] if discarded[x] else target_host[x][: accepted[x] + 1] for x in range(num_rows)]
+        emitted = [[] if gone else t[: a + 1] for t, a, gone in zip(target_host, accepted, discarded)]
         return emitted, accepted, discarded
 
     def propose_drafts(self, inputs: PreparedInputs, emitted: list[list[int]], discarded: list[bool]) -> None:
         """The drafter proposes k tokens after each row's last emitted token, from the seeded
         acceptance rule (schedule-independent). Discarded rows get zeros, and so does every row
         when the longest optimistic sequence plus k does not fit the drafter's max length
-        (vLLM's `_input_fits_in_drafter`): the drafter is skipped for the whole batch."""
-        proposals: list[list[int]] = []
+        (vLLM's `_input_fits_in_drafter`): the drafter is skipped for the whole batch. The fixed
+        drafter asks the oracle for the whole batch at once (`Oracle.draft_rows`)."""
+        rows = inputs.rows
         fits = max(inputs.seq_lens, default=0) + self.k <= self.config.max_model_len
-        for x, rid in enumerate(inputs.rows):
-            if discarded[x] or not self.k or not fits:
-                proposals.append([0] * self.k if self.drafter == "fixed" else [])
-                continue
-            last_position = inputs.starts[x] + inputs.num_scheduled[x] - inputs.num_drafts[x] - 1 + len(emitted[x])
-            proposals.append(
-                self.oracle.drafts(rid, last_position + 1, self.k, len(self.requests[rid].prompt_token_ids))
-            )
+        live = [x for x in range(len(rows)) if not discarded[x]] if self.k and fits else []
+        firsts = [
+            inputs.starts[x] + inputs.num_scheduled[x] - inputs.num_drafts[x] + len(emitted[x]) for x in live
+        ]  # the position after each live row's last emitted token
+        prompt_lens = [len(self.requests[rows[x]].prompt_token_ids) for x in live]
+        if self.drafter == "fixed":
+            table = np.zeros((len(rows), self.k), dtype=np.int64)
+            if live:
+                table[live] = self.oracle.draft_rows([rows[x] for x in live], firsts, self.k, prompt_lens)
+            if self.use_async_scheduling:
+                self._draft_token_ids = torch.from_numpy(table).to(self.device)
+            else:
+                keep = [x for x in range(len(rows)) if not discarded[x]]
+                self.sync_drafts = ([rows[x] for x in keep], table[keep].tolist())
+            return
+        proposals: list[list[int]] = [[] for _ in rows]
+        for x, first, prompt_len in zip(live, firsts, prompt_lens):
+            proposals[x] = self.oracle.drafts(rows[x], first, self.k, prompt_len)
         if self.drafter == "ngram_gpu" and self.k and fits:
             # Skipped for the whole batch, the drafter leaves the previous counts in place, as vLLM's buffer.
             self.num_valid_draft_tokens = [len(p) for p in proposals]
         if self.use_async_scheduling:
             padded = [p + [0] * (self.k - len(p)) for p in proposals]
             self._draft_token_ids = torch.tensor(padded, dtype=torch.int64, device=self.device).reshape(
-                len(inputs.rows), self.k
+                len(rows), self.k
             )
         else:
-            keep = [x for x in range(len(inputs.rows)) if not discarded[x]]
-            self.sync_drafts = ([inputs.rows[x] for x in keep], [proposals[x] for x in keep])
+            keep = [x for x in range(len(rows)) if not discarded[x]]
+            self.sync_drafts = ([rows[x] for x in keep], [proposals[x] for x in keep])
 
     def bookkeeping(
         self, inputs: PreparedInputs, emitted: list[list[int]], accepted: list[int], discarded: list[bool]

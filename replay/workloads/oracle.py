@@ -7,9 +7,17 @@ implementation or schedule runs it.
 A streaming session has one expected sequence per turn: turn t + 1 starts from turn t's
 sequence cut after its prompt and all but its last output (what vLLM keeps), then the chunk of
 input tokens the turn appends. Callers name the turn by its prompt length (they grow strictly).
+
+The runner asks for a whole batch at once (`draft_rows`): each request's expected sequence is
+a list extended in bulk when a position past its end is asked for, its draft correctness a
+byte string per request and turn extended the same way, and a batch's drafts one numpy
+gather and select over the rows (a subclass that answers `drafts` itself, the recorded oracle,
+is asked row by row).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from specreplay.replay.workloads import tokens
 from specreplay.replay.workloads.workload import RequestSpec, Workload
@@ -23,6 +31,7 @@ class Oracle:
         self._hash = {rid: tokens.request_hash(workload.seed, rid) for rid in self.specs}
         self._expected: dict[tuple[str, int], list[int]] = {}  # (request, turn) -> sequence
         self._acceptance = {rid: workload.acceptance_for(spec) for rid, spec in self.specs.items()}
+        self._correct: dict[str, bytearray] = {}  # random acceptance: 1 where the draft is right, by position
         #: Per streaming request: each turn's input (tokens, max_tokens), in the order they arrive.
         self.inputs: dict[str, list[tuple[int, int]]] = {}
         # Per streaming request: each turn's (prompt length, max_tokens); the turn by prompt length.
@@ -80,10 +89,16 @@ class Oracle:
 
     def token_at(self, rid: str, position: int, prompt_len: int | None = None) -> int:
         seq = self.expected(rid, prompt_len)
-        h = self._hash[rid]
-        while len(seq) <= position:
-            seq.append(tokens.next_token(h, len(seq) - 1, seq[-1], self.vocab))
+        if len(seq) <= position:
+            self._extend(rid, seq, position + 1)
         return seq[position]
+
+    def _extend(self, rid: str, seq: list[int], length: int) -> None:
+        """Extend `seq` (an expected sequence, in place) to `length` tokens by the model's rule."""
+        h, vocab, last = self._hash[rid], self.vocab, seq[-1]
+        for q in range(len(seq), length):
+            last = (tokens.MUL_TOKEN * last + tokens.MUL_POS * (q - 1) + h) % vocab
+            seq.append(last)
 
     def stop_token(self, rid: str) -> int | None:
         """The stop token id of a request with `stop_at = N`: its expected N-th output token. Like
@@ -95,13 +110,52 @@ class Oracle:
         return self.token_at(rid, spec.prompt_len + spec.stop_at - 1)
 
     def drafts(self, rid: str, first_position: int, k: int, prompt_len: int | None = None) -> list[int]:
+        seq = self.expected(rid, prompt_len)
+        if len(seq) < first_position + k:
+            self._extend(rid, seq, first_position + k)
+        true = seq[first_position : first_position + k]
+        correct = self._correctness(rid, first_position, k)
+        return [t if c else (t + 1) % self.vocab for t, c in zip(true, correct)]
+
+    def _correctness(self, rid: str, first_position: int, k: int) -> bytes | list[bool]:
+        """Is the draft for positions first_position.. the true token (the acceptance rule)?"""
         kind, p = self._acceptance[rid]
-        out = []
-        for q in range(first_position, first_position + k):
-            true = self.token_at(rid, q, prompt_len)
-            correct = tokens.draft_is_correct(kind, p, self.workload.seed, rid, q)
-            out.append(true if correct else (true + 1) % self.vocab)
-        return out
+        if kind == "all" or kind == "none":
+            return [kind == "all"] * k
+        if kind == "alternate":
+            return [q % 2 == 0 for q in range(first_position, first_position + k)]
+        known = self._correct.setdefault(rid, bytearray())
+        if len(known) < first_position + k:  # extended in bulk: the rule is per (seed, request, position)
+            seed = self.workload.seed
+            known.extend(
+                tokens.draft_is_correct(kind, p, seed, rid, q) for q in range(len(known), 2 * (first_position + k))
+            )
+        return known[first_position : first_position + k]
+
+    def draft_rows(
+        self, rids: list[str], first_positions: list[int], k: int, prompt_lens: list[int | None]
+    ) -> np.ndarray:
+        """`drafts` for a batch of rows at once: an int64 array [rows, k]. The true tokens are
+        sliced from each row's expected sequence, then the acceptance rule is applied to the whole
+        batch (a subclass with its own `drafts` is asked row by row)."""
+        rows = len(rids)
+        if type(self).drafts is not Oracle.drafts or rows == 0 or k == 0:
+            out = [self.drafts(r, f, k, pl) for r, f, pl in zip(rids, first_positions, prompt_lens)]
+            return np.array(out, dtype=np.int64).reshape(rows, k)
+        true = np.empty((rows, k), dtype=np.int64)
+        correct = np.empty((rows, k), dtype=bool)
+        expected, acceptance = self.expected, self._acceptance
+        for x, (rid, first, pl) in enumerate(zip(rids, first_positions, prompt_lens)):
+            seq = expected(rid, pl)
+            if len(seq) < first + k:
+                self._extend(rid, seq, first + k)
+            true[x] = seq[first : first + k]
+            kind = acceptance[rid][0]
+            if kind == "all" or kind == "none":
+                correct[x] = kind == "all"
+            else:
+                correct[x] = self._correctness(rid, first, k)
+        return np.where(correct, true, (true + 1) % self.vocab)
 
     def mismatches(
         self, rid: str, first_output_index: int, tokens: tuple[int, ...] | list[int], prompt_len: int | None = None
@@ -109,4 +163,9 @@ class Oracle:
         """How many of `tokens`, appended as outputs starting at `first_output_index` (of the
         turn whose prompt has `prompt_len` tokens), differ from the expected outputs."""
         base = (self.specs[rid].prompt_len if prompt_len is None else prompt_len) + first_output_index
-        return sum(1 for j, t in enumerate(tokens) if t != self.token_at(rid, base + j, prompt_len))
+        if type(self).token_at is not Oracle.token_at:
+            return sum(1 for j, t in enumerate(tokens) if t != self.token_at(rid, base + j, prompt_len))
+        seq = self.expected(rid, prompt_len)
+        if len(seq) < base + len(tokens):
+            self._extend(rid, seq, base + len(tokens))
+        return sum(1 for t, e in zip(tokens, seq[base : base + len(tokens)]) if t != e)
