@@ -104,6 +104,9 @@ def _report(report) -> None:
         f"seed {summary['seed']}) in {summary['seconds']} s"
     )
     out.print(f"situations reached (workloads): {cov}")
+    drawn = _settings_line(summary.get("settings", {}))
+    if drawn:
+        out.print(f"engine settings drawn (workloads): {drawn}")
     if not summary["findings"]:
         out.print("no finding")
         return
@@ -125,6 +128,15 @@ def _report(report) -> None:
         f"next: specreplay shrink {output_dir / summary['findings'][worst]['trace']} --code {worst} "
         "-o min.parquet --emit-pytest test_min.py"
     )
+
+
+def _settings_line(settings: dict[str, int]) -> str:
+    """`{"async": 30, "k=0": 2, "k=3": 9}` -> `async 30; k 0: 2, 3: 9` (explore.json's order)."""
+    groups: dict[str, list[str]] = {}
+    for name, count in settings.items():
+        key, _, value = name.partition("=")
+        groups.setdefault(key, []).append(f"{value}: {count}" if value else str(count))
+    return "; ".join(f"{key} {', '.join(values)}" for key, values in groups.items())
 
 
 @contextmanager

@@ -22,15 +22,16 @@ import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specreplay.replay.workloads.config import EngineConfig
-from specreplay.replay.workloads.workload import RequestSpec, Workload
+from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
 
 if TYPE_CHECKING:
+    from specreplay.replay.impls.registry import Implementation
     from specreplay.replay.workflows.backends import Backend
 
 PROFILES = (
@@ -43,9 +44,11 @@ PROFILES = (
     "idle-gaps",
     "sync",
     "events",
+    "model-len-edge",
 )
 GENERATION = 16  # candidates per generation
-ACCEPTANCES = ("all", "none", "alternate", "random:0.3", "random:0.7")
+REDRAWS = 8  # draws of one candidate seed before it reports that the implementation applies to none
+WhyNot = Callable[[EngineConfig], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,9 @@ class Candidate:
     seed: int
     profiles: tuple[str, ...]
 
-    def workload(self) -> Workload:
-        return candidate_workload(self.seed, self.profiles)
+    def workload(self, impl: Implementation | None = None) -> Workload:
+        """Its workload; with `impl`, one that implementation applies to (`candidate_workload`)."""
+        return candidate_workload(self.seed, self.profiles, impl.why_not if impl is not None else None)
 
 
 @dataclass
@@ -64,74 +68,32 @@ class CaseResult:
     seed: int
     profiles: tuple[str, ...]
     findings: dict[str, dict[str, Any]]  # code -> first finding (severity, step, request, message)
-    features: frozenset[str]
+    features: frozenset[str]  # the situations its run reached (check/situations.py)
     steps: int
     requests: int = 0
     error: str = ""  # the workload could not run (bad input): reported, the search goes on
+    settings: frozenset[str] = frozenset()  # the engine settings its workload drew
 
 
-def candidate_workload(seed: int, profiles: tuple[str, ...]) -> Workload:
-    """A small workload (2-8 requests, short prompts and outputs) from a seed and a profile mix."""
-    rng = random.Random(f"workload:{seed}")
-    on = set(profiles)
-    k = rng.choice((1, 2, 3, 3, 4))
-    num_requests = rng.randint(2, 8)
-    budget = rng.choice((8, 12, 16, 24, 32, 48))
-    max_num_seqs = rng.choice((2, 4, 8))
-    if "budget-edge" in on:
-        # m decoding requests' worth of 1 + k tokens, give or take one, with more than m running:
-        # the running loop stops before the last ones, which re-enter a step later.
-        max_num_seqs = max(max_num_seqs, 3)
-        m = rng.randint(1, max(1, min(num_requests, max_num_seqs) - 1))
-        budget = max(2, m * (1 + k) + rng.choice((-1, 0, 0, 1)))
-    threshold = rng.choice((0, 8, 16)) if "long-prompts" in on else 0
-    block_size = rng.choice((4, 8, 16))
-    requests, longest, arrival = [], 0, 1
-    for i in range(num_requests):
-        long = "long-prompts" in on and rng.random() < 0.5
-        prompt_len = rng.randint(20, 80) if long else rng.randint(2, 12)
-        max_tokens = rng.randint(1, 20)
-        if "burst" in on or "budget-edge" in on:
-            arrival = rng.choice((1, 1, 1, rng.randint(2, 12)))
-        elif "idle-gaps" in on:
-            arrival = arrival + (rng.randint(8, 30) if rng.random() < 0.4 else 0)
-        else:
-            arrival = rng.choice((1, rng.randint(1, 8)))
-        abort = arrival + rng.randint(1, 8) if "aborts" in on and rng.random() < 0.4 else None
-        per_request = rng.choice(ACCEPTANCES) if "acceptance" in on and rng.random() < 0.7 else None
-        stop_at = rng.randint(1, max_tokens) if rng.random() < 0.1 else None
-        requests.append(
-            RequestSpec(
-                str(i),
-                arrival_step=arrival,
-                prompt_len=prompt_len,
-                max_tokens=max_tokens,
-                abort_step=abort,
-                stop_at=stop_at,
-                acceptance=per_request,
-            )
-        )
-        longest = max(longest, prompt_len + max_tokens + k)
-    per_request_blocks = -(-longest // block_size)
-    spare = rng.randint(0, 3) if "kv-pressure" in on else 4 * num_requests * per_request_blocks
-    config = EngineConfig(
-        max_num_batched_tokens=budget,
-        max_num_seqs=min(budget, max_num_seqs),
-        num_spec_tokens=k,
-        async_scheduling="sync" not in on or rng.random() < 0.3,
-        block_size=block_size,
-        num_blocks=1 + per_request_blocks + spare,
-        max_model_len=256,
-        long_prefill_token_threshold=threshold,
-    )
-    name = f"explore-{seed}-{'+'.join(profiles) or 'plain'}"
-    acceptance = rng.choice(ACCEPTANCES)
-    events: tuple = ()
-    if "events" in on:
-        from specreplay.replay.workloads.generators import draw_events
+def candidate_workload(seed: int, profiles: tuple[str, ...], why_not: WhyNot | None = None) -> Workload:
+    """The candidate's workload (generators.explore_workload), one the implementation applies to:
+    `why_not` is its `Implementation.why_not`. A draw it refuses runs in the other scheduling
+    mode if that applies (a user's AsyncScheduler gets async workloads only, a sync Scheduler
+    sync ones), else is drawn again (up to REDRAWS times); deterministic, so a seed still names
+    one workload for one implementation."""
+    from specreplay.replay.workloads.generators import explore_workload
 
-        requests, events = draw_events(random.Random(f"events:{seed}"), requests, config, last_step=15)
-    return Workload(tuple(requests), config, name=name, seed=seed, acceptance=acceptance, max_steps=400, events=events)
+    reason = ""
+    for attempt in range(REDRAWS):
+        workload = explore_workload(seed, profiles, attempt)
+        if why_not is None:
+            return workload
+        other = replace(workload.config, async_scheduling=not workload.config.async_scheduling)
+        for config in (workload.config, other):
+            reason = why_not(config) or ""
+            if not reason:
+                return replace(workload, config=config)
+    raise InputError(f"no workload drawn for seed {seed} applies to the implementation: {reason}")
 
 
 # ---------------------------------------------------------------------- one candidate
@@ -139,12 +101,14 @@ def run_candidate(impl_name: str, engine: str, candidate: Candidate) -> CaseResu
     """Run one candidate and keep what the search needs (module level: process pools and Ray
     workers import it)."""
     from specreplay.replay.check.checker import check_trace
+    from specreplay.replay.check.situations import settings, situations
     from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
 
     try:
         impl = resolve(impl_name, allow_import=True)
-        trace = run_workload(candidate.workload(), impl, engine=engine)
+        workload = candidate.workload(impl)
+        trace = run_workload(workload, impl, engine=engine)
     except InputError as exc:
         return CaseResult(candidate.index, candidate.seed, candidate.profiles, {}, frozenset(), 0, 0, str(exc))
     findings: dict[str, dict[str, Any]] = {}
@@ -160,51 +124,15 @@ def run_candidate(impl_name: str, engine: str, candidate: Candidate) -> CaseResu
         situations(trace),
         trace.num_steps,
         len(trace.workload["requests"]),
+        settings=settings(workload.config.to_dict(), max(r.prompt_len + r.max_tokens for r in workload.requests)),
     )
 
 
 def situations(trace) -> frozenset[str]:
-    """The scheduler situations a run reached: the coverage explore steers by."""
-    import pyarrow.compute as pc
+    """The situations a run reached (check/situations.py): the coverage explore steers by."""
+    from specreplay.replay.check.situations import situations as reached
 
-    t = trace.table
-    if t.num_rows == 0:
-        return frozenset()
-
-    def any_of(mask) -> bool:
-        return bool(pc.any(pc.fill_null(mask, False)).as_py())
-
-    kind, skip, finish, event, outcome = (
-        pc.cast(t[c], "string")
-        for c in ("sched_kind", "sched_skip", "apply_finish_reason", "sched_event", "apply_outcome")
-    )
-    scheduled = pc.greater(t["sched_num_scheduled_tokens"], 0)
-    checks = {
-        "reentry": pc.equal(kind, "reentering"),
-        "resume": pc.equal(kind, "resumed"),
-        "preempt-in-flight": pc.and_(t["sched_preempted"], pc.greater(t["sched_num_output_placeholders"], 0)),
-        "output-never-applied": pc.and_(scheduled, pc.or_kleene(pc.is_null(outcome), pc.equal(outcome, "ignored"))),
-        "output-dropped": pc.equal(outcome, "dropped"),
-        "stale-delivered": pc.equal(outcome, "stale_delivered"),
-        "pause": pc.match_substring(pc.cast(t["step_event"], "string"), "pause"),
-        "cache-reset": pc.equal(event, "reset_preempt"),
-        "resubmission": pc.greater(t["sched_life"], 0),
-        "streaming-turn": pc.equal(event, "stream_turn"),
-        "chunked-prefill": t["sched_is_prefill_chunk"],
-        "abort": pc.equal(finish, "aborted"),
-        "stop": pc.equal(finish, "stop"),
-        "empty-step": pc.equal(t["step_total_scheduled_tokens"], 0),
-        "budget-skip": pc.equal(skip, "budget"),
-        "max-tokens-skip": pc.equal(skip, "max_tokens"),
-        "padded-admission": pc.and_(pc.equal(kind, "new"), pc.greater(t["sched_num_draft_slots"], 0)),
-        "drafts-with-nothing-behind": pc.and_(pc.greater(t["sched_num_draft_slots"], 0), pc.equal(kind, "reentering")),
-    }
-    found = {name for name, mask in checks.items() if any_of(mask)}
-    if trace.outcome.get("status") != "completed":
-        found.add(f"outcome-{trace.outcome.get('status')}")
-    elif trace.outcome.get("unfinished"):
-        found.add("outcome-requests-lost")
-    return frozenset(found)
+    return reached(trace)
 
 
 # ---------------------------------------------------------------------- the search
@@ -215,6 +143,7 @@ class Exploration:
     seed: int
     results: list[CaseResult] = field(default_factory=list)
     coverage: dict[str, int] = field(default_factory=dict)  # situation -> candidates reaching it
+    settings: dict[str, int] = field(default_factory=dict)  # engine setting -> candidates drawing it
     seconds: float = 0.0
 
     def by_code(self) -> dict[str, list[CaseResult]]:
@@ -233,7 +162,7 @@ def candidates_for(seed: int, generation: int, weights: dict[str, float], start:
     out = []
     for i in range(count):
         picked: list[str] = []
-        pool = dict(weights)
+        pool = {n: w for n, w in weights.items() if w > 0}
         for _ in range(rng.choice((1, 1, 2, 2, 3))):
             total = sum(pool[n] for n in names if n in pool)
             x = rng.random() * total
@@ -265,6 +194,8 @@ def explore(
     backend = backend or InlineBackend()
     result = Exploration(impl, engine, seed)
     weights = {p: 1.0 for p in PROFILES}
+    if not _applies_to_sync(impl):
+        weights["sync"] = 0.0  # an AsyncScheduler: its workloads are all async, the profile is moot
     started = time.monotonic()
     generation = 0
     while True:
@@ -276,6 +207,8 @@ def explore(
             new = [s for s in case.features if s not in result.coverage]
             for s in case.features:
                 result.coverage[s] = result.coverage.get(s, 0) + 1
+            for s in case.settings:
+                result.settings[s] = result.settings.get(s, 0) + 1
             for p in case.profiles:  # steer toward the profiles that find new situations
                 weights[p] += 2.0 * len(new)
             result.results.append(case)
@@ -284,6 +217,18 @@ def explore(
         generation += 1
     result.seconds = time.monotonic() - started
     return result
+
+
+def _applies_to_sync(impl: str) -> bool:
+    """Whether `impl` runs synchronous workloads (a user's AsyncScheduler does not). An unknown
+    name: True, its candidates report the error."""
+    from specreplay.replay.impls.registry import resolve
+
+    try:
+        implementation = resolve(impl, allow_import=True)
+    except InputError:
+        return True
+    return implementation.why_not(EngineConfig(async_scheduling=False)) is None
 
 
 # ---------------------------------------------------------------------- to a folder
@@ -382,10 +327,17 @@ def _summary(result: Exploration) -> dict[str, Any]:
         "workloads": len(result.results),
         "seconds": round(result.seconds, 1),
         "coverage": dict(sorted(result.coverage.items())),
+        "settings": dict(sorted(result.settings.items(), key=_setting_order)),
         "findings": {},
         "implementation_errors": len(errors),
         "first_errors": [{"seed": r.seed, "profiles": list(r.profiles), "error": r.error} for r in errors[:10]],
     }
+
+
+def _setting_order(item: tuple[str, int]) -> tuple[str, int, int, str]:
+    """Settings by name, numbers first and in numeric order (k=2 before k=10)."""
+    name, _, value = item[0].partition("=")
+    return (name, 0, int(value), "") if value.isdigit() else (name, 1, 0, value)
 
 
 def _write_findings(output_dir: Path, result: Exploration, impl) -> dict[str, dict[str, Any]]:
@@ -398,7 +350,8 @@ def _write_findings(output_dir: Path, result: Exploration, impl) -> dict[str, di
     for code, hits in result.by_code().items():
         first = hits[0]
         finding = first.findings[code]
-        trace = run_workload(Candidate(first.index, first.seed, first.profiles).workload(), impl, engine=result.engine)
+        workload = Candidate(first.index, first.seed, first.profiles).workload(impl)
+        trace = run_workload(workload, impl, engine=result.engine)
         path = output_dir / f"{code}.parquet"
         write_trace(trace, path)
         findings[code] = {

@@ -2,6 +2,12 @@
 
 Where it sits: workloads -> models -> engines -> record -> check. `--scenario random --seed N`
 and `explore` draw their workloads here; each seed gives the same workload on every machine.
+
+`explore_workload` draws across every engine setting the reference models honour: k
+(num_spec_tokens) 0 to 8, lookahead slots (0, k, k + 1 or in between), block sizes 4 to 64,
+max_model_len from exactly the longest request (the drafter skipped and the drafts cut at the
+end) to roomy, KV from one request's worth to plenty; its profiles (explore's) bend the draw
+toward one kind of situation.
 """
 
 from __future__ import annotations
@@ -57,6 +63,86 @@ def random_workload(seed: int = 0) -> Workload:
     return Workload(
         tuple(requests), config, name=f"random-{seed}", seed=seed, acceptance=acceptance, max_steps=2000, events=events
     )
+
+
+#: explore's draws. k and block size weigh the common settings (k 3-4, 16-token blocks) double.
+EXPLORE_SPEC_TOKENS = (0, 1, 2, 3, 3, 4, 4, 5, 6, 7, 8)
+EXPLORE_BLOCK_SIZES = (4, 8, 16, 16, 32, 64)
+EXPLORE_ACCEPTANCES = ("all", "none", "alternate", "random:0.3", "random:0.7")
+
+
+def explore_workload(seed: int, profiles: tuple[str, ...], attempt: int = 0) -> Workload:
+    """A small workload (2-8 requests, short prompts and outputs) from a seed and a mix of explore's
+    profiles (burst, budget-edge, long-prompts, kv-pressure, aborts, acceptance, idle-gaps, sync,
+    events, model-len-edge), drawn across every engine setting. `attempt` > 0 draws another
+    workload for the same seed (explore's redraw when the implementation does not apply)."""
+    rng = random.Random(f"workload:{seed}" if not attempt else f"workload:{seed}:{attempt}")
+    on = set(profiles)
+    k = rng.choice(EXPLORE_SPEC_TOKENS)
+    # vLLM's drafters ask 0 (ngram) or k (EAGLE, draft model) lookahead slots, DFlash k + 1.
+    lookahead = 0 if k == 0 else rng.choice((0, 0, 0, k, k + 1, rng.randint(1, k)))
+    num_requests = rng.randint(2, 8)
+    budget = rng.choice((8, 12, 16, 24, 32, 48, 64))
+    max_num_seqs = rng.choice((2, 4, 8))
+    if "budget-edge" in on:
+        # m decoding requests' worth of 1 + k tokens, give or take one, with more than m running:
+        # the running loop stops before the last ones, which re-enter a step later.
+        max_num_seqs = max(max_num_seqs, 3)
+        m = rng.randint(1, max(1, min(num_requests, max_num_seqs) - 1))
+        budget = max(2, m * (1 + k) + rng.choice((-1, 0, 0, 1)))
+    threshold = rng.choice((0, 8, 16)) if "long-prompts" in on else 0
+    block_size = rng.choice(EXPLORE_BLOCK_SIZES)
+    edge = "model-len-edge" in on
+    requests, arrival = [], 1
+    for i in range(num_requests):
+        long = "long-prompts" in on and rng.random() < 0.5
+        prompt_len = rng.randint(20, 80) if long else rng.randint(2, 12)
+        # At the model-length edge some requests decode long, so others run beside their end.
+        max_tokens = rng.randint(10, 40) if edge and rng.random() < 0.5 else rng.randint(1, 20)
+        if "burst" in on or "budget-edge" in on:
+            arrival = rng.choice((1, 1, 1, rng.randint(2, 12)))
+        elif "idle-gaps" in on:
+            arrival = arrival + (rng.randint(8, 30) if rng.random() < 0.4 else 0)
+        else:
+            arrival = rng.choice((1, rng.randint(1, 8)))
+        abort = arrival + rng.randint(1, 8) if "aborts" in on and rng.random() < 0.4 else None
+        per_request = rng.choice(EXPLORE_ACCEPTANCES) if "acceptance" in on and rng.random() < 0.7 else None
+        stop_at = rng.randint(1, max_tokens) if rng.random() < 0.1 else None
+        requests.append(
+            RequestSpec(
+                str(i),
+                arrival_step=arrival,
+                prompt_len=prompt_len,
+                max_tokens=max_tokens,
+                abort_step=abort,
+                stop_at=stop_at,
+                acceptance=per_request,
+            )
+        )
+    longest = max(r.prompt_len + r.max_tokens for r in requests)
+    # Tight: the longest request's last steps have no room for k drafts (the scheduler cuts them,
+    # the runner skips the drafter for the whole batch); roomy: nothing reaches the end.
+    tight = edge or rng.random() < 0.2
+    max_model_len = longest + rng.randint(0, k + 1) if tight else 256
+    per_request_blocks = -(-min(longest + k + lookahead, max_model_len) // block_size)
+    spare = rng.randint(0, 3) if "kv-pressure" in on else 4 * num_requests * per_request_blocks
+    config = EngineConfig(
+        max_num_batched_tokens=budget,
+        max_num_seqs=min(budget, max_num_seqs),
+        num_spec_tokens=k,
+        async_scheduling="sync" not in on or rng.random() < 0.3,
+        block_size=block_size,
+        num_blocks=1 + per_request_blocks + spare,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=min(threshold, max_model_len),
+        num_lookahead_tokens=lookahead,
+    )
+    name = f"explore-{seed}-{'+'.join(profiles) or 'plain'}"
+    acceptance = rng.choice(EXPLORE_ACCEPTANCES)
+    events: tuple = ()
+    if "events" in on:
+        requests, events = draw_events(random.Random(f"events:{seed}:{attempt}"), requests, config, last_step=15)
+    return Workload(tuple(requests), config, name=name, seed=seed, acceptance=acceptance, max_steps=400, events=events)
 
 
 def random_events(
