@@ -139,6 +139,8 @@ def explore_workload(seed: int, profiles: tuple[str, ...], attempt: int = 0) -> 
     )
     name = f"explore-{seed}-{'+'.join(profiles) or 'plain'}"
     acceptance = rng.choice(EXPLORE_ACCEPTANCES)
+    if "sync" not in on and rng.random() < 0.1:  # sync outside its profile too (drawn last: the rest stays)
+        config = dataclasses.replace(config, async_scheduling=False)
     events: tuple = ()
     if "events" in on:
         requests, events = draw_events(random.Random(f"events:{seed}:{attempt}"), requests, config, last_step=15)
