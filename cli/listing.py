@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from specreplay.cli.common import CONTEXT, console, format_option, handle_errors, ran_line, trace_argument
+from specreplay.traces.errors import InputError
 
 
 @click.command(context_settings=CONTEXT)
@@ -82,18 +83,51 @@ def _event_counts(workload) -> dict[str, int]:
 
 
 @click.command(context_settings=CONTEXT)
-def scenarios() -> None:
-    """List the built-in scenarios.
+@click.option(
+    "--matrix",
+    is_flag=True,
+    help="Run every vLLM failure specreplay knows on every modelled vLLM release and say which reproduce "
+    "(on the installed release's real scheduler, on the reference models for the others).",
+)
+@click.option("--reference-only", is_flag=True, help="With --matrix: measure every release on the reference models.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "markdown", "json"]),
+    default="table",
+    show_default=True,
+    help="With --matrix: the output format (markdown: the README's table).",
+)
+@handle_errors
+def scenarios(matrix: bool, reference_only: bool, fmt: str) -> None:
+    """List the built-in scenarios; with --matrix, the known vLLM bugs x vLLM release.
 
     \b
     Example:
       specreplay record --scenario random --seed 7 -o random7.parquet
+      specreplay scenarios --matrix
     """
-    from specreplay.replay.workloads.scenarios import SCENARIOS
+    if not matrix:
+        if reference_only or fmt != "table":
+            raise InputError("--reference-only and --format go with --matrix")
+        from specreplay.replay.workloads.scenarios import SCENARIOS
 
-    width = max(len(name) for name in SCENARIOS)
-    for s in SCENARIOS.values():
-        click.echo(f"{s.name:{width}} {s.summary}")
+        width = max(len(name) for name in SCENARIOS)
+        for s in SCENARIOS.values():
+            click.echo(f"{s.name:{width}} {s.summary}")
+        return
+    from specreplay.cli.render import bug_matrix_markdown, bug_matrix_table
+    from specreplay.replay.workflows.bug_matrix import bug_matrix
+
+    cells = bug_matrix(use_real=not reference_only)
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps([c.to_dict() for c in cells], indent=2))
+    elif fmt == "markdown":
+        click.echo(bug_matrix_markdown(cells))
+    else:
+        console().print(bug_matrix_table(cells))
 
 
 @click.command(context_settings=CONTEXT)

@@ -26,6 +26,7 @@ from specreplay.cli.common import (
     progress,
     trace_argument,
     trace_impl_option,
+    vllm_version_option,
     workload_options,
 )
 from specreplay.replay.workflows.recording import FLUSH_EVERY  # light: the engines load when a command runs
@@ -73,6 +74,7 @@ def _exit_if_crashed(recorded) -> None:
 @workload_options
 @impl_option
 @engine_option
+@vllm_version_option
 @executor_option
 @device_option
 @click.option(
@@ -103,6 +105,7 @@ def record(
     seed,
     impl_name,
     engine,
+    vllm_version,
     executor,
     device,
     model,
@@ -133,12 +136,13 @@ def record(
     if attach or command:
         if not attach:
             raise InputError(f"unexpected argument {command[0]!r}; to record a command's vLLM, give --attach")
-        if scenario or workload_file or engine or executor or model or max_steps or impl_name != "upstream":
+        asked = (scenario, workload_file, engine, vllm_version, executor, model, max_steps)
+        if any(asked) or impl_name != "upstream":
             raise InputError("--attach records the command's vLLM as it runs: no workload, engine or implementation")
         return _record_attached(output, command)
     from specreplay.replay.workflows.recording import pick_workload, record_to
 
-    workload = pick_workload(scenario, workload_file, seed, max_steps)
+    workload = pick_workload(scenario, workload_file, seed, max_steps, vllm_version)
     recorded = record_to(
         output,
         workload,
@@ -170,13 +174,14 @@ def _record_attached(output: Path, command: tuple[str, ...]) -> None:
 @trace_argument
 @trace_impl_option
 @engine_option
+@vllm_version_option
 @executor_option
 @device_option
 @output_option
 @flush_option
 @oracle_option("the replay runs")
 @handle_errors
-def replay(trace_path, impl_name, engine, executor, device, output, flush_every, oracle) -> None:
+def replay(trace_path, impl_name, engine, vllm_version, executor, device, output, flush_every, oracle) -> None:
     """Replay a recording: its workload, engine config and executor, driven by the tokens and
     drafts it recorded, through the same or another implementation (what-if).
 
@@ -203,6 +208,7 @@ def replay(trace_path, impl_name, engine, executor, device, output, flush_every,
         flush_every=flush_every,
         progress=progress,
         oracle=oracle,
+        vllm_version=vllm_version,
     )
     _summary(replayed)
     outcomes = replayed.trace.impl.get("outcomes")
@@ -257,6 +263,7 @@ DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
     help="Comma-separated implementations to record side by side.",
 )
 @engine_option
+@vllm_version_option
 @device_option
 @click.option(
     "-o",
@@ -268,7 +275,7 @@ DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
 )
 @format_option
 @handle_errors
-def compare(scenario, workload_file, seed, impl_names, engine, device, output_dir, fmt) -> None:
+def compare(scenario, workload_file, seed, impl_names, engine, vllm_version, device, output_dir, fmt) -> None:
     """Record one workload under several implementations and show each one's verdict side by side.
 
     Exit 0 whatever the verdicts (it is a report); 2 on bad input. `specreplay diff TRACE` shows
@@ -284,7 +291,7 @@ def compare(scenario, workload_file, seed, impl_names, engine, device, output_di
     names = [n.strip() for n in impl_names.split(",") if n.strip()]
     comparison = compare_to(
         output_dir,
-        pick_workload(scenario, workload_file, seed),
+        pick_workload(scenario, workload_file, seed, vllm_version=vllm_version),
         names,
         engine=engine or "reference",
         device=device,

@@ -160,3 +160,48 @@ def trace_header(trace: Trace, path: str) -> str:
         f"k={cfg.get('num_spec_tokens')}), {trace.num_steps} steps, {trace.num_rows} rows, "
         f"outcome {trace.outcome.get('status')}"
     )
+
+
+def _matrix_rows(cells: list[Any]) -> tuple[list[str], list[tuple[Any, dict[str, Any]]]]:
+    """The releases, oldest first, and per known bug (in order) its cells by release."""
+    from specreplay.replay.workloads.known_bugs import KNOWN_BUGS
+
+    versions = list(dict.fromkeys(c.version for c in cells))
+    by_bug: dict[str, dict[str, Any]] = defaultdict(dict)
+    for c in cells:
+        by_bug[c.bug][c.version] = c
+    return versions, [(bug, by_bug[bug.key]) for bug in KNOWN_BUGS if bug.key in by_bug]
+
+
+def _measured_on(cells: list[Any]) -> str:
+    seen = dict.fromkeys(f"{c.version}: {c.measured_on}" for c in cells)
+    return "measured on " + "; ".join(seen)
+
+
+def bug_matrix_markdown(cells: list[Any]) -> str:
+    """The README's bug matrix: one row per known vLLM bug, one verdict column per release."""
+    versions, rows = _matrix_rows(cells)
+    lines = [
+        "| vLLM failure | workload | decided by | " + " | ".join(versions) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in versions) + " |",
+    ]
+    for bug, by_version in rows:
+        verdicts = " | ".join(by_version[v].verdict if v in by_version else "" for v in versions)
+        lines.append(f"| {bug.title} | `{bug.key}` | {bug.decided_by} | {verdicts} |")
+    return "\n".join(lines) + "\n\n" + _measured_on(cells)
+
+
+def bug_matrix_table(cells: list[Any]) -> Table:
+    versions, rows = _matrix_rows(cells)
+    table = Table(title="known vLLM failures x release", caption=_measured_on(cells), show_lines=True)
+    table.add_column("vLLM failure (workload)")
+    table.add_column("decided by")
+    for v in versions:
+        table.add_column(v)
+    for bug, by_version in rows:
+        verdicts = []
+        for v in versions:
+            cell = by_version.get(v)
+            verdicts.append(f"{cell.verdict}\n{cell.evidence}" if cell else "")
+        table.add_row(f"{bug.title} ({bug.key})", bug.decided_by, *verdicts)
+    return table

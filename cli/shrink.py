@@ -18,6 +18,7 @@ from specreplay.cli.common import (
     oracle_option,
     trace_argument,
     trace_impl_option,
+    vllm_version_option,
 )
 
 
@@ -30,6 +31,7 @@ from specreplay.cli.common import (
 )
 @trace_impl_option
 @engine_option
+@vllm_version_option
 @oracle_option("every candidate runs, for the requests it still has,")
 @click.option(
     "--max-runs", type=click.IntRange(min=1), default=3000, show_default=True, help="Stop after this many replays."
@@ -43,7 +45,7 @@ from specreplay.cli.common import (
     help="Also write a self-contained pytest module that fails while the code fires.",
 )
 @handle_errors
-def shrink(trace_path, code, impl_name, engine, oracle, max_runs, output, pytest_file) -> None:
+def shrink(trace_path, code, impl_name, engine, vllm_version, oracle, max_runs, output, pytest_file) -> None:
     """Cut a failing trace's workload down while the same finding code still fires: fewer
     requests, steps and tokens, simpler config and acceptance. Deterministic.
 
@@ -67,6 +69,7 @@ def shrink(trace_path, code, impl_name, engine, oracle, max_runs, output, pytest
         oracle=oracle,
         max_runs=max_runs,
         pytest_file=pytest_file,
+        vllm_version=vllm_version,
     )
     before, after, shrunk = report.before, report.after, report.shrunk
     on = f" on its recorded outcomes ({report.engine} engine)" if report.oracle == "recorded" else ""

@@ -90,25 +90,8 @@ def live_reentry_trace():
 
 
 def padded_admission_cut_by_threshold():
-    """A workload on which real vLLM 0.32.0 asserts in schedule(): a 1-token admission padded to
-    1 + k tokens, then cut by a smaller long_prefill_token_threshold."""
-    from specreplay.replay.workloads.workload import Workload
+    """A workload on which real vLLM asserts in schedule(): a 1-token admission padded to 1 + k
+    tokens, then cut by a smaller long_prefill_token_threshold (a known bug: workloads/known_bugs.py)."""
+    from specreplay.replay.workloads.known_bugs import padded_admission_cut_by_threshold as build
 
-    return Workload.from_dict(
-        {
-            "config": {
-                "max_num_batched_tokens": 16,
-                "max_num_seqs": 2,
-                "num_spec_tokens": 4,
-                "async_scheduling": False,
-                "block_size": 4,
-                "num_blocks": 4,
-                "long_prefill_token_threshold": 4,
-            },
-            "requests": [
-                {"id": "1", "prompt_len": 2, "max_tokens": 2},
-                {"id": "2", "prompt_len": 2, "max_tokens": 1},
-                {"id": "3", "prompt_len": 1, "max_tokens": 1},
-            ],
-        }
-    )
+    return build()

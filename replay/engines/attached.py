@@ -66,6 +66,7 @@ def run_id() -> str:
 def engine_config_of(vllm_config: Any, scheduler: Any = None) -> tuple[Any, dict[str, Any]]:
     """The engine config the run has, read from vLLM's own config (and the scheduler's KV cache:
     num_blocks is known only once the engine sized it); plus what the trace's impl says of it."""
+    from specreplay.replay.engines.vllm_setup import default_vllm_version
     from specreplay.replay.workloads.config import EngineConfig
 
     sched, cache, model = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.model_config
@@ -85,6 +86,8 @@ def engine_config_of(vllm_config: Any, scheduler: Any = None) -> tuple[Any, dict
         long_prefill_token_threshold=sched.long_prefill_token_threshold,
         vocab_size=model.get_vocab_size(),
         num_lookahead_tokens=vllm_config.num_lookahead_tokens,
+        # The running vLLM's release, so a replay models it; an unmodelled one: the newest model.
+        vllm_version=default_vllm_version(),
     )
     about = {
         "drafter": (spec.method if spec is not None else None) or "none",

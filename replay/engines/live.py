@@ -46,12 +46,13 @@ def run_live(
 ) -> Trace:
     """`model`: a model folder or hub name with real weights; None: the tiny dummy-weight model."""
     from specreplay.replay.engines.run import trace_header
-    from specreplay.replay.engines.vllm_setup import load_vllm
+    from specreplay.replay.engines.vllm_setup import refuse_engine_without_kernels, require_version
 
     impl.require_real_forms("vllm")
     in_process = impl.executor != "multiproc"
     refuse_undrivable(workload, in_process)
-    vllm = load_vllm()
+    vllm = require_version(workload.config, "--engine vllm")
+    refuse_engine_without_kernels()
     from vllm.platforms import current_platform
 
     on_cpu = current_platform.is_cpu()

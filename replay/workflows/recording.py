@@ -181,10 +181,12 @@ def replay_to(
     flush_every: int = FLUSH_EVERY,
     progress: ProgressBar | None = None,
     oracle: str | None = None,
+    vllm_version: str | None = None,
 ) -> Recorded:
     """Run a trace again through `impl` (default: the trace's own, by registry name only), with
     the engine config and executor that ran it, on the oracle and engine `plan_replay` picks
-    (workflows/replaying.py): a live or attached recording on its recorded outcomes."""
+    (workflows/replaying.py): a live or attached recording on its recorded outcomes.
+    `vllm_version`: run as this vLLM release (default: the one the trace ran as)."""
     from specreplay.replay.workflows.replaying import may_be_recording, plan_replay
     from specreplay.traces.io import open_trace
 
@@ -194,7 +196,7 @@ def replay_to(
     plan = plan_replay(trace, str(source), engine=engine, oracle=oracle)
     return record_to(
         output,
-        plan.workload,
+        plan.workload if vllm_version is None else plan.workload.at_version(vllm_version),
         impl or trace.impl_name,
         allow_import=impl is not None,
         executor=executor or plan.executor,

@@ -375,13 +375,15 @@ def shrink_to(
     oracle: str | None = None,
     max_runs: int = 3000,
     pytest_file: Path | None = None,
+    vllm_version: str | None = None,
 ) -> ShrinkReport:
     """Shrink the workload of the trace at `source` while `code` (default: its first error, else
     its first finding) still fires through `impl` (default: the trace's own, by registry name
     only) on `engine` (default: the trace's own); write the minimal trace to `output` and, given
     `pytest_file`, a regression test there. `oracle` (default: `replaying.default_oracle`):
     recorded runs every candidate on the trace's recorded outcomes, on the engine and executor
-    `plan_replay` picks; synthetic on each candidate's own seeded model."""
+    `plan_replay` picks; synthetic on each candidate's own seeded model. `vllm_version`: run as
+    this vLLM release (default: the one the trace ran as)."""
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workflows.replaying import ORACLES, default_oracle, plan_replay
     from specreplay.traces.io import read_trace, write_trace
@@ -405,6 +407,8 @@ def shrink_to(
             return plan_replay(trace, str(source), engine=engine, oracle="recorded", workload=candidate).oracle
 
     code = _target_code(trace, source, code)
+    if vllm_version is not None:
+        workload = workload.at_version(vllm_version)
     result = shrink(workload, implementation, code, engine=engine, max_runs=max_runs, outcomes=outcomes)
     write_trace(result.trace if result.oracle is None else as_recording(result, trace), output)
     if pytest_file is not None:

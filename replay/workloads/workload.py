@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +192,11 @@ class Workload:
         if self.events:
             data["events"] = [event.to_dict() for event in self.events]
         return data
+
+    def at_version(self, vllm_version: str) -> Workload:
+        """The same workload run as another modelled vLLM release."""
+        config = EngineConfig.from_dict({**self.config.to_dict(), "vllm_version": vllm_version}, "--vllm-version")
+        return replace(self, config=config)
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "workload") -> Workload:
@@ -343,8 +348,9 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec], config: EngineCo
     )
 
 
-def load_workload(path: str | Path) -> Workload:
-    """Load a TOML (.toml) or JSON (anything else) workload file; InputError on any problem."""
+def load_workload(path: str | Path, default_version: str | None = None) -> Workload:
+    """Load a TOML (.toml) or JSON (anything else) workload file; InputError on any problem.
+    `default_version`: the vLLM release to model when the file's config names none."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -359,6 +365,9 @@ def load_workload(path: str | Path) -> Workload:
     except (tomllib.TOMLDecodeError, ValueError) as exc:
         kind = "TOML" if path.suffix == ".toml" else "JSON"
         raise InputError(f"{path}: not valid {kind} ({' '.join(str(exc).split())[:120]})") from None
+    if default_version is not None and isinstance(data, dict) and isinstance(data.get("config", {}), dict):
+        if "vllm_version" not in data.get("config", {}):
+            data = {**data, "config": {**data.get("config", {}), "vllm_version": default_version}}
     return Workload.from_dict(data, str(path))
 
 

