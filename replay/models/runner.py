@@ -449,9 +449,8 @@ class GPUModelRunner:
         return self.model.forward(inputs.input_ids, inputs.positions, self._hashes(inputs))
 
     def _hashes(self, inputs: PreparedInputs) -> torch.Tensor:
-        per_row = torch.tensor([self.oracle.hash(rid) for rid in inputs.rows], dtype=torch.int64, device=self.device)
-        counts = torch.tensor(inputs.num_scheduled, dtype=torch.int64, device=self.device)
-        return torch.repeat_interleave(per_row, counts)
+        per_row = np.array([self.oracle.hash(rid) for rid in inputs.rows], dtype=np.int64)
+        return torch.from_numpy(np.repeat(per_row, inputs.num_scheduled)).to(self.device)
 
     def write_kv(self, inputs: PreparedInputs) -> None:
         """Issue the KV writes of every scheduled token: its id (what the model read) into the
@@ -468,31 +467,29 @@ class GPUModelRunner:
         mapping: the block table flattened, each position's block looked up in its row's part).
         Notes which handles wrote each block (`kv_last_blocks`)."""
         bs = self.config.block_size
-        dev = self.device
         num_rows = len(inputs.rows)
         tables = self.input_batch.block_table[:num_rows]
-        lengths = torch.tensor([len(t) for t in tables], dtype=torch.int64)
-        flat_blocks = torch.tensor(list(chain.from_iterable(tables)), dtype=torch.int64)
-        counts = torch.tensor(inputs.num_scheduled, dtype=torch.int64)
-        row_of = torch.repeat_interleave(torch.arange(num_rows), counts)
-        begin = torch.cumsum(counts, 0) - counts
-        offset = torch.arange(int(counts.sum())) - begin[row_of]
-        pos = torch.tensor(inputs.starts, dtype=torch.int64)[row_of] + offset
-        block_index = torch.div(pos, bs, rounding_mode="floor")
-        keep = torch.nonzero((block_index >= 0) & (block_index < lengths[row_of])).flatten()
+        lengths = np.array([len(t) for t in tables], dtype=np.int64)
+        flat_blocks = np.fromiter(chain.from_iterable(tables), dtype=np.int64)
+        counts = np.array(inputs.num_scheduled, dtype=np.int64)
+        row_of = np.repeat(np.arange(num_rows), counts)
+        begin = np.cumsum(counts) - counts
+        pos = np.repeat(np.array(inputs.starts, dtype=np.int64) - begin, counts) + np.arange(len(row_of))
+        block_index = pos // bs
+        keep = np.flatnonzero((block_index >= 0) & (block_index < lengths[row_of]))
         row_kept = row_of[keep]
-        table_at = (torch.cumsum(lengths, 0) - lengths)[row_kept] + block_index[keep]
-        blocks = flat_blocks[table_at]
+        blocks = flat_blocks[(np.cumsum(lengths) - lengths)[row_kept] + block_index[keep]]
         slots = blocks * bs + pos[keep] % bs
-        handles = torch.tensor([self.kv_handle(rid) for rid in inputs.rows], dtype=torch.int64)
+        handles = np.array([self.kv_handle(rid) for rid in inputs.rows], dtype=np.int64)
         writers = handles[row_kept]
         touched: dict[int, set[int]] = {}
-        if keep.numel():
+        if len(keep):
             span = len(self.kv_writers) + 1
-            for key in torch.unique(blocks * span + writers).tolist():
+            for key in np.unique(blocks * span + writers).tolist():
                 touched.setdefault(key // span, set()).add(key % span)
         self.kv_last_blocks = touched
-        return slots.to(dev), keep.to(dev), writers.to(dev)
+        dev = self.device
+        return tuple(torch.from_numpy(a).to(dev) for a in (slots, keep, writers))
 
     def kv_handle(self, rid: str) -> int:
         """The handle request `rid`'s current life marks its KV writes with (given on first use

@@ -16,6 +16,7 @@ writes the rest when the run dies with an exception: a crash keeps what was reco
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import pyarrow as pa
 
@@ -67,6 +68,14 @@ class Recorder:
         c = self.cols
         for name, value in values.items():
             c[name][at] = value
+
+    def fill_columns(self, at: list[int], columns: dict[str, list]) -> None:
+        """Set columns of many rows at once: row `at[i]` of column `name` gets `columns[name][i]`
+        (a step's worker or truth columns, from the observer's arrays: one C-level scatter per
+        column, no per-row dict)."""
+        c = self.cols
+        for name, values in columns.items():
+            deque(map(c[name].__setitem__, at, values), maxlen=0)
 
     def fill_many(self, fills: list[tuple[int, dict[str, object]]]) -> None:
         """Several rows' fills at once (an output's apply columns): one write for a sink."""

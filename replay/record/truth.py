@@ -209,17 +209,34 @@ class KvTruth(RunnerObserver):
         if self.step is None:
             return
         ran = set(self.inputs.rows) if self.inputs is not None else set()
-        for rid, valid in self.valid.items():
-            before = self.before.get(rid, valid) if rid in ran else valid
-            values = {
-                "truth_num_computed_tokens": before,
-                "truth_kv_after": valid,
-                "truth_kv_ok": self.ok.get(rid, True),
-                "truth_kv_foreign_positions": 0,
-                "truth_kv_unowned_blocks": 0,
-                "truth_kv_unowned_writes": 0,
-            }
-            values.update(self.evidence.get(rid, ()))
-            self.writer.write(self.step, rid, values)
+        rids = list(self.valid)
+        after = list(self.valid.values())
+        ok = self.ok
+        columns: dict[str, list] = {
+            "truth_num_computed_tokens": [
+                self.before.get(rid, valid) if rid in ran else valid for rid, valid in zip(rids, after)
+            ],
+            "truth_kv_after": after,
+            "truth_kv_ok": [ok.get(rid, True) for rid in rids],
+            "truth_kv_foreign_positions": [0] * len(rids),
+            "truth_kv_unowned_blocks": [0] * len(rids),
+            "truth_kv_unowned_writes": [0] * len(rids),
+        }
+        if self.evidence:
+            at = {rid: i for i, rid in enumerate(rids)}
+            for rid, found in self.evidence.items():
+                if rid not in at:
+                    continue
+                for name, value in found.items():
+                    columns.setdefault(name, [None] * len(rids))[at[rid]] = value
+        bulk = getattr(self.writer, "write_columns", None)
+        if bulk is not None:
+            bulk(self.step, rids, columns)
+        else:
+            names = list(columns)
+            for i, rid in enumerate(rids):
+                row = {name: columns[name][i] for name in names}
+                found = self.evidence.get(rid, {})
+                self.writer.write(self.step, rid, {n: v for n, v in row.items() if v is not None or n in found})
         self.writer.step_done(self.step)
         self.inputs = None

@@ -53,6 +53,16 @@ class RecorderWriter:
     def step_done(self, step: int) -> None:
         self.rec.step_done(step)
 
+    def write_columns(self, step: int, rids: list[str], columns: dict[str, list]) -> None:
+        """Many rows of `step` at once: row of `rids[i]` gets `columns[name][i]` (in bulk)."""
+        index = self.rec.rows_of_step.get(step, {})
+        at = list(map(index.get, rids))
+        if None in at:  # the worker ran a request the scheduler did not list: X1 sees it
+            keep = [i for i, a in enumerate(at) if a is not None]
+            at = [at[i] for i in keep]
+            columns = {name: [values[i] for i in keep] for name, values in columns.items()}
+        self.rec.fill_columns(at, columns)
+
 
 class RunnerReader(Protocol):
     """The readings of a runner that differ between the reference runner and vLLM's."""
@@ -225,12 +235,20 @@ class WorkerObserver(RunnerObserver):
         for rid, kept in self.kept.items():
             self.writer.write(self.step, self.ext(rid), {"worker_kept_finished": kept})
         self.kept = {}
-        for rid, row in self.rows.items():
-            if "worker_row" not in row:
-                continue  # not run this step (the worker dropped it)
+        ran = [(rid, row) for rid, row in self.rows.items() if "worker_row" in row]  # else the worker dropped it
+        for _, row in ran:
             row.setdefault("worker_num_emitted", 0)
             row.setdefault("worker_num_accepted", None)
-            self.writer.write(self.step, self.ext(rid), row)
+        if ran and hasattr(self.writer, "write_columns"):
+            # In bulk: a column per name (a value missing from a row stays null, as unwritten).
+            names = list(ran[0][1])
+            if len({len(row) for _, row in ran}) > 1:
+                names = list(dict.fromkeys(name for _, row in ran for name in row))
+            columns = {name: [row.get(name) for _, row in ran] for name in names}
+            self.writer.write_columns(self.step, [self.ext(rid) for rid, _ in ran], columns)
+        else:
+            for rid, row in ran:
+                self.writer.write(self.step, self.ext(rid), row)
         self.writer.step_done(self.step)
         self.rows = {}
 
