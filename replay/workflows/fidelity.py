@@ -82,11 +82,12 @@ def compare_seed(impl_name: str, seed: int) -> FidelityCase:
     """Run one seed on both engines (module level: process pools import it)."""
     from specreplay.replay.check.tracediff import diff_traces
     from specreplay.replay.engines.run import run_workload
+    from specreplay.replay.engines.vllm_setup import installed_vllm_version
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.fidelity import fidelity_workload
 
     impl = resolve(impl_name, allow_import=True)
-    workload = fidelity_workload(seed)
+    workload = fidelity_workload(seed).at_version(installed_vllm_version())
     traces = []
     for engine in ENGINES:
         try:
@@ -188,6 +189,7 @@ def fidelity_to(output_dir: Path | None, impl_name: str = "upstream", **sweep: A
     if output_dir is None:
         return report
     from specreplay.replay.engines.run import run_workload
+    from specreplay.replay.engines.vllm_setup import installed_vllm_version
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.fidelity import fidelity_workload
     from specreplay.traces.io import write_trace
@@ -196,7 +198,7 @@ def fidelity_to(output_dir: Path | None, impl_name: str = "upstream", **sweep: A
     impl = resolve(impl_name, allow_import=True)
     summary = report.summary()
     for entry, case in zip(summary["differing"], report.differing, strict=True):
-        workload = fidelity_workload(case.seed)
+        workload = fidelity_workload(case.seed).at_version(installed_vllm_version())
         name = f"fidelity-{case.seed}"
         (output_dir / f"{name}.json").write_text(json.dumps(workload.to_dict()) + "\n")
         entry["workload"] = f"{name}.json"
