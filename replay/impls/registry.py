@@ -206,7 +206,11 @@ class NotApplicable(InputError):
     def __init__(self, impl: str, workload: str, reason: str) -> None:
         self.impl = impl
         self.reason = reason
+        self.workload = workload
         super().__init__(f"{impl} does not apply to {workload}: {reason}")
+
+    def __reduce__(self):  # crosses process pools (gate --jobs, explore) whole
+        return (type(self), (self.impl, self.workload, self.reason))
 
 
 def qualified_name(cls: type) -> str:

@@ -62,7 +62,10 @@ def workloads(draw) -> Workload:
 @given(workloads())
 def test_upstream_and_sched_clear_have_no_error_findings(workload):
     for name in ("upstream", "sched-clear"):
-        trace = run_workload(workload, resolve(name, allow_import=False))
+        impl = resolve(name, allow_import=False)
+        if impl.why_not(workload.config) is not None:  # sched-clear on a sync workload: not applicable
+            continue
+        trace = run_workload(workload, impl)
         errors = [f for f in check_trace(trace) if f.severity == "error"]
         assert not errors, (name, workload.to_dict(), errors[:3])
         assert trace.outcome["status"] == "completed"

@@ -80,7 +80,10 @@ def test_a_worker_keeping_a_finished_request_one_step_too_long_is_flagged_at_the
 @pytest.mark.parametrize("name", ["reentry", "reentry-sync", "abort-inflight", "resubmit", "streaming-append"])
 def test_upstream_and_sched_clear_keep_their_blocks(name):
     for impl in ("upstream", "sched-clear"):
-        trace = run_workload(build_scenario(name), resolve(impl, allow_import=False))
+        implementation, workload = resolve(impl, allow_import=False), build_scenario(name)
+        if implementation.why_not(workload.config) is not None:  # sched-clear on reentry-sync: not applicable
+            continue
+        trace = run_workload(workload, implementation)
         assert not {f.code for f in check_trace(trace)} & KV_CODES
 
 

@@ -1,0 +1,186 @@
+"""What ran is what was asked (issue 21), at the library's level: `Implementation.why_not`, no
+silent stand-in on any engine's class picking, the gate's `n/a`, its reports, `--update`, the
+pytest plugin, and the gate's check of the classes a rerun's header says ran."""
+
+from __future__ import annotations
+
+import shutil
+import xml.etree.ElementTree as ET
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from specreplay.cli.gate_reports import github_annotations, junit_xml, markdown_summary, summary_line
+from specreplay.cli.main import main
+from specreplay.replay.engines.run import run_workload
+from specreplay.replay.impls.registry import Implementation, NotApplicable, resolve
+from specreplay.replay.models.runner import GPUModelRunner
+from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
+from specreplay.replay.workflows.gate import (
+    GateOptions,
+    GateResult,
+    RanOtherThanAsked,
+    corpus_dir,
+    gate_one,
+    run_gate,
+    update_goldens,
+)
+from specreplay.replay.workflows.pytest_plugin import GoldenNotApplicable, gate_or_fail
+from specreplay.replay.workloads.config import EngineConfig
+from specreplay.replay.workloads.scenarios import build_scenario
+
+SYNC = EngineConfig(async_scheduling=False)
+ASYNC = EngineConfig(async_scheduling=True)
+NO_DRAFTS = EngineConfig(num_spec_tokens=0)
+
+
+def builtin(name: str) -> Implementation:
+    return resolve(name, allow_import=False)
+
+
+@pytest.mark.parametrize("name", ["sched-clear", "life-guard"])
+def test_async_scheduler_variants_do_not_apply_to_sync_workloads(name):
+    reason = builtin(name).why_not(SYNC)
+    assert "is an AsyncScheduler and the workload is synchronous; pass an async workload" in reason
+    assert "subclass" not in reason  # a built-in: nothing for the user to subclass
+    assert builtin(name).why_not(ASYNC) is None
+    with pytest.raises(NotApplicable, match=f"{name} does not apply to the workload"):
+        builtin(name).make_scheduler(SYNC)  # never the plain Scheduler in its place
+    with pytest.raises(NotApplicable):
+        builtin(name).real_scheduler_class(object, SYNC)  # nor vLLM's plain Scheduler
+
+
+@pytest.mark.parametrize("name", ["pr30796", "pr30796-copy", "noclamp"])
+def test_draft_slot_runner_variants_need_draft_slots(name):
+    reason = builtin(name).why_not(NO_DRAFTS)
+    assert "the workload books no draft slots (num_spec_tokens = 0); pass a workload with num_spec_tokens > 0" in reason
+    assert builtin(name).why_not(SYNC) is None and builtin(name).why_not(ASYNC) is None
+    workload = build_scenario("reentry", 0)
+    workload = replace(workload, config=replace(workload.config, num_spec_tokens=0))
+    with pytest.raises(NotApplicable, match="workload 'reentry'"):
+        run_workload(workload, builtin(name))
+
+
+def test_upstream_applies_everywhere():
+    for config in (SYNC, ASYNC, NO_DRAFTS, replace(NO_DRAFTS, async_scheduling=False)):
+        assert builtin("upstream").why_not(config) is None
+
+
+class OnlyBigBatches(GPUModelRunner):
+    """A user runner that declares where it applies."""
+
+    @classmethod
+    def why_not(cls, config):
+        if config.max_num_batched_tokens < 100:
+            return "OnlyBigBatches needs a budget of 100 tokens or more; pass a workload with one"
+        return None
+
+
+def test_a_user_class_declares_its_own_applicability():
+    impl = Implementation("mine", "user runner", runner=OnlyBigBatches, user_code=True)
+    assert impl.why_not(replace(ASYNC, max_num_batched_tokens=40)).startswith("OnlyBigBatches needs")
+    assert impl.why_not(replace(ASYNC, max_num_batched_tokens=400)) is None
+    with pytest.raises(NotApplicable, match="OnlyBigBatches needs a budget"):
+        run_workload(build_scenario("reentry", 0), impl)  # budget 40
+
+
+def test_the_header_names_the_classes_that_ran():
+    workload = build_scenario("reentry-sync", 0)
+    trace = run_workload(workload, builtin("pr30796-copy"))
+    assert trace.impl["scheduler"] == "specreplay.replay.models.scheduler.Scheduler"
+    assert trace.impl["runner"] == "specreplay.replay.impls.variants.DropReentryDraftsRunner"
+    assert trace.impl["executor"] == "multiproc"
+    assert trace.impl["models"] == f"specreplay reference of vllm {workload.config.vllm_version}"
+    assert builtin("pr30796-copy").expected(workload.config) == {
+        key: trace.impl[key] for key in ("scheduler", "runner", "executor")
+    }
+
+
+def sync_goldens(tmp_path):
+    for name in ("reentry-sync.parquet", "random-24.parquet"):
+        shutil.copy(corpus_dir() / name, tmp_path / name)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", ["sched-clear", "life-guard"])
+def test_gate_marks_the_builtin_async_variants_na_on_sync_goldens(name):
+    results = {r.path.rsplit("/", 1)[-1]: r for r in run_gate([corpus_dir()], GateOptions(impl=name), jobs=2)}
+    na = {n for n, r in results.items() if r.result == "n/a"}
+    assert na == {"reentry-sync.parquet", "random-24.parquet", "random-72.parquet"}
+    for n in na:
+        assert results[n].impl == name and "is an AsyncScheduler and the workload is synchronous" in results[n].message
+        assert not results[n].failed() and not results[n].failed(allow_changed=True)
+    assert all(r.result in ("pass", "changed") for n, r in results.items() if n not in na)
+
+
+def test_reports_skip_na_as_a_notice():
+    results = [
+        GateResult("a/x.parquet", "n/a", impl="sched-clear", message="it does not apply; pass another"),
+        GateResult("a/y.parquet", "pass", impl="sched-clear"),
+    ]
+    assert summary_line(results) == "2 traces, 1 pass, 0 fail, 0 changed, 0 error, 1 n/a (did not apply: nothing ran)"
+    assert summary_line(results[1:]) == "1 traces, 1 pass, 0 fail, 0 changed, 0 error"
+    suite = ET.fromstring(junit_xml(results).split("\n", 1)[1])
+    case = next(c for c in suite.findall("testcase") if c.get("name") == "x.parquet")
+    assert case.find("skipped").get("message") == "n/a: it does not apply; pass another"
+    assert suite.get("skipped") == "1" and suite.get("failures") == "0" and suite.get("errors") == "0"
+    assert github_annotations(results) == [
+        "::notice file=a/x.parquet,title=specreplay gate%3A n/a::it does not apply; pass another"
+    ]
+    assert "| x.parquet | n/a | it does not apply; pass another |" in markdown_summary(results)
+
+
+def test_update_leaves_a_golden_it_does_not_apply_to(tmp_path):
+    goldens = sync_goldens(tmp_path)
+    before = {p.name: p.read_bytes() for p in goldens.iterdir()}
+    updates = update_goldens([goldens], GateOptions(impl="sched-clear"))
+    assert {u.status for u in updates} == {"n/a"}
+    assert {p.name: p.read_bytes() for p in goldens.iterdir()} == before
+    result = CliRunner().invoke(main, ["gate", str(goldens), "--impl", "sched-clear", "--update"])
+    assert result.exit_code == 0 and result.output.count("n/a     ") == 2, result.output
+
+
+def test_pytest_plugin_skips_when_nothing_applies(tmp_path):
+    with pytest.raises(pytest.skip.Exception, match="no golden applies to sched-clear"):
+        gate_or_fail(impl="sched-clear", paths=[sync_goldens(tmp_path)])
+
+
+def test_pytest_plugin_warns_of_the_na_goldens_beside_passing_ones(tmp_path):
+    goldens = sync_goldens(tmp_path)
+    shutil.copy(corpus_dir() / "random-23.parquet", goldens / "random-23.parquet")  # sched-clear passes it
+    with pytest.warns(GoldenNotApplicable, match="reentry-sync.parquet: n/a"):
+        results = gate_or_fail(impl="sched-clear", paths=[goldens])
+    assert sorted(r.result for r in results) == ["n/a", "n/a", "pass"]
+
+
+class Swapped(Implementation):
+    """A stand-in in the wiring: asks for Quietly, builds the plain Scheduler (what the old silent
+    swap did). The gate must not report it as a pass of Quietly."""
+
+    def __init__(self, name="swapped", description="", **kwargs):
+        super().__init__(name, description, **{"scheduler": Quietly, **kwargs})
+
+    def make_scheduler(self, config):
+        return Scheduler(config)
+
+
+class Quietly(Scheduler):
+    """A sync scheduler that changes nothing."""
+
+
+def test_gate_stops_when_a_rerun_ran_other_classes_than_asked(tmp_path):
+    golden = str(sync_goldens(tmp_path) / "reentry-sync.parquet")
+    spec = f"{__name__}:Swapped"
+    with pytest.raises(RanOtherThanAsked, match="asked tests.replay.workflows.test_gate_not_applicable.Quietly"):
+        gate_one(golden, GateOptions(impl=spec))
+    result = CliRunner().invoke(main, ["gate", golden, "--impl", spec])
+    assert result.exit_code == 3 and "RanOtherThanAsked" in result.output and "a specreplay bug" in result.output
+
+
+def test_an_async_user_scheduler_on_async_goldens_is_what_ran():
+    impl = Implementation("mine", "user", scheduler=type("Mine", (AsyncScheduler,), {}), user_code=True)
+    result = gate_one(str(corpus_dir() / "reentry.parquet"), GateOptions(impl="upstream"))
+    assert result.result == "pass"
+    assert impl.why_not(ASYNC) is None and "Mine is an AsyncScheduler" in impl.why_not(SYNC)
+    assert "subclass Scheduler for synchronous workloads" in impl.why_not(SYNC)
