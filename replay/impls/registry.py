@@ -178,20 +178,19 @@ class Implementation:
             "models": version,
         }
 
-    def expected(self, config: EngineConfig, engine: str = "reference") -> dict[str, str]:
-        """The classes and executor a run of this implementation on `engine` is asked to run, as
-        `describe` names them: what the gate holds a run's header to. {} for a live engine (its
-        classes are replaced inside vLLM's own processes; the header does not name them)."""
-        if engine == "reference":
-            default = AsyncScheduler if config.async_scheduling else Scheduler
-            scheduler = qualified_name(self.scheduler or default)
-        elif engine == "vllm-scheduler":
-            from specreplay.replay.engines.vllm_setup import real_scheduler_class
-
-            scheduler = qualified_name(self.real_scheduler_class(real_scheduler_class(config.async_scheduling), config))
+    def expected(self, config: EngineConfig, real_cls: type | None = None) -> dict[str, str]:
+        """The classes and executor a run of this implementation is asked to run, named as
+        `describe` names them: what the gate holds a run's header to. `real_cls`: vLLM's
+        (Async)Scheduler class the real-scheduler engine builds on; None: the reference engine."""
+        if real_cls is None:
+            scheduler = self.scheduler or (AsyncScheduler if config.async_scheduling else Scheduler)
         else:
-            return {}
-        return {"scheduler": scheduler, "runner": qualified_name(self._runner_class()), "executor": self.executor}
+            scheduler = self.real_scheduler_class(real_cls, config)
+        return {
+            "scheduler": qualified_name(scheduler),
+            "runner": qualified_name(self._runner_class()),
+            "executor": self.executor,
+        }
 
     def _runner_class(self) -> type:
         from specreplay.replay.models.runner import GPUModelRunner

@@ -184,3 +184,18 @@ def test_an_async_user_scheduler_on_async_goldens_is_what_ran():
     assert result.result == "pass"
     assert impl.why_not(ASYNC) is None and "Mine is an AsyncScheduler" in impl.why_not(SYNC)
     assert "subclass Scheduler for synchronous workloads" in impl.why_not(SYNC)
+
+
+@pytest.mark.vllm
+def test_a_real_scheduler_rerun_is_held_to_the_variants_real_form():
+    """On --engine vllm-scheduler the header names the variant's subclass of vLLM's class, as asked."""
+    from specreplay.replay.engines.vllm_setup import real_scheduler_class
+
+    result = gate_one(str(corpus_dir() / "reentry.parquet"), GateOptions(impl="sched-clear", engine="vllm-scheduler"))
+    assert result.result == "changed", result.message  # ran, and cleared the stale placeholders
+    asked = builtin("sched-clear").expected(build_scenario("reentry").config, real_scheduler_class(True))
+    assert asked["scheduler"].endswith("ClearStalePlaceholders(AsyncScheduler)")
+    sync = gate_one(
+        str(corpus_dir() / "reentry-sync.parquet"), GateOptions(impl="sched-clear", engine="vllm-scheduler")
+    )
+    assert sync.result == "n/a"
