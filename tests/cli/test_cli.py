@@ -238,7 +238,7 @@ def test_user_implementation_errors_are_one_line(tmp_path, monkeypatch):
     assert "outcome crashed at step 1: KeyError: 'user bug', raised in the scheduler by Boom.schedule" in crashed.output
     assert_bad_input(
         run("record", "--scenario", "reentry", "--impl", "userimpls:Plain", "-o", out),
-        "synchronous Scheduler but the workload uses async scheduling",
+        "Plain is a synchronous Scheduler and the workload uses async scheduling; subclass AsyncScheduler",
     )
 
 

@@ -12,6 +12,7 @@ from specreplay.replay.check.checker import check_report, check_trace, unchecked
 from specreplay.replay.check.limits import max_tokens_by_life
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import Implementation, resolve
+from specreplay.replay.models.scheduler import Scheduler
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.replay.workloads.workload import RequestSpec, Workload
@@ -77,8 +78,25 @@ def test_drafts_that_may_all_be_rejected_are_not_waste():
     assert not _codes(trace, S9)
 
 
+class NoMaxTokensSkipSync(Scheduler):
+    """NoMaxTokensSkip's override on the synchronous Scheduler."""
+
+    def running_demand(self, req, budget, threshold):
+        limit, req.max_tokens = req.max_tokens, 1 << 30
+        try:
+            return super().running_demand(req, budget, threshold)
+        finally:
+            req.max_tokens = limit
+
+
 def test_sync_scheduling_never_has_a_step_in_flight_to_skip_for():
-    trace = run_workload(_one_request(async_scheduling=False), _impl(NoMaxTokensSkip))
+    # NoMaxTokensSkip is an AsyncScheduler variant: it does not apply to a sync workload (this test
+    # used to run the plain Scheduler in its place). The same override on the sync Scheduler:
+    sync_form = NoMaxTokensSkipSync
+    workload = _one_request(async_scheduling=False)
+    assert _impl(NoMaxTokensSkip).why_not(workload.config) is not None
+    trace = run_workload(workload, _impl(sync_form))
+    assert trace.impl["scheduler"].endswith("NoMaxTokensSkipSync")
     assert not _codes(trace, S9)
 
 
