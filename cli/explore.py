@@ -25,6 +25,7 @@ from specreplay.cli.common import (
     handle_errors,
     impl_option,
     jobs_option,
+    vllm_version_option,
 )
 from specreplay.traces.errors import InputError
 
@@ -32,6 +33,7 @@ from specreplay.traces.errors import InputError
 @click.command(context_settings=CONTEXT)
 @impl_option
 @engine_option
+@vllm_version_option
 @click.option(
     "--budget", type=click.IntRange(min=1), default=None, help="Workloads to try (default 200 unless --time)."
 )
@@ -59,7 +61,7 @@ from specreplay.traces.errors import InputError
     help="Folder for one trace per distinct finding code and explore.json.",
 )
 @handle_errors
-def explore(impl_name, engine, budget, seconds, seed, jobs, ray_address, fail_on, output_dir) -> None:
+def explore(impl_name, engine, vllm_version, budget, seconds, seed, jobs, ray_address, fail_on, output_dir) -> None:
     """Search seeded workloads and perturbations for findings; save a trace of every distinct
     finding code in OUTPUT_DIR (its smallest reproduction) with the seed that reproduces it.
 
@@ -72,6 +74,7 @@ def explore(impl_name, engine, budget, seconds, seed, jobs, ray_address, fail_on
       specreplay explore --impl pr30796 --budget 100 -o found/
       specreplay shrink found/X10-scheduler-output-mutated.parquet -o min.parquet --emit-pytest test_min.py
     """
+    from specreplay.replay.engines.vllm_setup import default_vllm_version
     from specreplay.replay.workflows.explore import explore_to
 
     with _progress(budget) as update:
@@ -85,6 +88,7 @@ def explore(impl_name, engine, budget, seconds, seed, jobs, ray_address, fail_on
             jobs=jobs,
             ray_address=ray_address,
             progress=update,
+            vllm_version=vllm_version or default_vllm_version(),
         )
     _report(report)
     error = report.implementation_error()
@@ -101,7 +105,7 @@ def _report(report) -> None:
     cov = ", ".join(f"{k} {v}" for k, v in summary["coverage"].items()) or "none"
     out.print(
         f"explored {summary['workloads']} workloads through {summary['impl']} ({summary['engine']} engine, "
-        f"seed {summary['seed']}) in {summary['seconds']} s"
+        f"vLLM {summary.get('vllm_version') or 'default'}, seed {summary['seed']}) in {summary['seconds']} s"
     )
     out.print(f"situations reached (workloads): {cov}")
     drawn = _settings_line(summary.get("settings", {}))

@@ -28,6 +28,7 @@ from specreplay.cli.common import (
     jobs_option,
     oracle_option,
     trace_impl_option,
+    vllm_version_option,
 )
 from specreplay.traces.errors import InputError
 
@@ -36,6 +37,7 @@ from specreplay.traces.errors import InputError
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @trace_impl_option
 @engine_option
+@vllm_version_option
 @executor_option
 @device_option
 @fail_on_option
@@ -53,7 +55,20 @@ from specreplay.traces.errors import InputError
 @jobs_option
 @handle_errors
 def gate(
-    paths, impl_name, engine, executor, device, fail_on, oracle, allow_changed, update, junit_file, github, fmt, jobs
+    paths,
+    impl_name,
+    engine,
+    vllm_version,
+    executor,
+    device,
+    fail_on,
+    oracle,
+    allow_changed,
+    update,
+    junit_file,
+    github,
+    fmt,
+    jobs,
 ) -> None:
     """Replay golden traces (files or folders; default: the shipped corpus) through an
     implementation, check every invariant, and compare with the golden.
@@ -71,6 +86,9 @@ def gate(
     truth it lacks is not compared. --update leaves such a golden as it is and says so (exit 2):
     a rerun is not the engine's run. --update --oracle synthetic re-records it on its own engine.
 
+    Each golden reruns as the vLLM release it was recorded as; --vllm-version reruns every golden
+    as that release, and the report notes each golden recorded as another.
+
     \b
     Example:
       specreplay gate --impl sched-clear --allow-changed --junit gate.xml
@@ -80,7 +98,13 @@ def gate(
     from specreplay.replay.workflows.gate import GateOptions, corpus_dir, run_gate, update_goldens
 
     options = GateOptions(
-        impl=impl_name, executor=executor, fail_on=fail_on, device=device, engine=engine, oracle=oracle
+        impl=impl_name,
+        executor=executor,
+        fail_on=fail_on,
+        device=device,
+        engine=engine,
+        oracle=oracle,
+        vllm_version=vllm_version,
     )
     targets = list(paths) or [corpus_dir()]
     if update:

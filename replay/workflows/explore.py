@@ -61,10 +61,12 @@ class Candidate:
     index: int  # position in the search: results are gathered in this order
     seed: int
     profiles: tuple[str, ...]
+    vllm_version: str | None = None  # the release it runs as; None: the workload's default
 
     def workload(self, impl: Implementation | None = None) -> Workload:
         """Its workload; with `impl`, one that implementation applies to (`candidate_workload`)."""
-        return candidate_workload(self.seed, self.profiles, impl.why_not if impl is not None else None)
+        workload = candidate_workload(self.seed, self.profiles, impl.why_not if impl is not None else None)
+        return workload if self.vllm_version is None else workload.at_version(self.vllm_version)
 
 
 @dataclass
@@ -146,6 +148,7 @@ class Exploration:
     impl: str
     engine: str
     seed: int
+    vllm_version: str | None = None
     results: list[CaseResult] = field(default_factory=list)
     coverage: dict[str, int] = field(default_factory=dict)  # situation -> candidates reaching it
     settings: dict[str, int] = field(default_factory=dict)  # engine setting -> candidates drawing it
@@ -161,7 +164,9 @@ class Exploration:
         return {code: sorted(hits, key=lambda r: (r.requests, r.steps, r.index)) for code, hits in sorted(out.items())}
 
 
-def candidates_for(seed: int, generation: int, weights: dict[str, float], start: int, count: int) -> list[Candidate]:
+def candidates_for(
+    seed: int, generation: int, weights: dict[str, float], start: int, count: int, vllm_version: str | None = None
+) -> list[Candidate]:
     rng = random.Random(f"explore:{seed}:{generation}")
     names = list(PROFILES)
     out = []
@@ -179,7 +184,8 @@ def candidates_for(seed: int, generation: int, weights: dict[str, float], start:
                     picked.append(n)
                     del pool[n]
                     break
-        out.append(Candidate(start + i, rng.randrange(1 << 30), tuple(sorted(picked))))  # a valid workload seed
+        seed_of_workload = rng.randrange(1 << 30)  # a valid workload seed
+        out.append(Candidate(start + i, seed_of_workload, tuple(sorted(picked)), vllm_version))
     return out
 
 
@@ -191,13 +197,14 @@ def explore(
     seconds: float | None = None,
     backend: Backend | None = None,
     progress: Callable[[int, Exploration], None] | None = None,
+    vllm_version: str | None = None,
 ) -> Exploration:
     """Run generations of candidates until `budget` candidates ran or `seconds` passed, on
-    `backend` (default: inline; the caller closes it)."""
+    `backend` (default: inline; the caller closes it), as the vLLM release `vllm_version`."""
     from specreplay.replay.workflows.backends import InlineBackend
 
     backend = backend or InlineBackend()
-    result = Exploration(impl, engine, seed)
+    result = Exploration(impl, engine, seed, vllm_version)
     weights = {p: 1.0 for p in PROFILES}
     if not _applies_to_sync(impl):
         weights["sync"] = 0.0  # an AsyncScheduler: its workloads are all async, the profile is moot
@@ -207,7 +214,7 @@ def explore(
         left = GENERATION if budget is None else min(GENERATION, budget - len(result.results))
         if left <= 0 or (seconds is not None and time.monotonic() - started >= seconds):
             break
-        batch = candidates_for(seed, generation, weights, len(result.results), left)
+        batch = candidates_for(seed, generation, weights, len(result.results), left, vllm_version)
         for case in backend.run(impl, engine, batch):
             new = [s for s in case.features if s not in result.coverage]
             for s in case.features:
@@ -284,6 +291,7 @@ def explore_to(
     jobs: int = 1,
     ray_address: str | None = None,
     progress: Callable[[int, Exploration], None] | None = None,
+    vllm_version: str | None = None,
 ) -> ExploreReport:
     """Search (`explore`; DEFAULT_BUDGET workloads unless `budget` or `seconds`), then write into
     `output_dir` one trace per distinct finding code, its smallest reproduction, and explore.json.
@@ -304,6 +312,7 @@ def explore_to(
             seconds,
             backend=backend,
             progress=progress,
+            vllm_version=vllm_version,
         )
     finally:
         backend.close()
@@ -328,6 +337,7 @@ def _summary(result: Exploration) -> dict[str, Any]:
     return {
         "impl": result.impl,
         "engine": result.engine,
+        "vllm_version": result.vllm_version,
         "seed": result.seed,
         "workloads": len(result.results),
         "seconds": round(result.seconds, 1),

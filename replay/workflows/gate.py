@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from specreplay.replay.check.findings import Finding, fails
+from specreplay.replay.workloads.config import EARLIEST_VERSION
 from specreplay.traces import schema
 from specreplay.traces.errors import InputError
 
@@ -93,6 +94,7 @@ class GateOptions:
     # recorded | synthetic | None: each golden's default (`replaying.default_oracle`); --engine
     # vllm alone means synthetic (a live engine makes its own outcomes).
     oracle: str | None = None
+    vllm_version: str | None = None  # None: each golden as the vLLM release it was recorded as
 
 
 class RanOtherThanAsked(RuntimeError):
@@ -132,7 +134,15 @@ def fingerprint(trace) -> dict[str, Any]:
 def golden_plan(golden, where: str, options: GateOptions):
     """How the gate reruns `golden` (a `TraceFile`): a `ReplayPlan` whose oracle is None for a
     golden rerun on its workload's seeded model, as ever (the golden's rows are not read), or the
-    recorded outcomes of a recording (its rows are read once, to build them)."""
+    recorded outcomes of a recording (its rows are read once, to build them). As the vLLM
+    release the golden was recorded as, unless `options.vllm_version` says another."""
+    plan = _golden_plan(golden, where, options)
+    if options.vllm_version is None:
+        return plan
+    return replace(plan, workload=plan.workload.at_version(options.vllm_version))
+
+
+def _golden_plan(golden, where: str, options: GateOptions):
     from specreplay.replay.workflows.replaying import ReplayPlan, default_oracle, may_be_recording, plan_replay
     from specreplay.replay.workloads.workload import Workload
 
@@ -196,6 +206,9 @@ def gate_one(path: str, options: GateOptions) -> GateResult:
         result.notes.append(f"golden made on the {made_by['engine']} engine, gating on {trace.impl.get('engine')}")
     if made_by["executor"] != trace.impl.get("executor"):
         result.notes.append(f"golden made with the {made_by['executor']} executor, gating {trace.impl.get('executor')}")
+    recorded_as = golden.workload.get("config", {}).get("vllm_version", EARLIEST_VERSION)
+    if recorded_as != plan.workload.config.vllm_version:
+        result.notes.append(f"golden recorded as vLLM {recorded_as}, rerun as {plan.workload.config.vllm_version}")
     if made_by["specreplay"] != package_version():
         result.notes.append(f"golden made by specreplay {made_by['specreplay']}, this is {package_version()}")
     result.findings = check_trace(trace)
