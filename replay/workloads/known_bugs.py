@@ -114,6 +114,31 @@ def sync_streaming_turn() -> Workload:
     )
 
 
+def sync_streaming_turn_runs_on() -> Workload:
+    """The same cut, with a chunk long enough to schedule: the next turn runs from the wrong
+    position, so the session's next token is computed on the wrong context (T1) and its KV
+    cache holds the wrong tokens (K1). Found by explore (seed 467106246), shrunk: 1 request,
+    3 steps."""
+    return Workload.from_dict(
+        {
+            "name": "sync-streaming-turn-runs-on",
+            "seed": 467106246,
+            "acceptance": "all",
+            "config": {
+                "max_num_batched_tokens": 3,
+                "max_num_seqs": 1,
+                "num_spec_tokens": 1,
+                "async_scheduling": False,
+                "block_size": 4,
+                "num_blocks": 37,
+                "max_model_len": 256,
+            },
+            "requests": [{"id": "0", "prompt_len": 1, "max_tokens": 2, "streaming": True}],
+            "events": [{"step": 1, "kind": "stream_append", "request": "0", "tokens": 3, "max_tokens": 1}],
+        }
+    )
+
+
 def padded_admission_cut_by_threshold() -> Workload:
     """A 1-token admission padded to 1 + k tokens for a uniform spec-decode step, then cut by a
     smaller long_prefill_token_threshold: vLLM asserts once the blocks are allocated."""
@@ -219,6 +244,13 @@ KNOWN_BUGS = (
         sync_streaming_turn,
         "E1-engine-crash",
         asserts=("num_new_tokens > 0", "admitted with 0 tokens"),
+    ),
+    KnownBug(
+        "sync-streaming-turn-runs-on",
+        "the same cut with a longer chunk: the next turn runs from the wrong position (wrong tokens)",
+        "scheduler",
+        sync_streaming_turn_runs_on,
+        "T1-wrong-token",
     ),
     KnownBug(
         "padded-admission-cut",

@@ -44,7 +44,7 @@ def test_what_0_33_fixes_and_what_it_does_not(reference_cells):
     assert new == {"resubmit-onto-waiting"}  # 0.32.0 asserts on it (the `resubmit` row) instead
     assert all(got[(b.key, "0.32.0")] == "reproduces" for b in KNOWN_BUGS if b.key not in new)
     fixed = {b.key for b in KNOWN_BUGS if got[(b.key, "0.33.0")] == "fixed"}
-    assert fixed == {"streaming-preempt", "sync-streaming-turn"}
+    assert fixed == {"streaming-preempt", "sync-streaming-turn", "sync-streaming-turn-runs-on"}
     assert got[("resubmit-onto-waiting", "0.33.0")] == "reproduces"
     cell = next(c for c in reference_cells if (c.bug, c.version) == ("resubmit", "0.33.0"))
     assert cell.evidence.startswith("E1-engine-crash at step 12") and "num_output_placeholders" in cell.evidence
