@@ -21,9 +21,9 @@ class Status(enum.Enum):
     #: A streaming session between turns: it keeps its KV blocks and waits for its next input chunk.
     WAITING_FOR_STREAMING_REQ = "waiting_for_streaming_req"
 
-    @property
-    def finished(self) -> bool:
-        return self in (Status.FINISHED_LENGTH_CAPPED, Status.FINISHED_STOPPED, Status.FINISHED_ABORTED)
+    def __init__(self, value: str) -> None:
+        # A plain attribute, set once per member: read for every request on every step.
+        self.finished: bool = value in ("length", "stop", "aborted")
 
 
 class Request:

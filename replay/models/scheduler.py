@@ -290,10 +290,12 @@ class Scheduler:
             req.num_computed_tokens, req.num_output_placeholders, req.num_prompt_tokens, req.max_tokens
         ):
             return 0
-        n = req.num_tokens_with_spec + req.num_output_placeholders - req.num_computed_tokens
+        computed = req.num_computed_tokens
+        # req.num_tokens_with_spec, read without the property (this runs per running request per step).
+        n = len(req.all_token_ids) + len(req.spec_token_ids) + req.num_output_placeholders - computed
         if 0 < threshold < n:
             n = threshold
-        return min(n, budget, self.config.max_model_len - req.num_computed_tokens - 1)
+        return min(n, budget, self.config.max_model_len - computed - 1)
 
     def allocate_or_preempt(self, req: Request, n: int, plan: StepPlan) -> bool:
         """Allocate KV slots for `req`, preempting from the tail of `running` (FCFS) until they
@@ -329,10 +331,10 @@ class Scheduler:
         """The draft slots inside `n`; the request's spec list is cleared once scheduled."""
         if not req.spec_token_ids:
             return []
-        num_spec = n + req.num_computed_tokens - req.num_tokens - req.num_output_placeholders
-        slots = req.spec_token_ids[:num_spec] if num_spec > 0 else []
+        num_spec = n + req.num_computed_tokens - len(req.all_token_ids) - req.num_output_placeholders
+        slots = req.spec_token_ids[:num_spec] if num_spec > 0 else []  # a new list either way
         req.spec_token_ids = []
-        return list(slots)
+        return slots
 
     def admit_waiting(self, plan: StepPlan) -> None:
         """Waiting requests holding KV blocks first (streaming sessions with their next chunk),
@@ -405,14 +407,19 @@ class Scheduler:
 
     def make_output(self, plan: StepPlan) -> SchedulerOutput:
         cached = CachedRequestData()
-        for req in plan.running + plan.resumed:
-            rid = req.request_id
-            cached.req_ids.append(rid)
-            cached.new_block_ids.append(plan.new_blocks.get(rid, []))
-            cached.num_computed_tokens.append(req.num_computed_tokens)
-            cached.num_output_tokens.append(req.num_output_tokens + req.num_output_placeholders)
-            if rid not in self.prev_step_scheduled_req_ids:
-                cached.all_token_ids[rid] = list(req.all_token_ids)
+        prev, new_blocks, all_token_ids = self.prev_step_scheduled_req_ids, plan.new_blocks, cached.all_token_ids
+        cached_reqs = plan.running + plan.resumed
+        for req in cached_reqs:
+            if req.request_id not in prev:
+                all_token_ids[req.request_id] = list(req.all_token_ids)
+        # Column by column (this runs per scheduled request per step); num_output_tokens read
+        # without the property.
+        cached.req_ids.extend([req.request_id for req in cached_reqs])
+        cached.new_block_ids.extend([new_blocks.get(req.request_id, []) for req in cached_reqs])
+        cached.num_computed_tokens.extend([req.num_computed_tokens for req in cached_reqs])
+        cached.num_output_tokens.extend(
+            [len(req.all_token_ids) - req.output_start + req.num_output_placeholders for req in cached_reqs]
+        )
         cached.resumed_req_ids = {req.request_id for req in plan.resumed}
         new = [
             NewRequestData(
@@ -435,11 +442,13 @@ class Scheduler:
         return out
 
     def update_after_schedule(self, out: SchedulerOutput) -> None:
+        requests = self.requests
         for rid, n in out.num_scheduled_tokens.items():
-            req = self.requests[rid]
-            req.num_computed_tokens += n
+            req = requests[rid]
+            computed = req.num_computed_tokens + n
+            req.num_computed_tokens = computed
             req.num_in_flight_tokens += n
-            req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
+            req.is_prefill_chunk = computed < len(req.all_token_ids) + req.num_output_placeholders  # T = num_tokens
         # New sets: the old ones live on inside `out`.
         self.finished_req_ids = set()
         self.preempted_req_ids = set()
@@ -452,6 +461,8 @@ class Scheduler:
         what each request took (after a stop, nothing more)."""
         stopped: list[tuple[Request, bool, bool, str]] = []
         continuing: list[Request] = []
+        out_index, out_sampled = model_output.req_id_to_index, model_output.sampled_token_ids
+        spec = out.scheduled_spec_decode_tokens
         for rid, n in out.num_scheduled_tokens.items():
             req = self.request_for_output(out, rid)
             if req is None:
@@ -459,9 +470,9 @@ class Scheduler:
             stale = self.take_output(req, n)
             if self.discard_output(req, stale):
                 continue
-            index = model_output.req_id_to_index.get(rid)
-            generated = model_output.sampled_token_ids[index] if index is not None else []
-            self.account_rejections(req, out.scheduled_spec_decode_tokens.get(rid), generated, stale)
+            index = out_index.get(rid)
+            generated = out_sampled[index] if index is not None else []
+            self.account_rejections(req, spec.get(rid), generated, stale)
             if generated:
                 _, finish = self.append_output(req, generated, stale)
                 if finish:
@@ -538,11 +549,14 @@ class Scheduler:
         unless the output is stale). Returns `tokens` and the finish reason ("" | "length" |
         "stop")."""
         finish = ""
+        # num_tokens and num_output_tokens read without the properties: this runs per token.
+        all_token_ids, stop_token_id = req.all_token_ids, req.stop_token_id
+        max_model_len, max_num_tokens = self.config.max_model_len, req.output_start + req.max_tokens
         for count, token in enumerate(tokens, 1):
-            req.all_token_ids.append(token)
-            if req.stop_token_id is not None and token == req.stop_token_id:
+            all_token_ids.append(token)
+            if stop_token_id is not None and token == stop_token_id:
                 finish = "stop"
-            elif req.num_tokens >= self.config.max_model_len or req.num_output_tokens >= req.max_tokens:
+            elif len(all_token_ids) >= max_model_len or len(all_token_ids) >= max_num_tokens:
                 finish = "length"
             if finish:
                 if self.rules.stop_rewinds_computed and not stale:
@@ -572,11 +586,12 @@ class AsyncScheduler(Scheduler):
         super().update_after_schedule(out)
         # One shared read-only placeholder list of this step's draft width, as vLLM does.
         placeholders = [-1] * out.num_spec_tokens_to_schedule
+        requests, spec = self.requests, out.scheduled_spec_decode_tokens
         for rid in out.num_scheduled_tokens:
-            req = self.requests[rid]
+            req = requests[rid]
             if req.is_prefill_chunk:
                 continue
-            req.num_output_placeholders += 1 + len(out.scheduled_spec_decode_tokens.get(rid, ()))
+            req.num_output_placeholders += 1 + len(spec.get(rid, ()))
             req.spec_token_ids = placeholders
 
     def append_output(self, req: Request, tokens: list[int], stale: bool) -> tuple[list[int], str]:

@@ -82,6 +82,24 @@ class Recorder:
         for at, values in fills:
             self.fill(at, values)
 
+    def fill_column_groups(self, groups: list[tuple[list[int], dict[str, list]]]) -> None:
+        """Groups of rows filled column by column, in order (an output's apply columns: the rows
+        it was given to, then the ignored ones). A subclass that overrides `fill_many` (a live
+        sink streams each output's fills as one patch) gets them as one `fill_many` call, a dict
+        per row in column order, exactly as if they had been written row by row."""
+        if type(self).fill_many is not Recorder.fill_many:
+            self.fill_many(
+                [
+                    (at, {name: values[i] for name, values in columns.items()})
+                    for rows, columns in groups
+                    for i, at in enumerate(rows)
+                ]
+            )
+            return
+        for rows, columns in groups:
+            if rows:
+                self.fill_columns(rows, columns)
+
     def step_done(self, step: int) -> None:
         """Both views of `step` are in: a journal flush after an exception may keep it."""
         self.recorded_step = step

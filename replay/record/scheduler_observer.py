@@ -37,6 +37,9 @@ _TRACE_STATUS = {
 _FINISH_REASON = {"FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "stop"}
 #: Of two control events on one request before a schedule(), the row keeps the one that says more.
 EVENT_RANK = {"": 0, "stream_update": 1, "stream_turn": 2, "reset_preempt": 2, "abort": 3, "resubmit": 4}
+#: The observer takes these per live request per step: a tuple built by tuple.__new__ skips the
+#: NamedTuple's Python-level __new__.
+_new_tuple = tuple.__new__
 
 
 @dataclass
@@ -64,21 +67,24 @@ class Counters(NamedTuple):
 
     @classmethod
     def of(cls, r: Any) -> Counters:
-        return cls(
-            r.num_computed_tokens,
-            r.num_output_placeholders,
-            r.num_tokens,
-            r.num_output_tokens,
-            r.num_in_flight_tokens,
-            r.num_stale_output_tokens,
-            r.num_prompt_tokens,
-            r.max_tokens,
+        return _new_tuple(
+            cls,
+            (
+                r.num_computed_tokens,
+                r.num_output_placeholders,
+                r.num_tokens,
+                r.num_output_tokens,
+                r.num_in_flight_tokens,
+                r.num_stale_output_tokens,
+                r.num_prompt_tokens,
+                r.max_tokens,
+            ),
         )
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """One request's share of an output, read before update_from_output."""
+class Delivery(NamedTuple):
+    """One request's share of an output, read before update_from_output (a tuple: one per
+    scheduled request per step)."""
 
     tracked: Tracked
     before: Counters
@@ -109,6 +115,8 @@ class SchedulerObserver:
         self.budget = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.ext = external_id or (lambda rid: rid)
+        self._same_ids = external_id is None  # the trace's ids are the scheduler's: no renaming per row
+        self._status_names: dict[int, tuple[Any, str]] = {}  # id(status) -> (status, status.name)
         self.order_hint = dict(order or {})
         self.mismatches = mismatches
         self.tracked: dict[str, Tracked] = {}  # trace id -> its live (or last) object
@@ -161,68 +169,109 @@ class SchedulerObserver:
     def before_schedule(self) -> None:
         """Every live request's counters, right before schedule()."""
         self._running = list(self.scheduler.running)
+        of = Counters.of
         snap = []
-        for t in self.live():
+        append = snap.append
+        for t in self.tracked.values():  # self.live(), without the intermediate list
             r = t.request
+            if r.is_finished():
+                continue
             spec = r.spec_token_ids
-            snap.append((t, Counters.of(r), len(spec), bool(spec) and min(spec) == -1 == max(spec)))
+            num_spec = len(spec)
+            # All -1: the async placeholders (one C-level count instead of min and max).
+            append((t, of(r), num_spec, num_spec > 0 and spec.count(-1) == num_spec))
         self._before_schedule = snap
 
     def after_schedule(self, so: Any, step: int) -> None:
-        x = self.ext
-        scheduled = {x(rid): n for rid, n in so.num_scheduled_tokens.items()}
-        slots = {x(rid): len(s) for rid, s in so.scheduled_spec_decode_tokens.items()}
-        new_ids = {x(d.req_id) for d in so.scheduled_new_reqs}
-        resumed = {x(rid) for rid in so.scheduled_cached_reqs.resumed_req_ids}
-        announced = {x(rid) for rid in so.finished_req_ids}
+        if self._same_ids:  # the common case: the trace's ids are the scheduler's, no renaming
+            scheduled = so.num_scheduled_tokens
+            slots = {rid: len(s) for rid, s in so.scheduled_spec_decode_tokens.items()}
+            new_ids = {d.req_id for d in so.scheduled_new_reqs}
+            resumed = set(so.scheduled_cached_reqs.resumed_req_ids)
+            announced = set(so.finished_req_ids)
+        else:
+            x = self.ext
+            scheduled = {x(rid): n for rid, n in so.num_scheduled_tokens.items()}
+            slots = {x(rid): len(s) for rid, s in so.scheduled_spec_decode_tokens.items()}
+            new_ids = {x(d.req_id) for d in so.scheduled_new_reqs}
+            resumed = {x(rid) for rid in so.scheduled_cached_reqs.resumed_req_ids}
+            announced = {x(rid) for rid in so.finished_req_ids}
         skips = self.skip_reasons(so)
         events, self.request_events = self.request_events, {}
         rows = list(self._before_schedule)
-        live = {t.request_id for t, *_ in rows}
-        for rid in sorted(announced - live, key=lambda r: self.tracked[r].order if r in self.tracked else 0):
-            t = self.tracked.get(rid)
-            if t is not None:
-                rows.append((t, Counters.of(t.request), len(t.request.spec_token_ids), False))
+        if announced:
+            live = {t.request_id for t, *_ in rows}
+            for rid in sorted(announced - live, key=lambda r: self.tracked[r].order if r in self.tracked else 0):
+                t = self.tracked.get(rid)
+                if t is not None:
+                    rows.append((t, Counters.of(t.request), len(t.request.spec_token_ids), False))
+        prev = self.prev_scheduled
+        status_name = self._status_name
         out = []
+        append = out.append
         for t, was, spec_len, spec_placeholders in rows:
             rid, r = t.request_id, t.request
             n = scheduled.get(rid, 0)
+            finished = r.is_finished()
+            name = status_name(r.status)
             if n:
-                kind, skip = self.kind_of(rid, new_ids, resumed), ""
+                # kind_of, inlined: one call fewer per scheduled request per step.
+                if rid in new_ids:
+                    kind = "new"
+                elif rid in resumed:
+                    kind = "resumed"
+                else:
+                    kind = "cached" if rid in prev else "reentering"
+                skip = ""
             else:
-                kind, skip = "unscheduled", self.skip_of(r, rid, skips)
-            status = "finished" if r.is_finished() else _TRACE_STATUS.get(r.status.name, "waiting")
-            out.append(
+                # skip_of, inlined.
+                kind = "unscheduled"
+                if finished:
+                    skip = "finished"
+                elif rid in skips:
+                    skip = skips[rid]
+                else:
+                    skip = "budget" if name == "RUNNING" else "waiting"
+            append(
                 (
                     rid,
                     t.life,
                     events.get(rid, ""),
-                    status,
+                    "finished" if finished else _TRACE_STATUS.get(name, "waiting"),
                     kind,
                     skip,
                     n,
                     slots.get(rid, 0),
-                    was.num_computed_tokens,
-                    was.num_output_placeholders,
-                    was.num_tokens,
-                    was.num_output_tokens,
+                    was[0],  # num_computed_tokens
+                    was[1],  # num_output_placeholders
+                    was[2],  # num_tokens
+                    was[3],  # num_output_tokens
                     r.num_prompt_tokens,
                     spec_len,
                     spec_placeholders,
                     bool(n) and bool(r.is_prefill_chunk),
                     rid in announced,
                     skips.get(rid) == "preempted",
-                    was.num_in_flight_tokens,
-                    was.num_stale_output_tokens,
+                    was[4],  # num_in_flight_tokens
+                    was[5],  # num_stale_output_tokens
                 )
             )
         self.rec.append_step(step, so.total_num_scheduled_tokens, "; ".join(self.step_events), out)
         self.step_events = []
         self.prev_scheduled = set(scheduled)
 
+    def _status_name(self, status: Any) -> str:
+        """`status.name`, remembered by the member's identity (Enum.name is a Python-level
+        property, read for every row; members are singletons, kept alive here with their name)."""
+        hit = self._status_names.get(id(status))
+        if hit is None:
+            hit = self._status_names[id(status)] = (status, status.name)
+        return hit[1]
+
     def kind_of(self, rid: str, new_ids: set[str], resumed: set[str]) -> str:
         """How a scheduled request entered this step: new, resumed from preemption, cached (it
-        ran the step before) or re-entering (running, but skipped the step before)."""
+        ran the step before) or re-entering (running, but skipped the step before).
+        (after_schedule applies this inline.)"""
         if rid in new_ids:
             return "new"
         if rid in resumed:
@@ -232,7 +281,8 @@ class SchedulerObserver:
     @staticmethod
     def skip_of(r: Any, rid: str, skips: dict[str, str]) -> str:
         """Why a request got no tokens: finished, a reason the visit gave, or never visited
-        (running: the budget ran out first; otherwise still waiting)."""
+        (running: the budget ran out first; otherwise still waiting). (after_schedule applies
+        this inline.)"""
         if r.is_finished():
             return "finished"
         if rid in skips:
@@ -245,18 +295,23 @@ class SchedulerObserver:
         budget is spent; a visited request was skipped by the max-tokens rule or had nothing to
         schedule; one never visited is left to the caller (budget)."""
         x = self.ext
+        same = self._same_ids
         reset, self.reset_preempted = self.reset_preempted, set()
         skips = {x(rid): "preempted" for rid in (so.preempted_req_ids or ()) if x(rid) not in reset}
-        before = {id(t.request): was for t, was, *_ in self._before_schedule}
+        before = None  # object id -> counters, built only when a visited request got nothing
         budget = self.budget
+        num_scheduled = so.num_scheduled_tokens
         for r in self._running:
-            rid = x(r.request_id)
-            n = so.num_scheduled_tokens.get(r.request_id, 0)
+            internal = r.request_id
+            rid = internal if same else x(internal)
             if rid in skips:
                 continue
+            n = num_scheduled.get(internal, 0)
             if n:
                 budget -= n
             elif budget > 0:
+                if before is None:
+                    before = {id(t.request): was for t, was, *_ in self._before_schedule}
                 was = before.get(id(r))
                 rule = was is not None and reaches_max_tokens_in_flight(
                     was.num_computed_tokens, was.num_output_placeholders, r.num_prompt_tokens, r.max_tokens
@@ -269,17 +324,25 @@ class SchedulerObserver:
         """Counters before update_from_output, which trims the output's token lists in place."""
         index = model_output.req_id_to_index or {}
         sampled = model_output.sampled_token_ids or []
+        num_rows = len(sampled)
+        tracked = self.tracked
+        same, x = self._same_ids, self.ext
+        of = Counters.of
         deliveries = {}
         for rid in so.num_scheduled_tokens:
-            t = self.tracked.get(self.ext(rid))
-            if t is None or t.request.is_finished():
+            t = tracked.get(rid if same else x(rid))
+            if t is None:
                 continue
             r = t.request
+            if r.is_finished():
+                continue
             i = index.get(rid)
-            stale = r.num_stale_output_tokens > 0
-            outcome = ("dropped" if r.drop_stale_output else "stale_delivered") if stale else "applied"
-            deliveries[rid] = Delivery(
-                t, Counters.of(r), tuple(sampled[i]) if i is not None and i < len(sampled) else (), outcome
+            if r.num_stale_output_tokens > 0:
+                outcome = "dropped" if r.drop_stale_output else "stale_delivered"
+            else:
+                outcome = "applied"
+            deliveries[rid] = _new_tuple(
+                Delivery, (t, of(r), tuple(sampled[i]) if i is not None and i < num_rows else (), outcome)
             )
         return deliveries
 
@@ -287,65 +350,84 @@ class SchedulerObserver:
         self, so: Any, model_output: Any, deliveries: dict[str, Delivery], step: int, apply_step: int
     ) -> None:
         """Fill the apply columns of step `step`'s rows; outputs the scheduler gave to nobody
-        (the request finished, was aborted, or a variant withheld it) are marked ignored."""
+        (the request finished, was aborted, or a variant withheld it) are marked ignored. The
+        rows are written column by column (Recorder.fill_column_groups), no dict per row."""
         rec = self.rec
         index = rec.rows_of_step.pop(step, {})
         out_index = model_output.req_id_to_index or {}
+        out_sampled = model_output.sampled_token_ids
+        spec = so.scheduled_spec_decode_tokens
+        num_scheduled = so.num_scheduled_tokens
+        mismatches = self.mismatches
+        finish_reason = self.finish_reason
         given = set()
-        fills: list[tuple[int, dict[str, Any]]] = []
-        for rid, d in deliveries.items():
-            r, was = d.tracked.request, d.before
-            if r.num_in_flight_tokens == was.num_in_flight_tokens:
+        rows: list[int] = []
+        outcomes, lives, scheduled_col, slots_col, rejected_col, num_tokens_col = [], [], [], [], [], []
+        sampled_col, mismatches_col, computed_col, placeholders_col, finish_col = [], [], [], [], []
+        for rid, (tracked, was, sampled, outcome) in deliveries.items():
+            r = tracked.request
+            if r.num_in_flight_tokens == was[4]:  # num_in_flight_tokens
                 continue  # untouched: the scheduler did not give this output to this object
-            trace_id = d.tracked.request_id
+            trace_id = tracked.request_id
             at = index.get(trace_id)
             if at is None:
                 continue
             given.add(trace_id)
-            slots = len(so.scheduled_spec_decode_tokens.get(rid, ()))
-            dropped = d.outcome == "dropped"
-            num_sampled = len(d.sampled)
-            rejected = slots - (num_sampled - 1) if slots and num_sampled and not dropped else 0
+            slots = len(spec.get(rid, ()))
+            dropped = outcome == "dropped"
+            num_sampled = len(sampled)
             i = out_index.get(rid)
-            tokens = () if dropped or i is None else tuple(model_output.sampled_token_ids[i])
-            finish = self.finish_reason(r, was, tokens)
+            tokens = () if dropped or i is None else tuple(out_sampled[i])
+            finish = finish_reason(r, was, tokens)
             if finish and not r.is_finished():
                 self.mark_request_event(trace_id, "stream_turn")  # a streaming turn ended; the session goes on
-            fills.append(
-                (
-                    at,
-                    {
-                        "apply_step": apply_step,
-                        "apply_outcome": d.outcome,
-                        "apply_life": d.tracked.life,
-                        "apply_num_scheduled_tokens": so.num_scheduled_tokens[rid],
-                        "apply_num_draft_slots": slots,
-                        "apply_num_rejected": rejected,
-                        "apply_num_tokens": len(tokens),
-                        "apply_sampled_token_ids": list(d.sampled),
-                        "apply_token_mismatches": (
-                            None
-                            if self.mismatches is None
-                            else self.mismatches(trace_id, was.num_output_tokens, tokens, was.num_prompt_tokens)
-                        ),
-                        "apply_num_computed_tokens": r.num_computed_tokens,
-                        "apply_num_output_placeholders": r.num_output_placeholders,
-                        "apply_finish_reason": finish,
-                    },
-                )
+            rows.append(at)
+            outcomes.append(outcome)
+            lives.append(tracked.life)
+            scheduled_col.append(num_scheduled[rid])
+            slots_col.append(slots)
+            rejected_col.append(slots - (num_sampled - 1) if slots and num_sampled and not dropped else 0)
+            num_tokens_col.append(len(tokens))
+            sampled_col.append(list(sampled))
+            mismatches_col.append(
+                None
+                if mismatches is None
+                else mismatches(trace_id, was.num_output_tokens, tokens, was.num_prompt_tokens)
             )
+            computed_col.append(r.num_computed_tokens)
+            placeholders_col.append(r.num_output_placeholders)
+            finish_col.append(finish)
         scheduled = rec.cols["sched_num_scheduled_tokens"]
-        for rid, at in index.items():
-            if rid not in given and scheduled[at]:
-                fills.append((at, {"apply_step": apply_step, "apply_outcome": "ignored"}))
-        rec.fill_many(fills)
+        ignored = [at for rid, at in index.items() if rid not in given and scheduled[at]]
+        rec.fill_column_groups(
+            [
+                (
+                    rows,
+                    {
+                        "apply_step": [apply_step] * len(rows),
+                        "apply_outcome": outcomes,
+                        "apply_life": lives,
+                        "apply_num_scheduled_tokens": scheduled_col,
+                        "apply_num_draft_slots": slots_col,
+                        "apply_num_rejected": rejected_col,
+                        "apply_num_tokens": num_tokens_col,
+                        "apply_sampled_token_ids": sampled_col,
+                        "apply_token_mismatches": mismatches_col,
+                        "apply_num_computed_tokens": computed_col,
+                        "apply_num_output_placeholders": placeholders_col,
+                        "apply_finish_reason": finish_col,
+                    },
+                ),
+                (ignored, {"apply_step": [apply_step] * len(ignored), "apply_outcome": ["ignored"] * len(ignored)}),
+            ]
+        )
 
     def finish_reason(self, r: Any, was: Counters, tokens: tuple) -> str:
         """ "length" or "stop" if this output ended the request (or a streaming session's turn:
         the session goes on waiting, so its status does not say; the counters do), else ""."""
         if r.is_finished():
-            return _FINISH_REASON.get(r.status.name, "")
-        if not tokens or not r.resumable or r.status.name not in ("WAITING", "WAITING_FOR_STREAMING_REQ"):
+            return _FINISH_REASON.get(self._status_name(r.status), "")
+        if not tokens or not r.resumable or self._status_name(r.status) not in ("WAITING", "WAITING_FOR_STREAMING_REQ"):
             return ""
         reached = (
             was.num_output_tokens + len(tokens) >= was.max_tokens or was.num_tokens + len(tokens) >= self.max_model_len
