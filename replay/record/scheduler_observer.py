@@ -215,7 +215,8 @@ class SchedulerObserver:
             finished = r.is_finished()
             name = status_name(r.status)
             if n:
-                # kind_of, inlined: one call fewer per scheduled request per step.
+                # How a scheduled request entered this step: new, resumed from preemption, cached
+                # (it ran the step before) or re-entering (running, but skipped the step before).
                 if rid in new_ids:
                     kind = "new"
                 elif rid in resumed:
@@ -224,7 +225,8 @@ class SchedulerObserver:
                     kind = "cached" if rid in prev else "reentering"
                 skip = ""
             else:
-                # skip_of, inlined.
+                # Why it got no tokens: finished, a reason the visit gave (skip_reasons), or never
+                # visited (running: the budget ran out first; otherwise still waiting).
                 kind = "unscheduled"
                 if finished:
                     skip = "finished"
@@ -267,27 +269,6 @@ class SchedulerObserver:
         if hit is None:
             hit = self._status_names[id(status)] = (status, status.name)
         return hit[1]
-
-    def kind_of(self, rid: str, new_ids: set[str], resumed: set[str]) -> str:
-        """How a scheduled request entered this step: new, resumed from preemption, cached (it
-        ran the step before) or re-entering (running, but skipped the step before).
-        (after_schedule applies this inline.)"""
-        if rid in new_ids:
-            return "new"
-        if rid in resumed:
-            return "resumed"
-        return "cached" if rid in self.prev_scheduled else "reentering"
-
-    @staticmethod
-    def skip_of(r: Any, rid: str, skips: dict[str, str]) -> str:
-        """Why a request got no tokens: finished, a reason the visit gave, or never visited
-        (running: the budget ran out first; otherwise still waiting). (after_schedule applies
-        this inline.)"""
-        if r.is_finished():
-            return "finished"
-        if rid in skips:
-            return skips[rid]
-        return "budget" if r.status.name == "RUNNING" else "waiting"
 
     def skip_reasons(self, so: Any) -> dict[str, str]:
         """Why running requests got no tokens in this schedule(). Preempted: listed in the output
@@ -388,7 +369,9 @@ class SchedulerObserver:
             slots_col.append(slots)
             rejected_col.append(slots - (num_sampled - 1) if slots and num_sampled and not dropped else 0)
             num_tokens_col.append(len(tokens))
-            sampled_col.append(list(sampled))
+            # The tuple itself, not a list copy: a row of ints the garbage collector stops
+            # tracking, where a list per row would keep every full collection growing.
+            sampled_col.append(sampled)
             mismatches_col.append(
                 None
                 if mismatches is None
