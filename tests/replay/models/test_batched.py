@@ -56,3 +56,43 @@ def test_fill_columns_is_fill_row_by_row():
         one.fill(row, {name: column[i] for name, column in values.items()})
     bulk.fill_columns(at, values)
     assert one.cols == bulk.cols
+
+
+def test_fill_column_groups_is_fill_many_row_by_row():
+    """The apply columns written column by column land as the old per-row fills did, and a
+    recorder that streams its fills (overrides fill_many, as the live sink's does) still gets
+    one fill_many call with a dict per row, in column order."""
+
+    class Streaming(Recorder):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def fill_many(self, fills):
+            self.calls.append(fills)
+            super().fill_many(fills)
+
+    one, bulk, streaming = Recorder(), Recorder(), Streaming()
+    rows = [(str(i),) + (None,) * 19 for i in range(5)]
+    for rec in (one, bulk, streaming):
+        rec.append_step(1, 5, "", rows)
+    groups = [
+        (
+            [3, 1],
+            {"apply_step": [2, 2], "apply_outcome": ["applied", "dropped"], "apply_sampled_token_ids": [(5,), ()]},
+        ),
+        ([4], {"apply_step": [2], "apply_outcome": ["ignored"]}),
+        ([], {"apply_step": [], "apply_outcome": []}),
+    ]
+    fills = [
+        (3, {"apply_step": 2, "apply_outcome": "applied", "apply_sampled_token_ids": (5,)}),
+        (1, {"apply_step": 2, "apply_outcome": "dropped", "apply_sampled_token_ids": ()}),
+        (4, {"apply_step": 2, "apply_outcome": "ignored"}),
+    ]
+    one.fill_many(fills)
+    bulk.fill_column_groups(groups)
+    streaming.fill_column_groups(groups)
+    assert one.cols == bulk.cols == streaming.cols
+    assert streaming.calls == [fills]
+    assert [list(d) for _, d in streaming.calls[0]] == [list(d) for _, d in fills]
+    assert one.table().equals(bulk.table())
