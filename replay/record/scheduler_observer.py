@@ -359,8 +359,10 @@ class SchedulerObserver:
             num_sampled = len(sampled)
             i = out_index.get(rid)
             tokens = () if dropped or i is None else tuple(out_sampled[i])
-            finish = finish_reason(r, was, tokens)
-            if finish and not r.is_finished():
+            finished = r.is_finished()
+            # finish_reason says "" for a live request that cannot resume: no call for those.
+            finish = finish_reason(r, was, tokens) if finished or r.resumable else ""
+            if finish and not finished:
                 self.mark_request_event(trace_id, "stream_turn")  # a streaming turn ended; the session goes on
             rows.append(at)
             outcomes.append(outcome)
