@@ -123,7 +123,7 @@ def _report(report) -> None:
             f["severity"],
             str(f["workloads"]),
             str(f["seed"]),
-            f"step {f['step']} request {f['request_id']}",
+            f"step {f['step']}" + (f" request {f['request_id']}" if f["request_id"] is not None else ""),
             f["trace"],
         )
     out.print(table)
