@@ -57,8 +57,11 @@ def fidelity(count, start, impl_name, jobs, output_dir) -> None:
         f"reference against vllm {summary['vllm']}'s scheduler in {summary['seconds']} s"
     )
     out.print("reached (workloads): " + ", ".join(f"{k} {v}" for k, v in summary["coverage"].items()))
+    if summary["not_applicable"]:
+        out.print(f"n/a: {summary['not_applicable']} workloads {impl_name} does not apply to (not run)")
     if not report.differing:
-        out.print(f"identical: all {summary['workloads']} traces, row for row")
+        ran = summary["workloads"] - summary["not_applicable"]
+        out.print(f"identical: all {ran} traces, row for row")
         sys.exit(EXIT_OK)
     out.print(f"differ: {len(report.differing)} of {summary['workloads']}")
     for case in report.differing[:20]:

@@ -35,7 +35,8 @@ install)
 test)
     # CI=true: a missing vllm fails these tests instead of skipping them (tests/conftest.py).
     "$dir/bin/python" -m pytest -q -p no:cacheprovider \
-        tests/replay/engines/test_vllm_scheduler.py tests/replay/workflows/test_bug_matrix.py
+        tests/replay/engines/test_vllm_scheduler.py tests/replay/workflows/test_bug_matrix.py \
+        tests/replay/workflows/test_fidelity.py::test_the_ci_sweep_is_identical_and_reaches_every_setting
     ;;
 *)
     echo "usage: scripts/vllm-0.33.sh install|test [DIR]" >&2

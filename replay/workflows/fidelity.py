@@ -38,10 +38,11 @@ class FidelityCase:
     fields: tuple[str, ...] = ()  # the fields that differ anywhere
     features: frozenset[str] = frozenset()  # situations the reference run reached
     rejected: str = ""  # one engine refused the workload: the other accepted what vLLM rejects
+    not_applicable: str = ""  # the implementation does not apply to this seed's workload: nothing ran
 
     @property
     def differs(self) -> bool:
-        return not self.same
+        return not self.same and not self.not_applicable
 
 
 @dataclass
@@ -69,6 +70,7 @@ class FidelityReport:
             "seeds": [self.start, self.start + self.count - 1],
             "workloads": len(self.cases),
             "identical": sum(c.same for c in self.cases),
+            "not_applicable": sum(bool(c.not_applicable) for c in self.cases),
             "seconds": round(self.seconds, 1),
             "coverage": self.coverage(),
             "differing": [
@@ -88,6 +90,9 @@ def compare_seed(impl_name: str, seed: int) -> FidelityCase:
 
     impl = resolve(impl_name, allow_import=True)
     workload = fidelity_workload(seed).at_version(installed_vllm_version())
+    reason = impl.why_not(workload.config)
+    if reason:  # e.g. an AsyncScheduler variant on a synchronous seed: counted apart, never run as another
+        return FidelityCase(seed, False, not_applicable=reason)
     traces = []
     for engine in ENGINES:
         try:

@@ -142,6 +142,20 @@ def test_the_ci_sweep_is_identical_and_reaches_every_setting():
 
 
 @pytest.mark.vllm
+def test_seeds_the_implementation_does_not_apply_to_are_counted_apart():
+    """sched-clear (an AsyncScheduler variant) on the synchronous seeds: n/a, not run as the
+    plain Scheduler and not a difference."""
+    from specreplay.replay.workflows.fidelity import fidelity_sweep
+
+    report = fidelity_sweep("sched-clear", start=0, count=12)
+    skipped = [c for c in report.cases if c.not_applicable]
+    assert skipped and all("the workload is synchronous" in c.not_applicable for c in skipped)
+    assert all(not fidelity_workload(c.seed).config.async_scheduling for c in skipped)
+    assert not report.differing and report.summary()["not_applicable"] == len(skipped)
+    assert report.summary()["identical"] == 12 - len(skipped)
+
+
+@pytest.mark.vllm
 def test_the_sweep_names_a_difference(monkeypatch):
     """Without the lookahead slots on the real scheduler (the bug issue 15 found), the sweep
     names the seed, step, request and field."""
