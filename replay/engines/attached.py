@@ -117,6 +117,7 @@ def part_header(role: str) -> dict[str, Any]:
 def attach_recorder_to_core(core: Any, folder: str) -> Any:
     """The scheduler and input observers on an engine core's scheduler, unchanged otherwise."""
     from specreplay.replay.engines.sink import Sink, sink_recorder
+    from specreplay.replay.impls.registry import qualified_name
     from specreplay.replay.record.input_observer import InputObserver, attach_inputs
     from specreplay.replay.record.scheduler_observer import SchedulerObserver, attach
 
@@ -144,15 +145,18 @@ def attach_recorder_to_core(core: Any, folder: str) -> Any:
         inputs.request_seen(scheduler.requests[rid], step=1)
     attach(observer, step_of=next_step, apply_step=lambda: clock["step"])
     attach_inputs(inputs)
+    sink.write({"e": "ran", "scheduler": qualified_name(type(scheduler))})
     return sink
 
 
 def attach_recorder_to_runner(runner: Any, folder: str) -> Any:
     from specreplay.replay.engines.sink import Sink, SinkWriter
+    from specreplay.replay.impls.registry import qualified_name
     from specreplay.replay.record.worker_observer import VllmReader, WorkerObserver, attach_runner
 
     sink = Sink(folder, "runner", part_header("runner"))
     attach_runner(runner, [WorkerObserver(SinkWriter(sink), VllmReader, client_id)], VllmReader)
+    sink.write({"e": "ran", "runner": qualified_name(type(runner))})
     return sink
 
 

@@ -86,12 +86,14 @@ def run_live(
     rows = sink_files.merge_rows(parts)
     # The inputs as the engine core took them: under multiproc their steps are the observed ones.
     inputs = sink_files.collect_inputs(parts)
+    ran = sink_files.ran_classes(parts)
     impl_doc = {
         "name": impl.name,
         "engine": "vllm",
         "executor": impl.executor,
-        "scheduler": "AsyncScheduler" if config.async_scheduling else "Scheduler",
-        "runner": "GPUModelRunner (live)",
+        # What the engine's processes ran, as their plugin saw it (variant classes included).
+        "scheduler": ran.get("scheduler", "AsyncScheduler" if config.async_scheduling else "Scheduler"),
+        "runner": ran.get("runner", "GPUModelRunner (live)"),
         "models": f"vllm {vllm.__version__}",
         "model": model or "tiny dummy-weight llama (written on the fly)",
         "drafter": "ngram_gpu" if config.async_scheduling else "ngram",

@@ -59,10 +59,12 @@ def attach_to_core(scheduler: Any, sink: Sink, config: Any, impl: Any) -> None:
     the other engines number them. step_with_batch_queue asks has_requests() a second time after
     an empty schedule (core.py:755): not an iteration. A multiprocess engine core polls
     has_requests() while it waits for input, so there a step is a schedule() call."""
+    from specreplay.replay.impls.registry import qualified_name
     from specreplay.replay.record.input_observer import InputObserver, attach_inputs
     from specreplay.replay.record.scheduler_observer import SchedulerObserver, attach
 
     scheduler.__class__ = impl.real_scheduler_class(type(scheduler), config)
+    sink.write({"e": "ran", "scheduler": qualified_name(type(scheduler))})  # the trace names what ran
     # The live engine drafts with ngram, which asks vLLM for no lookahead slots; a workload that
     # models an EAGLE-style drafter's gets them here, as the real-scheduler engine's config gives
     # them (vllm_setup.reserve_lookahead). The scheduler reads the attribute at every allocation.
@@ -120,9 +122,11 @@ def attach_to_core(scheduler: Any, sink: Sink, config: Any, impl: Any) -> None:
 
 def attach_to_runner(runner: Any, sink: Sink, impl: Any) -> None:
     """The worker observer on a live GPUModelRunner (its variant class first)."""
+    from specreplay.replay.impls.registry import qualified_name
     from specreplay.replay.record.worker_observer import VllmReader, WorkerObserver, attach_runner
 
     runner.__class__ = impl.real_runner_class(type(runner))
+    sink.write({"e": "ran", "runner": qualified_name(type(runner))})
     attach_runner(runner, [WorkerObserver(SinkWriter(sink), VllmReader, external_id)], VllmReader)
 
 

@@ -115,6 +115,17 @@ def collect_inputs(parts: list[Part]) -> dict[str, Any]:
     return inputs
 
 
+def ran_classes(parts: list[Part]) -> dict[str, str]:
+    """The scheduler and runner classes the recorded vLLM ran (module.QualifiedName, written by
+    the plugin once it has put any variant class in place): what the trace header names."""
+    ran: dict[str, str] = {}
+    for part in parts:
+        for event in part.events:
+            if event.get("e") == "ran":
+                ran.update({k: str(v) for k, v in event.items() if k in ("scheduler", "runner")})
+    return ran
+
+
 def read_parts(folder: str) -> list[Part]:
     parts = []
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):

@@ -61,6 +61,7 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
         collect_inputs,
         merge_rows,
         observer_failures,
+        ran_classes,
         read_parts,
         rows_to_table,
     )
@@ -109,12 +110,13 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     inputs = collect_inputs(parts)
     last_step = rows[-1]["step"] if rows else 0
     workload = workload_of(inputs, config, run, last_step, rows)
+    ran = ran_classes(parts)
     impl_doc = {
         "name": "upstream",
         "engine": "vllm (attached)",
         "executor": "multiproc" if len({p.header.get("pid") for p in parts}) > 1 else "inproc",
-        "scheduler": config_event.get("scheduler_cls", "?"),
-        "runner": "GPUModelRunner (attached)",
+        "scheduler": ran.get("scheduler", config_event.get("scheduler_cls", "?")),
+        "runner": ran.get("runner", "GPUModelRunner (attached)"),
         "models": f"vllm {core.header.get('vllm', '?')}",
         "model": config_event.get("model", "?"),
         "drafter": config_event.get("drafter", "none"),

@@ -158,3 +158,13 @@ def test_gate_exits_1_when_nothing_applies(here):
     assert done.returncode == 1
     assert "2 traces, 0 pass, 0 fail, 0 changed, 0 error, 2 n/a" in done.stdout
     assert done.stderr.strip() == "error: no golden applies to mine:Loud: nothing ran (see the n/a reasons)"
+
+
+@pytest.mark.vllm
+def test_a_live_trace_names_the_classes_vllms_processes_ran(live_reentry_trace):
+    """The plugin writes the classes it found (a variant's subclass in place) into the run's
+    parts; the header names them, not a generic "GPUModelRunner (live)"."""
+    impl = live_reentry_trace.impl
+    assert impl["scheduler"] == "vllm.v1.core.sched.async_scheduler.AsyncScheduler"
+    # CPUModelRunner on these machines, GPUModelRunner on a GPU: vLLM's own, by module and name.
+    assert impl["runner"].startswith("vllm.v1.worker.") and impl["runner"].endswith("ModelRunner"), impl["runner"]
