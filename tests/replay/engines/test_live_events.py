@@ -22,6 +22,7 @@ from specreplay.replay.check.checker import check_trace
 from specreplay.replay.engines.live import cpu_attention_config
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
+from specreplay.replay.workloads import known_bugs
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.replay.workloads.workload import Workload
 
@@ -145,22 +146,7 @@ def test_the_runners_correction_after_a_kept_pause_is_vllms_own():
     scheduler's num_computed_tokens is exact at step 8; the runner applies its deferred
     correction for step 5 anyway and ends short by the rejections (X2), as the reference runner
     predicted on the real scheduler."""
-    w = Workload.from_dict(
-        {
-            "seed": 3,
-            "acceptance": "alternate",
-            "max_steps": 200,
-            "config": {"max_num_batched_tokens": 64, "num_spec_tokens": 3, "block_size": 32, "num_blocks": 500},
-            "requests": [
-                {"id": "0", "prompt_len": 5, "max_tokens": 30},
-                {"id": "1", "prompt_len": 5, "max_tokens": 30},
-            ],
-            "events": [
-                {"step": 6, "kind": "pause", "mode": "keep", "clear_cache": False},
-                {"step": 8, "kind": "resume"},
-            ],
-        }
-    )
+    w = known_bugs.pause_kept_batch()  # the bug matrix's workload for it
     inproc = resolve("upstream", allow_import=False)
     live = run_workload(w, inproc, engine="vllm")
     real = run_workload(w, inproc, engine="vllm-scheduler")

@@ -67,15 +67,7 @@ def test_control_event_scenarios_are_identical_on_the_real_scheduler(scenario, i
         assert f"assert request.num_output_placeholders >= 0 ({where}:" in real.outcome["message"]
 
 
-_ASYNC = {
-    "max_num_batched_tokens": 64,
-    "max_num_seqs": 16,
-    "num_spec_tokens": 3,
-    "async_scheduling": True,
-    "block_size": 16,
-    "num_blocks": 1000,
-    "max_model_len": 512,
-}
+_ASYNC = known_bugs.ROOMY_ASYNC
 EDGE_WORKLOADS = {
     # An abort after step 1's schedule, in an iteration that pops nothing (the first async step):
     # vLLM takes it from the input queue before step 2's schedule.
