@@ -6,6 +6,8 @@ Test support, loaded as a user's plugin would be: `--impl tests.replay.check.bro
 
     NoMaxTokensSkip      running_demand without vLLM's max-tokens skip (vLLM <= 0.11.2's shape,
                          #27922): one step past max_tokens per finishing request -> S9
+    NoMaxTokensSkipSync  the same override on the synchronous Scheduler (nothing in flight to
+                         skip for: clean)
     TrimsAcceptedDrafts  append_output keeps only the first token of a fresh output: the
                          accepted drafts the worker emitted are lost -> S8
     DropsSecondOutput    append_output takes nothing of a request's second output: 0 tokens
@@ -14,11 +16,11 @@ Test support, loaded as a user's plugin would be: `--impl tests.replay.check.bro
 
 from __future__ import annotations
 
-from specreplay.replay.models.scheduler import AsyncScheduler
+from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
 
 
-class NoMaxTokensSkip(AsyncScheduler):
-    """Schedules a running request although its step in flight already reaches max_tokens."""
+class LiftsMaxTokens:
+    """running_demand with no max_tokens limit in sight (a mixin before either scheduler)."""
 
     def running_demand(self, req, budget, threshold):
         # The skip reads max_tokens; with no limit it never holds, and the demand is the rest.
@@ -27,6 +29,14 @@ class NoMaxTokensSkip(AsyncScheduler):
             return super().running_demand(req, budget, threshold)
         finally:
             req.max_tokens = limit
+
+
+class NoMaxTokensSkip(LiftsMaxTokens, AsyncScheduler):
+    """Schedules a running request although its step in flight already reaches max_tokens."""
+
+
+class NoMaxTokensSkipSync(LiftsMaxTokens, Scheduler):
+    """NoMaxTokensSkip's override on the synchronous Scheduler."""
 
 
 class TrimsAcceptedDrafts(AsyncScheduler):

@@ -12,11 +12,15 @@ from specreplay.replay.check.checker import check_report, check_trace, unchecked
 from specreplay.replay.check.limits import max_tokens_by_life
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import Implementation, resolve
-from specreplay.replay.models.scheduler import Scheduler
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.replay.workloads.workload import RequestSpec, Workload
-from tests.replay.check.broken_outputs import DropsSecondOutput, NoMaxTokensSkip, TrimsAcceptedDrafts
+from tests.replay.check.broken_outputs import (
+    DropsSecondOutput,
+    NoMaxTokensSkip,
+    NoMaxTokensSkipSync,
+    TrimsAcceptedDrafts,
+)
 from tests.replay.check.test_checker_equivalence import same_findings
 
 S8, S9 = "S8-token-lost", "S9-step-past-max-tokens"
@@ -76,17 +80,6 @@ def test_drafts_that_may_all_be_rejected_are_not_waste():
     trace = run_workload(_one_request(max_tokens=9, k=3, acceptance="all"), _upstream())
     assert any(r["apply_outcome"] == "ignored" for r in trace.table.to_pylist())  # a step was wasted
     assert not _codes(trace, S9)
-
-
-class NoMaxTokensSkipSync(Scheduler):
-    """NoMaxTokensSkip's override on the synchronous Scheduler."""
-
-    def running_demand(self, req, budget, threshold):
-        limit, req.max_tokens = req.max_tokens, 1 << 30
-        try:
-            return super().running_demand(req, budget, threshold)
-        finally:
-            req.max_tokens = limit
 
 
 def test_sync_scheduling_never_has_a_step_in_flight_to_skip_for():
