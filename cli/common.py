@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from specreplay.replay.workloads.config import MODELLED_VERSIONS
-from specreplay.traces.errors import InputError
+from specreplay.traces.errors import InputError, one_line
 
 EXIT_OK, EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -51,15 +51,6 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(EXIT_INTERNAL)
 
     return wrapper
-
-
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
-
-
-def one_line(text: str) -> str:
-    """A message that stays on one line whatever a hostile file put in it (control characters,
-    newlines in a column name) shown escaped."""
-    return text.translate(_CONTROL)
 
 
 def console(stderr: bool = False):

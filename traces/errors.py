@@ -24,3 +24,12 @@ class RecordingError(RuntimeError):
 class ObserverError(RuntimeError):
     """An observer failed while it watched an engine: a failure of specreplay itself, never a
     finding about the engine under test (the CLI says so, exit code 3)."""
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
+
+
+def one_line(text: str) -> str:
+    """A message that stays on one line whatever a hostile file put in it (control characters,
+    newlines in a column name) shown escaped."""
+    return text.translate(_CONTROL)

@@ -29,7 +29,7 @@ from typing import Any
 from specreplay.replay.check.findings import Finding, fails
 from specreplay.replay.workloads.config import EARLIEST_VERSION
 from specreplay.traces import schema
-from specreplay.traces.errors import InputError
+from specreplay.traces.errors import InputError, one_line
 
 
 def corpus_dir() -> Path:
@@ -66,6 +66,11 @@ class GateResult:
     # says nothing about them.
     unchecked: list[str] = field(default_factory=list)
     message: str = ""  # one line: why, for fail / changed / error / n/a
+
+    def __post_init__(self) -> None:
+        # The message may quote a hostile golden (a column name with a newline); reports keep it
+        # one line.
+        self.message = one_line(self.message)
 
     def failed(self, allow_changed: bool = False) -> bool:
         """Whether this trace fails the gate: fail and error always, changed unless allowed; n/a
@@ -254,6 +259,9 @@ class UpdateResult:
     changed_fields: dict[str, int] = field(default_factory=dict)
     first: Finding | None = None
     message: str = ""
+
+    def __post_init__(self) -> None:
+        self.message = one_line(self.message)
 
 
 def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult]:
