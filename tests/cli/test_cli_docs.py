@@ -34,7 +34,9 @@ def missing_from(page: str, group: click.Command) -> list[str]:
             missing.append(f"command `{name}`")
             continue
         for param in command.params:
-            names = [*param.opts, *param.secondary_opts] if isinstance(param, click.Option) else [param.human_readable_name]
+            names = (
+                [*param.opts, *param.secondary_opts] if isinstance(param, click.Option) else [param.human_readable_name]
+            )
             if not any(re.search(r"(?<![\w-])" + re.escape(n) + r"(?![\w-])", body) for n in names):
                 missing.append(f"`{name}` option {'/'.join(names)}")
     return missing
@@ -46,7 +48,9 @@ def test_every_command_and_option_is_in_the_cli_reference():
 
 
 def test_the_cli_reference_is_current():
-    assert CLI_PAGE.read_text(encoding="utf-8") == reference(), f"docs/cli.md is stale: regenerate it with `{REGENERATE}`"
+    assert CLI_PAGE.read_text(encoding="utf-8") == reference(), (
+        f"docs/cli.md is stale: regenerate it with `{REGENERATE}`"
+    )
 
 
 def test_a_new_option_or_command_is_caught():
