@@ -1,7 +1,8 @@
 """specreplay's public API for implementation authors: what a variant subclasses and receives.
 
-Where it sits: a facade over workloads -> models -> impls, for code outside specreplay (and the
-built-in variants, written as a user's would be). docs/implementations.md documents every name
+Where it sits: workloads -> models -> **impls** -> record -> engines -> check; the public face of
+the first three, for code outside specreplay (and the built-in variants, written as a user's
+would be). docs/implementations.md documents every name
 here and its hook tables name these paths; tests/replay/impls/test_public_api.py imports every
 name those tables mention and holds each hook's signature. Anything a variant reaches by another
 path, or by a name starting with `_` that is not listed below, is internal and may change.
