@@ -14,11 +14,11 @@ Hooks a variant may override (docs/implementations.md; the names a variant uses 
 `specreplay.replay.api`, the state it reads in `api.RUNNER_STATE`):
   remove_finished(out) / remove_unscheduled(out)     the removals at the top of _update_states
   add_new_request(data) -> state                     a NewRequestData becomes worker state
-  update_cached_request(out, i, req_id, deferred)    per cached request: correction, trim, blocks
-    readd_request(out, i, state) -> state            one with no row: on_reentry, outputs restored
-      on_reentry(out, req_id) -> bool                a cached request with no row; True if it
+  update_cached_request(out, i, rid, deferred)       per cached request: correction, trim, blocks
+    readd_request(out, i, st) -> state               one with no row: on_reentry, outputs restored
+      on_reentry(out, rid) -> bool                   a cached request with no row; True if it
                                                      edited `out`
-  write_spec_ids(state, row, out)                    draft slots into the token buffer
+  write_spec_ids(st, row, out)                       draft slots into the token buffer
   apply_deferred_corrections(deferred)               the correction closure (design B)
   _prepare_inputs(out, rows) -> inputs               gather, scatter, clamp
     scatter_prev_sampled(ids, ...)                   the previous step's sampled tokens and drafts

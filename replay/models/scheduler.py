@@ -9,7 +9,7 @@ Hooks, in the order a step uses them:
   schedule_running(plan)                                the running-queue visit
   running_demand(req, budget, threshold) -> n           tokens to give a running request
   allocate_or_preempt(req, n, plan) -> bool             KV blocks, preempting from the tail
-  preempt_request(req)                                  what preemption resets
+  preempt_request(req, drop_stale_output)               what preemption resets
   assign_draft_slots(req, n) -> list[int]               the draft slots booked inside n
   admit_waiting(plan)                                   the waiting queue (new and resumed)
   update_after_schedule(out)                            C += n; (async) placeholders

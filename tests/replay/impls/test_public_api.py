@@ -111,6 +111,26 @@ def test_a_renamed_or_re_signed_hook_fails_the_check():
     assert signature_problem(*right) is None
 
 
+@pytest.mark.parametrize("cls", ["Scheduler", "GPUModelRunner"])
+def test_the_hook_lists_in_the_models_docstrings_are_the_apis(cls):
+    """models/scheduler.py and models/runner.py list their hooks in their docstrings too: each one
+    listed is a hook of the API, with the parameters the code has (where it writes them out, not "...")."""
+    doc = inspect.getmodule(getattr(api, cls)).__doc__
+    block = doc[doc.index("Hooks") :].split("\n\n")[0]
+    listed = re.findall(r"(?:^ +|/ )(\w+)\(([^)]*)\)", block, flags=re.MULTILINE)
+    assert len(listed) > 10
+    hooks = set(api.SCHEDULER_HOOKS + api.RUNNER_HOOKS)
+    assert [name for name, _ in listed if name not in hooks] == []
+    target = {"Scheduler": api.AsyncScheduler, "GPUModelRunner": api.GPUModelRunner}[cls]
+    problems = [
+        p
+        for name, params in listed
+        if "..." not in params
+        and (p := signature_problem(target, name, [x.strip() for x in params.split(",") if x.strip()]))
+    ]
+    assert not problems, "\n".join(problems)
+
+
 def built_runner(config):
     from specreplay.replay.workloads.workload import RequestSpec, Workload
 
