@@ -1,11 +1,13 @@
 """One entry point for every engine: run a workload through an implementation, get its trace.
 
 Where it sits: workloads -> models -> impls -> record -> **engines** -> check. `run_workload`
-refuses an implementation that does not apply to the workload (`Implementation.why_not`: nothing
-runs in its place), picks the driver (the loop for the reference and the real scheduler; a live
-vLLM drives itself and the input driver feeds it), ends the run as a crash when the
-implementation raises (engines/crash.py), keeps the journal, and builds the trace with one
-header, which names the scheduler and runner classes that ran.
+asks the engine's entry (engines/registry.py), once, whether the implementation runs there (it
+applies to the workload, `Implementation.why_not`, and has the forms the engine runs: nothing
+runs in its place), picks the driver (the loop for the engines that drive a scheduler and a
+reference runner; a live vLLM drives itself and the input driver feeds it), ends the run as a
+crash when the implementation raises (engines/crash.py), keeps the journal, and builds the
+trace with one header, which names the scheduler and runner classes that ran, and its outcome
+(engines/outcome.py).
 """
 
 from __future__ import annotations
