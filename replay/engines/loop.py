@@ -11,7 +11,9 @@ The loop records nothing itself: the scheduler observer and the worker observer,
 scheduler and runner it was given, write every row (record/). It only tells them what they
 cannot see: control events, and aborts landing with a step in flight.
 
-Control events (workload `[[events]]`) land where vLLM's EngineCoreProc takes them: with the
+Control events (workload `[[events]]`, typed: engines/events.py) reach the loop through the one
+driver every engine shares (`apply_control`, the loop being its target); they land where vLLM's
+EngineCoreProc takes them: with the
 input queue before schedule(m), after that step's arrivals, or (aborts only) just before the
 oldest batch is applied. While paused the loop does what vLLM's does: no schedule() while the
 scheduler has nothing it may schedule, the batches in flight still drain, and a pause with
