@@ -13,11 +13,10 @@ cannot see: control events, and aborts landing with a step in flight.
 
 Control events (workload `[[events]]`, typed: engines/events.py) reach the loop through the one
 driver every engine shares (`apply_control`, the loop being its target); they land where vLLM's
-EngineCoreProc takes them: with the
-input queue before schedule(m), after that step's arrivals, or (aborts only) just before the
-oldest batch is applied. While paused the loop does what vLLM's does: no schedule() while the
-scheduler has nothing it may schedule, the batches in flight still drain, and a pause with
-clear_cache resets the cache once nothing is in flight.
+EngineCoreProc takes them: with the input queue before schedule(m), after that step's arrivals,
+or (aborts only) just before the oldest batch is applied. While paused the loop does what vLLM's
+does: no schedule() while the scheduler has nothing it may schedule, the batches in flight still
+drain, and a pause with clear_cache resets the cache once nothing is in flight.
 """
 
 from __future__ import annotations
