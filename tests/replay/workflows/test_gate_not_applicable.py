@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from specreplay.cli.gate_reports import github_annotations, junit_xml, markdown_summary, summary_line
 from specreplay.cli.main import main
+from specreplay.replay.engines.registry import engine
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import Implementation, NotApplicable, resolve
 from specreplay.replay.models.runner import GPUModelRunner
@@ -45,10 +46,13 @@ def test_async_scheduler_variants_do_not_apply_to_sync_workloads(name):
     assert "is an AsyncScheduler and the workload is synchronous; pass an async workload" in reason
     assert "subclass" not in reason  # a built-in: nothing for the user to subclass
     assert builtin(name).why_not(ASYNC) is None
-    with pytest.raises(NotApplicable, match=f"{name} does not apply to the workload"):
-        builtin(name).make_scheduler(SYNC)  # never the plain Scheduler in its place
-    with pytest.raises(NotApplicable):
-        builtin(name).real_scheduler_class(object, SYNC)  # nor vLLM's plain Scheduler
+    # Decided once per run, by the engine's entry, before anything is built: never the plain
+    # Scheduler in its place, nor vLLM's.
+    for entry in ("reference", "vllm-scheduler"):
+        with pytest.raises(NotApplicable, match=f"{name} does not apply to the workload"):
+            engine(entry).refuse(builtin(name), SYNC)
+    with pytest.raises(NotApplicable, match=f"{name} does not apply to workload 'reentry-sync'"):
+        run_workload(build_scenario("reentry-sync"), builtin(name))
 
 
 @pytest.mark.parametrize("name", ["pr30796", "pr30796-copy", "noclamp"])
