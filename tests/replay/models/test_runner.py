@@ -84,16 +84,3 @@ def test_drafter_is_skipped_for_the_whole_batch_near_max_model_len():
     for m in skipped:
         assert one.loc[m].worker_num_accepted == 0 and list(one.loc[m].worker_draft_ids) == [0, 0, 0]
     assert (one.drop(index=skipped).worker_num_accepted == 3).all()
-
-
-def test_the_recorder_fills_every_schema_column_once_per_row():
-    """The scheduler observer fills columns in bulk from its row tuples: each schema column must come from
-    exactly one place (the step, the step total, a scheduler field, or the later apply, worker and
-    truth groups), or a trace would shift columns against each other."""
-    from specreplay.replay.record import recorder
-    from specreplay.traces import schema
-
-    sources = (
-        ("step", "step_total_scheduled_tokens", "step_event") + recorder.SCHEDULE_COLUMNS + recorder._LATER_COLUMNS
-    )
-    assert sorted(sources) == sorted(schema.COLUMN_NAMES)
