@@ -182,27 +182,16 @@ def test_recover_refuses_what_is_not_a_journal(tmp_path, junk):
     assert result.exit_code == 2 and result.output.count("\n") == 1
 
 
-def test_a_step_cut_short_by_an_exception_is_left_out_of_the_journal(tmp_path, monkeypatch):
+def test_a_step_cut_short_by_an_exception_is_left_out_of_the_journal(tmp_path):
     """The run stops on an error inside step 6 (an input error: an exception of the runner's own
     would be the engine's death, a crashed trace): the journal ends with step 5, both views
     whole, so the recovered trace has no false finding where the step was cut."""
     from specreplay.replay.check.checker import check_trace
 
-    (tmp_path / "crashyrunner.py").write_text(
-        "from specreplay.replay.models.runner import GPUModelRunner\n"
-        "from specreplay.traces.errors import InputError\n"
-        "class CrashAt6(GPUModelRunner):\n"
-        "    def execute_model(self, out):\n"
-        "        if out.step == 6:\n"
-        "            raise InputError('runner bug at step 6')\n"
-        "        return super().execute_model(out)\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "cut.parquet"
-    result = CliRunner().invoke(
-        main, ["record", "--scenario", "reentry", "--impl", "crashyrunner:CrashAt6", "-o", str(out)]
-    )
-    assert result.exit_code == 2 and "runner bug at step 6" in result.output
+    impl = "tests.replay.engines.raising_impls:RefusingRunner"  # an InputError inside step 6
+    result = CliRunner().invoke(main, ["record", "--scenario", "reentry", "--impl", impl, "-o", str(out)])
+    assert result.exit_code == 2 and "the runner refuses step 6" in result.output
     recovered = recover(journal_path(out))
     assert recovered.outcome["step"] == 5
     assert not [f for f in check_trace(recovered) if f.code == "X1-batch-membership"]

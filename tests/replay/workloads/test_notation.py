@@ -63,6 +63,69 @@ def test_each_mark_builds_what_the_constructors_build(text, expected):
     assert workload_from_notation(text) == expected
 
 
+#: The lines the tests now write (tests/replay/models/test_scheduler.py, test_runner.py,
+#: test_scheduler_hooks.py), each beside the positional construction it replaced.
+CONVERTED = [
+    ("0-10:p3,t12", Workload(tuple(RequestSpec(str(i), 1, 3, 12) for i in range(11)), acceptance="all")),
+    (
+        "a:p20,t4 b:p5,t4 | budget 16 k2 threshold 8",
+        Workload(
+            (RequestSpec("a", 1, 20, 4), RequestSpec("b", 1, 5, 4)),
+            EngineConfig(max_num_batched_tokens=16, num_spec_tokens=2, long_prefill_token_threshold=8),
+        ),
+    ),
+    ("a:p3,t1 | k0", Workload((RequestSpec("a", 1, 3, 1),), EngineConfig(num_spec_tokens=0))),
+    ("a:p4,t20,stop2 | k0", Workload((RequestSpec("a", 1, 4, 20, stop_at=2),), EngineConfig(num_spec_tokens=0))),
+    (
+        "0-5:p20,t30 | budget 40 k3 block 16 blocks 12 steps 15",
+        Workload(
+            tuple(RequestSpec(str(i), 1, 20, 30) for i in range(6)),
+            EngineConfig(max_num_batched_tokens=40, num_spec_tokens=3, block_size=16, num_blocks=12),
+            max_steps=15,
+        ),
+    ),
+    (
+        "0-5:p20,t30 | budget 40 k3 block 16 blocks 12 steps 9",
+        Workload(
+            tuple(RequestSpec(str(i), 1, 20, 30) for i in range(6)),
+            EngineConfig(max_num_batched_tokens=40, num_spec_tokens=3, block_size=16, num_blocks=12),
+            max_steps=9,
+        ),
+    ),
+    (
+        "0:p3,t12 1:p1,t5@3 | k3",
+        Workload((RequestSpec("0", 1, 3, 12), RequestSpec("1", 3, 1, 5)), EngineConfig(num_spec_tokens=3)),
+    ),
+    (
+        "a:p4,t30,abort5 b:p4,t30 | k2",
+        Workload(
+            (RequestSpec("a", 1, 4, 30, abort_step=5), RequestSpec("b", 1, 4, 30)), EngineConfig(num_spec_tokens=2)
+        ),
+    ),
+    (
+        "a:p5,t12 | k3 alternate",
+        Workload((RequestSpec("a", 1, 5, 12),), EngineConfig(num_spec_tokens=3), acceptance="alternate"),
+    ),
+    (
+        "0:p40,t24 1:p3,t40 | len 64 k3",
+        Workload(
+            (RequestSpec("0", 1, 40, 24), RequestSpec("1", 1, 3, 40)),
+            EngineConfig(max_model_len=64, num_spec_tokens=3),
+            acceptance="all",
+        ),
+    ),
+    (
+        "a:p4,t12 | alternate name one",
+        Workload(requests=(RequestSpec("a", prompt_len=4, max_tokens=12),), acceptance="alternate", name="one"),
+    ),
+]
+
+
+@pytest.mark.parametrize("text, built", CONVERTED, ids=[text for text, _ in CONVERTED])
+def test_the_converted_tests_build_the_workloads_they_built_by_hand(text, built):
+    assert workload_from_notation(text) == built
+
+
 def test_events_build_the_workload_file_s_events():
     got = workload_from_notation(
         "a:p4,t40 s:p6,t6,stream | | pause@6:wait,noclear resume@9 reset@14:running "
