@@ -64,8 +64,20 @@ def test_each_mark_builds_what_the_constructors_build(text, expected):
 
 
 #: The lines the tests now write (tests/replay/models/test_scheduler.py, test_runner.py,
-#: test_scheduler_hooks.py), each beside the positional construction it replaced.
+#: test_scheduler_hooks.py, tests/replay/workloads/test_oracle.py), each beside the positional
+#: construction it replaced.
 CONVERTED = [
+    (
+        "0:p5,t20,all 1:p6,t20,none 2:p7,t20,alternate 3:p8,t20,random:0.3 4:p9,t20,random:0.7 | name batched",
+        Workload(
+            tuple(
+                RequestSpec(str(i), 1, 5 + i, 20, acceptance=a)
+                for i, a in enumerate(("all", "none", "alternate", "random:0.3", "random:0.7"))
+            ),
+            EngineConfig(),
+            name="batched",
+        ),
+    ),
     ("0-10:p3,t12", Workload(tuple(RequestSpec(str(i), 1, 3, 12) for i in range(11)), acceptance="all")),
     (
         "a:p20,t4 b:p5,t4 | budget 16 k2 threshold 8",

@@ -8,16 +8,16 @@ import random
 import pytest
 
 from specreplay.replay.workloads import tokens
-from specreplay.replay.workloads.config import EngineConfig
+from specreplay.replay.workloads.notation import workload_from_notation
 from specreplay.replay.workloads.oracle import Oracle
-from specreplay.replay.workloads.workload import RequestSpec, Workload
 
 KINDS = ("all", "none", "alternate", "random:0.3", "random:0.7")
+#: A request of each acceptance kind, request i with a prompt of 5 + i tokens.
+BATCHED = "0:p5,t20,all 1:p6,t20,none 2:p7,t20,alternate 3:p8,t20,random:0.3 4:p9,t20,random:0.7 | name batched"
 
 
 def _oracle() -> Oracle:
-    specs = tuple(RequestSpec(str(i), 1, 5 + i, 20, acceptance=a) for i, a in enumerate(KINDS))
-    return Oracle(Workload(specs, EngineConfig(), name="batched"))
+    return Oracle(workload_from_notation(BATCHED))
 
 
 def _draft_by_rule(oracle: Oracle, rid: str, q: int) -> int:
