@@ -14,7 +14,7 @@ Requests, one token each, `ID:FIELD,FIELD,...[@ARRIVAL]`:
     @3           arrives at step 3 (default 1)    stop2       stop_at 2
     abort5       abort_step 5                     stream      a streaming-input session
     all | none | alternate | random:0.3           this request's acceptance
-    `0-10:p3,t12` is eleven requests "0".."10" with the same fields.
+    `0-10:p3,t12` is eleven requests "0".."10" with the same fields; a bare `a` takes the defaults.
 
 Settings, a key and its value (joined, `k3`, or apart, `budget 40`):
     budget  max_num_batched_tokens   seqs  max_num_seqs   k          num_spec_tokens
