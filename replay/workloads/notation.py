@@ -141,14 +141,14 @@ def _settings(words: list[str], where: str) -> dict[str, Any]:
     while i < len(words):
         word = words[i]
         i += 1
+        value: bool | int | str
         if word in ("async", "sync"):
-            key, target, value = word, config, word == "async"
-            name = "async_scheduling"
+            key, target, name, value = word, config, "async_scheduling", word == "async"
         elif _is_acceptance(word):
-            key, target, value, name = "acceptance", data, word, "acceptance"
+            key, target, name, value = "acceptance", data, "acceptance", word
         else:
             match = _SETTING.fullmatch(word)
-            key, value = (match[1], match[2]) if match else (word, "")
+            key, text = (match[1], match[2]) if match else (word, "")
             if key in CONFIG_KEYS:
                 target, name = config, CONFIG_KEYS[key]
             elif key in WORKLOAD_KEYS:
@@ -156,12 +156,11 @@ def _settings(words: list[str], where: str) -> dict[str, Any]:
             else:
                 known = ", ".join([*CONFIG_KEYS, *WORKLOAD_KEYS, "async", "sync", "an acceptance"])
                 raise InputError(f"{where}: unknown setting {word!r}; known: {known}")
-            if not value:
+            if not text:  # written apart: `budget 40`
                 if i == len(words):
                     raise InputError(f"{where}: setting {key!r} needs a value")
-                value, i = words[i], i + 1
-            if name not in ("vllm_version", "name"):
-                value = _int(value, f"setting {key!r}", where)
+                text, i = words[i], i + 1
+            value = text if name in ("vllm_version", "name") else _int(text, f"setting {key!r}", where)
         if name in target:
             raise InputError(f"{where}: setting {key!r} given twice")
         target[name] = value
