@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from specreplay.traces import schema
 from specreplay.traces.errors import RecordingError, TraceError
+from specreplay.traces.header import Config, ImplHeader, Inputs, Outcome, Volatile, WorkloadHeader
 from specreplay.traces.trace import Trace
 from specreplay.traces.validate import RowValidator
 
@@ -199,18 +200,19 @@ def header_from_metadata(where: str, meta: dict[bytes, bytes], outcome_required:
     outcome = _json(where, meta, schema.META_OUTCOME)
     impl = _json(where, meta, schema.META_IMPL)
     _check_metadata(where, config, outcome if outcome_required else {"status": "completed"}, impl)
+    inputs = _json(where, meta, schema.META_INPUTS, required=False) if schema.META_INPUTS in meta else None
     return Trace(
         table=schema.SCHEMA.empty_table(),
-        workload=_json(where, meta, schema.META_WORKLOAD),
-        config=config,
-        impl=impl,
-        outcome=outcome,
+        workload=WorkloadHeader.from_dict(_json(where, meta, schema.META_WORKLOAD), where),
+        config=Config.from_dict(config, where),
+        impl=ImplHeader.from_dict(impl, where),
+        outcome=Outcome.from_dict(outcome, where),
         seed=_int(where, meta, schema.META_SEED),
         device=meta.get(schema.META_DEVICE, b"cpu").decode(errors="replace"),
         version=meta.get(schema.META_VERSION, b"?").decode(errors="replace"),
-        volatile=_json(where, meta, schema.META_VOLATILE, required=False),
+        volatile=Volatile.from_dict(_json(where, meta, schema.META_VOLATILE, required=False), where),
         schema_version=version,
-        inputs=_json(where, meta, schema.META_INPUTS, required=False),
+        inputs=None if inputs is None else Inputs.from_dict(inputs, where),
     )
 
 
