@@ -92,9 +92,9 @@ def diff_batches(a, b, batches_a: Iterable, batches_b: Iterable) -> TraceDiff:
             None,
             None,
             "(outcome)",
-            a.outcome.get("status"),
-            b.outcome.get("status"),
-            f"run outcome: {a.outcome} in A, {b.outcome} in B",
+            a.outcome.status,
+            b.outcome.status,
+            f"run outcome: {a.outcome.to_dict()} in A, {b.outcome.to_dict()} in B",
         )
     out.findings = sorted(
         first_per_field.values(),
@@ -270,5 +270,5 @@ def _differing_rows(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
     return np.flatnonzero(differ)
 
 
-def _outcome_key(trace) -> tuple:
-    return tuple(trace.outcome.get(k) for k in ("status", "step", "kind"))
+def _outcome_key(trace: Trace) -> tuple[str | None, int | None, str | None]:
+    return (trace.outcome.status, trace.outcome.step, trace.outcome.kind)
