@@ -155,10 +155,10 @@ def code_counts(findings: list[Finding]) -> str:
 def trace_header(trace: Trace, path: str) -> str:
     cfg = trace.config
     return (
-        f"{path}: {trace.workload.get('name', '?')} via {trace.impl_name} "
-        f"({'async' if cfg.get('async_scheduling') else 'sync'}, budget {cfg.get('max_num_batched_tokens')}, "
-        f"k={cfg.get('num_spec_tokens')}), {trace.num_steps} steps, {trace.num_rows} rows, "
-        f"outcome {trace.outcome.get('status')}"
+        f"{path}: {trace.workload.name or '?'} via {trace.impl_name} "
+        f"({'async' if cfg.async_scheduling else 'sync'}, budget {cfg.max_num_batched_tokens}, "
+        f"k={cfg.num_spec_tokens}), {trace.num_steps} steps, {trace.num_rows} rows, "
+        f"outcome {trace.outcome.status}"
     )
 
 

@@ -112,7 +112,7 @@ class _Json:
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
-        return out
+        return dict(sorted(out.items()))  # as a file holds it (written with sorted keys)
 
 
 @dataclass(frozen=True)

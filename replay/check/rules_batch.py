@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from specreplay.replay.check.framework import Checker
 
 
-
 def _or(value: int | None, default: int) -> int:
     return default if value is None else value
+
 
 def check_budget(frame: Frame, chk: Checker) -> Iterable[Finding]:
     """S6: no request scheduled past max_model_len; per step, the declared total is the sum of
