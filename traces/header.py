@@ -61,8 +61,9 @@ _SAYS = {
 @dataclass(frozen=True)
 class _Json:
     """A JSON object of the metadata: known keys as fields (None: the key was left out), the rest
-    in `extra`. Subclasses name their part (`PART`), nested parts (`NESTED`) and the fields that
-    are written even when None (`NULLABLE`; `omitted` remembers an old file that lacked one)."""
+    in `extra`, and so is a known key written as null unless its field is `NULLABLE` (written even
+    when None; `omitted` remembers an old file that lacked one). Subclasses name their part
+    (`PART`, for messages) and their nested parts (`NESTED`)."""
 
     PART: ClassVar[str] = "?"
     NESTED: ClassVar[Mapping[str, type[_Json]]] = {}
@@ -81,11 +82,9 @@ class _Json:
         values: dict[str, Any] = {}
         known = cls._fields()
         for f in known:
-            if f.name not in data:
+            if data.get(f.name) is None:  # left out, or null: the field is None (a null is kept, below)
                 continue
             value = data[f.name]
-            if value is None and f.name in cls.NULLABLE:
-                continue
             kind = f.metadata["kind"]
             if not _valid(kind, value):
                 raise TraceError(f"{where}: metadata {cls.PART} {f.name} {_SAYS[kind]}")
@@ -95,8 +94,8 @@ class _Json:
             elif kind == "strs":
                 value = tuple(value)
             values[f.name] = value
-        names = {f.name for f in known}
-        extra = {key: value for key, value in data.items() if key not in names}
+        names = {f.name for f in known if data.get(f.name) is not None or f.name in cls.NULLABLE}
+        extra = {key: value for key, value in data.items() if key not in names}  # a null is written back
         omitted = frozenset(name for name in cls.NULLABLE if name not in data)
         return cls(**values, extra=extra, omitted=omitted)
 
@@ -170,7 +169,9 @@ class OutcomesNote(_Json):
 class ImplHeader(_Json):
     """The implementation asked and what ran (`specreplay.impl`, from `Implementation.describe`):
     its name, the scheduler and runner classes (module:qualname), the executor (None: in-process),
-    the engine, the models' release, and on a recording's outcomes the drafter and the note."""
+    the engine, the models' release, and on a recording's outcomes the drafter and the note. An
+    attached vLLM's merged trace (replay.workflows.merge) adds its model, run id and the patches
+    its observers applied."""
 
     PART = "impl"
     NESTED = {"outcomes": OutcomesNote}
@@ -184,6 +185,8 @@ class ImplHeader(_Json):
     models: str | None = _kind("str")
     drafter: str | None = _kind("str")
     outcomes: OutcomesNote | None = _kind("map")
+    model: str | None = _kind("str")
+    run: str | None = _kind("str")
     patches: Any = _kind("any")
 
     def engine_or_reference(self) -> str:

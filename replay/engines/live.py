@@ -34,6 +34,7 @@ from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Event, Workload
 from specreplay.traces.errors import InputError, ObserverError
+from specreplay.traces.header import ImplHeader, Inputs, Outcome
 from specreplay.traces.trace import Trace
 
 
@@ -61,13 +62,13 @@ def run_live(
     env = live_environment(impl, config, sink, on_cpu)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    outcome: dict[str, Any] = {"status": "completed"}
+    outcome = Outcome(status="completed")
     llm = None
     try:
         plugin.register()  # this process; vLLM loads the same entry point in the ones it starts
         llm = build_llm(vllm, config, model, workload.seed)
         counts, outcome = drive(llm, workload, progress, in_process)
-        outcome["engine_output_tokens"] = counts
+        outcome = replace(outcome, engine_output_tokens=counts)
     finally:
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
@@ -87,20 +88,20 @@ def run_live(
     # The inputs as the engine core took them: under multiproc their steps are the observed ones.
     inputs = sink_files.collect_inputs(parts)
     ran = sink_files.ran_classes(parts)
-    impl_doc = {
-        "name": impl.name,
-        "engine": "vllm",
-        "executor": impl.executor,
+    impl_doc = ImplHeader(
+        name=impl.name,
+        engine="vllm",
+        executor=impl.executor,
         # What the engine's processes ran, as their plugin saw it (variant classes included).
-        "scheduler": ran.get("scheduler", "AsyncScheduler" if config.async_scheduling else "Scheduler"),
-        "runner": ran.get("runner", "GPUModelRunner (live)"),
-        "models": f"vllm {vllm.__version__}",
-        "model": model or "tiny dummy-weight llama (written on the fly)",
-        "drafter": "ngram_gpu" if config.async_scheduling else "ngram",
-        "patches": list(plugin.CPU_PATCHES) if on_cpu else [],
-    }
+        scheduler=ran.get("scheduler", "AsyncScheduler" if config.async_scheduling else "Scheduler"),
+        runner=ran.get("runner", "GPUModelRunner (live)"),
+        models=f"vllm {vllm.__version__}",
+        model=model or "tiny dummy-weight llama (written on the fly)",
+        drafter="ngram_gpu" if config.async_scheduling else "ngram",
+        patches=list(plugin.CPU_PATCHES) if on_cpu else [],
+    )
     header = trace_header(workload, impl_doc, "cpu" if on_cpu else device, outcome, config)
-    return replace(header, table=sink_files.rows_to_table(rows), inputs=inputs)
+    return replace(header, table=sink_files.rows_to_table(rows), inputs=Inputs.from_dict(inputs) if inputs else None)
 
 
 def live_environment(impl: Implementation, config: EngineConfig, sink: str, on_cpu: bool) -> dict[str, str]:
@@ -189,22 +190,16 @@ def drive(
             if feed.expects_output():
                 feed.took(feed.engine.step())
         except Exception as exc:
-            return feed.counts, {
-                "status": "crashed",
-                "step": step,
-                "kind": crash_kind(exc),
-                "message": crash_message(exc),
-            }
+            return feed.counts, Outcome(status="crashed", step=step, kind=crash_kind(exc), message=crash_message(exc))
         if progress is not None:
             progress(step, workload.max_steps)
         if feed.done(step):
-            outcome: dict[str, Any] = {"status": "completed"}
             held = feed.unfinished()
             if held:  # idle for good while the front end still waits for these: requests the engine lost
-                outcome.update(step=step, unfinished=held)
-            return feed.counts, outcome
+                return feed.counts, Outcome(status="completed", step=step, unfinished=tuple(held))
+            return feed.counts, Outcome(status="completed")
         if step >= workload.max_steps:
-            return feed.counts, {"status": "step_limit", "step": step}
+            return feed.counts, Outcome(status="step_limit", step=step)
 
 
 def crash_kind(exc: Exception) -> str:

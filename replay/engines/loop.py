@@ -21,7 +21,6 @@ clear_cache resets the cache once nothing is in flight.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 from specreplay.replay.engines.inputs import InputDriver
 from specreplay.replay.engines.ports import wire
@@ -30,6 +29,7 @@ from specreplay.replay.models.request import Request
 from specreplay.replay.models.versions import rules_for
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Event, RequestSpec, Workload
+from specreplay.traces.header import Outcome
 
 
 class EngineLoop:
@@ -56,7 +56,7 @@ class EngineLoop:
         self.rules = rules_for(self.config.vllm_version)
         self.rejecting_new = False  # vLLM 0.33: paused in wait or abort mode, new requests are refused
         self.queue: deque = deque()  # (SchedulerOutput, ModelRunnerOutput), newest first
-        self.outcome: dict[str, Any] = {"status": "completed"}
+        self.outcome = Outcome(status="completed")
         # False for a replay of a live recording: stop, as the live engine did, once nothing is
         # left to feed or schedule, leaving the batches in flight unapplied.
         self.drains_at_end = getattr(oracle, "drains_at_end", True)
@@ -105,7 +105,7 @@ class EngineLoop:
             # A run whose last input and request end at its last step completed (a recording's
             # summary ends at its last step); one with work left was cut.
             if self.work_left():
-                self.outcome = {"status": "step_limit", "step": self.step_no}
+                self.outcome = Outcome(status="step_limit", step=self.step_no)
             return False
         return True
 

@@ -27,6 +27,7 @@ from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces import schema
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import Config, ImplHeader, Outcome, OutcomesNote, Volatile, WorkloadHeader
 from specreplay.traces.journal import JournalWriter
 from specreplay.traces.trace import Trace
 
@@ -88,8 +89,9 @@ def on_outcomes(trace: Trace, oracle: Any) -> Trace:
         "recorded": oracle.summary(),
         "filled": oracle.unobserved(trace.table),
     }
-    inputs = trace.inputs or getattr(oracle, "trace_inputs", None) or {}
-    return dataclasses.replace(trace, impl={**trace.impl, "drafter": oracle.drafter, "outcomes": note}, inputs=inputs)
+    inputs = trace.inputs if trace.inputs is not None else getattr(oracle, "trace_inputs", None)
+    impl = dataclasses.replace(trace.impl, drafter=oracle.drafter, outcomes=OutcomesNote(**note))
+    return dataclasses.replace(trace, impl=impl, inputs=inputs)
 
 
 def _built(impl: Implementation, fn: Callable, *args):
@@ -149,33 +151,31 @@ def _run(
             if writer is not None:
                 writer.close()
             raise
-        loop.outcome = {"status": "crashed", "step": loop.step_no, **crash}
-    if loop.outcome["status"] == "completed":
+        loop.outcome = dataclasses.replace(crash, step=loop.step_no)
+    if loop.outcome.status == "completed":
         held = loop.unfinished()
         if held:  # idle for good with requests it holds: a request lost by the scheduler
-            loop.outcome = {"status": "completed", "step": loop.step_no, "unfinished": held}
+            loop.outcome = Outcome(status="completed", step=loop.step_no, unfinished=tuple(held))
     rec.flush(everything=True)
     if writer is not None:
         writer.close()
     return dataclasses.replace(header, table=rec.table(), outcome=loop.outcome)
 
 
-def trace_header(
-    workload: Workload, impl_doc: dict[str, Any], device: str, outcome: dict[str, Any], config: Any = None
-) -> Trace:
+def trace_header(workload: Workload, impl_doc: ImplHeader, device: str, outcome: Outcome, config: Any = None) -> Trace:
     """A trace's metadata, no rows (the journal's header, and every engine's trace). `config`:
     the engine config that ran, where it differs from the workload's (a live engine on a CPU)."""
     return Trace(
         table=schema.SCHEMA.empty_table(),
-        workload=workload.to_dict(),
-        config=(config or workload.config).to_dict(),
+        workload=WorkloadHeader.from_dict(workload.to_dict()),
+        config=Config.from_dict((config or workload.config).to_dict()),
         impl=impl_doc,
         outcome=outcome,
         seed=workload.seed,
         device=device,
-        volatile={
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "host": platform.node(),
-            "python": platform.python_version(),
-        },
+        volatile=Volatile(
+            created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            host=platform.node(),
+            python=platform.python_version(),
+        ),
     )

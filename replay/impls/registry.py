@@ -33,6 +33,7 @@ from specreplay.replay.models.messages import SchedulerOutput
 from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import ImplHeader
 
 if TYPE_CHECKING:
     from specreplay.replay.models.runner import GPUModelRunner
@@ -158,7 +159,7 @@ class Implementation:
 
     def describe(
         self, scheduler: Any, engine: str = "reference", *, runner: Any = None, config: EngineConfig | None = None
-    ) -> dict[str, Any]:
+    ) -> ImplHeader:
         """What made a trace, stamped into its metadata: the classes that ran (module and
         qualified name of the `scheduler` and `runner` objects, not the classes asked for), the
         executor, the engine and the models. `runner` None: the class `make_runner` builds."""
@@ -169,14 +170,14 @@ class Implementation:
             version = f"vllm {vllm.__version__}"
         else:
             version = f"specreplay reference of vllm {(config or EngineConfig()).vllm_version}"
-        return {
-            "name": self.name,
-            "scheduler": qualified_name(type(scheduler)),
-            "runner": qualified_name(runner_cls),
-            "executor": self.executor,
-            "engine": engine,
-            "models": version,
-        }
+        return ImplHeader(
+            name=self.name,
+            scheduler=qualified_name(type(scheduler)),
+            runner=qualified_name(runner_cls),
+            executor=self.executor,
+            engine=engine,
+            models=version,
+        )
 
     def expected(self, config: EngineConfig, real_cls: type | None = None) -> dict[str, str]:
         """The classes and executor a run of this implementation is asked to run, named as

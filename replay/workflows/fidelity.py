@@ -148,7 +148,7 @@ def features_of(workload: Any, trace: Any) -> frozenset[str]:
         "dropped output": (df.apply_outcome == "dropped").any(),
     }
     seen.update(name for name, hit in situations.items() if hit)
-    seen.add(f"outcome {trace.outcome['status']}")
+    seen.add(f"outcome {trace.outcome.status}")
     return frozenset(seen)
 
 

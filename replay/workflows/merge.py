@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import ImplHeader, Inputs, Outcome
 from specreplay.traces.trace import Trace
 
 INPUT_KINDS = ("request", "stream", "abort", "event")
@@ -111,25 +112,26 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     last_step = rows[-1]["step"] if rows else 0
     workload = workload_of(inputs, config, run, last_step, rows)
     ran = ran_classes(parts)
-    impl_doc = {
-        "name": "upstream",
-        "engine": "vllm (attached)",
-        "executor": "multiproc" if len({p.header.get("pid") for p in parts}) > 1 else "inproc",
-        "scheduler": ran.get("scheduler", config_event.get("scheduler_cls", "?")),
-        "runner": ran.get("runner", "GPUModelRunner (attached)"),
-        "models": f"vllm {core.header.get('vllm', '?')}",
-        "model": config_event.get("model", "?"),
-        "drafter": config_event.get("drafter", "none"),
-        "run": run,
-        "patches": sorted({patch for p in parts for patch in p.header.get("patches", [])}),
-    }
+    impl_doc = ImplHeader(
+        name="upstream",
+        engine="vllm (attached)",
+        executor="multiproc" if len({p.header.get("pid") for p in parts}) > 1 else "inproc",
+        scheduler=ran.get("scheduler", config_event.get("scheduler_cls", "?")),
+        runner=ran.get("runner", "GPUModelRunner (attached)"),
+        models=f"vllm {core.header.get('vllm', '?')}",
+        model=config_event.get("model", "?"),
+        drafter=config_event.get("drafter", "none"),
+        run=run,
+        extra={} if run is not None else {"run": None},  # parts without a run id: written as null
+        patches=sorted({patch for p in parts for patch in p.header.get("patches", [])}),
+    )
     failures = observer_failures(parts)
     dropped += [f"recording stopped: {failure}" for failure in failures]
-    outcome: dict[str, Any] = {"status": "completed"}
+    outcome = Outcome(status="completed")
     if dropped:
-        outcome = {"status": "partial", "step": last_step, "message": "; ".join(dropped)[:500]}
+        outcome = Outcome(status="partial", step=last_step, message="; ".join(dropped)[:500])
     header = trace_header(workload, impl_doc, "cpu", outcome, config)
-    trace = replace(header, table=rows_to_table(rows), inputs=inputs)
+    trace = replace(header, table=rows_to_table(rows), inputs=Inputs.from_dict(inputs) if inputs else None)
     return Merged(Path(), trace, str(run), len(parts), dropped, failures)
 
 

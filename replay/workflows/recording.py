@@ -269,14 +269,14 @@ def compare_to(
         results.append(
             {
                 "impl": name,
-                "executor": trace.impl.get("executor"),
+                "executor": trace.impl.executor,
                 "verdict": verdict(findings),
                 "unchecked": recorded.unchecked,
                 "errors": sum(f.severity == "error" for f in findings),
                 "warnings": sum(f.severity == "warning" for f in findings),
                 "first": None if first is None else first.to_dict(),
                 "trace": str(path),
-                "outcome": trace.outcome.get("status"),
+                "outcome": trace.outcome.status,
             }
         )
     return Comparison(workload, results)

@@ -18,6 +18,7 @@ from typing import Any
 
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import ImplHeader
 from specreplay.traces.trace import Trace
 
 ORACLES = ("recorded", "synthetic")
@@ -41,15 +42,15 @@ def default_oracle(trace: Trace) -> str:
     return "recorded" if may_be_recording(trace.impl) and has_outcomes(trace.table) else "synthetic"
 
 
-def may_be_recording(impl: dict[str, Any]) -> bool:
+def may_be_recording(impl: ImplHeader) -> bool:
     """From the metadata alone (no rows read): a live or attached vLLM's trace, or a run on one's
     outcomes; only such a trace's default oracle can be its recorded outcomes."""
-    return impl.get("engine", "reference") not in REPLAY_ENGINES or bool(impl.get("outcomes"))
+    return impl.engine_or_reference() not in REPLAY_ENGINES or impl.outcomes is not None
 
 
 def replayed(trace: Trace) -> bool:
     """Did this trace run on a recording's outcomes (a replay, a shrink)?"""
-    return bool(trace.impl.get("outcomes"))
+    return trace.impl.outcomes is not None
 
 
 def trace_workload(trace: Trace, where: str) -> Workload:
@@ -57,9 +58,10 @@ def trace_workload(trace: Trace, where: str) -> Workload:
     block size up: the config metadata holds what ran, the workload what was asked)."""
     from specreplay.replay.workloads.config import EngineConfig
 
-    workload = Workload.from_dict(trace.workload, f"{where}: workload metadata")
-    if trace.config:
-        workload = replace(workload, config=EngineConfig.from_dict(trace.config, f"{where}: config metadata"))
+    workload = Workload.from_dict(trace.workload.to_dict(), f"{where}: workload metadata")
+    config = trace.config.to_dict()
+    if config:
+        workload = replace(workload, config=EngineConfig.from_dict(config, f"{where}: config metadata"))
     return workload
 
 
@@ -70,10 +72,10 @@ def observed_workload(trace: Trace, workload: Workload) -> Workload:
     Any other trace ran its inputs at its workload's steps."""
     from specreplay.replay.workflows.merge import workload_of
 
-    if not (trace.inputs and trace.impl.get("engine") == "vllm" and trace.impl.get("executor") == "multiproc"):
+    if trace.inputs is None or not (trace.impl.engine == "vllm" and trace.impl.executor == "multiproc"):
         return workload
     rows = trace.table.select(["step", "request_id", "sched_event"]).to_pylist()
-    observed = workload_of(trace.inputs, workload.config, workload.name, workload.max_steps, rows)
+    observed = workload_of(trace.inputs.to_dict(), workload.config, workload.name, workload.max_steps, rows)
     return replace(observed, name=workload.name, seed=workload.seed, acceptance=workload.acceptance)
 
 
@@ -96,8 +98,8 @@ def plan_replay(
         workload = trace_workload(trace, where)
         if not replayed(trace):  # a replay's workload is already the one that ran
             workload = observed_workload(trace, workload)
-    recorded_engine = trace.impl.get("engine", "reference")
-    executor = trace.impl.get("executor")
+    recorded_engine = trace.impl.engine_or_reference()
+    executor = trace.impl.executor
     if mode == "synthetic":
         return ReplayPlan(workload, engine or recorded_engine, executor, None)
     engine = engine or (recorded_engine if recorded_engine in REPLAY_ENGINES else "reference")
@@ -110,7 +112,8 @@ def plan_replay(
     outcomes.source = where
     # Where the recording stopped: a live engine's left its last batches unapplied; a replay of it
     # stopped as the recording did (its note says so).
-    ran_on = trace.impl.get("outcomes") or {}
-    outcomes.drains_at_end = ran_on.get("drains_at_end", recorded_engine in REPLAY_ENGINES)
+    ran_on = trace.impl.outcomes
+    drains = ran_on.drains_at_end if ran_on is not None else None
+    outcomes.drains_at_end = drains if drains is not None else recorded_engine in REPLAY_ENGINES
     outcomes.trace_inputs = trace.inputs
     return ReplayPlan(workload, engine, executor, outcomes)

@@ -38,6 +38,7 @@ from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.recorded_inputs import RecordedInputs
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import ImplHeader
 
 #: The columns a recording needs for its outcomes to drive a replay.
 COLUMNS = (
@@ -76,9 +77,9 @@ class Observed:
     conflicts: int = 0  # positions recorded twice with different tokens (the first is kept)
 
 
-def drafter_of(impl: dict[str, Any]) -> str:
+def drafter_of(impl: ImplHeader) -> str:
     """The drafter a trace's run used: a live engine names it; the reference's is fixed-k."""
-    drafter = impl.get("drafter", "fixed")
+    drafter = impl.drafter
     return drafter if drafter in DRAFTERS else "fixed"
 
 
@@ -331,9 +332,11 @@ class RecordedOracle(Oracle):
 def recorded_oracle(workload: Workload, trace: Any) -> RecordedOracle:
     """The oracle of `trace`'s recorded outcomes, refused in one line when it has none."""
     if not has_outcomes(trace.table):
+        name = trace.workload.name if trace.workload.name is not None else "the trace"
         raise InputError(
-            f"{trace.workload.get('name', 'the trace')}: no recorded outcomes (schema v{trace.schema_version} "
+            f"{name}: no recorded outcomes (schema v{trace.schema_version} "
             "traces before v3 carry no sampled token ids); replay it with --oracle synthetic"
         )
-    inputs = RecordedInputs.of(trace.inputs, trace.table, "trace inputs metadata") if trace.inputs else None
+    recorded = trace.inputs.to_dict() if trace.inputs is not None else None
+    inputs = RecordedInputs.of(recorded, trace.table, "trace inputs metadata") if recorded else None
     return RecordedOracle(workload, trace.table, drafter_of(trace.impl), inputs)
