@@ -113,9 +113,9 @@ class TraceRows:
                 prompt = self.col["sched_num_prompt_tokens"][i]
                 turns = limits.get(key, ())
                 self.max_tokens[i] = turns[turn] if turn < len(turns) else None
-        self.is_async = bool(self.config.get("async_scheduling", True))
-        self.drafter = (trace.impl or {}).get("drafter")
-        self.crash_step = trace.outcome.get("step") if trace.outcome.get("status") == "crashed" else None
+        self.is_async = self.config.async_scheduling is not False
+        self.drafter = trace.impl.drafter
+        self.crash_step = trace.outcome.step if trace.outcome.status == "crashed" else None
 
     def __getitem__(self, name: str) -> list:
         return self.col[name]
@@ -285,8 +285,8 @@ def check_draft_provenance(rows: TraceRows) -> Iterator[Finding]:
 
 def check_budget(rows: TraceRows) -> Iterator[Finding]:
     c = rows.col
-    budget = rows.config.get("max_num_batched_tokens", 1 << 30)
-    max_len = rows.config.get("max_model_len", 1 << 30)
+    budget = rows.config.max_num_batched_tokens or 1 << 30
+    max_len = rows.config.max_model_len or 1 << 30
     totals: dict[int, int] = {}
     for i in range(rows.num_rows):
         s = c["step"][i]
@@ -315,7 +315,7 @@ def check_budget(rows: TraceRows) -> Iterator[Finding]:
 
 def check_draft_slot_count(rows: TraceRows) -> Iterator[Finding]:
     c = rows.col
-    width = rows.config.get("num_spec_tokens", 0)
+    width = rows.config.num_spec_tokens or 0
     for i in range(rows.num_rows):
         n = c["sched_num_scheduled_tokens"][i]
         if not n:
@@ -804,17 +804,17 @@ def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
 def check_crash(rows: TraceRows) -> Iterator[Finding]:
     if rows.crash_step is None:
         return
-    message = rows.trace.outcome.get("message", "engine crashed")
+    message = rows.trace.outcome.message if rows.trace.outcome.message is not None else "engine crashed"
     rid = None
     marker = "request '"
     if marker in message:
         rid = message.split(marker, 1)[1].split("'", 1)[0]
     life = _latest_life(rows, rid)
-    if rows.trace.outcome.get("kind", "negative-input-id") == "negative-input-id":
+    if rows.trace.outcome.kind in (None, "negative-input-id"):
         yield BY_CODE["X5-negative-input-id"].finding(
             rows.crash_step, rid, life, "input_ids", None, -1, outcome_message=message
         )
-    elif "exception" in rows.trace.outcome:  # the implementation raised (engines/crash.py)
+    elif rows.trace.outcome.exception is not None:  # the implementation raised (engines/crash.py)
         outcome = rows.trace.outcome
         yield BY_CODE["E1-engine-crash"].finding(
             rows.crash_step,
@@ -822,10 +822,10 @@ def check_crash(rows: TraceRows) -> Iterator[Finding]:
             life,
             "exception",
             None,
-            outcome["exception"],
+            outcome.exception,
             outcome_message=message,
-            where=outcome.get("where"),
-            side=outcome.get("side"),
+            where=outcome.where,
+            side=outcome.side,
         )
     else:
         yield BY_CODE["E1-engine-crash"].finding(
