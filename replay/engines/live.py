@@ -177,7 +177,7 @@ def refuse_undrivable(workload: Workload, in_process: bool) -> None:
 
 def drive(
     llm: Any, workload: Workload, progress: Callable[[int, int], None] | None = None, in_process: bool = True
-) -> tuple[dict[str, int], dict[str, Any]]:
+) -> tuple[dict[str, int], Outcome]:
     """Feed the engine its inputs (one LLMEngine.step() per engine step) and step until nothing
     is left. Returns each request's output token count as the engine itself reports it (summed
     over its lives and a session's turns), and the run's outcome."""

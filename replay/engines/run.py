@@ -106,7 +106,7 @@ def _built(impl: Implementation, fn: Callable, *args):
         crash = crash_outcome(exc, impl, (), None) if impl.user_code else None
         if crash is None:
             raise
-        raise InputError(f"implementation {impl.name} failed to start: {crash['message']}") from None
+        raise InputError(f"implementation {impl.name} failed to start: {crash.message}") from None
 
 
 #: Allocations between young-generation collections while an engine runs (CPython's default: 700).

@@ -108,7 +108,9 @@ def _sessions_deadlock_on_kv(workload: Workload, finding, trace) -> bool:
     if finding.code != "E2-run-incomplete" or finding.scheduler != "step_limit":
         return False
     sessions = {r.request_id for r in workload.requests if r.streaming}
-    last = trace.table.filter(pc.equal(trace.table["step"], trace.outcome.step if trace.outcome.step is not None else -1)).to_pylist()
+    last = trace.table.filter(
+        pc.equal(trace.table["step"], trace.outcome.step if trace.outcome.step is not None else -1)
+    ).to_pylist()
     holding = [
         r
         for r in last

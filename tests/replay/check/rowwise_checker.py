@@ -769,17 +769,17 @@ def check_wasted_steps(rows: TraceRows) -> Iterator[Finding]:
 def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
     outcome = rows.trace.outcome
     c = rows.col
-    if outcome.get("status") == "completed":  # the requests the scheduler still held when the engine went idle
-        unfinished = [str(rid) for rid in outcome.get("unfinished", ())]
+    if outcome.status == "completed":  # the requests the scheduler still held when the engine went idle
+        unfinished = [str(rid) for rid in outcome.unfinished or ()]
     else:
         unfinished = sorted(
             rid for (rid, _), idx in rows.by_request.items() if c["sched_status"][idx[-1]] != "finished"
         )
     e2 = BY_CODE["E2-run-incomplete"]
-    if outcome.get("status") == "step_limit":
+    if outcome.status == "step_limit":
         rid = unfinished[0] if unfinished else None
         yield e2.finding(
-            outcome.get("step", 0),
+            outcome.step or 0,
             rid,
             _latest_life(rows, rid),
             "outcome",
@@ -788,9 +788,9 @@ def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
             status="step_limit",
             unfinished=tuple(unfinished),
         )
-    elif outcome.get("status") == "completed" and unfinished:
+    elif outcome.status == "completed" and unfinished:
         yield e2.finding(
-            int(outcome.get("step", 0)),
+            int(outcome.step or 0),
             unfinished[0],
             _latest_life(rows, unfinished[0]),
             "outcome",

@@ -97,10 +97,10 @@ def test_a_failed_assert_in_a_scheduler_hook_kills_the_engine_at_that_step(tmp_p
     output, trace = record_crash(tmp_path, workload, "AssertingScheduler")
     where = f"{SOURCE.relative_to(Path.cwd())}:{line_of('assert self.step < CRASH_STEP')}"
     outcome = trace.outcome
-    assert (outcome["status"], outcome["step"], outcome["kind"]) == ("crashed", CRASH_STEP, "scheduler-assert")
-    assert (outcome["exception"], outcome["where"], outcome["side"]) == ("AssertionError", where, "scheduler")
+    assert (outcome.status, outcome.step, outcome.kind) == ("crashed", CRASH_STEP, "scheduler-assert")
+    assert (outcome.exception, outcome.where, outcome.side) == ("AssertionError", where, "scheduler")
     # A bare assert is named by its own text, as vLLM's are.
-    assert "AssertionError: assert self.step < CRASH_STEP, raised in the scheduler" in outcome["message"]
+    assert "AssertionError: assert self.step < CRASH_STEP, raised in the scheduler" in outcome.message
     assert f"outcome crashed at step {CRASH_STEP}: AssertionError" in output
     assert_e1_at(trace, CRASH_STEP, "AssertionError", where)
     assert max(trace.table["step"].to_pylist()) == CRASH_STEP - 1  # schedule() of the step never returned

@@ -100,8 +100,8 @@ def test_a_live_recording_shrinks_on_its_outcomes_and_the_finding_stays(live, sh
     assert {r["id"]: r["prompt"] for r in minimal.inputs.requests} == {rid: lives[rid] for rid in kept}
     # The engine its rows ran on, and the outcomes note that makes it replay as the recording it reduces.
     impl = minimal.impl
-    assert (impl["engine"], impl["drafter"], impl["outcomes"]["drains_at_end"]) == ("reference", "ngram_gpu", False)
-    assert impl["outcomes"]["source"] == str(live) and impl["outcomes"]["filled"] == {"tokens": 0, "drafts": 0}
+    assert (impl.engine, impl.drafter, impl.outcomes.drains_at_end) == ("reference", "ngram_gpu", False)
+    assert impl.outcomes.source == str(live) and impl.outcomes.filled == {"tokens": 0, "drafts": 0}
     assert default_oracle(minimal) == "recorded"
 
 
@@ -193,8 +193,8 @@ def test_a_reference_recording_shrinks_on_its_outcomes_when_asked(reference, tmp
     asked = {r["id"]: r["prompt_len"] for r in recording.workload.requests}
     assert all(r["prompt_len"] == asked[r["id"]] for r in minimal.workload.requests)
     impl = minimal.impl
-    assert (impl["engine"], impl["drafter"]) == ("reference", "fixed")
-    assert impl["outcomes"]["filled"]["drafts"] == 0  # every draft verified was a recorded proposal
+    assert (impl.engine, impl.drafter) == ("reference", "fixed")
+    assert impl.outcomes.filled["drafts"] == 0  # every draft verified was a recorded proposal
     # It ran on recorded outcomes, so it replays on them by default (its outcomes note says so),
     # and comes back to itself.
     assert default_oracle(minimal) == "recorded" and default_oracle(recording) == "synthetic"
