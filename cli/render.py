@@ -14,6 +14,7 @@ import pyarrow as pa
 from rich.table import Table
 
 from specreplay.replay.check.findings import Finding, verdict
+from specreplay.traces.io import TraceFile
 from specreplay.traces.trace import Trace
 
 EXAMPLES_PER_CODE = 3
@@ -152,7 +153,7 @@ def code_counts(findings: list[Finding]) -> str:
     return ", ".join(f"{code} x{n}" for code, n in sorted(counts.items()))
 
 
-def trace_header(trace: Trace, path: str) -> str:
+def trace_header(trace: Trace | TraceFile, path: str) -> str:
     cfg = trace.config
     return (
         f"{path}: {trace.workload.name or '?'} via {trace.impl_name} "

@@ -71,7 +71,7 @@ def diff_batches(a, b, batches_a: Iterable, batches_b: Iterable) -> TraceDiff:
     older = min(getattr(t, "schema_version", schema.SCHEMA_VERSION) for t in (a, b))
     columns = [c for c in schema.columns_of_version(older) if c not in _KEY]
     out.left_out = [c for c in _COLUMNS if c not in columns]
-    truth = {"A": set(), "B": set()}  # ground-truth columns with a value somewhere, per side
+    truth: dict[str, set[str]] = {"A": set(), "B": set()}  # ground-truth columns with a value somewhere, per side
     for chunk_a, chunk_b in _aligned(iter(batches_a), iter(batches_b)):
         truth["A"] |= columns_with_values(chunk_a)
         truth["B"] |= columns_with_values(chunk_b)

@@ -281,13 +281,13 @@ def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult
     out: list[UpdateResult] = []
     for path in collect(paths):
         try:
-            golden = open_trace(path)
-            plan = golden_plan(golden, str(path), options)
+            opened = open_trace(path)
+            plan = golden_plan(opened, str(path), options)
             if plan.oracle is not None:
-                out.append(UpdateResult(str(path), "refused", message=_recording_refused(golden)))
+                out.append(UpdateResult(str(path), "refused", message=_recording_refused(opened)))
                 continue
-            _, trace = replay_golden(golden, plan, options)
-            golden = golden.read()
+            _, trace = replay_golden(opened, plan, options)
+            golden = opened.read()
         except NotApplicable as exc:
             out.append(UpdateResult(str(path), "n/a", message=exc.reason))
             continue

@@ -188,11 +188,12 @@ def replay_to(
     (workflows/replaying.py): a live or attached recording on its recorded outcomes.
     `vllm_version`: run as this vLLM release (default: the one the trace ran as)."""
     from specreplay.replay.workflows.replaying import may_be_recording, plan_replay
-    from specreplay.traces.io import open_trace
+    from specreplay.traces.io import TraceFile, open_trace
 
-    trace = open_trace(source)
-    if oracle == "recorded" or (oracle is None and may_be_recording(trace.impl)):
-        trace = trace.read()  # the outcomes are in the rows; a synthetic replay needs the metadata only
+    opened = open_trace(source)
+    trace: Trace | TraceFile = opened
+    if oracle == "recorded" or (oracle is None and may_be_recording(opened.impl)):
+        trace = opened.read()  # the outcomes are in the rows; a synthetic replay needs the metadata only
     plan = plan_replay(trace, str(source), engine=engine, oracle=oracle)
     return record_to(
         output,

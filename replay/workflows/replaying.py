@@ -14,12 +14,15 @@ regenerates whole: it replays on that (`synthetic`), unless told `recorded`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
 from specreplay.traces.header import ImplHeader
 from specreplay.traces.trace import Trace
+
+if TYPE_CHECKING:
+    from specreplay.traces.io import TraceFile
 
 ORACLES = ("recorded", "synthetic")
 #: Engines a recording's outcomes can drive (a live engine makes its own).
@@ -80,7 +83,7 @@ def observed_workload(trace: Trace, workload: Workload) -> Workload:
 
 
 def plan_replay(
-    trace: Trace,
+    trace: Trace | TraceFile,
     where: str,
     engine: str | None = None,
     oracle: str | None = None,
@@ -91,6 +94,8 @@ def plan_replay(
     default the whole; the recorded outcomes of what remains drive it."""
     from specreplay.replay.workloads.recorded import recorded_oracle
 
+    if not isinstance(trace, Trace):  # a TraceFile: its header, a Trace without rows
+        trace = trace.header
     mode = oracle or default_oracle(trace)
     if mode not in ORACLES:
         raise InputError(f"--oracle {mode}: unknown; known: {', '.join(ORACLES)}")
