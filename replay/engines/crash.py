@@ -99,7 +99,7 @@ def variant_modules(impl: Implementation) -> frozenset[str]:
     """The modules of the variant's own code: its classes and their bases outside the inherited
     packages, its real-form functions, its Implementation subclass (`deliver`)."""
     found = set()
-    parts = (impl.scheduler, impl.runner, impl.real_scheduler, impl.real_runner)
+    parts: tuple[Any, ...] = (impl.scheduler, impl.runner, impl.real_scheduler, impl.real_runner)
     parts += (type(impl),) if type(impl) is not Implementation else ()
     for part in parts:
         for obj in part.__mro__ if isinstance(part, type) else (part,):

@@ -30,8 +30,12 @@ class SchedulerPort(Protocol):
 
     is_async: bool
     step: int  # the engine's step count before the next schedule() (idle gaps included)
-    requests: dict[str, Any]  # live requests by id, each with vLLM's Request fields
-    running: list[Any]
+
+    # Read, never assigned, by the loop (the real scheduler's adapter forwards them read-only).
+    @property
+    def requests(self) -> dict[str, Any]: ...  # live requests by id, each with vLLM's Request fields
+    @property
+    def running(self) -> list[Any]: ...
 
     def add_request(self, request: Request) -> Any: ...
     def schedule(self) -> SchedulerOutput: ...
@@ -86,6 +90,8 @@ def wire(
     recording's)."""
     config = workload.config
     oracle = oracle or Oracle(workload)
+    scheduler: SchedulerPort  # what the loop drives: held to the seam by the type checker
+    observed: Any
     if engine == "reference":
         scheduler = observed = impl.make_scheduler(config)
     elif engine == "vllm-scheduler":
@@ -93,10 +99,10 @@ def wire(
         from specreplay.replay.engines.vllm_setup import real_scheduler_class
 
         impl.require_real_forms(engine)
-        scheduler = VllmSchedulerAdapter(
+        adapter = VllmSchedulerAdapter(
             config, impl.real_scheduler_class(real_scheduler_class(config.async_scheduling), config)
         )
-        observed = scheduler.real  # the observer watches the real scheduler, not the adapter
+        scheduler, observed = adapter, adapter.real  # the observer watches the real scheduler, not the adapter
     else:
         raise InputError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
     runner = impl.make_runner(config, oracle, device)
