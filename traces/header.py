@@ -26,13 +26,11 @@ from specreplay.traces.errors import TraceError
 
 _Part = TypeVar("_Part", bound="_Json")
 
-#: Field kinds the reader checks: text, a whole number, true/false, a list of text, an object,
-#: or any JSON value (validated where it is used).
-_KINDS = ("str", "int", "bool", "strs", "map", "any")
 
-
-def _kind(kind: str, default: Any = None) -> Any:
-    return field(default=default, metadata={"kind": kind})
+def _kind(kind: str) -> Any:
+    """A header field (None: not recorded) of a kind the reader checks: "str", "int", "bool",
+    "strs" (a list of text), "map" (an object), or "any" (any JSON value, validated where used)."""
+    return field(default=None, metadata={"kind": kind})
 
 
 def _valid(kind: str, value: Any) -> bool:
