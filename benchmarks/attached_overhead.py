@@ -27,7 +27,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from specreplay.replay.engines.vllm_setup import speculative_config, tiny_model_dir
+    from specreplay.replay.engines.vllm_setup import engine_args
     from specreplay.replay.record.guard import GUARD
     from specreplay.replay.workloads.config import EngineConfig
 
@@ -68,23 +68,7 @@ def main() -> None:
         num_blocks=1 + requests * (-(-(16 + max_tokens + 2 * k) // 32)),
         max_model_len=16 + max_tokens + 2 * k + 32,
     )
-    llm = LLM(
-        model=tiny_model_dir(config),
-        load_format="dummy",
-        dtype="float32",
-        skip_tokenizer_init=True,
-        max_model_len=config.max_model_len,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs,
-        block_size=config.block_size,
-        num_gpu_blocks_override=config.num_blocks,
-        enable_prefix_caching=False,
-        enforce_eager=True,
-        async_scheduling=True,
-        seed=0,
-        speculative_config=speculative_config(config),
-        disable_log_stats=True,
-    )
+    llm = LLM(**engine_args(config))  # async scheduling (the config's default), ngram_gpu, k = 3
     prompts = [{"prompt_token_ids": [(7 * i + j) % 400 + 3 for j in range(16)]} for i in range(requests)]
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, detokenize=False)
     llm.generate(prompts, params, use_tqdm=False)

@@ -169,7 +169,7 @@ def fig_throughput(args, out: dict) -> None:
         res = interleaved(fns, args.repeat)
         ref_t, ref_n = res["reference"]
         row = {"steps": steps, "reference_request_steps_per_s": ref_n / ref_t, "request_steps": ref_n}
-        if "vllm" in res:
+        if real:
             real_t, real_n = res["vllm"]
             row["vllm_request_steps_per_s"] = real_n / real_t
             row["ratio"] = (ref_n / ref_t) / (real_n / real_t)

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from specreplay.replay.engines.registry import choosable_engines
 from specreplay.replay.workloads.config import MODELLED_VERSIONS
 from specreplay.traces.errors import InputError, one_line
 from specreplay.traces.header import ImplHeader
@@ -95,7 +96,7 @@ device_option = click.option(
 )
 engine_option = click.option(
     "--engine",
-    type=click.Choice(["reference", "vllm-scheduler", "vllm"]),
+    type=click.Choice(choosable_engines()),
     default=None,
     help="reference: specreplay's models of vLLM (--vllm-version); vllm-scheduler: the installed vLLM's real "
     "scheduler with the reference runner; vllm: a live tiny vLLM engine, real scheduler and real "

@@ -18,6 +18,7 @@ may import only the packages above it in this list (tests/test_architecture.py h
     workflows/  gate, explore, shrink, recording to a file: what the CLI commands call
     views/      the terminal timeline and the Perfetto export (plain data)
 
-`scheduler`, `runner`, `engine`, `workload` and `checker` at this level are compatibility paths
-for code written against the flat layout.
+`api` at this level is the public API for implementation authors (docs/implementations.md):
+what a variant subclasses and receives. `scheduler`, `runner`, `engine`, `workload`, `checker`,
+`variants` and `messages` are the old flat paths, deprecated re-exports (importing one warns).
 """

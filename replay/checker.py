@@ -1,11 +1,16 @@
-"""Compatibility path: `specreplay.replay.checker` is `specreplay.replay.check.checker`.
+"""Deprecated path: `specreplay.replay.checker` re-exports the public names of `specreplay.replay.check.checker`.
 
-Kept because users' implementations and emitted regression tests import it; new code imports
-the package path. The alias makes both names one module object (same classes, same globals).
+Kept so code written against the flat layout still imports; importing it warns (DeprecationWarning).
+New code imports `specreplay.replay.check.checker`. An ordinary module, not an alias: the names
+are the same objects, the module is not.
 """
 
-import sys
+import warnings
 
-from specreplay.replay.check import checker as _module
+from specreplay.replay.check.checker import *  # noqa: F403
 
-sys.modules[__name__] = _module
+warnings.warn(
+    "specreplay.replay.checker is deprecated: import specreplay.replay.check.checker",
+    DeprecationWarning,
+    stacklevel=2,
+)

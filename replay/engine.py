@@ -1,11 +1,16 @@
-"""Compatibility path: `specreplay.replay.engine` is `specreplay.replay.engines.run`.
+"""Deprecated path: `specreplay.replay.engine` re-exports the public names of `specreplay.replay.engines.run`.
 
-Kept because users' implementations and emitted regression tests import it; new code imports
-the package path. The alias makes both names one module object (same classes, same globals).
+Kept so code written against the flat layout still imports; importing it warns (DeprecationWarning).
+New code imports `specreplay.replay.engines.run`. An ordinary module, not an alias: the names
+are the same objects, the module is not.
 """
 
-import sys
+import warnings
 
-from specreplay.replay.engines import run as _module
+from specreplay.replay.engines.run import *  # noqa: F403
 
-sys.modules[__name__] = _module
+warnings.warn(
+    "specreplay.replay.engine is deprecated: import specreplay.replay.engines.run",
+    DeprecationWarning,
+    stacklevel=2,
+)

@@ -1,11 +1,16 @@
-"""Compatibility path: `specreplay.replay.runner` is `specreplay.replay.models.runner`.
+"""Deprecated path: `specreplay.replay.runner` re-exports the public names of `specreplay.replay.models.runner`.
 
-Kept because users' implementations and emitted regression tests import it; new code imports
-the package path. The alias makes both names one module object (same classes, same globals).
+Kept so code written against the flat layout still imports; importing it warns (DeprecationWarning).
+New code imports `specreplay.replay.models.runner`; a variant imports from `specreplay.replay.api`.
+An ordinary module, not an alias: the names are the same objects, the module is not.
 """
 
-import sys
+import warnings
 
-from specreplay.replay.models import runner as _module
+from specreplay.replay.models.runner import *  # noqa: F403
 
-sys.modules[__name__] = _module
+warnings.warn(
+    "specreplay.replay.runner is deprecated: import specreplay.replay.models.runner (or specreplay.replay.api)",
+    DeprecationWarning,
+    stacklevel=2,
+)

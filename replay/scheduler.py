@@ -1,11 +1,16 @@
-"""Compatibility path: `specreplay.replay.scheduler` is `specreplay.replay.models.scheduler`.
+"""Deprecated path: `specreplay.replay.scheduler` re-exports the public names of `specreplay.replay.models.scheduler`.
 
-Kept because users' implementations and emitted regression tests import it; new code imports
-the package path. The alias makes both names one module object (same classes, same globals).
+Kept so code written against the flat layout still imports; importing it warns (DeprecationWarning).
+New code imports `specreplay.replay.models.scheduler`; a variant imports from `specreplay.replay.api`.
+An ordinary module, not an alias: the names are the same objects, the module is not.
 """
 
-import sys
+import warnings
 
-from specreplay.replay.models import scheduler as _module
+from specreplay.replay.models.scheduler import *  # noqa: F403
 
-sys.modules[__name__] = _module
+warnings.warn(
+    "specreplay.replay.scheduler is deprecated: import specreplay.replay.models.scheduler (or specreplay.replay.api)",
+    DeprecationWarning,
+    stacklevel=2,
+)

@@ -1,11 +1,16 @@
-"""Compatibility path: `specreplay.replay.workload` is `specreplay.replay.workloads.workload`.
+"""Deprecated path: `specreplay.replay.workload` re-exports the public names of `specreplay.replay.workloads.workload`.
 
-Kept because users' implementations and emitted regression tests import it; new code imports
-the package path. The alias makes both names one module object (same classes, same globals).
+Kept so code written against the flat layout still imports; importing it warns (DeprecationWarning).
+New code imports `specreplay.replay.workloads.workload`. An ordinary module, not an alias: the names
+are the same objects, the module is not.
 """
 
-import sys
+import warnings
 
-from specreplay.replay.workloads import workload as _module
+from specreplay.replay.workloads.workload import *  # noqa: F403
 
-sys.modules[__name__] = _module
+warnings.warn(
+    "specreplay.replay.workload is deprecated: import specreplay.replay.workloads.workload",
+    DeprecationWarning,
+    stacklevel=2,
+)

@@ -2,13 +2,19 @@
 
 Read from the source with ast, function-level imports included, so a lazy import cannot hide a
 dependency. A module may import its own package and the packages its row allows; traces/ is the
-base layer everyone may use; cli/ may use everything.
+base layer everyone may use; cli/ may use everything. The public API (replay/api.py) is a facade
+over workloads, models and impls; the old flat paths are ordinary deprecated re-exports.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "replay"
 
@@ -26,6 +32,19 @@ ALLOWED = {
 #: Packages whose modules import no torch when they load (a function may, when it needs it:
 #: asking whether CUDA is there), so `specreplay diff`, `show` and `--help` start fast.
 NO_TORCH = ("check", "views", "record", "workloads", "workflows", "impls")
+#: The public API's own row: what it re-exports from. The packages after impls (and impls, whose
+#: built-in variants are written against it) may import it; workloads and models may not (a cycle).
+API_ALLOWED = {"models", "workloads", "impls"}
+#: The old flat paths, each an ordinary module that re-exports its new home and warns.
+DEPRECATED = {
+    "checker": "specreplay.replay.check.checker",
+    "engine": "specreplay.replay.engines.run",
+    "messages": "specreplay.replay.models.messages",
+    "runner": "specreplay.replay.models.runner",
+    "scheduler": "specreplay.replay.models.scheduler",
+    "variants": "specreplay.replay.impls.variants",
+    "workload": "specreplay.replay.workloads.workload",
+}
 
 
 def imports_of(path: Path) -> set[str]:
@@ -56,13 +75,58 @@ def replay_package(name: str) -> str | None:
 
 
 def test_every_replay_module_sits_in_a_package_of_the_map():
-    loose = sorted(p.name for p in ROOT.glob("*.py") if p.name != "__init__.py")
-    # Only the compatibility aliases live at the top, and each is one line of aliasing.
-    assert loose == ["checker.py", "engine.py", "runner.py", "scheduler.py", "workload.py"]
-    for name in loose:
-        assert "sys.modules[__name__] = _module" in (ROOT / name).read_text()
+    loose = sorted(p.stem for p in ROOT.glob("*.py") if p.name != "__init__.py")
+    # At the top: the public API and the deprecated re-exports of the old flat paths, nothing else.
+    assert loose == sorted(["api", *DEPRECATED])
     packages = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").exists())
     assert packages == sorted(ALLOWED)
+
+
+def sys_modules_assignments(path: Path) -> list[int]:
+    """Lines that assign into sys.modules (an alias making two names one module)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Subscript) and ast.unparse(target.value) == "sys.modules"
+    ]
+
+
+def test_no_module_is_a_sys_modules_alias(tmp_path):
+    aliases = [
+        f"{p.relative_to(ROOT)}:{line}" for p in sorted(ROOT.rglob("*.py")) for line in sys_modules_assignments(p)
+    ]
+    assert not aliases, aliases
+    alias = tmp_path / "alias.py"  # the check sees one
+    alias.write_text("import sys\nfrom os import path as _module\nsys.modules[__name__] = _module\n")
+    assert sys_modules_assignments(alias) == [3]
+
+
+@pytest.mark.parametrize("old", sorted(DEPRECATED))
+def test_an_old_path_is_a_deprecated_re_export(old):
+    name, home = f"specreplay.replay.{old}", importlib.import_module(DEPRECATED[old])
+    sys.modules.pop(name, None)  # import it afresh: the warning comes once per import
+    with pytest.warns(DeprecationWarning, match=DEPRECATED[old]):
+        module = importlib.import_module(name)
+    assert module is not home
+    public = getattr(home, "__all__", [n for n in vars(home) if not n.startswith("_")])  # what `import *` takes
+    assert public and all(getattr(module, n) is getattr(home, n) for n in public)
+
+
+def test_the_public_api_re_exports_from_its_row_only_and_loads_no_torch():
+    names = imports_of(ROOT / "api.py")
+    used = {replay_package(n) for n in names} - {None}
+    assert used == API_ALLOWED, used
+    for package in ("workloads", "models"):
+        importers = [
+            p.name for p in (ROOT / package).glob("*.py") if any(replay_package(n) == "api" for n in imports_of(p))
+        ]
+        assert not importers, f"replay/{package} imports the public API: {importers}"
+    # Importing it loads neither torch nor the models (names resolve when first used).
+    code = "import sys, specreplay.replay.api; print(sorted(m for m in sys.modules if m == 'torch' or '.models.' in m))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]", loaded
 
 
 def test_each_package_imports_only_the_stages_before_it():

@@ -18,7 +18,7 @@ import pytest
 from tests import conftest
 
 ROOT = Path(__file__).resolve().parent.parent
-LIVE = "tests/replay/test_vllm_live.py"  # every test in it is marked vllm
+LIVE = "tests/replay/engines/test_vllm_live.py"  # every test in it is marked vllm
 
 
 def live_tests() -> int:

@@ -278,6 +278,34 @@ SCHEMA = pa.schema(SCHEMA_FIELDS)
 COLUMN_NAMES = tuple(name for name, *_ in COLUMNS)
 DESCRIPTIONS = {name: doc for name, _, _, doc in COLUMNS}
 
+#: Which side writes each column, and when; the code's column lists are derived from this (the
+#: recorder's row layout and its later groups), never written out again by hand:
+#:   step       the engine, once per step (the same value on every row of the step)
+#:   scheduler  the scheduler observer at E1(m): the request's id and the `sched_` view
+#:   apply      the scheduler observer at E4(j), when update_from_output(S_m) ran: `apply_`
+#:   worker     the worker observer at E3(m): `worker_`
+#:   truth      the KV ground truth at E3(m): `truth_`
+WRITERS = ("step", "scheduler", "apply", "worker", "truth")
+_WRITER_OF_PREFIX = {"step": "step", "sched": "scheduler", "apply": "apply", "worker": "worker", "truth": "truth"}
+WRITTEN_BY = {
+    name: "scheduler" if name == "request_id" else _WRITER_OF_PREFIX[name.split("_", 1)[0]] for name in COLUMN_NAMES
+}
+
+
+def columns_written_by(*writers: str) -> tuple[str, ...]:
+    """The columns `writers` write, in schema order."""
+    unknown = set(writers) - set(WRITERS)
+    assert not unknown, f"no such writer: {sorted(unknown)}"
+    return tuple(name for name in COLUMN_NAMES if WRITTEN_BY[name] in writers)
+
+
+def in_schema_order(names: set[str] | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """`names`, each a column, in schema order (a derived column list reads like the schema)."""
+    unknown = set(names) - set(COLUMN_NAMES)
+    assert not unknown, f"not schema columns: {sorted(unknown)}"
+    return tuple(name for name in COLUMN_NAMES if name in names)
+
+
 #: Allowed values of the enum columns, checked by the reader.
 #: The schema version that added each column after v2; a file of an older version has them null,
 #: and a diff against it leaves them out.

@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any
 
-#: The keys of a finding in specreplay 0.1's JSON (`specreplay diff --json`, documented in the README).
+#: The keys of a finding in specreplay 0.1's JSON (`specreplay diff --json`, documented in docs/checker.md).
 BASE_KEYS = ("code", "severity", "step", "request_id", "field", "scheduler", "worker", "message")
 
 

@@ -41,55 +41,6 @@ from specreplay.traces.validate import as_numpy, enum_codes
 #: empty steps, which the engine pops without a forward).
 LOOKBACK = 4
 
-#: The columns the checker reads.
-NEEDED = (
-    "step",
-    "request_id",
-    "step_total_scheduled_tokens",
-    "sched_status",
-    "sched_kind",
-    "sched_num_scheduled_tokens",
-    "sched_num_draft_slots",
-    "sched_num_computed_tokens",
-    "sched_num_output_placeholders",
-    "sched_num_tokens",
-    "sched_num_output_tokens",
-    "sched_spec_len",
-    "sched_is_prefill_chunk",
-    "sched_preempted",
-    "apply_step",
-    "apply_num_scheduled_tokens",
-    "apply_num_draft_slots",
-    "apply_num_rejected",
-    "apply_num_tokens",
-    "apply_token_mismatches",
-    "apply_num_output_placeholders",
-    "worker_row",
-    "worker_num_scheduled_tokens",
-    "worker_num_draft_slots",
-    "worker_num_computed_tokens",
-    "worker_first_position",
-    "worker_cached_drafts",
-    "worker_draft_ids",
-    "worker_num_output_tokens",
-    "truth_num_computed_tokens",
-    "truth_kv_ok",
-    "sched_life",
-    "sched_event",
-    "sched_num_in_flight_tokens",
-    "sched_num_stale_output_tokens",
-    "apply_outcome",
-    "apply_life",
-    "sched_num_prompt_tokens",
-    "worker_num_emitted",
-    "apply_finish_reason",
-    "truth_kv_foreign_positions",
-    "truth_kv_foreign_writer",
-    "truth_kv_unowned_blocks",
-    "truth_kv_block_owner",
-    "truth_kv_unowned_writes",
-    "worker_kept_finished",
-)
 
 RUNNING, PREEMPTED, WAITING, FINISHED = (
     schema.STATUSES.index(s) for s in ("running", "preempted", "waiting", "finished")
@@ -145,6 +96,13 @@ ENUM_COLUMNS = (
     ("sched_event", schema.EVENTS),
     ("apply_outcome", schema.APPLY_OUTCOMES),
     ("apply_finish_reason", schema.FINISH_REASONS),
+)
+
+#: The columns `load_columns` reads besides the tables above (identity, and the ones it derives from).
+_READ_AS_IS = ("step", "request_id", "sched_life", "truth_kv_ok", "worker_kept_finished", "worker_draft_ids")
+#: The columns the checker reads: what `load_columns` loads, in schema order (derived, never listed).
+NEEDED = schema.in_schema_order(
+    {*_READ_AS_IS, *(n for n, _ in ENUM_COLUMNS), *(n for n, *_ in INT_COLUMNS), *BOOL_COLUMNS, *TEXT_COLUMNS}
 )
 
 Columns = dict[str, np.ndarray]

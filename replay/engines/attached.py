@@ -12,7 +12,7 @@ no lookahead, no patch but the CPU recipe's on a CPU platform):
   real `VllmConfig`;
 - every `GPUModelRunner`: the worker observer.
 
-Each process writes its own part file under DIR (engines/sink.py), whose first line names the
+Each process writes its own part file under DIR (traces/parts.py), whose first line names the
 run: the first process to load the plugin draws a run id and leaves it in the environment for
 the processes it starts, so the parts of one run share it and two runs in one folder are told
 apart. `specreplay merge DIR` (workflows/merge.py) joins the parts into one trace.

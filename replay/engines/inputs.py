@@ -4,7 +4,8 @@ Where it sits: workloads -> models -> impls -> record -> **engines** -> check. O
 which inputs land at which step, for every engine: arrivals (each submission of an id is a new
 life), aborts (a request's `abort_step`, or an `[[events]]` abort after a schedule: they land
 before the oldest batch is applied), and the control events taken with the input queue before
-a step's `schedule()` (vLLM's EngineCoreProc). Streaming sessions: each `stream_append` sends
+a step's `schedule()` (vLLM's EngineCoreProc), handed out as typed values (engines/events.py)
+that each engine applies through `apply_control`. Streaming sessions: each `stream_append` sends
 the session's next input chunk (same id, resumable), and after the last one the end of the
 stream (AsyncLLM's final one-token request). A replay of a recording also steps where the
 recorded engine scheduled with nothing unfinished (the oracle's `announce_steps`, see
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from specreplay.replay.engines.events import ControlEvent, Resubmit, control_event
 from specreplay.replay.workloads.oracle import Oracle
-from specreplay.replay.workloads.workload import Event, RequestSpec, Workload
+from specreplay.replay.workloads.workload import RequestSpec, Workload
 
 
 class InputDriver:
@@ -32,10 +34,11 @@ class InputDriver:
             [(s.abort_step, s.request_id) for s in workload.requests if s.abort_step]
             + [(e.step, e.request) for e in workload.events if e.when == "after"]
         )
-        self.events: dict[int, list[Event]] = defaultdict(list)  # step -> events before its schedule()
-        for event in workload.events:
-            if event.when == "before":
-                self.events[event.step].append(event)
+        # step -> the control events before its schedule(), typed (engines/events.py)
+        self.events: dict[int, list[ControlEvent]] = defaultdict(list)
+        for record in workload.events:
+            if record.when == "before":
+                self.events[record.step].append(control_event(record))
         self.order = {spec.request_id: i for i, spec in enumerate(workload.requests)}  # the row order
         self.spec_of = {spec.request_id: spec for spec in workload.requests}
         self.lives: dict[str, int] = {}  # request id -> submissions so far
@@ -44,8 +47,8 @@ class InputDriver:
         # Per request, each life's max_tokens: its own, then each resubmit's (a recorded client
         # may ask another), in the order the engine takes them.
         self.max_tokens_of_life = {spec.request_id: [spec.max_tokens] for spec in workload.requests}
-        for event in sorted(workload.events, key=lambda e: e.step):
-            if event.kind == "resubmit":
+        for event in sorted(map(control_event, workload.events), key=lambda e: e.step):
+            if isinstance(event, Resubmit):
                 spec = self.spec_of[event.request]
                 self.max_tokens_of_life[spec.request_id].append(event.max_tokens or spec.max_tokens)
         # Only a recorded oracle has them; a synthetic run steps when its scheduler has requests.
@@ -55,7 +58,7 @@ class InputDriver:
         """Requests arriving with the input queue before step `step`'s schedule()."""
         return self.arrivals.pop(step, [])
 
-    def pop_events(self, step: int) -> list[Event]:
+    def pop_events(self, step: int) -> list[ControlEvent]:
         return self.events.pop(step, [])
 
     def pop_aborts(self, step: int) -> list[str]:

@@ -28,13 +28,17 @@ from typing import Any
 
 from specreplay.replay.engines import plugin
 from specreplay.replay.engines import sink as sink_files
+from specreplay.replay.engines.events import Pause, apply_control, control_event
 from specreplay.replay.engines.inputs import InputDriver
+from specreplay.replay.engines.outcome import run_outcome
+from specreplay.replay.engines.registry import engine
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.oracle import Oracle
-from specreplay.replay.workloads.workload import Event, Workload
+from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError, ObserverError
-from specreplay.traces.header import ImplHeader, Inputs, Outcome
+from specreplay.traces.header import Inputs, Outcome
+from specreplay.traces.parts import collect_inputs, merge_rows, observer_failures, ran_classes, read_parts
 from specreplay.traces.trace import Trace
 
 
@@ -49,7 +53,6 @@ def run_live(
     from specreplay.replay.engines.run import trace_header
     from specreplay.replay.engines.vllm_setup import refuse_engine_without_kernels, require_version
 
-    impl.require_real_forms("vllm")
     in_process = impl.executor != "multiproc"
     refuse_undrivable(workload, in_process)
     vllm = require_version(workload.config, "--engine vllm")
@@ -62,7 +65,7 @@ def run_live(
     env = live_environment(impl, config, sink, on_cpu)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    outcome = Outcome(status="completed")
+    outcome = run_outcome(0)
     llm = None
     try:
         plugin.register()  # this process; vLLM loads the same entry point in the ones it starts
@@ -79,23 +82,21 @@ def run_live(
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    parts = sink_files.read_parts(sink)
+    parts = read_parts(sink)
     sink_files.clean_sink(sink)
-    failures = sink_files.observer_failures(parts)
+    failures = observer_failures(parts)
     if failures:  # specreplay's own failure, not the engine's crash (record/guard.py)
         raise ObserverError(failures[0])
-    rows = sink_files.merge_rows(parts)
+    rows = merge_rows(parts)
     # The inputs as the engine core took them: under multiproc their steps are the observed ones.
-    inputs = sink_files.collect_inputs(parts)
-    ran = sink_files.ran_classes(parts)
-    impl_doc = ImplHeader(
-        name=impl.name,
-        engine="vllm",
-        executor=impl.executor,
+    inputs = collect_inputs(parts)
+    ran = ran_classes(parts)
+    impl_doc = engine("vllm").describe(
+        impl,
         # What the engine's processes ran, as their plugin saw it (variant classes included).
-        scheduler=ran.get("scheduler", "AsyncScheduler" if config.async_scheduling else "Scheduler"),
-        runner=ran.get("runner", "GPUModelRunner (live)"),
-        models=f"vllm {vllm.__version__}",
+        ran.get("scheduler", "AsyncScheduler" if config.async_scheduling else "Scheduler"),
+        ran.get("runner", "GPUModelRunner (live)"),
+        config,
         model=model or "tiny dummy-weight llama (written on the fly)",
         drafter="ngram_gpu" if config.async_scheduling else "ngram",
         patches=list(plugin.CPU_PATCHES) if on_cpu else [],
@@ -124,30 +125,10 @@ def live_environment(impl: Implementation, config: EngineConfig, sink: str, on_c
 
 def build_llm(vllm: Any, config: EngineConfig, model: str | None, seed: int) -> Any:
     """`vllm.LLM` on the workload's engine config: the tiny dummy-weight model unless `model`."""
-    from specreplay.replay.engines.vllm_setup import speculative_config, tiny_model_dir
+    from specreplay.replay.engines.vllm_setup import engine_args
 
-    weights = (
-        {"model": tiny_model_dir(config), "load_format": "dummy", "dtype": "float32"}
-        if model is None
-        else {"model": model, "dtype": "auto"}
-    )
     try:
-        return vllm.LLM(
-            **weights,
-            skip_tokenizer_init=True,
-            max_model_len=config.max_model_len,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            block_size=config.block_size,
-            num_gpu_blocks_override=config.num_blocks,
-            enable_prefix_caching=False,
-            long_prefill_token_threshold=config.long_prefill_token_threshold,
-            enforce_eager=True,
-            async_scheduling=config.async_scheduling,
-            seed=seed,
-            speculative_config=speculative_config(config),
-            disable_log_stats=True,
-        )
+        return vllm.LLM(**engine_args(config, model=model, seed=seed))
     except (ValueError, TypeError) as exc:
         raise InputError(f"vllm rejects this engine config: {' '.join(str(exc).split())[:200]}") from None
 
@@ -166,8 +147,8 @@ def cpu_attention_config(config: EngineConfig) -> EngineConfig:
 def refuse_undrivable(workload: Workload, in_process: bool) -> None:
     """The one event kind a live engine cannot take through its API: a pause in `wait` mode with
     the engine core in this process (vLLM 0.32's EngineCore.pause_scheduler refuses it)."""
-    for event in workload.events:
-        if in_process and event.kind == "pause" and event.mode == "wait":
+    for event in map(control_event, workload.events):
+        if in_process and isinstance(event, Pause) and event.mode == "wait":
             raise InputError(
                 f"the pause (mode wait) at step {event.step} cannot be driven on --engine vllm --executor inproc: "
                 "vLLM 0.32's in-process engine core refuses it (\"'wait' mode can't be used in inproc-engine mode\"); "
@@ -190,16 +171,14 @@ def drive(
             if feed.expects_output():
                 feed.took(feed.engine.step())
         except Exception as exc:
-            return feed.counts, Outcome(status="crashed", step=step, kind=crash_kind(exc), message=crash_message(exc))
+            return feed.counts, run_outcome(step, crash={"kind": crash_kind(exc), "message": crash_message(exc)})
         if progress is not None:
             progress(step, workload.max_steps)
         if feed.done(step):
-            held = feed.unfinished()
-            if held:  # idle for good while the front end still waits for these: requests the engine lost
-                return feed.counts, Outcome(status="completed", step=step, unfinished=tuple(held))
-            return feed.counts, Outcome(status="completed")
+            # Idle for good while the front end still waits for some: requests the engine lost.
+            return feed.counts, run_outcome(step, unfinished=feed.unfinished())
         if step >= workload.max_steps:
-            return feed.counts, Outcome(status="step_limit", step=step)
+            return feed.counts, run_outcome(step, cut=True)
 
 
 def crash_kind(exc: Exception) -> str:
@@ -260,7 +239,7 @@ class LiveInputs:
             self.submit_spec(spec)
         for event in self.inputs.pop_events(step):
             self.finish_pause_if_idle()
-            self.apply(event)
+            apply_control(event, self)
         aborts = self.inputs.pop_aborts(step)
         if aborts:
             self.abort_in_flight(aborts)
@@ -345,15 +324,6 @@ class LiveInputs:
         """AsyncLLM's final request of a session: a non-resumable one-token prompt, same id."""
         self.submit(rid, [0], 1, None)
 
-    def stream_append(self, rid: str) -> None:
-        if rid not in self.engine.output_processor.request_states:
-            self.inputs.drop_chunk(rid)  # the session ended (aborted): its client stops streaming
-            return
-        tokens, max_tokens, last = self.inputs.next_chunk(rid)
-        self.submit(rid, tokens, max_tokens, None, resumable=True)
-        if last:
-            self.end_stream(rid)
-
     # ------------------------------------------------------------------ aborts
     def abort_in_flight(self, rids: list[str]) -> None:
         """Aborts after this step's schedule(), before the oldest batch is applied. In process:
@@ -381,51 +351,60 @@ class LiveInputs:
             self.core.abort_requests(ids)
 
     # ------------------------------------------------------------------ control events
-    def apply(self, event: Event) -> None:
-        """One control event, through the engine's API (see the README's "Control events")."""
-        engine = self.engine
-        if event.kind == "abort":
-            engine.abort_request([event.request])  # llm_engine.py:224
-            self.quiet = False
-        elif event.kind == "resubmit":
-            self.submit_spec(self.inputs.spec_of[event.request])
-        elif event.kind == "stream_append":
-            if self.inputs.lives.get(event.request) is not None:
-                self.stream_append(event.request)
-        elif event.kind == "pause":
-            self.pause(event)
-        elif event.kind == "resume":
-            if self.in_process:
-                self.core.resume_scheduler()  # core.py:951
-            else:
-                self.client.call_utility("resume_scheduler")
-                self.paused = self.quiet = False
-            # A clear still pending stays registered, as vLLM's idle callback does.
-        elif event.kind == "reset_prefix_cache":
-            try:
-                engine.reset_prefix_cache(reset_running_requests=event.reset_running)  # llm_engine.py:403
-            except Exception:
-                # "Failed to reset KV cache even when all the running requests are preempted": a
-                # session between turns holds blocks. vLLM raises to the caller after the
-                # preemptions; the engine goes on (the observer marks it failed).
-                pass
-            self.quiet = False
+    # LiveInputs' ControlTarget (engines/events.py), through the engine's API (the README's
+    # "Control events"): apply_control calls these, one per kind.
+    def abort(self, request_ids: list[str]) -> None:
+        self.engine.abort_request(request_ids)  # llm_engine.py:224
+        self.quiet = False
 
-    def pause(self, event: Event) -> None:
+    def resubmit(self, request: str) -> None:
+        self.submit_spec(self.inputs.spec_of[request])
+
+    def stream_append(self, request: str) -> None:
+        if self.inputs.lives.get(request) is None:
+            return  # the session has not started
+        if request not in self.engine.output_processor.request_states:
+            self.inputs.drop_chunk(request)  # the session ended (aborted): its client stops streaming
+            return
+        tokens, max_tokens, last = self.inputs.next_chunk(request)
+        self.submit(request, tokens, max_tokens, None, resumable=True)
+        if last:
+            self.end_stream(request)
+
+    def pause(self, mode: str, clear_cache: bool, label: str = "") -> None:
         """Multiproc: EngineCoreProc.pause_scheduler (core.py:2061) as a utility call, which
         returns once the pause completed (the batches in flight drained, the cache cleared). In
         process, EngineCore.pause_scheduler (core.py:921) would clear the cache at once with a
         batch in flight: its clear is left to the idle callback, as EngineCoreProc does it, and
-        pause(abort) first aborts through LLMEngine, whose front end no abort output reaches."""
+        pause(abort) first aborts through LLMEngine, whose front end no abort output reaches.
+        (`label`: the observers in the engine core name it from the scheduler's call.)"""
         if not self.in_process:
-            self.client.call_utility("pause_scheduler", event.mode, event.clear_cache)
+            self.client.call_utility("pause_scheduler", mode, clear_cache)
             self.paused = True
             return
-        if event.mode == "abort":
+        if mode == "abort":
             self.engine.abort_request(list(self.engine.output_processor.request_states), internal=True)
-        self.core.pause_scheduler(mode=event.mode, clear_cache=False)
-        self.clear_when_idle = event.clear_cache
+        self.core.pause_scheduler(mode=mode, clear_cache=False)
+        self.clear_when_idle = clear_cache
         self.finish_pause_if_idle()
+
+    def resume(self) -> None:
+        if self.in_process:
+            self.core.resume_scheduler()  # core.py:951
+        else:
+            self.client.call_utility("resume_scheduler")
+            self.paused = self.quiet = False
+        # A clear still pending stays registered, as vLLM's idle callback does.
+
+    def reset_prefix_cache(self, reset_running: bool, label: str = "") -> None:
+        try:
+            self.engine.reset_prefix_cache(reset_running_requests=reset_running)  # llm_engine.py:403
+        except Exception:
+            # "Failed to reset KV cache even when all the running requests are preempted": a
+            # session between turns holds blocks. vLLM raises to the caller after the
+            # preemptions; the engine goes on (the observer marks it failed).
+            pass
+        self.quiet = False
 
     def finish_pause_if_idle(self) -> None:
         """EngineCoreProc's idle callback for a pause with clear_cache (core.py:2080): once the

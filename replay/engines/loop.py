@@ -11,24 +11,28 @@ The loop records nothing itself: the scheduler observer and the worker observer,
 scheduler and runner it was given, write every row (record/). It only tells them what they
 cannot see: control events, and aborts landing with a step in flight.
 
-Control events (workload `[[events]]`) land where vLLM's EngineCoreProc takes them: with the
-input queue before schedule(m), after that step's arrivals, or (aborts only) just before the
-oldest batch is applied. While paused the loop does what vLLM's does: no schedule() while the
-scheduler has nothing it may schedule, the batches in flight still drain, and a pause with
-clear_cache resets the cache once nothing is in flight.
+Control events (workload `[[events]]`, typed: engines/events.py) reach the loop through the one
+driver every engine shares (`apply_control`, the loop being its target); they land where vLLM's
+EngineCoreProc takes them: with the input queue before schedule(m), after that step's arrivals,
+or (aborts only) just before the oldest batch is applied. While paused the loop does what vLLM's
+does: no schedule() while the scheduler has nothing it may schedule, the batches in flight still
+drain, and a pause with clear_cache resets the cache once nothing is in flight.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from specreplay.replay.engines.events import apply_control
 from specreplay.replay.engines.inputs import InputDriver
+from specreplay.replay.engines.outcome import run_outcome
 from specreplay.replay.engines.ports import wire
+from specreplay.replay.engines.registry import DEFAULT_RUNNER
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.models.request import Request
 from specreplay.replay.models.versions import rules_for
 from specreplay.replay.workloads.oracle import Oracle
-from specreplay.replay.workloads.workload import Event, RequestSpec, Workload
+from specreplay.replay.workloads.workload import RequestSpec, Workload
 from specreplay.traces.header import Outcome
 
 
@@ -42,12 +46,15 @@ class EngineLoop:
         device: str = "cpu",
         engine: str = "reference",
         oracle: Oracle | None = None,
+        runner: str = DEFAULT_RUNNER,
     ) -> None:
         self.workload = workload
         self.config = workload.config
         self.impl, self.device, self.engine = impl, device, engine
         self.step_no = 0
-        self.parts = parts = wire(workload, impl, device, engine, step_now=lambda: self.step_no, oracle=oracle)
+        self.parts = parts = wire(
+            workload, impl, device, engine, step_now=lambda: self.step_no, oracle=oracle, runner=runner
+        )
         self.sched = parts.scheduler
         self.runner = parts.runner
         self.observer = parts.scheduler_observer
@@ -56,7 +63,7 @@ class EngineLoop:
         self.rules = rules_for(self.config.vllm_version)
         self.rejecting_new = False  # vLLM 0.33: paused in wait or abort mode, new requests are refused
         self.queue: deque = deque()  # (SchedulerOutput, ModelRunnerOutput), newest first
-        self.outcome = Outcome(status="completed")
+        self.outcome: Outcome = run_outcome(0)  # until the run says otherwise (engines/run.py)
         # False for a replay of a live recording: stop, as the live engine did, once nothing is
         # left to feed or schedule, leaving the batches in flight unapplied.
         self.drains_at_end = getattr(oracle, "drains_at_end", True)
@@ -72,7 +79,7 @@ class EngineLoop:
             self.submit(spec)
         for event in self.inputs.pop_events(self.step_no + 1):
             self.finish_pause_if_idle()  # the engine is idle between two inputs: its callbacks run
-            self.apply_event(event)
+            apply_control(event, self)
         # vLLM's has_requests() also counts finished requests not yet announced; the models'
         # counts unfinished ones only, so a replay of a recording steps where the recorded engine
         # announced them (InputDriver.steps_to_announce); a synthetic run numbers its steps as before.
@@ -105,7 +112,7 @@ class EngineLoop:
             # A run whose last input and request end at its last step completed (a recording's
             # summary ends at its last step); one with work left was cut.
             if self.work_left():
-                self.outcome = Outcome(status="step_limit", step=self.step_no)
+                self.outcome = run_outcome(self.step_no, cut=True)
             return False
         return True
 
@@ -142,19 +149,6 @@ class EngineLoop:
         if self.inputs.ends_at_once(spec):
             self.end_stream(spec.request_id)
 
-    def stream_append(self, rid: str) -> None:
-        """The session's next input chunk, as AsyncLLM sends it: the same id, resumable; after
-        the last chunk, the end of the stream follows at once."""
-        live = self.sched.requests.get(rid)
-        if live is None or live.is_finished():
-            self.inputs.drop_chunk(rid)  # the session ended (aborted): its client stops streaming
-            return
-        tokens, max_tokens, last = self.inputs.next_chunk(rid)
-        self.sched.add_request(Request(rid, tokens, max_tokens, None, resumable=True))
-        self.observer.mark_request_event(rid, "stream_update")
-        if last:
-            self.end_stream(rid)
-
     def end_stream(self, rid: str) -> None:
         # AsyncLLM's final request: a non-resumable one-token prompt under the same id.
         self.sched.add_request(Request(rid, [0], 1, None))
@@ -165,35 +159,46 @@ class EngineLoop:
             for done in self.sched.finish_requests([rid]):
                 self.observer.abort_landed(self.step_no, done)
 
-    def apply_event(self, event: Event) -> None:
-        """One control event from the input queue (vLLM's EngineCoreProc order)."""
-        obs = self.observer
-        if event.kind == "abort":
-            for rid in self.sched.finish_requests([event.request]):
-                obs.mark_request_event(rid, "abort")
-        elif event.kind == "resubmit":
-            self.submit(self.inputs.spec_of[event.request])
-            obs.mark_request_event(event.request, "resubmit")
-        elif event.kind == "stream_append":
-            if self.inputs.lives.get(event.request) is not None:
-                self.stream_append(event.request)
-        elif event.kind == "pause":
-            if event.mode == "abort":
-                for rid in self.sched.finish_requests(list(self.sched.requests)):
-                    obs.mark_request_event(rid, "abort")
-            self.sched.set_pause_state("paused_all" if event.mode == "keep" else "paused_new")
-            self.rejecting_new = self.rules.paused_rejects_new and event.mode != "keep"
-            obs.mark_step_event(event.label())
-            self.clear_after_drain = event.clear_cache
-            self.finish_pause_if_idle()  # pause_scheduler: _finish_pause at once if nothing is left
-        elif event.kind == "resume":
-            self.sched.set_pause_state("unpaused")
-            self.rejecting_new = False
-            # A clear still pending stays registered, as vLLM's idle callback does: it runs
-            # the next time the engine has nothing to do.
-            obs.mark_step_event("resume")
-        elif event.kind == "reset_prefix_cache":
-            self.reset_prefix_cache(event.reset_running, event.label())
+    # ------------------------------------------------------------------ control events
+    # The loop's ControlTarget (engines/events.py): apply_control calls these, one per kind.
+    def abort(self, request_ids: list[str]) -> None:
+        for rid in self.sched.finish_requests(request_ids):
+            self.observer.mark_request_event(rid, "abort")
+
+    def resubmit(self, request: str) -> None:
+        self.submit(self.inputs.spec_of[request])
+        self.observer.mark_request_event(request, "resubmit")
+
+    def stream_append(self, request: str) -> None:
+        """The session's next input chunk, as AsyncLLM sends it: the same id, resumable; after
+        the last chunk, the end of the stream follows at once."""
+        if self.inputs.lives.get(request) is None:
+            return  # the session has not started
+        live = self.sched.requests.get(request)
+        if live is None or live.is_finished():
+            self.inputs.drop_chunk(request)  # the session ended (aborted): its client stops streaming
+            return
+        tokens, max_tokens, last = self.inputs.next_chunk(request)
+        self.sched.add_request(Request(request, tokens, max_tokens, None, resumable=True))
+        self.observer.mark_request_event(request, "stream_update")
+        if last:
+            self.end_stream(request)
+
+    def pause(self, mode: str, clear_cache: bool, label: str) -> None:
+        if mode == "abort":
+            self.abort(list(self.sched.requests))
+        self.sched.set_pause_state("paused_all" if mode == "keep" else "paused_new")
+        self.rejecting_new = self.rules.paused_rejects_new and mode != "keep"
+        self.observer.mark_step_event(label)
+        self.clear_after_drain = clear_cache
+        self.finish_pause_if_idle()  # pause_scheduler: _finish_pause at once if nothing is left
+
+    def resume(self) -> None:
+        self.sched.set_pause_state("unpaused")
+        self.rejecting_new = False
+        # A clear still pending stays registered, as vLLM's idle callback does: it runs
+        # the next time the engine has nothing to do.
+        self.observer.mark_step_event("resume")
 
     def finish_pause_if_idle(self) -> None:
         """vLLM's _finish_pause: a pause with clear_cache resets the cache as soon as nothing is

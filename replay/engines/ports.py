@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from specreplay.replay.impls.registry import ENGINES, Implementation
+from specreplay.replay.engines.registry import DEFAULT_RUNNER, runner_family
+from specreplay.replay.engines.registry import engine as engine_entry
+from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.models.messages import ModelRunnerOutput, SchedulerOutput
 from specreplay.replay.models.request import Request
 from specreplay.replay.record.recorder import Recorder
@@ -22,7 +24,6 @@ from specreplay.replay.record.truth import KvTruth
 from specreplay.replay.record.worker_observer import RecorderWriter, ReferenceReader, WorkerObserver, attach_runner
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
-from specreplay.traces.errors import InputError
 
 
 class SchedulerPort(Protocol):
@@ -83,29 +84,17 @@ def wire(
     engine: str,
     step_now: Callable[[], int],
     oracle: Oracle | None = None,
+    runner: str = DEFAULT_RUNNER,
 ) -> EngineParts:
-    """Build the scheduler and runner of `impl` on `engine` and attach the observers.
-    `step_now()`: the engine step being scheduled or applied (the loop's clock). `oracle`: the
-    tokens the run produces (default: the workload's synthetic ones; a replay passes a
-    recording's)."""
+    """Build the scheduler and runner of `impl` on `engine` (its entry in engines/registry.py)
+    and attach the observers. `step_now()`: the engine step being scheduled or applied (the
+    loop's clock). `oracle`: the tokens the run produces (default: the workload's synthetic
+    ones; a replay passes a recording's). `runner`: the runner family to build (registry
+    `RUNNERS`). The run decided before that `impl` runs there (`Engine.refuse`)."""
     config = workload.config
     oracle = oracle or Oracle(workload)
-    scheduler: SchedulerPort  # what the loop drives: held to the seam by the type checker
-    observed: Any
-    if engine == "reference":
-        scheduler = observed = impl.make_scheduler(config)
-    elif engine == "vllm-scheduler":
-        from specreplay.replay.engines.real_scheduler import VllmSchedulerAdapter
-        from specreplay.replay.engines.vllm_setup import real_scheduler_class
-
-        impl.require_real_forms(engine)
-        adapter = VllmSchedulerAdapter(
-            config, impl.real_scheduler_class(real_scheduler_class(config.async_scheduling), config)
-        )
-        scheduler, observed = adapter, adapter.real  # the observer watches the real scheduler, not the adapter
-    else:
-        raise InputError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
-    runner = impl.make_runner(config, oracle, device)
+    scheduler, observed = engine_entry(engine).build_scheduler(impl, config)
+    built = runner_family(runner).build(impl, config, oracle, device)
     recorder = Recorder()
     observer = SchedulerObserver(
         observed,
@@ -118,6 +107,6 @@ def wire(
     attach(observer, step_of=lambda so: step_now(), apply_step=step_now)
     writer = RecorderWriter(recorder)
     attach_runner(
-        runner, [WorkerObserver(writer, ReferenceReader), KvTruth(oracle, writer, config.block_size)], ReferenceReader
+        built, [WorkerObserver(writer, ReferenceReader), KvTruth(oracle, writer, config.block_size)], ReferenceReader
     )
-    return EngineParts(impl, oracle, scheduler, observed, runner, recorder, observer)
+    return EngineParts(impl, oracle, scheduler, observed, built, recorder, observer)

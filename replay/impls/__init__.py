@@ -5,11 +5,10 @@ form (a subclass of vLLM's class). Imports models; engines import it.
 """
 
 from specreplay.replay.impls.registry import (
-    ENGINES,
     EXECUTORS,
     Implementation,
     registry,
     resolve,
 )
 
-__all__ = ["ENGINES", "EXECUTORS", "Implementation", "registry", "resolve"]
+__all__ = ["EXECUTORS", "Implementation", "registry", "resolve"]

@@ -36,13 +36,9 @@ from specreplay.traces.errors import InputError
 from specreplay.traces.header import ImplHeader
 
 if TYPE_CHECKING:
-    from specreplay.replay.models.runner import GPUModelRunner
     from specreplay.replay.workloads.oracle import Oracle
 
 EXECUTORS = ("inproc", "multiproc")
-#: reference: specreplay's models of vLLM 0.32.0; vllm-scheduler: the installed vLLM's real
-#: Scheduler / AsyncScheduler with the reference runner.
-ENGINES = ("reference", "vllm-scheduler", "vllm")  # vllm: a live engine, see engines/live.py
 
 
 @dataclass(frozen=True)
@@ -70,7 +66,8 @@ class Implementation:
     def why_not(self, config: EngineConfig) -> str | None:
         """Why this implementation does not apply to a workload with `config`, or None when it
         does: one line, the reason and what to pass instead. Nothing ever runs in its place:
-        record, replay and compare refuse such a workload (`require_applies`, exit 2), the gate
+        record, replay and compare refuse such a workload (`require_applies`, asked once per run by
+        the engine's entry, engines/registry.py `Engine.refuse`: exit 2), the gate
         reports its golden `n/a`, explore draws only workloads where this is None.
 
         - A scheduler of the wrong mode: an `AsyncScheduler` subclass on a synchronous workload
@@ -107,8 +104,8 @@ class Implementation:
 
     def make_scheduler(self, config: EngineConfig) -> Scheduler:
         """The reference form of this variant's scheduler: its own class, or vLLM's default for
-        the workload's mode when it changes only the runner. Never a stand-in for its class."""
-        self.require_applies(config)
+        the workload's mode when it changes only the runner. Never a stand-in for its class. (The
+        run decided that the variant applies, before anything is built: `require_applies`.)"""
         if self.scheduler is None and self.real_scheduler is not None:
             raise InputError(
                 f"{self.name} changes the real scheduler only; it has no form for --engine reference "
@@ -117,14 +114,15 @@ class Implementation:
         default = AsyncScheduler if config.async_scheduling else Scheduler
         return (self.scheduler or default)(config)
 
-    def require_real_forms(self, engine: str) -> None:
-        """Refuse, in one line, a variant that has no form for the real classes `engine` runs."""
+    def require_real_forms(self, engine: str, *, runner: bool = False) -> None:
+        """Refuse, in one line, a variant that has no form for the real classes `engine` runs:
+        vLLM's scheduler, and with `runner` its model runner too (a live vLLM)."""
         if self.scheduler is not None and self.real_scheduler is None:
             raise InputError(
                 f"{self.name} changes the reference scheduler only; it has no form for "
                 f"--engine {engine} (give it a real_scheduler, see the README)"
             )
-        if engine == "vllm" and self.runner is not None and self.real_runner is None:
+        if runner and self.runner is not None and self.real_runner is None:
             raise InputError(
                 f"{self.name} changes the reference runner only; it has no form for a live vLLM "
                 "(give it a real_runner, see the README)"
@@ -133,51 +131,59 @@ class Implementation:
     def real_scheduler_class(self, real_cls: type, config: EngineConfig) -> type:
         """The class to run on the real vLLM for this variant: `real_cls` (vLLM's Scheduler or
         AsyncScheduler for the workload's mode) or the variant's subclass of it. A variant that
-        does not apply to `config` is refused, never run as `real_cls`."""
-        self.require_applies(config)
+        does not apply to `config` was refused before (`require_applies`), never run as `real_cls`."""
         return self.real_scheduler(real_cls) if self.real_scheduler is not None else real_cls
 
     def real_runner_class(self, real_cls: type) -> type:
-        """The runner class a live vLLM runs for this variant: `real_cls` or its subclass."""
-        self.require_real_forms("vllm")
+        """The runner class a live vLLM runs for this variant: `real_cls` or its subclass (a
+        variant without a real form was refused before: `require_real_forms`)."""
         return self.real_runner(real_cls) if self.real_runner is not None else real_cls
 
-    def make_runner(self, config: EngineConfig, oracle: Oracle, device: str) -> GPUModelRunner:
-        from specreplay.replay.models.runner import GPUModelRunner
-
-        self.require_applies(config)
+    def make_runner(self, config: EngineConfig, oracle: Oracle, device: str, default: type | None = None) -> Any:
+        """The reference form of this variant's runner: its own class, or `default` (the runner
+        family's reference model, engines/registry.py; None: the V1 GPUModelRunner's)."""
         if self.runner is None and self.real_runner is not None:
             raise InputError(
                 f"{self.name} changes the real runner only; it has no form for the reference runner "
                 "(give it a runner, or pass --engine vllm)"
             )
-        return (self.runner or GPUModelRunner)(config, oracle, device)
+        return (self.runner or default or self._runner_class())(config, oracle, device)
 
     def deliver(self, out: SchedulerOutput) -> SchedulerOutput:
         """How the scheduler output reaches the worker (the engine's hook)."""
         return out if self.executor == "inproc" else out.private_copy()
 
     def describe(
-        self, scheduler: Any, engine: str = "reference", *, runner: Any = None, config: EngineConfig | None = None
+        self,
+        scheduler: Any,
+        engine: str = "reference",
+        *,
+        runner: Any = None,
+        config: EngineConfig | None = None,
+        models: str | None = None,
+        executor: str | None = None,
+        **more: Any,
     ) -> ImplHeader:
         """What made a trace, stamped into its metadata: the classes that ran (module and
-        qualified name of the `scheduler` and `runner` objects, not the classes asked for), the
-        executor, the engine and the models. `runner` None: the class `make_runner` builds."""
-        runner_cls = type(runner) if runner is not None else self._runner_class()
-        if engine == "vllm-scheduler":
-            import vllm
-
-            version = f"vllm {vllm.__version__}"
-        else:
-            version = f"specreplay reference of vllm {(config or EngineConfig()).vllm_version}"
-        return ImplHeader(
-            name=self.name,
-            scheduler=qualified_name(type(scheduler)),
-            runner=qualified_name(runner_cls),
-            executor=self.executor,
-            engine=engine,
-            models=version,
-        )
+        qualified name of the `scheduler` and `runner` objects, not the classes asked for; or,
+        as a string, the name a vLLM process reported for what it ran), the executor (`executor`:
+        the one that ran, where the engine says; default this implementation's), the engine and
+        its `models` (default: specreplay's reference of `config`'s vLLM release; the engine's
+        entry names its own), then `more` (what a live or attached engine adds: its model, its
+        drafter, ...). `runner` None: the class `make_runner` builds."""
+        if models is None:
+            models = f"specreplay reference of vllm {(config or EngineConfig()).vllm_version}"
+        doc = {
+            "name": self.name,
+            "scheduler": scheduler if isinstance(scheduler, str) else qualified_name(type(scheduler)),
+            "runner": runner
+            if isinstance(runner, str)
+            else qualified_name(type(runner) if runner is not None else self._runner_class()),
+            "executor": executor or self.executor,
+            "engine": engine,
+            "models": models,
+        }
+        return ImplHeader.from_dict({**doc, **more})  # `more` beyond the header's fields: kept in extra
 
     def expected(self, config: EngineConfig, real_cls: type | None = None) -> dict[str, str]:
         """The classes and executor a run of this implementation is asked to run, named as

@@ -1,17 +1,16 @@
 """The built-in variants: each differs from upstream in one overridden hook.
 
 Where it sits: replay. Registered in `specreplay.replay.impls.registry`; also the worked examples for
-users writing their own implementation. A runner variant whose hook a workload can never reach
+users writing their own implementation (docs/implementations.md), written against the public API
+(`specreplay.replay.api`) alone. A runner variant whose hook a workload can never reach
 says so in a `why_not(config)` classmethod (`Implementation.why_not`): it is then never run, and
 never stood in for, on such a workload.
 """
 
 from __future__ import annotations
 
-from specreplay.replay.models.messages import SchedulerOutput
-from specreplay.replay.models.runner import GPUModelRunner
-from specreplay.replay.models.scheduler import AsyncScheduler
-from specreplay.replay.workloads.config import EngineConfig
+# Through the public API, as a user's variant imports them (docs/implementations.md).
+from specreplay.replay.api import AsyncScheduler, EngineConfig, GPUModelRunner, SchedulerOutput
 
 
 def needs_draft_slots(cls: type, what: str, config: EngineConfig) -> str | None:

@@ -10,14 +10,15 @@ does the bookkeeping for the next step. The runner reports on nothing: the worke
 outside, reading the state by vLLM's names (`requests`, `input_batch`, `_draft_token_ids`,
 `valid_sampled_token_count`).
 
-Hooks a variant may override (README, "Writing an implementation"):
+Hooks a variant may override (docs/implementations.md; the names a variant uses are in
+`specreplay.replay.api`, the state it reads in `api.RUNNER_STATE`):
   remove_finished(out) / remove_unscheduled(out)     the removals at the top of _update_states
   add_new_request(data) -> state                     a NewRequestData becomes worker state
-  update_cached_request(out, i, req_id, deferred)    per cached request: correction, trim, blocks
-    readd_request(out, i, state) -> state            one with no row: on_reentry, outputs restored
-      on_reentry(out, req_id) -> bool                a cached request with no row; True if it
+  update_cached_request(out, i, rid, deferred)       per cached request: correction, trim, blocks
+    readd_request(out, i, st) -> state               one with no row: on_reentry, outputs restored
+      on_reentry(out, rid) -> bool                   a cached request with no row; True if it
                                                      edited `out`
-  write_spec_ids(state, row, out)                    draft slots into the token buffer
+  write_spec_ids(st, row, out)                       draft slots into the token buffer
   apply_deferred_corrections(deferred)               the correction closure (design B)
   _prepare_inputs(out, rows) -> inputs               gather, scatter, clamp
     scatter_prev_sampled(ids, ...)                   the previous step's sampled tokens and drafts
@@ -27,7 +28,7 @@ Hooks a variant may override (README, "Writing an implementation"):
 The drafter is the oracle's (`oracle.drafter`): `fixed` proposes k drafts every step (the
 seeded drafter); the n-gram drafters of a replayed vLLM recording propose 0..k. `ngram_gpu`, as
 vLLM's, works on its own copy of the output's two dicts and trims the draft slots the scheduler
-booked to the valid count the drafter gave the row last step (`trim_invalid_drafts`), keeping
+booked to the valid count the drafter gave the row last step (`_trim_invalid_drafts`), keeping
 the booked count for the correction.
 
 The KV cache is paged as vLLM's: a buffer of `num_blocks * block_size` slots, a position p of a
@@ -45,6 +46,7 @@ subtracts prev_num_draft_len - a = 2 and writes from K + 1, the first position n
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from itertools import chain
 
@@ -125,6 +127,15 @@ class GPUModelRunner:
         self.kv_last_blocks: dict[int, set[int]] = {}  # block -> handles the last forward wrote it with
         self._pending: tuple[PreparedInputs, torch.Tensor] | None = None  # between the two halves
 
+    @property
+    def batch(self) -> InputBatch:
+        """The persistent batch's old name, before it took vLLM's (`input_batch`): variants written
+        against it keep working, with a DeprecationWarning."""
+        warnings.warn(
+            "GPUModelRunner.batch is deprecated: use input_batch (vLLM's name)", DeprecationWarning, stacklevel=2
+        )
+        return self.input_batch
+
     # ================================================================ execute_model
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput | None:
         """The forward half of a step. None: sample_tokens() follows (vLLM's async split); an
@@ -175,7 +186,7 @@ class GPUModelRunner:
         self.remove_finished(out)
         self.remove_unscheduled(out)
         to_add = [self.add_new_request(data) for data in out.scheduled_new_reqs]
-        self.booked_drafts = self.trim_invalid_drafts(out) if self.drafter == "ngram_gpu" else {}
+        self.booked_drafts = self._trim_invalid_drafts(out) if self.drafter == "ngram_gpu" else {}
         self.prev_num_draft_tokens = [0] * len(self.prev_num_draft_tokens)
         deferred: list[tuple[str, int]] = []
         for i, rid in enumerate(out.scheduled_cached_reqs.req_ids):
@@ -280,7 +291,7 @@ class GPUModelRunner:
             st.output_token_ids = list(out.scheduled_cached_reqs.all_token_ids[rid][-num_output:])
         return st
 
-    def trim_invalid_drafts(self, out: SchedulerOutput) -> dict[str, int]:
+    def _trim_invalid_drafts(self, out: SchedulerOutput) -> dict[str, int]:
         """vLLM's update_scheduler_for_invalid_drafts: a cached request with a row keeps only as
         many draft slots as the drafter found valid drafts for its row last step. Returns the
         booked counts, which the correction keeps using (prev_num_draft_len)."""
@@ -387,7 +398,7 @@ class GPUModelRunner:
         ids = torch.tensor(flat, dtype=torch.int64, device=self.device)
         self.scatter_prev_sampled(ids, scatter_at, scatter_src, draft_at, draft_src)
         cu_l = cu.tolist()
-        draft_ids, negatives = self.clamp_inputs(out, rows, ids, cu_l, ds_l)
+        draft_ids, negatives = self._clamp_inputs(out, rows, ids, cu_l, ds_l)
         pos = torch.from_numpy(positions).to(self.device)
         # vLLM's discard mask: the step ends before the worker's known tokens do.
         requests = self.requests
@@ -410,7 +421,7 @@ class GPUModelRunner:
             at = torch.tensor(draft_at, dtype=torch.int64, device=self.device)
             ids[at] = self._draft_token_ids.reshape(-1)[torch.tensor(draft_slots, device=self.device)]
 
-    def clamp_inputs(
+    def _clamp_inputs(
         self, out: SchedulerOutput, rows: list[str], ids: torch.Tensor, cu: list[int], num_drafts: list[int]
     ) -> tuple[list[list[int]], list[int]]:
         """The drafts each row feeds the rejection sampler and its negative input ids, read
@@ -457,11 +468,11 @@ class GPUModelRunner:
         slot its position maps to through the row's block table, marked with the writing request
         life. A position outside the row's blocks has no slot and is dropped (the KV ground
         truth marks it broken). The writes land when the forward is done (`commit_kv`)."""
-        slots, keep, writers = self.kv_slots(inputs)
+        slots, keep, writers = self._kv_slots(inputs)
         if slots.numel():
             self.kv_in_flight.append((slots, inputs.input_ids[keep], writers))
 
-    def kv_slots(self, inputs: PreparedInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _kv_slots(self, inputs: PreparedInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The KV slot of every scheduled token that has one, its index in the flat inputs and
         the handle of the request life writing it, for the whole batch at once (vLLM's slot
         mapping: the block table flattened, each position's block looked up in its row's part).

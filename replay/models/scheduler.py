@@ -2,14 +2,14 @@
 
 Where it sits: replay, scheduler side. The engine loop calls `schedule()`, hands the
 `SchedulerOutput` to a runner, and later calls `update_from_output()`. Variants subclass these
-classes and override the hooks below (documented in the README, "Implementations and writing
-your own").
+classes and override the hooks below (docs/implementations.md; a variant imports what it uses
+from `specreplay.replay.api`, and reads the state listed in `api.SCHEDULER_STATE`).
 
 Hooks, in the order a step uses them:
   schedule_running(plan)                                the running-queue visit
   running_demand(req, budget, threshold) -> n           tokens to give a running request
   allocate_or_preempt(req, n, plan) -> bool             KV blocks, preempting from the tail
-  preempt_request(req)                                  what preemption resets
+  preempt_request(req, drop_stale_output)               what preemption resets
   assign_draft_slots(req, n) -> list[int]               the draft slots booked inside n
   admit_waiting(plan)                                   the waiting queue (new and resumed)
   update_after_schedule(out)                            C += n; (async) placeholders
@@ -136,10 +136,10 @@ class Scheduler:
         if request.resumable:
             request.streaming_queue = deque()
         self.requests[request.request_id] = request
-        self.enqueue_waiting(request)
+        self._enqueue_waiting(request)
         return request
 
-    def enqueue_waiting(self, req: Request) -> None:
+    def _enqueue_waiting(self, req: Request) -> None:
         (self.kv_holding if req.num_computed_tokens > 0 else self.waiting).append(req)
 
     def handle_stopped_request(self, req: Request) -> bool:
@@ -163,7 +163,7 @@ class Scheduler:
             req.status = Status.WAITING_FOR_STREAMING_REQ
             self.num_waiting_for_streaming_input += 1
         if not self.rules.continuing_requeued_after_cleanup:
-            self.enqueue_waiting(req)
+            self._enqueue_waiting(req)
         return False
 
     def update_request_as_session(self, req: Request, update: StreamingUpdate) -> None:
@@ -228,14 +228,14 @@ class Scheduler:
             if req.status == Status.RUNNING:
                 self.running.remove(req)
             else:
-                self.remove_from_waiting(req)
+                self._remove_from_waiting(req)
                 if req.status == Status.WAITING_FOR_STREAMING_REQ:
                     self.num_waiting_for_streaming_input -= 1
             self._free(req, status)
             done.append(rid)
         return done
 
-    def remove_from_waiting(self, req: Request) -> None:
+    def _remove_from_waiting(self, req: Request) -> None:
         """vLLM's remove_requests on both waiting queues: every copy, wherever it is, if anywhere
         (a streaming session vLLM lost after a preemption is in no queue at all)."""
         self.waiting = deque(r for r in self.waiting if r is not req)
@@ -251,15 +251,15 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         self.step += 1
         budget = 0 if self.pause_state == "paused_all" else self.config.max_num_batched_tokens
-        plan = StepPlan(budget=budget, threshold=self.long_prefill_threshold())
+        plan = StepPlan(budget=budget, threshold=self._long_prefill_threshold())
         self.schedule_running(plan)
         if not plan.preempted and self.pause_state != "paused_all":
             self.admit_waiting(plan)
-        out = self.make_output(plan)
+        out = self._make_output(plan)
         self.update_after_schedule(out)
         return out
 
-    def long_prefill_threshold(self) -> int:
+    def _long_prefill_threshold(self) -> int:
         # vLLM applies the threshold only when more than one request is eligible.
         eligible = len(self.running) + len(self.waiting) + len(self.kv_holding)
         return self.config.long_prefill_token_threshold if eligible > 1 else 0
@@ -356,7 +356,7 @@ class Scheduler:
                 skipped[id(queue)].append(queue.popleft())
                 continue
             need = req.num_tokens - req.num_computed_tokens
-            padded = self.pad_to_draft_width(req, need, plan)
+            padded = self._pad_to_draft_width(req, need, plan)
             if padded is None:
                 break  # the padded step does not fit the budget: vLLM prefers not to schedule
             n = padded
@@ -395,7 +395,7 @@ class Scheduler:
         self.kv_holding.extendleft(reversed(skipped[id(self.kv_holding)]))
         self.waiting.extendleft(reversed(skipped[id(self.waiting)]))
 
-    def pad_to_draft_width(self, req: Request, n: int, plan: StepPlan) -> int | None:
+    def _pad_to_draft_width(self, req: Request, n: int, plan: StepPlan) -> int | None:
         """vLLM 0.32 pads an admission that needs exactly 1 token to 1 + k tokens (k placeholder
         drafts) so the step keeps a uniform spec-decode shape, when no running request scheduled
         in this step is mid-prefill. None: the padded step does not fit the budget."""
@@ -405,7 +405,7 @@ class Scheduler:
             return n
         return 1 + self.k if 1 + self.k <= plan.budget else None
 
-    def make_output(self, plan: StepPlan) -> SchedulerOutput:
+    def _make_output(self, plan: StepPlan) -> SchedulerOutput:
         cached = CachedRequestData()
         prev, new_blocks, all_token_ids = self.prev_step_scheduled_req_ids, plan.new_blocks, cached.all_token_ids
         cached_reqs = plan.running + plan.resumed
@@ -489,13 +489,13 @@ class Scheduler:
             else:
                 # A request stopped by output delivered after its preemption: vLLM removes every
                 # copy from the waiting queues, even the one _handle_stopped_request just queued.
-                self.remove_from_waiting(req)
+                self._remove_from_waiting(req)
             if finished:
                 self._free(req, Status.FINISHED_STOPPED if finish == "stop" else Status.FINISHED_LENGTH_CAPPED)
         if self.rules.continuing_requeued_after_cleanup:
             # 0.33.0: each continuing session ends up in exactly one queue, preempted or not.
             for req in continuing:
-                self.enqueue_waiting(req)
+                self._enqueue_waiting(req)
 
     def request_for_output(self, out: SchedulerOutput, rid: str) -> Request | None:
         """The request that step `out`'s output for `rid` goes to; None: ignored. vLLM looks

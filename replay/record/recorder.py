@@ -146,31 +146,9 @@ class Recorder:
         return pa.Table.from_arrays(arrays, schema=schema.SCHEMA)
 
 
-#: The per-row scheduler columns, in the order of the scheduler observer's row tuples.
-SCHEDULE_COLUMNS = (
-    "request_id",
-    "sched_life",
-    "sched_event",
-    "sched_status",
-    "sched_kind",
-    "sched_skip",
-    "sched_num_scheduled_tokens",
-    "sched_num_draft_slots",
-    "sched_num_computed_tokens",
-    "sched_num_output_placeholders",
-    "sched_num_tokens",
-    "sched_num_output_tokens",
-    "sched_num_prompt_tokens",
-    "sched_spec_len",
-    "sched_spec_placeholders",
-    "sched_is_prefill_chunk",
-    "sched_finished_announced",
-    "sched_preempted",
-    "sched_num_in_flight_tokens",
-    "sched_num_stale_output_tokens",
-)
-_APPLY_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("apply_"))
-_WORKER_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("worker_"))
-_TRUTH_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n.startswith("truth_"))
+#: The step's columns (append_step's own arguments) and the per-row scheduler columns, in the order
+#: of the scheduler observer's row tuples: both schema order (traces/schema.py WRITTEN_BY).
+STEP_COLUMNS = schema.columns_written_by("step")
+SCHEDULE_COLUMNS = schema.columns_written_by("scheduler")
 #: Columns filled after the schedule (apply, worker, truth): null until then.
-_LATER_COLUMNS = _APPLY_COLUMNS + _WORKER_COLUMNS + _TRUTH_COLUMNS
+_LATER_COLUMNS = schema.columns_written_by("apply", "worker", "truth")

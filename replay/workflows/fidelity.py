@@ -23,9 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specreplay.replay.engines import registry
 from specreplay.traces.errors import InputError
 
-ENGINES = ("reference", "vllm-scheduler")
+
+def compared_engines() -> tuple[str, ...]:
+    """The engines a seed runs on: those driving a scheduler in specreplay's loop with the same
+    reference runner (the reference models first, then vLLM's real scheduler)."""
+    return registry.loop_engines()
 
 
 @dataclass(frozen=True)
@@ -94,11 +99,11 @@ def compare_seed(impl_name: str, seed: int) -> FidelityCase:
     if reason:  # e.g. an AsyncScheduler variant on a synchronous seed: counted apart, never run as another
         return FidelityCase(seed, False, not_applicable=reason)
     traces = []
-    for engine in ENGINES:
+    for engine in compared_engines():
         try:
             traces.append(run_workload(workload, impl, engine=engine))
         except InputError as exc:
-            if engine == ENGINES[0] or "vllm rejects" not in str(exc):
+            if not registry.engine(engine).needs_vllm or "vllm rejects" not in str(exc):
                 raise  # the workload or the setup is bad: not a finding about the reference
             return FidelityCase(seed, False, f"vLLM rejects a config the reference accepts: {exc}", rejected=str(exc))
     diff = diff_traces(traces[0], traces[1])
@@ -209,9 +214,9 @@ def fidelity_to(output_dir: Path | None, impl_name: str = "upstream", **sweep: A
         entry["workload"] = f"{name}.json"
         if case.rejected:
             continue
-        for engine in ENGINES:
+        for engine in compared_engines():
             write_trace(run_workload(workload, impl, engine=engine), output_dir / f"{name}.{engine}.parquet")
-        entry["traces"] = [f"{name}.{engine}.parquet" for engine in ENGINES]
+        entry["traces"] = [f"{name}.{engine}.parquet" for engine in compared_engines()]
     (output_dir / "fidelity.json").write_text(json.dumps(summary, indent=1) + "\n")
     return report
 

@@ -110,13 +110,10 @@ class RanOtherThanAsked(RuntimeError):
 def check_ran_as_asked(path: str, impl, trace, config, engine: str) -> None:
     """Hold the classes a rerun's header says ran to those `impl` asks for on `engine` (a live
     engine replaces its classes inside vLLM's own processes; its header does not name them)."""
-    if engine == "reference":
-        asked = impl.expected(config)
-    elif engine == "vllm-scheduler":
-        from specreplay.replay.engines.vllm_setup import real_scheduler_class
+    from specreplay.replay.engines.registry import engine as engine_entry
 
-        asked = impl.expected(config, real_scheduler_class(config.async_scheduling))
-    else:
+    asked = engine_entry(engine).expected(impl, config)
+    if asked is None:
         return
     ran = {key: getattr(trace.impl, key) for key in asked}  # the header's fields that describe names
     if ran != asked:
@@ -148,10 +145,12 @@ def golden_plan(golden, where: str, options: GateOptions):
 
 
 def _golden_plan(golden, where: str, options: GateOptions):
+    from specreplay.replay.engines.registry import engine
     from specreplay.replay.workflows.replaying import ReplayPlan, default_oracle, may_be_recording, plan_replay
     from specreplay.replay.workloads.workload import Workload
 
-    oracle = options.oracle or ("synthetic" if options.engine == "vllm" else None)
+    # A live engine makes its own outcomes: on one, a golden reruns its workload.
+    oracle = options.oracle or ("synthetic" if options.engine and not engine(options.engine).takes_oracle else None)
     recording = None
     if oracle is None:
         if not may_be_recording(golden.impl):
@@ -161,8 +160,8 @@ def _golden_plan(golden, where: str, options: GateOptions):
             oracle = default_oracle(recording)
     if oracle == "synthetic":
         workload = Workload.from_dict(golden.workload.to_dict(), f"{where}: workload metadata")
-        engine = options.engine or golden.impl.engine_or_reference()
-        return ReplayPlan(workload, engine, golden.impl.executor, None)
+        engine_name = options.engine or golden.impl.engine_or_reference()
+        return ReplayPlan(workload, engine_name, golden.impl.executor, None)
     return plan_replay(recording or golden.read(), where, engine=options.engine, oracle=oracle)
 
 

@@ -1,7 +1,7 @@
 """Merge: the part files an attached vLLM wrote (`SPECREPLAY_RECORD=DIR`) into one trace.
 
-Where it sits: workflows, over engines (the part files: engines/sink.py; what wrote them:
-engines/attached.py) -> traces. What `specreplay merge DIR -o run.parquet` and
+Where it sits: workflows, over engines (what wrote the part files: engines/attached.py) ->
+traces (their format and readers: traces/parts.py). What `specreplay merge DIR -o run.parquet` and
 `specreplay record --attach` call.
 
 The parts of one run are those whose first line names its run id; a folder holding two runs is
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from specreplay.traces.errors import InputError
-from specreplay.traces.header import ImplHeader, Inputs, Outcome
+from specreplay.traces.header import Inputs
 from specreplay.traces.trace import Trace
 
 INPUT_KINDS = ("request", "stream", "abort", "event")
@@ -57,16 +57,13 @@ def merge_to(folder: Path, output: Path, run: str | None = None) -> Merged:
 
 
 def merge_folder(folder: Path, run: str | None = None) -> Merged:
+    from specreplay.replay.engines.outcome import run_outcome
+    from specreplay.replay.engines.registry import ATTACHED
     from specreplay.replay.engines.run import trace_header
-    from specreplay.replay.engines.sink import (
-        collect_inputs,
-        merge_rows,
-        observer_failures,
-        ran_classes,
-        read_parts,
-        rows_to_table,
-    )
+    from specreplay.replay.engines.sink import rows_to_table
+    from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.config import EngineConfig
+    from specreplay.traces.parts import collect_inputs, merge_rows, observer_failures, ran_classes, read_parts
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -112,24 +109,22 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     last_step = rows[-1]["step"] if rows else 0
     workload = workload_of(inputs, config, run, last_step, rows)
     ran = ran_classes(parts)
-    impl_doc = ImplHeader(
-        name="upstream",
-        engine="vllm (attached)",
-        executor="multiproc" if len({p.header.get("pid") for p in parts}) > 1 else "inproc",
-        scheduler=ran.get("scheduler", config_event.get("scheduler_cls", "?")),
-        runner=ran.get("runner", "GPUModelRunner (attached)"),
+    # vLLM as it is (no variant: upstream), the classes its processes reported running.
+    impl_doc = ATTACHED.describe(
+        resolve("upstream", allow_import=False),
+        ran.get("scheduler", config_event.get("scheduler_cls", "?")),
+        ran.get("runner", "GPUModelRunner (attached)"),
+        config,
         models=f"vllm {core.header.get('vllm', '?')}",
+        executor="multiproc" if len({p.header.get("pid") for p in parts}) > 1 else "inproc",
         model=config_event.get("model", "?"),
         drafter=config_event.get("drafter", "none"),
         run=run,
-        extra={} if run is not None else {"run": None},  # parts without a run id: written as null
         patches=sorted({patch for p in parts for patch in p.header.get("patches", [])}),
     )
     failures = observer_failures(parts)
     dropped += [f"recording stopped: {failure}" for failure in failures]
-    outcome = Outcome(status="completed")
-    if dropped:
-        outcome = Outcome(status="partial", step=last_step, message="; ".join(dropped)[:500])
+    outcome = run_outcome(last_step, partial="; ".join(dropped) if dropped else None)
     header = trace_header(workload, impl_doc, "cpu", outcome, config)
     trace = replace(header, table=rows_to_table(rows), inputs=Inputs.from_dict(inputs) if inputs else None)
     return Merged(Path(), trace, str(run), len(parts), dropped, failures)

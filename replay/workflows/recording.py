@@ -124,7 +124,6 @@ def record_to(
     from specreplay.traces.journal import holds_steps
 
     implementation = resolve(impl, allow_import=allow_import, executor=executor)
-    implementation.require_applies(workload.config, f"workload {workload.name!r}")  # nothing runs in its place
     check_device(device)
     journal = _claim_journal(output)
     with (progress or _no_progress)(f"{workload.name} via {implementation.name}") as update:

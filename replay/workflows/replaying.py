@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from specreplay.replay.engines.registry import DEFAULT_ENGINE, engine_of, replay_engines
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
 from specreplay.traces.header import ImplHeader
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
     from specreplay.traces.io import TraceFile
 
 ORACLES = ("recorded", "synthetic")
-#: Engines a recording's outcomes can drive (a live engine makes its own).
-REPLAY_ENGINES = ("reference", "vllm-scheduler")
+#: Engines a recording's outcomes can drive (a live engine makes its own): engines/registry.py.
+REPLAY_ENGINES = replay_engines()
 
 
 @dataclass
@@ -48,7 +49,7 @@ def default_oracle(trace: Trace) -> str:
 def may_be_recording(impl: ImplHeader) -> bool:
     """From the metadata alone (no rows read): a live or attached vLLM's trace, or a run on one's
     outcomes; only such a trace's default oracle can be its recorded outcomes."""
-    return impl.engine_or_reference() not in REPLAY_ENGINES or impl.outcomes is not None
+    return (impl.engine or DEFAULT_ENGINE) not in REPLAY_ENGINES or impl.outcomes is not None
 
 
 def replayed(trace: Trace) -> bool:
@@ -75,7 +76,8 @@ def observed_workload(trace: Trace, workload: Workload) -> Workload:
     Any other trace ran its inputs at its workload's steps."""
     from specreplay.replay.workflows.merge import workload_of
 
-    if trace.inputs is None or not (trace.impl.engine == "vllm" and trace.impl.executor == "multiproc"):
+    entry = engine_of(trace.impl)
+    if trace.inputs is None or entry is None or entry.inputs_at_workload_steps(trace.impl.executor):
         return workload
     rows = trace.table.select(["step", "request_id", "sched_event"]).to_pylist()
     observed = workload_of(trace.inputs.to_dict(), workload.config, workload.name, workload.max_steps, rows)
@@ -103,11 +105,11 @@ def plan_replay(
         workload = trace_workload(trace, where)
         if not replayed(trace):  # a replay's workload is already the one that ran
             workload = observed_workload(trace, workload)
-    recorded_engine = trace.impl.engine_or_reference()
+    recorded_engine = trace.impl.engine or DEFAULT_ENGINE
     executor = trace.impl.executor
     if mode == "synthetic":
         return ReplayPlan(workload, engine or recorded_engine, executor, None)
-    engine = engine or (recorded_engine if recorded_engine in REPLAY_ENGINES else "reference")
+    engine = engine or (recorded_engine if recorded_engine in REPLAY_ENGINES else DEFAULT_ENGINE)
     if engine not in REPLAY_ENGINES:
         raise InputError(
             f"--engine {engine}: a live engine makes its own outcomes; replay a recording's through "

@@ -7,7 +7,7 @@ independent of the `random` scenario and of explore's profiles: those aim at the
 specreplay hunts, this one aims at the corners of the configuration space where a model of the
 scheduler could part from the real one.
 
-What one seed draws (see the README's fidelity section):
+What one seed draws (docs/fidelity.md has the table):
 - k (num_spec_tokens) 0 to 8; lookahead 0, k, or in between (vLLM's drafters ask 0 or k);
 - block size 16, 32 or 64 (sometimes 8); KV blocks from one request's worth (+0 to 2 spare)
   to plenty;

@@ -1,4 +1,4 @@
-"""Schema round trip and the reader's validation of broken files."""
+"""Schema round trip, the reader's validation of broken files and the writer's of broken rows."""
 
 from __future__ import annotations
 
@@ -162,3 +162,26 @@ def test_a_v2_trace_reads_with_its_v3_columns_null_and_diffs_without_them(tmp_pa
     assert diff_traces(fresh, fresh).left_out == []
     again = read_trace(write_trace(golden, tmp_path / "upgraded.parquet"))
     assert again.schema_version == 2 and again.table.equals(golden.table)
+
+
+def test_the_recorder_refuses_to_write_rows_that_fail_validation(tmp_path, reentry_traces):
+    """A recorder bug (here: a negative count) is caught at record time, before the file exists."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    from specreplay.traces.errors import RecordingError
+    from specreplay.traces.io import write_trace
+
+    trace = reentry_traces["upstream"]
+    table = trace.table
+    at = table.schema.get_field_index("sched_num_tokens")
+    broken = dataclasses.replace(
+        trace, table=table.set_column(at, table.schema.field(at), pa.array([-1] * table.num_rows, pa.int32()))
+    )
+    with pytest.raises(RecordingError, match="sched_num_tokens holds -1"):
+        write_trace(broken, tmp_path / "bad.parquet")
+    assert not (tmp_path / "bad.parquet").exists()
+    bad_outcome = dataclasses.replace(trace, outcome={"status": "exploded"})
+    with pytest.raises(RecordingError, match="outcome status"):
+        write_trace(bad_outcome, tmp_path / "bad.parquet")

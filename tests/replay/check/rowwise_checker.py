@@ -27,58 +27,12 @@ from collections.abc import Callable, Iterator
 # is stated here is the rules and the evidence they find, not its presentation.
 from specreplay.replay.check.catalogue import BY_CODE, INVARIANTS, RANK
 from specreplay.replay.check.findings import Finding
+from specreplay.replay.check.frames import NEEDED
 from specreplay.replay.check.limits import max_tokens_by_life
 from specreplay.traces.trace import Trace
 
-_NEEDED = (
-    "step",
-    "request_id",
-    "step_total_scheduled_tokens",
-    "sched_status",
-    "sched_kind",
-    "sched_num_scheduled_tokens",
-    "sched_num_draft_slots",
-    "sched_num_computed_tokens",
-    "sched_num_output_placeholders",
-    "sched_num_tokens",
-    "sched_num_output_tokens",
-    "sched_spec_len",
-    "sched_is_prefill_chunk",
-    "sched_preempted",
-    "apply_step",
-    "apply_num_scheduled_tokens",
-    "apply_num_draft_slots",
-    "apply_num_rejected",
-    "apply_num_tokens",
-    "apply_token_mismatches",
-    "apply_num_output_placeholders",
-    "worker_row",
-    "worker_num_scheduled_tokens",
-    "worker_num_draft_slots",
-    "worker_num_computed_tokens",
-    "worker_first_position",
-    "worker_cached_drafts",
-    "worker_draft_ids",
-    "worker_num_output_tokens",
-    "worker_num_emitted",
-    "worker_in_prev_map",
-    "truth_num_computed_tokens",
-    "truth_kv_ok",
-    "sched_life",
-    "sched_event",
-    "sched_num_in_flight_tokens",
-    "sched_num_stale_output_tokens",
-    "apply_outcome",
-    "apply_life",
-    "sched_num_prompt_tokens",
-    "apply_finish_reason",
-    "truth_kv_foreign_positions",
-    "truth_kv_foreign_writer",
-    "truth_kv_unowned_blocks",
-    "truth_kv_block_owner",
-    "truth_kv_unowned_writes",
-    "worker_kept_finished",
-)
+# The checker's columns (derived from the schema and its loader), whatever states the rules.
+_NEEDED = NEEDED
 
 
 class TraceRows:

@@ -5,7 +5,7 @@ set: it builds a tiny dummy-weight `vllm.LLM` (async scheduling, ngram_gpu, k = 
 requests through the engine's own API (arrivals over several steps, one abort), steps it to the
 end (or N steps, then sleeps until killed with --slow) and writes what the client received per
 request; with --generate, one `LLM.generate` call on ten prompts instead.
-specreplay appears only to write the tiny model's config.json.
+specreplay appears only to build the engine's arguments (vllm_setup.engine_args: the tiny model's config.json).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 
 from vllm import LLM, SamplingParams
 
-from specreplay.replay.engines.vllm_setup import speculative_config, tiny_model_dir
+from specreplay.replay.engines.vllm_setup import engine_args
 from specreplay.replay.workloads.config import EngineConfig
 
 
@@ -24,23 +24,7 @@ def main() -> None:
     out_path = sys.argv[1]
     steps_limit = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else None
     config = EngineConfig(max_num_batched_tokens=32, max_num_seqs=8, num_spec_tokens=3, block_size=32, num_blocks=64)
-    llm = LLM(
-        model=tiny_model_dir(config),
-        load_format="dummy",
-        dtype="float32",
-        skip_tokenizer_init=True,
-        max_model_len=config.max_model_len,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs,
-        block_size=config.block_size,
-        num_gpu_blocks_override=config.num_blocks,
-        enable_prefix_caching=False,
-        enforce_eager=True,
-        async_scheduling=True,
-        seed=0,
-        speculative_config=speculative_config(config),
-        disable_log_stats=True,
-    )
+    llm = LLM(**engine_args(config))  # async scheduling (the config's default), ngram_gpu, k = 3
     if "--generate" in sys.argv:  # the everyday call: LLM.generate on a batch of prompts
         generate(llm, out_path)
         return

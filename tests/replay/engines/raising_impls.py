@@ -1,8 +1,9 @@
 """Implementations under test that raise, as a plugin's bug does, at a step the tests know.
 
 Loaded as a user's would be: `--impl tests.replay.engines.raising_impls:NAME` (tests/replay/
-engines/test_impl_raises.py). Each variant counts the engine steps it takes part in itself (no
-class-level state) and breaks at CRASH_STEP.
+engines/test_impl_raises.py; RefusingRunner also by tests/traces/test_journal.py and
+tests/replay/workflows/test_recording_unit.py). Each variant counts the engine steps it takes
+part in itself (no class-level state) and breaks at CRASH_STEP.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.models.runner import GPUModelRunner
 from specreplay.replay.models.scheduler import AsyncScheduler
+from specreplay.traces.errors import InputError
 
 CRASH_STEP = 6
 
@@ -106,3 +108,14 @@ BOTH = Implementation("both", "the two raising variants", scheduler=AssertingSch
 
 def not_an_implementation():
     """A function: not a class of any kind --impl takes."""
+
+
+class RefusingRunner(GPUModelRunner):
+    """Raises InputError inside step CRASH_STEP's execute_model: a run stopped by an input error,
+    which leaves the journal to recover (an exception of its own would be the engine's death, a
+    crashed trace). Shared by the journal and recording-workflow tests."""
+
+    def execute_model(self, out):
+        if out.step == CRASH_STEP:
+            raise InputError(f"the runner refuses step {CRASH_STEP}")
+        return super().execute_model(out)

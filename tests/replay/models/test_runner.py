@@ -45,10 +45,9 @@ def test_reentering_request_is_removed_then_readded_without_correction(reentry_t
 def test_decode_rows_are_corrected_by_the_rejections_of_the_previous_step():
     from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
-    from specreplay.replay.workloads.config import EngineConfig
-    from specreplay.replay.workloads.workload import RequestSpec, Workload
+    from specreplay.replay.workloads.notation import workload_from_notation
 
-    w = Workload((RequestSpec("a", 1, 5, 12),), EngineConfig(num_spec_tokens=3), acceptance="alternate")
+    w = workload_from_notation("a:p5,t12 | k3 alternate")
     df = run_workload(w, resolve("upstream", allow_import=False)).table.to_pandas()
     dec = df[(df.sched_num_scheduled_tokens > 0) & df.worker_in_prev_map.fillna(False)]
     prev = df.set_index("step")
@@ -64,14 +63,9 @@ def test_drafter_is_skipped_for_the_whole_batch_near_max_model_len():
     longer fits the drafter (max_model_len here)."""
     from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
-    from specreplay.replay.workloads.config import EngineConfig
-    from specreplay.replay.workloads.workload import RequestSpec, Workload
+    from specreplay.replay.workloads.notation import workload_from_notation
 
-    w = Workload(
-        (RequestSpec("0", 1, 40, 24), RequestSpec("1", 1, 3, 40)),
-        EngineConfig(max_model_len=64, num_spec_tokens=3),
-        acceptance="all",
-    )
+    w = workload_from_notation("0:p40,t24 1:p3,t40 | len 64 k3")
     df = run_workload(w, resolve("upstream", allow_import=False)).table.to_pandas()
     one = df[(df.request_id == "1") & (df.sched_num_draft_slots > 0)].set_index("step")
     longest = (
@@ -84,16 +78,3 @@ def test_drafter_is_skipped_for_the_whole_batch_near_max_model_len():
     for m in skipped:
         assert one.loc[m].worker_num_accepted == 0 and list(one.loc[m].worker_draft_ids) == [0, 0, 0]
     assert (one.drop(index=skipped).worker_num_accepted == 3).all()
-
-
-def test_the_recorder_fills_every_schema_column_once_per_row():
-    """The scheduler observer fills columns in bulk from its row tuples: each schema column must come from
-    exactly one place (the step, the step total, a scheduler field, or the later apply, worker and
-    truth groups), or a trace would shift columns against each other."""
-    from specreplay.replay.record import recorder
-    from specreplay.traces import schema
-
-    sources = (
-        ("step", "step_total_scheduled_tokens", "step_event") + recorder.SCHEDULE_COLUMNS + recorder._LATER_COLUMNS
-    )
-    assert sorted(sources) == sorted(schema.COLUMN_NAMES)

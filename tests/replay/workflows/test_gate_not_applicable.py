@@ -1,22 +1,19 @@
-"""What ran is what was asked (issue 21), at the library's level: `Implementation.why_not`, no
-silent stand-in on any engine's class picking, the gate's `n/a`, its reports, `--update`, the
-pytest plugin, and the gate's check of the classes a rerun's header says ran."""
+"""What ran is what was asked (issue 21), at the gate's level: the gate's `n/a`, its reports,
+`--update`, the pytest plugin, and the gate's check of the classes a rerun's header says ran.
+(`Implementation.why_not` and the classes a run picks: tests/replay/impls/test_applicability.py.)"""
 
 from __future__ import annotations
 
 import shutil
 import xml.etree.ElementTree as ET
-from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
 
 from specreplay.cli.gate_reports import github_annotations, junit_xml, markdown_summary, summary_line
 from specreplay.cli.main import main
-from specreplay.replay.engines.run import run_workload
-from specreplay.replay.impls.registry import Implementation, NotApplicable, resolve
-from specreplay.replay.models.runner import GPUModelRunner
-from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
+from specreplay.replay.impls.registry import Implementation, resolve
+from specreplay.replay.models.scheduler import Scheduler
 from specreplay.replay.workflows.gate import (
     GateOptions,
     GateResult,
@@ -27,74 +24,7 @@ from specreplay.replay.workflows.gate import (
     update_goldens,
 )
 from specreplay.replay.workflows.pytest_plugin import GoldenNotApplicable, gate_or_fail
-from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.scenarios import build_scenario
-
-SYNC = EngineConfig(async_scheduling=False)
-ASYNC = EngineConfig(async_scheduling=True)
-NO_DRAFTS = EngineConfig(num_spec_tokens=0)
-
-
-def builtin(name: str) -> Implementation:
-    return resolve(name, allow_import=False)
-
-
-@pytest.mark.parametrize("name", ["sched-clear", "life-guard"])
-def test_async_scheduler_variants_do_not_apply_to_sync_workloads(name):
-    reason = builtin(name).why_not(SYNC)
-    assert "is an AsyncScheduler and the workload is synchronous; pass an async workload" in reason
-    assert "subclass" not in reason  # a built-in: nothing for the user to subclass
-    assert builtin(name).why_not(ASYNC) is None
-    with pytest.raises(NotApplicable, match=f"{name} does not apply to the workload"):
-        builtin(name).make_scheduler(SYNC)  # never the plain Scheduler in its place
-    with pytest.raises(NotApplicable):
-        builtin(name).real_scheduler_class(object, SYNC)  # nor vLLM's plain Scheduler
-
-
-@pytest.mark.parametrize("name", ["pr30796", "pr30796-copy", "noclamp"])
-def test_draft_slot_runner_variants_need_draft_slots(name):
-    reason = builtin(name).why_not(NO_DRAFTS)
-    assert "the workload books no draft slots (num_spec_tokens = 0); pass a workload with num_spec_tokens > 0" in reason
-    assert builtin(name).why_not(SYNC) is None and builtin(name).why_not(ASYNC) is None
-    workload = build_scenario("reentry", 0)
-    workload = replace(workload, config=replace(workload.config, num_spec_tokens=0))
-    with pytest.raises(NotApplicable, match="workload 'reentry'"):
-        run_workload(workload, builtin(name))
-
-
-def test_upstream_applies_everywhere():
-    for config in (SYNC, ASYNC, NO_DRAFTS, replace(NO_DRAFTS, async_scheduling=False)):
-        assert builtin("upstream").why_not(config) is None
-
-
-class OnlyBigBatches(GPUModelRunner):
-    """A user runner that declares where it applies."""
-
-    @classmethod
-    def why_not(cls, config):
-        if config.max_num_batched_tokens < 100:
-            return "OnlyBigBatches needs a budget of 100 tokens or more; pass a workload with one"
-        return None
-
-
-def test_a_user_class_declares_its_own_applicability():
-    impl = Implementation("mine", "user runner", runner=OnlyBigBatches, user_code=True)
-    assert impl.why_not(replace(ASYNC, max_num_batched_tokens=40)).startswith("OnlyBigBatches needs")
-    assert impl.why_not(replace(ASYNC, max_num_batched_tokens=400)) is None
-    with pytest.raises(NotApplicable, match="OnlyBigBatches needs a budget"):
-        run_workload(build_scenario("reentry", 0), impl)  # budget 40
-
-
-def test_the_header_names_the_classes_that_ran():
-    workload = build_scenario("reentry-sync", 0)
-    trace = run_workload(workload, builtin("pr30796-copy"))
-    assert trace.impl.scheduler == "specreplay.replay.models.scheduler.Scheduler"
-    assert trace.impl.runner == "specreplay.replay.impls.variants.DropReentryDraftsRunner"
-    assert trace.impl.executor == "multiproc"
-    assert trace.impl.models == f"specreplay reference of vllm {workload.config.vllm_version}"
-    assert builtin("pr30796-copy").expected(workload.config) == {
-        key: getattr(trace.impl, key) for key in ("scheduler", "runner", "executor")
-    }
 
 
 def sync_goldens(tmp_path):
@@ -178,14 +108,6 @@ def test_gate_stops_when_a_rerun_ran_other_classes_than_asked(tmp_path):
     assert result.exit_code == 3 and "RanOtherThanAsked" in result.output and "a specreplay bug" in result.output
 
 
-def test_an_async_user_scheduler_on_async_goldens_is_what_ran():
-    impl = Implementation("mine", "user", scheduler=type("Mine", (AsyncScheduler,), {}), user_code=True)
-    result = gate_one(str(corpus_dir() / "reentry.parquet"), GateOptions(impl="upstream"))
-    assert result.result == "pass"
-    assert impl.why_not(ASYNC) is None and "Mine is an AsyncScheduler" in impl.why_not(SYNC)
-    assert "subclass Scheduler for synchronous workloads" in impl.why_not(SYNC)
-
-
 @pytest.mark.vllm
 def test_a_real_scheduler_rerun_is_held_to_the_variants_real_form():
     """On --engine vllm-scheduler the header names the variant's subclass of vLLM's class, as asked."""
@@ -193,7 +115,9 @@ def test_a_real_scheduler_rerun_is_held_to_the_variants_real_form():
 
     result = gate_one(str(corpus_dir() / "reentry.parquet"), GateOptions(impl="sched-clear", engine="vllm-scheduler"))
     assert result.result == "changed", result.message  # ran, and cleared the stale placeholders
-    asked = builtin("sched-clear").expected(build_scenario("reentry").config, real_scheduler_class(True))
+    asked = resolve("sched-clear", allow_import=False).expected(
+        build_scenario("reentry").config, real_scheduler_class(True)
+    )
     assert asked["scheduler"].endswith("ClearStalePlaceholders(AsyncScheduler)")
     sync = gate_one(
         str(corpus_dir() / "reentry-sync.parquet"), GateOptions(impl="sched-clear", engine="vllm-scheduler")

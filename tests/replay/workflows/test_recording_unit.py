@@ -13,6 +13,9 @@ from specreplay.traces.errors import InputError
 from specreplay.traces.io import read_trace
 from specreplay.traces.journal import journal_path
 
+#: Stops with an input error inside step 6 (shared with tests/traces/test_journal.py).
+REFUSING = "tests.replay.engines.raising_impls:RefusingRunner"
+
 
 def test_record_to_writes_the_trace_and_removes_the_journal(tmp_path):
     out = tmp_path / "r.parquet"
@@ -22,7 +25,7 @@ def test_record_to_writes_the_trace_and_removes_the_journal(tmp_path):
     assert "X10-scheduler-output-mutated" in {f.code for f in recorded.findings}
 
 
-def test_record_to_drops_an_empty_journal_and_refuses_one_that_holds_steps(tmp_path, monkeypatch):
+def test_record_to_drops_an_empty_journal_and_refuses_one_that_holds_steps(tmp_path):
     out = tmp_path / "r.parquet"
     journal_path(out).write_bytes(b"")  # died before its first flush: nothing to keep
     record_to(out, pick_workload("reentry"), "upstream")
@@ -30,19 +33,9 @@ def test_record_to_drops_an_empty_journal_and_refuses_one_that_holds_steps(tmp_p
 
     # A run stopped by an input error at step 6 (an exception of the implementation's own would be
     # the engine's death: a crashed trace, tests/replay/engines/test_impl_raises.py).
-    (tmp_path / "crashat6.py").write_text(
-        "from specreplay.replay.models.runner import GPUModelRunner\n"
-        "from specreplay.traces.errors import InputError\n"
-        "class CrashAt6(GPUModelRunner):\n"
-        "    def execute_model(self, out):\n"
-        "        if out.step == 6:\n"
-        "            raise InputError('the engine refuses step 6')\n"
-        "        return super().execute_model(out)\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
     cut = tmp_path / "cut.parquet"
     with pytest.raises(InputError, match="specreplay recover"):
-        record_to(cut, pick_workload("reentry"), "crashat6:CrashAt6", flush_every=1)
+        record_to(cut, pick_workload("reentry"), REFUSING, flush_every=1)
     assert journal_path(cut).exists() and not cut.exists()
     with pytest.raises(InputError, match="recover it first"):
         record_to(cut, pick_workload("reentry"), "upstream")

@@ -1,48 +1,9 @@
-"""The batched hot paths give what the per-row ones gave: the oracle's drafts and mismatches for
-a whole batch, the recorder's bulk column fills (issue 20)."""
+"""The recorder's bulk column fills give what the per-row fills gave (issue 20's batched hot
+paths), and every schema column is filled from exactly one place."""
 
 from __future__ import annotations
 
-import random
-
-import pytest
-
 from specreplay.replay.record.recorder import Recorder
-from specreplay.replay.workloads import tokens
-from specreplay.replay.workloads.config import EngineConfig
-from specreplay.replay.workloads.oracle import Oracle
-from specreplay.replay.workloads.workload import RequestSpec, Workload
-
-KINDS = ("all", "none", "alternate", "random:0.3", "random:0.7")
-
-
-def _oracle() -> Oracle:
-    specs = tuple(RequestSpec(str(i), 1, 5 + i, 20, acceptance=a) for i, a in enumerate(KINDS))
-    return Oracle(Workload(specs, EngineConfig(), name="batched"))
-
-
-def _draft_by_rule(oracle: Oracle, rid: str, q: int) -> int:
-    """The drafter's rule written out per position (workloads/tokens.py)."""
-    kind, p = oracle._acceptance[rid]
-    true = oracle.token_at(rid, q)
-    return true if tokens.draft_is_correct(kind, p, oracle.workload.seed, rid, q) else (true + 1) % oracle.vocab
-
-
-@pytest.mark.parametrize("k", [1, 3, 4])
-def test_draft_rows_equal_the_rule_row_by_row(k):
-    oracle, rng = _oracle(), random.Random(k)
-    rids = [str(rng.randrange(len(KINDS))) for _ in range(64)]
-    firsts = [rng.randrange(0, 120) for _ in rids]  # past the precomputed end too: extended in bulk
-    batch = oracle.draft_rows(rids, firsts, k, [None] * len(rids)).tolist()
-    assert batch == [[_draft_by_rule(oracle, r, f + j) for j in range(k)] for r, f in zip(rids, firsts)]
-    assert batch == [oracle.drafts(r, f, k) for r, f in zip(rids, firsts)]
-
-
-def test_mismatches_count_against_the_expected_tokens():
-    oracle = _oracle()
-    expected = [oracle.token_at("3", 8 + 10 + j) for j in range(4)]
-    assert oracle.mismatches("3", 10, expected) == 0
-    assert oracle.mismatches("3", 10, [expected[0], -5, expected[2], 7 if expected[3] != 7 else 8]) == 2
 
 
 def test_fill_columns_is_fill_row_by_row():
@@ -96,3 +57,16 @@ def test_fill_column_groups_is_fill_many_row_by_row():
     assert streaming.calls == [fills]
     assert [list(d) for _, d in streaming.calls[0]] == [list(d) for _, d in fills]
     assert one.table().equals(bulk.table())
+
+
+def test_the_recorder_fills_every_schema_column_once_per_row():
+    """The scheduler observer fills columns in bulk from its row tuples: each schema column must come from
+    exactly one place (the step, the step total, a scheduler field, or the later apply, worker and
+    truth groups), or a trace would shift columns against each other."""
+    from specreplay.replay.record import recorder
+    from specreplay.traces import schema
+
+    sources = (
+        ("step", "step_total_scheduled_tokens", "step_event") + recorder.SCHEDULE_COLUMNS + recorder._LATER_COLUMNS
+    )
+    assert sorted(sources) == sorted(schema.COLUMN_NAMES)

@@ -1,5 +1,7 @@
 """Crash-safe recording: a recording killed at random moments (SIGKILL), or stopped by an exception,
-leaves a journal whose every flushed step is there, whole and equal to a run that finished."""
+leaves a journal whose every flushed step is there, whole and equal to a run that finished.
+
+The journal is traces/journal.py's; these tests hold it end to end, through `record` and `recover`."""
 
 from __future__ import annotations
 
@@ -180,50 +182,16 @@ def test_recover_refuses_what_is_not_a_journal(tmp_path, junk):
     assert result.exit_code == 2 and result.output.count("\n") == 1
 
 
-def test_the_recorder_refuses_to_write_rows_that_fail_validation(tmp_path, reentry_traces):
-    """A recorder bug (here: a negative count) is caught at record time, before the file exists."""
-    import dataclasses
-
-    import pyarrow as pa
-
-    from specreplay.traces.errors import RecordingError
-    from specreplay.traces.io import write_trace
-
-    trace = reentry_traces["upstream"]
-    table = trace.table
-    at = table.schema.get_field_index("sched_num_tokens")
-    broken = dataclasses.replace(
-        trace, table=table.set_column(at, table.schema.field(at), pa.array([-1] * table.num_rows, pa.int32()))
-    )
-    with pytest.raises(RecordingError, match="sched_num_tokens holds -1"):
-        write_trace(broken, tmp_path / "bad.parquet")
-    assert not (tmp_path / "bad.parquet").exists()
-    bad_outcome = dataclasses.replace(trace, outcome={"status": "exploded"})
-    with pytest.raises(RecordingError, match="outcome status"):
-        write_trace(bad_outcome, tmp_path / "bad.parquet")
-
-
-def test_a_step_cut_short_by_an_exception_is_left_out_of_the_journal(tmp_path, monkeypatch):
+def test_a_step_cut_short_by_an_exception_is_left_out_of_the_journal(tmp_path):
     """The run stops on an error inside step 6 (an input error: an exception of the runner's own
     would be the engine's death, a crashed trace): the journal ends with step 5, both views
     whole, so the recovered trace has no false finding where the step was cut."""
     from specreplay.replay.check.checker import check_trace
 
-    (tmp_path / "crashyrunner.py").write_text(
-        "from specreplay.replay.models.runner import GPUModelRunner\n"
-        "from specreplay.traces.errors import InputError\n"
-        "class CrashAt6(GPUModelRunner):\n"
-        "    def execute_model(self, out):\n"
-        "        if out.step == 6:\n"
-        "            raise InputError('runner bug at step 6')\n"
-        "        return super().execute_model(out)\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "cut.parquet"
-    result = CliRunner().invoke(
-        main, ["record", "--scenario", "reentry", "--impl", "crashyrunner:CrashAt6", "-o", str(out)]
-    )
-    assert result.exit_code == 2 and "runner bug at step 6" in result.output
+    impl = "tests.replay.engines.raising_impls:RefusingRunner"  # an InputError inside step 6
+    result = CliRunner().invoke(main, ["record", "--scenario", "reentry", "--impl", impl, "-o", str(out)])
+    assert result.exit_code == 2 and "the runner refuses step 6" in result.output
     recovered = recover(journal_path(out))
     assert recovered.outcome.step == 5
     assert not [f for f in check_trace(recovered) if f.code == "X1-batch-membership"]

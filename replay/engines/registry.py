@@ -1,0 +1,288 @@
+"""The engines and runner families a run can take, each an entry that builds it and says what it supports.
+
+Where it sits: workloads -> models -> impls -> record -> **engines** -> check. Every other module
+asks an entry (`engine(name)`, `runner_family(name)`) instead of comparing names: whether an
+engine replays a recording's outcomes, needs vLLM, runs a variant's real forms; how it builds
+its scheduler; which classes a run of an implementation on it is asked to run (the gate's
+check); what its trace header calls its models. Adding an engine or a runner family is adding
+an entry here. Light to import (the CLI's choices come from here): vLLM, torch and the engines'
+modules load only when an entry builds or runs something.
+
+Engines:
+  reference       specreplay's models of vLLM's schedulers, the reference runner
+  vllm-scheduler  the installed vLLM's real Scheduler / AsyncScheduler, the reference runner
+  vllm            a live tiny vLLM engine: its own scheduler and model runner (engines/live.py)
+  vllm (attached) a user's own vLLM recorded in place (engines/attached.py; what merge names)
+
+Runner families (the reference runner a loop engine drives):
+  v1              vLLM's V1 GPUModelRunner (replay/models/runner.py)
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from specreplay.traces.errors import InputError
+from specreplay.traces.header import ImplHeader
+
+if TYPE_CHECKING:
+    from specreplay.replay.impls.registry import Implementation
+    from specreplay.replay.workloads.config import EngineConfig
+    from specreplay.replay.workloads.oracle import Oracle
+
+
+def _load(path: str) -> Any:
+    """`module:attr`, imported when asked (an entry names its classes without loading them)."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+# ====================================================================== runner families
+@dataclass(frozen=True)
+class RunnerFamily:
+    """A family of model runners: the reference model a loop engine drives (a variant's `runner`
+    subclasses it), and the vLLM class it models (what a live engine runs)."""
+
+    name: str
+    summary: str
+    reference: str  # module:attr of specreplay's reference model of the runner
+    real: str  # module:attr of the vLLM runner class it models
+
+    def reference_class(self) -> type:
+        return _load(self.reference)
+
+    def build(self, impl: Implementation, config: EngineConfig, oracle: Oracle, device: str) -> Any:
+        """The runner of `impl` in this family: its variant's class, or the family's reference."""
+        return impl.make_runner(config, oracle, device, default=self.reference_class())
+
+
+RUNNERS: dict[str, RunnerFamily] = {
+    family.name: family
+    for family in (
+        RunnerFamily(
+            "v1",
+            "vLLM's V1 GPUModelRunner",
+            reference="specreplay.replay.models.runner:GPUModelRunner",
+            real="vllm.v1.worker.gpu_model_runner:GPUModelRunner",
+        ),
+    )
+}
+DEFAULT_RUNNER = "v1"
+
+
+def runner_family(name: str) -> RunnerFamily:
+    if name not in RUNNERS:
+        raise InputError(f"unknown runner family {name!r}; known: {', '.join(RUNNERS)}")
+    return RUNNERS[name]
+
+
+# ====================================================================== engines
+@dataclass(frozen=True)
+class Engine:
+    """One engine: what it supports, how it builds what the loop drives, how its header names it."""
+
+    name: str
+    summary: str
+    choosable: bool = True  # `--engine` takes it
+    takes_oracle: bool = False  # a recording's outcomes can drive it (it runs the reference runner)
+    needs_vllm: bool = False
+    real_scheduler: bool = False  # runs a variant's real_scheduler form (vLLM's class)
+    real_runner: bool = False  # runs a variant's real_runner form (vLLM's GPUModelRunner)
+    drives_itself: bool = False  # a live vLLM: its own busy loop; the input driver only feeds it
+    runner: str | None = DEFAULT_RUNNER  # the runner family a loop engine builds; None: vLLM's own
+
+    def refuse(self, impl: Implementation, config: EngineConfig, where: str = "the workload") -> None:
+        """Decide, once per run and before anything is built, whether `impl` runs here: it applies
+        to the workload (`Implementation.why_not`; NotApplicable otherwise) and has the forms this
+        engine runs (one InputError line otherwise)."""
+        impl.require_applies(config, where)
+        if self.real_scheduler or self.real_runner:
+            impl.require_real_forms(self.name, runner=self.real_runner)
+
+    def build_scheduler(self, impl: Implementation, config: EngineConfig) -> tuple[Any, Any]:
+        """(what the loop calls, the vLLM-shaped scheduler the observer watches)."""
+        raise InputError(f"--engine {self.name} drives itself: there is no scheduler to build for the loop")
+
+    def models(self, config: EngineConfig) -> str:
+        """What the trace header calls the models that ran."""
+        return f"specreplay reference of vllm {config.vllm_version}"
+
+    def real_base(self, config: EngineConfig) -> type | None:
+        """vLLM's (Async)Scheduler class the variant's real form builds on; None: the reference's."""
+        return None
+
+    def expected(self, impl: Implementation, config: EngineConfig) -> dict[str, str] | None:
+        """The classes and executor a run of `impl` here is asked to run, as its header names
+        them (the gate's check); None where the header cannot say (a live engine replaces its
+        classes inside vLLM's own processes)."""
+        return impl.expected(config, self.real_base(config))
+
+    def inputs_at_workload_steps(self, executor: str | None) -> bool:
+        """Did the recorded inputs land at the workload's steps (else: where the engine took them)?"""
+        return True
+
+    def run(self, workload: Any, impl: Implementation, device: str, model: str | None, progress: Callable | None):
+        """Run the whole workload (an engine that `drives_itself`; the others are driven by the loop)."""
+        raise InputError(f"--engine {self.name} is driven by the engine loop, it does not run by itself")
+
+    def describe(
+        self,
+        impl: Implementation,
+        scheduler: Any,
+        runner: Any,
+        config: EngineConfig,
+        *,
+        models: str | None = None,
+        executor: str | None = None,
+        **more: Any,
+    ) -> ImplHeader:
+        """What ran on this engine, for the trace header (`Implementation.describe`: the objects
+        that ran, or the class names a vLLM process reported); `models` default: this engine's."""
+        return impl.describe(
+            scheduler,
+            self.name,
+            runner=runner,
+            config=config,
+            models=models or self.models(config),
+            executor=executor,
+            **more,
+        )
+
+
+@dataclass(frozen=True)
+class ReferenceEngine(Engine):
+    def build_scheduler(self, impl: Implementation, config: EngineConfig) -> tuple[Any, Any]:
+        scheduler = impl.make_scheduler(config)
+        return scheduler, scheduler
+
+
+@dataclass(frozen=True)
+class RealSchedulerEngine(Engine):
+    def build_scheduler(self, impl: Implementation, config: EngineConfig) -> tuple[Any, Any]:
+        from specreplay.replay.engines.real_scheduler import VllmSchedulerAdapter
+
+        adapter = VllmSchedulerAdapter(config, impl.real_scheduler_class(self.real_base(config), config))
+        return adapter, adapter.real  # the observer watches the real scheduler, not the adapter
+
+    def models(self, config: EngineConfig) -> str:
+        import vllm
+
+        return f"vllm {vllm.__version__}"
+
+    def real_base(self, config: EngineConfig) -> type | None:
+        from specreplay.replay.engines.vllm_setup import real_scheduler_class
+
+        return real_scheduler_class(config.async_scheduling)
+
+
+@dataclass(frozen=True)
+class LiveEngine(Engine):
+    def models(self, config: EngineConfig) -> str:
+        import vllm
+
+        return f"vllm {vllm.__version__}"
+
+    def expected(self, impl: Implementation, config: EngineConfig) -> dict[str, str] | None:
+        return None
+
+    def inputs_at_workload_steps(self, executor: str | None) -> bool:
+        # Multiproc: inputs cross sockets and land when the engine core polls.
+        return executor != "multiproc"
+
+    def run(self, workload: Any, impl: Implementation, device: str, model: str | None, progress: Callable | None):
+        from specreplay.replay.engines.live import run_live
+
+        return run_live(workload, impl, device, model, progress)
+
+
+@dataclass(frozen=True)
+class AttachedEngine(LiveEngine):
+    """A user's vLLM recorded in place: nothing here starts it (`specreplay record --attach`)."""
+
+    def inputs_at_workload_steps(self, executor: str | None) -> bool:
+        return True  # its workload is made from the inputs where the engine core took them (merge)
+
+    def run(self, workload: Any, impl: Implementation, device: str, model: str | None, progress: Callable | None):
+        raise InputError(f"{self.name} is recorded in place (specreplay record --attach), not run from a workload")
+
+
+ENGINES: dict[str, Engine] = {
+    entry.name: entry
+    for entry in (
+        ReferenceEngine("reference", "specreplay's models of vLLM (--vllm-version)", takes_oracle=True),
+        RealSchedulerEngine(
+            "vllm-scheduler",
+            "the installed vLLM's real scheduler with the reference runner",
+            takes_oracle=True,
+            needs_vllm=True,
+            real_scheduler=True,
+        ),
+        LiveEngine(
+            "vllm",
+            "a live tiny vLLM engine, real scheduler and real model runner",
+            needs_vllm=True,
+            real_scheduler=True,
+            real_runner=True,
+            drives_itself=True,
+            runner=None,
+        ),
+        AttachedEngine(
+            "vllm (attached)",
+            "a user's own vLLM, recorded in place (SPECREPLAY_RECORD) and merged",
+            choosable=False,
+            needs_vllm=True,
+            drives_itself=True,
+            runner=None,
+        ),
+    )
+}
+DEFAULT_ENGINE = "reference"
+ATTACHED = ENGINES["vllm (attached)"]
+
+
+def engine(name: str) -> Engine:
+    """The entry of `name` (a `--engine` value or a trace's); one InputError line if unknown."""
+    if name not in ENGINES:
+        raise InputError(f"unknown engine {name!r}; known: {', '.join(choosable_engines())}")
+    return ENGINES[name]
+
+
+def engine_of(impl_doc: ImplHeader) -> Engine | None:
+    """The entry a trace's implementation metadata names (none named: the reference); None for
+    a name this specreplay does not know."""
+    return ENGINES.get(impl_doc.engine or DEFAULT_ENGINE)
+
+
+def choosable_engines() -> tuple[str, ...]:
+    """What `--engine` takes."""
+    return tuple(name for name, entry in ENGINES.items() if entry.choosable)
+
+
+def loop_engines() -> tuple[str, ...]:
+    """The engines specreplay's loop drives (a scheduler and a reference runner), the default first."""
+    return tuple(name for name, entry in ENGINES.items() if not entry.drives_itself)
+
+
+def replay_engines() -> tuple[str, ...]:
+    """The engines a recording's outcomes can drive (a live engine makes its own), the default first."""
+    return tuple(name for name, entry in ENGINES.items() if entry.takes_oracle)
+
+
+__all__ = [
+    "ATTACHED",
+    "DEFAULT_ENGINE",
+    "DEFAULT_RUNNER",
+    "ENGINES",
+    "RUNNERS",
+    "Engine",
+    "RunnerFamily",
+    "choosable_engines",
+    "engine",
+    "engine_of",
+    "loop_engines",
+    "replay_engines",
+    "runner_family",
+]

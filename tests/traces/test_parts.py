@@ -1,0 +1,66 @@
+"""The part-file format (traces/parts.py): each process's JSON lines, written flushed and read
+back whole, a line cut mid-write counted and dropped, the rows patched in step order, and the
+readers a merge takes the inputs, the classes that ran and the recorder's failures from."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from specreplay.traces import parts as part_files
+from specreplay.traces.parts import PartWriter, collect_inputs, merge_rows, observer_failures, ran_classes, read_parts
+
+
+def test_parts_are_written_and_read_back_line_by_line(tmp_path):
+    core = PartWriter(str(tmp_path), "core", {"e": "part", "run": "r1", "role": "core", "pid": 11})
+    names = ["step", "request_id", "sched_num_scheduled_tokens"]
+    core.write({"e": "rows", "names": names, "rows": [[2, "b", 4], [2, "a", 3]]})
+    core.write({"e": "rows", "names": names, "rows": [[1, "a", 8]]})
+    core.write({"e": "request", "id": "a", "step": 1, "prompt": [5, 6]})
+    core.write({"e": "abort", "id": "a", "step": 2})
+    core.write({"e": "ran", "scheduler": "vllm.v1.core.sched.async_scheduler.AsyncScheduler"})
+    runner = PartWriter(str(tmp_path), "runner")
+    runner.write({"e": "patch", "rows": [[2, "a", {"worker_num_scheduled_tokens": 3}], [9, "x", {"y": 1}]]})
+    runner.write({"e": "ran", "runner": "vllm.v1.worker.gpu_model_runner.GPUModelRunner"})
+    runner.write({"e": "error", "message": "observer failed"})
+    runner.write({"e": "error", "message": "observer failed"})
+    with open(runner.path, "a") as fh:
+        fh.write('{"e": "patch", "rows": [[1, "a"')  # the process died writing this line
+
+    read = read_parts(str(tmp_path))
+    by_role = {p.role: p for p in read}
+    assert sorted(by_role) == ["core", "runner"]
+    assert by_role["core"].run == "r1" and by_role["core"].cut_lines == 0
+    assert by_role["runner"].run is None and by_role["runner"].cut_lines == 1  # no part line: role from its name
+    rows = merge_rows(read)
+    assert [(r["step"], r["request_id"]) for r in rows] == [(1, "a"), (2, "b"), (2, "a")]  # step order, stable
+    assert rows[2]["worker_num_scheduled_tokens"] == 3 and "worker_num_scheduled_tokens" not in rows[1]
+    inputs = collect_inputs(read)
+    assert inputs == {
+        "requests": [{"id": "a", "step": 1, "prompt": [5, 6]}],
+        "chunks": [],
+        "aborts": [{"id": "a", "step": 2}],
+        "events": [],
+    }
+    assert ran_classes(read) == {
+        "scheduler": "vllm.v1.core.sched.async_scheduler.AsyncScheduler",
+        "runner": "vllm.v1.worker.gpu_model_runner.GPUModelRunner",
+    }
+    assert observer_failures(read) == ["runner process ?: observer failed"]  # once per message
+
+
+def test_a_folder_without_parts_reads_empty(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a part")
+    assert read_parts(str(tmp_path)) == []
+
+
+def test_the_format_knows_nothing_of_vllm_or_the_engines():
+    """traces/ is the base layer: the format imports only the standard library."""
+    tree = ast.parse(Path(part_files.__file__).read_text())
+    imported = {
+        alias.name if isinstance(node, ast.Import) else node.module
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert not {name for name in imported if name and (name.startswith("specreplay") or "vllm" in name)}
