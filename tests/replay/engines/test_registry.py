@@ -19,6 +19,7 @@ from specreplay.replay.workflows.replaying import REPLAY_ENGINES
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import ImplHeader
 
 SYNC = EngineConfig(async_scheduling=False)
 ASYNC = EngineConfig(async_scheduling=True)
@@ -62,9 +63,9 @@ def test_an_unknown_engine_or_runner_family_is_one_line():
 
 
 def test_engine_of_a_trace_defaults_to_the_reference_and_knows_no_stranger():
-    assert registry.engine_of({}) is engine("reference")
-    assert registry.engine_of({"engine": "vllm (attached)"}) is registry.ATTACHED
-    assert registry.engine_of({"engine": "someone else's"}) is None
+    assert registry.engine_of(ImplHeader()) is engine("reference")
+    assert registry.engine_of(ImplHeader(engine="vllm (attached)")) is registry.ATTACHED
+    assert registry.engine_of(ImplHeader(engine="someone else's")) is None
 
 
 def test_refuse_decides_applicability_and_real_forms_without_vllm():
