@@ -20,6 +20,7 @@ import click
 from specreplay.replay.engines.registry import choosable_engines
 from specreplay.replay.workloads.config import MODELLED_VERSIONS
 from specreplay.traces.errors import InputError, one_line
+from specreplay.traces.header import ImplHeader
 
 EXIT_OK, EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -177,10 +178,15 @@ def progress(label: str) -> Iterator[Callable[[int, int], None] | None]:
         yield update
 
 
-def ran_line(impl: dict[str, Any]) -> str:
+def ran_line(impl: ImplHeader) -> str:
     """What ran, from a trace's implementation metadata: the scheduler and runner classes (module
     and qualified name), the executor, the engine and its models."""
+    executor = "?" if "executor" in impl.omitted else impl.executor  # None: in-process
     return (
-        f"scheduler {impl.get('scheduler', '?')}, runner {impl.get('runner', '?')}, "
-        f"executor {impl.get('executor', '?')}, engine {impl.get('engine', 'reference')} ({impl.get('models', '?')})"
+        f"scheduler {_known(impl.scheduler)}, runner {_known(impl.runner)}, "
+        f"executor {executor}, engine {impl.engine_or_reference()} ({_known(impl.models)})"
     )
+
+
+def _known(value: str | None) -> str:
+    return "?" if value is None else value

@@ -58,7 +58,7 @@ def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
     # A recovered recording (outcome partial) is never a plain ok: it holds steps up to where the
     # recording stopped, and nothing after them was recorded or checked.
     word = verdict(findings)
-    upto = trace.outcome.get("step") if trace.outcome.get("status") == "partial" else None
+    upto = trace.outcome.step if trace.outcome.status == "partial" else None
     if upto is not None and word != "diverged":
         word = "partial"
     if fmt == "json":

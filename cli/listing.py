@@ -9,6 +9,7 @@ import click
 
 from specreplay.cli.common import CONTEXT, console, format_option, handle_errors, ran_line, trace_argument
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import WorkloadHeader
 
 
 @click.command(context_settings=CONTEXT)
@@ -36,16 +37,16 @@ def info(trace_path, fmt) -> None:
         "path": str(trace_path),
         "schema_version": trace.schema_version,
         "specreplay_version": trace.version,
-        "impl": trace.impl,
-        "config": trace.config,
-        "outcome": trace.outcome,
+        "impl": trace.impl.to_dict(),
+        "config": trace.config.to_dict(),
+        "outcome": trace.outcome.to_dict(),
         "seed": trace.seed,
         "device": trace.device,
         "steps": trace.num_steps,
         "rows": trace.num_rows,
         "requests": len(seen),
         "bytes": trace_path.stat().st_size,
-        "volatile": trace.volatile,
+        "volatile": trace.volatile.to_dict(),
         "events": _event_counts(trace.workload),
     }
     if fmt == "json":
@@ -71,9 +72,9 @@ def info(trace_path, fmt) -> None:
             out.print(f"  {key}: {doc[key]}")
 
 
-def _event_counts(workload) -> dict[str, int]:
+def _event_counts(workload: WorkloadHeader) -> dict[str, int]:
     """The workload's control events by kind (the metadata is read as given: count what is there)."""
-    events = workload.get("events") if isinstance(workload, dict) else None
+    events = workload.events
     counts: dict[str, int] = {}
     for event in events if isinstance(events, list) else ():
         if isinstance(event, dict):

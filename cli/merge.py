@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from specreplay.cli.common import CONTEXT, handle_errors
+from specreplay.traces.header import Inputs
 
 
 @click.command(context_settings=CONTEXT)
@@ -44,10 +45,10 @@ def report(merged) -> None:
     from specreplay.replay.workflows.recording import Recorded
 
     trace = merged.trace
-    requests = len({r["id"] for r in trace.inputs.get("requests", [])})
+    inputs = trace.inputs if trace.inputs is not None else Inputs()
+    requests = len({r["id"] for r in inputs.requests or []})
     click.echo(
-        f"merged run {merged.run}: {merged.parts} part files, {requests} requests, "
-        f"{len(trace.inputs.get('aborts', []))} aborts"
+        f"merged run {merged.run}: {merged.parts} part files, {requests} requests, {len(inputs.aborts or [])} aborts"
     )
     for line in merged.dropped:
         click.echo(f"dropped: {line}")

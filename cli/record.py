@@ -49,9 +49,9 @@ def _summary(recorded) -> None:
     from specreplay.replay.check.findings import verdict
 
     trace, findings, output = recorded.trace, recorded.findings, recorded.path
-    outcome = trace.outcome.get("status")
-    if outcome == "crashed":  # the engine died: where and of what, as the E1 finding says it
-        outcome += f" at step {trace.outcome.get('step')}: {trace.outcome.get('message', '')}"
+    outcome = str(trace.outcome.status)
+    if trace.outcome.crashed:  # the engine died: where and of what, as the E1 finding says it
+        outcome += f" at step {trace.outcome.step}: {trace.outcome.message or ''}"
     line = (
         f"wrote {output}: {trace.num_steps} steps, {trace.num_rows} rows, outcome {outcome}; check: {verdict(findings)}"
     )
@@ -66,7 +66,7 @@ def _summary(recorded) -> None:
 def _exit_if_crashed(recorded) -> None:
     """The engine died (outcome crashed: a vLLM assert, an exception the implementation raised):
     the trace is written, and the run failed, exit 1."""
-    if recorded.trace.outcome.get("status") == "crashed":
+    if recorded.trace.outcome.crashed:
         sys.exit(EXIT_FINDINGS)
 
 
@@ -211,11 +211,11 @@ def replay(trace_path, impl_name, engine, vllm_version, executor, device, output
         vllm_version=vllm_version,
     )
     _summary(replayed)
-    outcomes = replayed.trace.impl.get("outcomes")
-    if outcomes:
-        recorded, filled = outcomes["recorded"], outcomes["filled"]
+    outcomes = replayed.trace.impl.outcomes
+    if outcomes is not None:
+        recorded, filled = outcomes.recorded, outcomes.filled
         click.echo(
-            f"on the recorded outcomes of {outcomes['source']} ({replayed.trace.impl['engine']} engine): "
+            f"on the recorded outcomes of {outcomes.source} ({replayed.trace.impl.engine} engine): "
             f"{recorded['tokens']} token positions and {recorded['proposals']} proposals recorded; "
             f"filled by rule: {filled['tokens']} tokens, {filled['drafts']} drafts"
         )
@@ -243,7 +243,7 @@ def recover(journal, output) -> None:
     from specreplay.replay.workflows.recording import recover_to
 
     recovered = recover_to(journal, output)
-    trace, last = recovered.trace, recovered.trace.outcome["step"]
+    trace, last = recovered.trace, recovered.trace.outcome.step
     click.echo(
         f"wrote {recovered.path}: steps 1..{last}, {trace.num_rows} rows, outcome partial "
         f"(the recording stopped after step {last})"

@@ -14,6 +14,7 @@ import pyarrow as pa
 from rich.table import Table
 
 from specreplay.replay.check.findings import Finding, verdict
+from specreplay.traces.io import TraceFile
 from specreplay.traces.trace import Trace
 
 EXAMPLES_PER_CODE = 3
@@ -152,13 +153,13 @@ def code_counts(findings: list[Finding]) -> str:
     return ", ".join(f"{code} x{n}" for code, n in sorted(counts.items()))
 
 
-def trace_header(trace: Trace, path: str) -> str:
+def trace_header(trace: Trace | TraceFile, path: str) -> str:
     cfg = trace.config
     return (
-        f"{path}: {trace.workload.get('name', '?')} via {trace.impl_name} "
-        f"({'async' if cfg.get('async_scheduling') else 'sync'}, budget {cfg.get('max_num_batched_tokens')}, "
-        f"k={cfg.get('num_spec_tokens')}), {trace.num_steps} steps, {trace.num_rows} rows, "
-        f"outcome {trace.outcome.get('status')}"
+        f"{path}: {trace.workload.name or '?'} via {trace.impl_name} "
+        f"({'async' if cfg.async_scheduling else 'sync'}, budget {cfg.max_num_batched_tokens}, "
+        f"k={cfg.num_spec_tokens}), {trace.num_steps} steps, {trace.num_rows} rows, "
+        f"outcome {trace.outcome.status}"
     )
 
 

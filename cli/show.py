@@ -90,7 +90,7 @@ def show(trace_path, requests, steps_text, field_name, svg_file) -> None:
         if steps or window is None
         else f" (steps {window[0]}:{window[1]} of {trace.num_steps}; --steps picks others)"
     )
-    title = f"{trace_path}: {trace.workload.get('name', '?')} via {trace.impl_name}, {len(findings)} findings{note}"
+    title = f"{trace_path}: {trace.workload.name or '?'} via {trace.impl_name}, {len(findings)} findings{note}"
     shown = len({lane.request_id for lane in timeline.lanes})
     if not requests and shown < timeline.requests_in_range:
         title += f"; {shown} of {timeline.requests_in_range} requests (--request picks others)"

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import pyarrow.parquet as pq
 
 from specreplay.traces import schema
 from specreplay.traces.errors import RecordingError, TraceError
+from specreplay.traces.header import Config, ImplHeader, Inputs, Outcome, Volatile, WorkloadHeader
 from specreplay.traces.trace import Trace
 from specreplay.traces.validate import RowValidator
 
@@ -118,11 +120,36 @@ class TraceFile:
         names = [parquet.metadata.schema.column(i).path for i in range(parquet.metadata.num_columns)]
         self._step_leaf = names.index("step")
 
-    def __getattr__(self, name: str):
-        # workload, config, impl, outcome, seed, device, version, volatile, impl_name
+    def __getattr__(self, name: str) -> Any:
+        # The rest of the header's (seed, device, version, schema_version, metadata(), ...).
         if name.startswith("_") or name in ("header", "path", "where", "num_rows"):
             raise AttributeError(name)
         return getattr(self.header, name)
+
+    # The typed header parts, named so that a type checker sees them (traces.header).
+    @property
+    def workload(self) -> WorkloadHeader:
+        return self.header.workload
+
+    @property
+    def config(self) -> Config:
+        return self.header.config
+
+    @property
+    def impl(self) -> ImplHeader:
+        return self.header.impl
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.header.outcome
+
+    @property
+    def inputs(self) -> Inputs | None:
+        return self.header.inputs
+
+    @property
+    def impl_name(self) -> str:
+        return self.header.impl_name
 
     @property
     def num_steps(self) -> int:
@@ -139,7 +166,7 @@ class TraceFile:
             last = batch
         return int(pc.max(last.column("step")).as_py()) if last is not None and last.num_rows else 0
 
-    def batches(self, columns: tuple[str, ...] | None = None):
+    def batches(self, columns: tuple[str, ...] | None = None) -> Iterator[pa.Table]:
         """Validated row groups in step order, as tables in the schema, with the given columns
         (all by default; every column is read and validated either way)."""
         validator = RowValidator(self.where, self.header.schema_version)
@@ -199,18 +226,19 @@ def header_from_metadata(where: str, meta: dict[bytes, bytes], outcome_required:
     outcome = _json(where, meta, schema.META_OUTCOME)
     impl = _json(where, meta, schema.META_IMPL)
     _check_metadata(where, config, outcome if outcome_required else {"status": "completed"}, impl)
+    inputs = _json(where, meta, schema.META_INPUTS, required=False)  # {}: none (the writer leaves it out)
     return Trace(
         table=schema.SCHEMA.empty_table(),
-        workload=_json(where, meta, schema.META_WORKLOAD),
-        config=config,
-        impl=impl,
-        outcome=outcome,
+        workload=WorkloadHeader.from_dict(_json(where, meta, schema.META_WORKLOAD), where),
+        config=Config.from_dict(config, where),
+        impl=ImplHeader.from_dict(impl, where),
+        outcome=Outcome.from_dict(outcome, where),
         seed=_int(where, meta, schema.META_SEED),
         device=meta.get(schema.META_DEVICE, b"cpu").decode(errors="replace"),
         version=meta.get(schema.META_VERSION, b"?").decode(errors="replace"),
-        volatile=_json(where, meta, schema.META_VOLATILE, required=False),
+        volatile=Volatile.from_dict(_json(where, meta, schema.META_VOLATILE, required=False), where),
         schema_version=version,
-        inputs=_json(where, meta, schema.META_INPUTS, required=False),
+        inputs=Inputs.from_dict(inputs, where) if inputs else None,
     )
 
 

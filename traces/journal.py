@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from specreplay.traces import schema
 from specreplay.traces.errors import TraceError
+from specreplay.traces.header import Outcome
 from specreplay.traces.trace import Trace
 
 SUFFIX = ".partial"
@@ -134,10 +135,9 @@ def recover(path: str | os.PathLike[str]) -> Trace:
     RowValidator(where).check(table)
     last = table["step"][-1].as_py() if table.num_rows else 0
     header.table = table
-    header.outcome = {
-        "status": "partial",
-        "step": last,
-        "message": f"recording stopped; recovered the {table.num_rows} rows of steps 1..{last} "
-        f"flushed before it stopped",
-    }
+    header.outcome = Outcome(
+        status="partial",
+        step=last,
+        message=f"recording stopped; recovered the {table.num_rows} rows of steps 1..{last} flushed before it stopped",
+    )
     return header

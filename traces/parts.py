@@ -97,9 +97,9 @@ def merge_rows(parts: list[Part]) -> list[dict[str, Any]]:
             elif kind == "patch":
                 patches.extend(event["rows"])
     for step, rid, values in patches:
-        row = rows.get((step, rid))
-        if row is not None:
-            row.update(values)
+        patched = rows.get((step, rid))
+        if patched is not None:
+            patched.update(values)
     order.sort(key=lambda k: k[0])  # stable
     return [rows[k] for k in order]
 
@@ -110,7 +110,7 @@ INPUT_LINES = {"request": "requests", "stream": "chunks", "abort": "aborts", "ev
 
 def collect_inputs(parts: list[Part]) -> dict[str, Any]:
     """The recorded inputs (the input observer's events), by kind, in the order they happened."""
-    inputs: dict[str, list] = {key: [] for key in INPUT_LINES.values()}
+    inputs: dict[str, list[Any]] = {key: [] for key in INPUT_LINES.values()}
     for part in parts:
         for event in part.events:
             kind = event.get("e")

@@ -87,7 +87,7 @@ def check_report(header, batches: Iterable[pa.Table | pa.RecordBatch]) -> CheckR
     checker = Checker(
         header.config,
         header.outcome,
-        drafter=(header.impl or {}).get("drafter"),
+        drafter=header.impl.drafter,
         limits=max_tokens_by_life(header.workload),
     )
     for batch in batches:

@@ -19,7 +19,8 @@ has more than one (`request_label`: "1 (life 2)"), JSON always carries it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import dataclasses
+from dataclasses import asdict, dataclass
 from typing import Any
 
 #: The keys of a finding in specreplay 0.1's JSON (`specreplay diff --json`, documented in docs/checker.md).
@@ -43,7 +44,8 @@ class Finding:
     detail: tuple[tuple[str, Any], ...] = ()  # the other values the rule read or derived, by name
     # How many lives the request id has in the trace (None: not counted). A rendering hint, not
     # evidence: two findings that differ only here are the same finding.
-    lives: int | None = field(default=None, compare=False)
+    # (dataclasses.field by its module: this class has a field named `field`)
+    lives: int | None = dataclasses.field(default=None, compare=False)
 
     def facts(self) -> dict[str, Any]:
         """`detail` as a dict."""

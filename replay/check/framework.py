@@ -20,7 +20,7 @@ While it streams, the checker also notes which ground-truth columns hold a value
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -42,6 +42,7 @@ from specreplay.replay.check.frames import (
     row_range,
 )
 from specreplay.replay.check.limits import Limits
+from specreplay.traces.header import Config, Outcome, coerce
 
 
 class Checker:
@@ -51,20 +52,20 @@ class Checker:
 
     def __init__(
         self,
-        config: dict[str, Any],
-        outcome: dict[str, Any],
+        config: Config | Mapping[str, Any],
+        outcome: Outcome | Mapping[str, Any],
         invariants: Sequence[Invariant] | None = None,
         drafter: str | None = None,
         limits: Limits | None = None,
     ) -> None:
-        self.config = config
+        self.config = coerce(Config, config)  # a mapping: a test's hand-written header
         # Each request life's max_tokens per turn (limits.py); {}: not known, the rules that need
         # them do not run and `unchecked()` says so.
         self.limits: Limits = dict(limits or {})
-        self.outcome = outcome
+        self.outcome = coerce(Outcome, outcome)
         self.drafter = drafter  # the run's drafter when the trace names it (X11: does its runner trim?)
-        self.is_async = bool(config.get("async_scheduling", True))
-        self.crash_step = outcome.get("step") if outcome.get("status") == "crashed" else None
+        self.is_async = self.config.async_scheduling is not False  # not recorded: async, the default
+        self.crash_step = self.outcome.step if self.outcome.crashed else None
         rows = catalogue.CATALOGUE if invariants is None else tuple(invariants)
         self.rules_per_frame = catalogue.rules_of(rows, "rows")
         self.rules_at_end = catalogue.rules_of(rows, "run")

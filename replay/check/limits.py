@@ -19,32 +19,37 @@ everything computed so far plus the chunk, so the prompt length grows at every n
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from specreplay.traces.errors import TraceError
+from specreplay.traces.header import WorkloadHeader, coerce
 
 #: (request id, life) -> max_tokens of each turn of that life, in order.
 Limits = dict[tuple[str, int], tuple[int, ...]]
 
 
-def max_tokens_by_life(workload: Any) -> Limits:
+def max_tokens_by_life(workload: WorkloadHeader | Mapping[str, Any] | None) -> Limits:
     """The per-turn max_tokens of every request life the workload defines; {} when it defines
-    none or cannot be read (a rule that needs them then does not run)."""
+    none or cannot be read (a rule that needs them then does not run). A mapping is read as the
+    workload metadata would be."""
     try:
-        return _limits(workload)
-    except (TypeError, ValueError, KeyError, AttributeError):
+        return _limits(coerce(WorkloadHeader, workload) if workload is not None else WorkloadHeader())
+    except (TypeError, ValueError, KeyError, AttributeError, TraceError):
         return {}
 
 
-def _limits(workload: dict[str, Any]) -> Limits:
+def _limits(workload: WorkloadHeader) -> Limits:
     first: dict[str, int] = {}
     turns: dict[tuple[str, int], list[int]] = {}
     life: dict[str, int] = {}
-    for spec in workload.get("requests") or ():
+    for spec in workload.requests or ():
         rid = str(spec["id"])
         first[rid] = int(spec.get("max_tokens", 16))  # RequestSpec's default
         life[rid] = 0
         turns[(rid, 0)] = [first[rid]]
     # Events in the order the engine applies them: by step, in list order within a step.
-    events = sorted(workload.get("events") or (), key=lambda e: int(e["step"]))
+    events = sorted(workload.events or (), key=lambda e: int(e["step"]))
     for event in events:
         rid = event.get("request")
         if rid is None or str(rid) not in first:

@@ -20,12 +20,16 @@ if TYPE_CHECKING:
     from specreplay.replay.check.framework import Checker
 
 
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
 def check_budget(frame: Frame, chk: Checker) -> Iterable[Finding]:
     """S6: no request scheduled past max_model_len; per step, the declared total is the sum of
     the requests' scheduled tokens and within max_num_batched_tokens."""
     c = frame.c
-    budget = chk.config.get("max_num_batched_tokens", 1 << 30)
-    max_len = chk.config.get("max_model_len", 1 << 30)
+    budget = _or(chk.config.max_num_batched_tokens, 1 << 30)  # not recorded: nothing to hold it to
+    max_len = _or(chk.config.max_model_len, 1 << 30)
     scheduled, computed = c["sched_num_scheduled_tokens"], c["sched_num_computed_tokens"]
     for i in np.flatnonzero(frame.own & (scheduled > 0) & (computed + scheduled > max_len - 1)):
         yield chk.finding(

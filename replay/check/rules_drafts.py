@@ -63,7 +63,7 @@ def check_draft_slot_count(frame: Frame, chk: Checker) -> Iterable[Finding]:
     """S7: k = max(0, min(len(spec), n + C - T - P)); an admission (new, resumed) has no drafts
     unless vLLM padded a 1-token admission to 1 + num_spec_tokens."""
     c = frame.c
-    width = chk.config.get("num_spec_tokens", 0)
+    width = chk.config.num_spec_tokens if chk.config.num_spec_tokens is not None else 0
     scheduled, slots = c["sched_num_scheduled_tokens"], c["sched_num_draft_slots"]
     computed, tokens, kind = c["sched_num_computed_tokens"], c["sched_num_tokens"], c["sched_kind"]
     # Only drafts from the waiting path: vLLM pads a 1-token admission to 1 + k tokens.

@@ -9,7 +9,7 @@ requests held for good). These rules run once, after the last frame (scope "run"
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from specreplay.replay.check.findings import Finding
 
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 def check_run_completes(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
     """E2: no request is left unfinished (the step limit), none held for good by an idle engine."""
-    if chk.outcome.get("status") == "completed":  # the requests the scheduler held when it went idle
-        unfinished = [str(rid) for rid in chk.outcome.get("unfinished", ())]
+    if chk.outcome.status == "completed":  # the requests the scheduler held when it went idle
+        unfinished = [str(rid) for rid in chk.outcome.unfinished or ()]
     else:  # cut by the step limit: requests whose last row is not finished
         unfinished = chk.unfinished()
     yield from incomplete_findings(chk, unfinished)
@@ -29,11 +29,11 @@ def check_run_completes(_frame: Frame | None, chk: Checker) -> Iterable[Finding]
 
 def incomplete_findings(chk: Checker, unfinished: list[str]) -> Iterable[Finding]:
     """E2 for a run cut by the step limit, or one that completed with requests held for good."""
-    outcome: dict[str, Any] = chk.outcome
-    if outcome.get("status") == "step_limit":
+    outcome = chk.outcome
+    if outcome.status == "step_limit":
         yield chk.run_finding(
             "E2-run-incomplete",
-            outcome.get("step", 0),
+            outcome.step or 0,
             unfinished[0] if unfinished else None,
             "outcome",
             0,
@@ -41,10 +41,10 @@ def incomplete_findings(chk: Checker, unfinished: list[str]) -> Iterable[Finding
             status="step_limit",
             unfinished=tuple(unfinished),
         )
-    elif outcome.get("status") == "completed" and unfinished:
+    elif outcome.status == "completed" and unfinished:
         yield chk.run_finding(
             "E2-run-incomplete",
-            int(outcome.get("step", 0)),
+            int(outcome.step or 0),
             unfinished[0],
             "outcome",
             0,
@@ -58,26 +58,26 @@ def check_crash(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
     """E1, or X5-negative-input-id for the crash kind that is a negative id in the model's input."""
     if chk.crash_step is None:
         return
-    message = chk.outcome.get("message", "engine crashed")
+    message = chk.outcome.message if chk.outcome.message is not None else "engine crashed"
     rid = None
     marker = "request '"
     if marker in message:
         rid = message.split(marker, 1)[1].split("'", 1)[0]
-    if chk.outcome.get("kind", "negative-input-id") == "negative-input-id":
+    if chk.outcome.kind in (None, "negative-input-id"):  # no kind: traces from before kinds were recorded
         yield chk.run_finding(
             "X5-negative-input-id", chk.crash_step, rid, "input_ids", None, -1, outcome_message=message
         )
-    elif "exception" in chk.outcome:  # the implementation raised: its type and source line are the evidence
+    elif chk.outcome.exception is not None:  # the implementation raised: its type and source line are the evidence
         yield chk.run_finding(
             "E1-engine-crash",
             chk.crash_step,
             rid,
             "exception",
             None,
-            chk.outcome["exception"],
+            chk.outcome.exception,
             outcome_message=message,
-            where=chk.outcome.get("where"),
-            side=chk.outcome.get("side"),
+            where=chk.outcome.where,
+            side=chk.outcome.side,
         )
     else:
         yield chk.run_finding(

@@ -19,6 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from specreplay.traces.header import Config
+
 #: What each situation means (explore's README section lists them).
 SITUATIONS: dict[str, str] = {
     "reentry": "a request skipped at one step is scheduled again at the next (sched_kind reentering)",
@@ -83,14 +85,14 @@ def situations(trace: Any) -> frozenset[str]:
     }
     found = {name for name, mask in checks.items() if _any(mask)}
     found |= _near_the_end(t, trace.config)
-    if trace.outcome.get("status") != "completed":
-        found.add(f"outcome-{trace.outcome.get('status')}")
-    elif trace.outcome.get("unfinished"):
+    if trace.outcome.status != "completed":
+        found.add(f"outcome-{trace.outcome.status}")
+    elif trace.outcome.unfinished:
         found.add("outcome-requests-lost")
     return frozenset(found)
 
 
-def _near_the_end(t: pa.Table, config: dict[str, Any]) -> set[str]:
+def _near_the_end(t: pa.Table, config: Config) -> set[str]:
     """The situations that need the engine config: draft slots cut and the drafter skipped near
     max_model_len, and lookahead allocation.
 
@@ -105,10 +107,10 @@ def _near_the_end(t: pa.Table, config: dict[str, Any]) -> set[str]:
     Lookahead: the scheduler allocates KV for C + n + num_lookahead_tokens tokens (at most
     max_model_len); the situation is a step whose lookahead reaches a block the scheduled range
     C + n does not touch."""
-    k = int(config.get("num_spec_tokens", 0))
-    max_model_len = int(config.get("max_model_len", 1 << 30))
-    block_size = int(config.get("block_size", 16))
-    lookahead = int(config.get("num_lookahead_tokens", 0))
+    k = _or(config.num_spec_tokens, 0)  # a knob the trace did not record: vLLM's default, or no limit
+    max_model_len = _or(config.max_model_len, 1 << 30)
+    block_size = _or(config.block_size, 16)
+    lookahead = _or(config.num_lookahead_tokens, 0)
     cols = t.select(
         [
             "step",
@@ -153,6 +155,10 @@ def _near_the_end(t: pa.Table, config: dict[str, Any]) -> set[str]:
             found.add("drafter-skipped")
             skipped[step] = sampling
     return found
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else int(value)
 
 
 def settings(config: dict[str, Any], longest_request: int | None = None) -> frozenset[str]:

@@ -71,7 +71,7 @@ def diff_batches(a, b, batches_a: Iterable, batches_b: Iterable) -> TraceDiff:
     older = min(getattr(t, "schema_version", schema.SCHEMA_VERSION) for t in (a, b))
     columns = [c for c in schema.columns_of_version(older) if c not in _KEY]
     out.left_out = [c for c in _COLUMNS if c not in columns]
-    truth = {"A": set(), "B": set()}  # ground-truth columns with a value somewhere, per side
+    truth: dict[str, set[str]] = {"A": set(), "B": set()}  # ground-truth columns with a value somewhere, per side
     for chunk_a, chunk_b in _aligned(iter(batches_a), iter(batches_b)):
         truth["A"] |= columns_with_values(chunk_a)
         truth["B"] |= columns_with_values(chunk_b)
@@ -92,9 +92,9 @@ def diff_batches(a, b, batches_a: Iterable, batches_b: Iterable) -> TraceDiff:
             None,
             None,
             "(outcome)",
-            a.outcome.get("status"),
-            b.outcome.get("status"),
-            f"run outcome: {a.outcome} in A, {b.outcome} in B",
+            a.outcome.status,
+            b.outcome.status,
+            f"run outcome: {a.outcome.to_dict()} in A, {b.outcome.to_dict()} in B",
         )
     out.findings = sorted(
         first_per_field.values(),
@@ -270,5 +270,5 @@ def _differing_rows(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
     return np.flatnonzero(differ)
 
 
-def _outcome_key(trace) -> tuple:
-    return tuple(trace.outcome.get(k) for k in ("status", "step", "kind"))
+def _outcome_key(trace: Trace) -> tuple[str | None, int | None, str | None]:
+    return (trace.outcome.status, trace.outcome.step, trace.outcome.kind)

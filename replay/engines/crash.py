@@ -27,6 +27,7 @@ Paths are shown relative to the working directory when under it.
 
 from __future__ import annotations
 
+import dataclasses
 import linecache
 import os
 from types import FrameType, TracebackType
@@ -35,6 +36,7 @@ from typing import Any
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.models.messages import EngineCrash
 from specreplay.traces.errors import InputError, ObserverError
+from specreplay.traces.header import Outcome
 
 #: Packages of the code an implementation inherits and runs on (prefixes of module names).
 INHERITED = ("specreplay.replay.models", "specreplay.replay.impls", "vllm")
@@ -43,19 +45,21 @@ BASES = ("specreplay.replay.models", "vllm", "specreplay.replay.impls.registry",
 OWN = "specreplay"
 
 
-def crash_outcome(exc: BaseException, impl: Implementation, scheduler: tuple[Any, ...], runner: Any) -> dict | None:
-    """The outcome fields (kind, message, exception, where, side) of a run that `exc` ended, when
-    the implementation raised it; None when it is specreplay's (or bad input: InputError).
+def crash_outcome(exc: BaseException, impl: Implementation, scheduler: tuple[Any, ...], runner: Any) -> Outcome | None:
+    """The outcome (crashed; its kind, message, exception, where, side; the caller sets the step)
+    of a run that `exc` ended, when the implementation raised it; None when it is specreplay's
+    (or bad input: InputError).
     `scheduler`: the objects the loop calls as the scheduler (an adapter and the real one
     behind it); `runner`: the runner."""
     if isinstance(exc, EngineCrash):  # a vLLM assert the models raise, or an unexecutable output
-        outcome = {"kind": exc.kind, "message": str(exc)}
+        outcome = Outcome(status="crashed", kind=exc.kind, message=str(exc))
         # On the real scheduler every assert becomes one (vllm_setup.asserting): a variant's own
         # assert names the variant's line.
         inner = exc.__context__
         found = crash_outcome(inner, impl, scheduler, runner) if isinstance(inner, AssertionError) else None
         if found is not None and _variant_raised(inner, impl):
-            outcome.update(message=f"{exc}, raised in the {found['side']} at {found['where']}", where=found["where"])
+            message = f"{exc}, raised in the {found.side} at {found.where}"
+            outcome = dataclasses.replace(outcome, message=message, where=found.where)
         return outcome
     if not isinstance(exc, Exception) or isinstance(exc, InputError) or _observer_failed(exc):
         return None
@@ -74,13 +78,14 @@ def crash_outcome(exc: BaseException, impl: Implementation, scheduler: tuple[Any
     if at != raised:  # the variant's line called the code that raised
         inner, inner_line = frames[raised]
         message += f" (from {_path(inner.f_code.co_filename)}:{inner_line})"
-    return {
-        "kind": "scheduler-assert" if isinstance(exc, AssertionError) and side == "scheduler" else "engine-crash",
-        "message": message[:500],
-        "exception": type(exc).__name__,
-        "where": where,
-        "side": side,
-    }
+    return Outcome(
+        status="crashed",
+        kind="scheduler-assert" if isinstance(exc, AssertionError) and side == "scheduler" else "engine-crash",
+        message=message[:500],
+        exception=type(exc).__name__,
+        where=where,
+        side=side,
+    )
 
 
 def _variant_raised(exc: BaseException, impl: Implementation) -> bool:
@@ -94,7 +99,7 @@ def variant_modules(impl: Implementation) -> frozenset[str]:
     """The modules of the variant's own code: its classes and their bases outside the inherited
     packages, its real-form functions, its Implementation subclass (`deliver`)."""
     found = set()
-    parts = (impl.scheduler, impl.runner, impl.real_scheduler, impl.real_runner)
+    parts: tuple[Any, ...] = (impl.scheduler, impl.runner, impl.real_scheduler, impl.real_runner)
     parts += (type(impl),) if type(impl) is not Implementation else ()
     for part in parts:
         for obj in part.__mro__ if isinstance(part, type) else (part,):

@@ -11,6 +11,7 @@ live engine's input side (engines/live.py) each implement the six calls, in thei
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,7 +74,7 @@ class ResetPrefixCache:
 ControlEvent = Abort | Resubmit | StreamAppend | Pause | Resume | ResetPrefixCache
 
 #: The workload format's kind -> how its record becomes a typed event.
-_FROM_RECORD = {
+_FROM_RECORD: dict[str, Callable[[Event], ControlEvent]] = {
     "abort": lambda e: Abort(e.step, e.request),
     "resubmit": lambda e: Resubmit(e.step, e.request, e.max_tokens),
     "stream_append": lambda e: StreamAppend(e.step, e.request, e.tokens, e.max_tokens),

@@ -37,6 +37,7 @@ from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError, ObserverError
+from specreplay.traces.header import Inputs, Outcome
 from specreplay.traces.parts import collect_inputs, merge_rows, observer_failures, ran_classes, read_parts
 from specreplay.traces.trace import Trace
 
@@ -70,7 +71,7 @@ def run_live(
         plugin.register()  # this process; vLLM loads the same entry point in the ones it starts
         llm = build_llm(vllm, config, model, workload.seed)
         counts, outcome = drive(llm, workload, progress, in_process)
-        outcome["engine_output_tokens"] = counts
+        outcome = replace(outcome, engine_output_tokens=counts)
     finally:
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
@@ -101,7 +102,7 @@ def run_live(
         patches=list(plugin.CPU_PATCHES) if on_cpu else [],
     )
     header = trace_header(workload, impl_doc, "cpu" if on_cpu else device, outcome, config)
-    return replace(header, table=sink_files.rows_to_table(rows), inputs=inputs)
+    return replace(header, table=sink_files.rows_to_table(rows), inputs=Inputs.from_dict(inputs) if inputs else None)
 
 
 def live_environment(impl: Implementation, config: EngineConfig, sink: str, on_cpu: bool) -> dict[str, str]:
@@ -157,7 +158,7 @@ def refuse_undrivable(workload: Workload, in_process: bool) -> None:
 
 def drive(
     llm: Any, workload: Workload, progress: Callable[[int, int], None] | None = None, in_process: bool = True
-) -> tuple[dict[str, int], dict[str, Any]]:
+) -> tuple[dict[str, int], Outcome]:
     """Feed the engine its inputs (one LLMEngine.step() per engine step) and step until nothing
     is left. Returns each request's output token count as the engine itself reports it (summed
     over its lives and a session's turns), and the run's outcome."""

@@ -22,7 +22,6 @@ drain, and a pause with clear_cache resets the cache once nothing is in flight.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 from specreplay.replay.engines.events import apply_control
 from specreplay.replay.engines.inputs import InputDriver
@@ -34,6 +33,7 @@ from specreplay.replay.models.request import Request
 from specreplay.replay.models.versions import rules_for
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import RequestSpec, Workload
+from specreplay.traces.header import Outcome
 
 
 class EngineLoop:
@@ -63,7 +63,7 @@ class EngineLoop:
         self.rules = rules_for(self.config.vllm_version)
         self.rejecting_new = False  # vLLM 0.33: paused in wait or abort mode, new requests are refused
         self.queue: deque = deque()  # (SchedulerOutput, ModelRunnerOutput), newest first
-        self.outcome: dict[str, Any] = run_outcome(0)  # until the run says otherwise (engines/run.py)
+        self.outcome: Outcome = run_outcome(0)  # until the run says otherwise (engines/run.py)
         # False for a replay of a live recording: stop, as the live engine did, once nothing is
         # left to feed or schedule, leaving the batches in flight unapplied.
         self.drains_at_end = getattr(oracle, "drains_at_end", True)

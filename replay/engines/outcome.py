@@ -8,18 +8,20 @@ metadata (the checker's E-codes and the CLI's exit status read it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from specreplay.traces.header import Outcome
 
 
 def run_outcome(
     step: int,
     *,
-    crash: dict[str, Any] | None = None,
+    crash: Outcome | Mapping[str, Any] | None = None,
     cut: bool = False,
     unfinished: Sequence[str] = (),
     partial: str | None = None,
-) -> dict[str, Any]:
+) -> Outcome:
     """The outcome of a run that stopped after engine step `step`:
 
     - `crash`: the engine died there (its kind and message, engines/crash.py): `crashed`;
@@ -28,14 +30,15 @@ def run_outcome(
     - else `completed`, naming the requests it still held (`unfinished`: lost by the engine).
     """
     if crash is not None:
-        return {"status": "crashed", "step": step, **crash}
+        fields = crash.to_dict() if isinstance(crash, Outcome) else dict(crash)
+        return Outcome.from_dict({**fields, "status": "crashed", "step": step})
     if cut:
-        return {"status": "step_limit", "step": step}
+        return Outcome(status="step_limit", step=step)
     if partial is not None:
-        return {"status": "partial", "step": step, "message": partial[:500]}
+        return Outcome(status="partial", step=step, message=partial[:500])
     if unfinished:
-        return {"status": "completed", "step": step, "unfinished": list(unfinished)}
-    return {"status": "completed"}
+        return Outcome(status="completed", step=step, unfinished=tuple(unfinished))
+    return Outcome(status="completed")
 
 
 __all__ = ["run_outcome"]

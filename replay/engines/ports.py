@@ -31,8 +31,12 @@ class SchedulerPort(Protocol):
 
     is_async: bool
     step: int  # the engine's step count before the next schedule() (idle gaps included)
-    requests: dict[str, Any]  # live requests by id, each with vLLM's Request fields
-    running: list[Any]
+
+    # Read, never assigned, by the loop (the real scheduler's adapter forwards them read-only).
+    @property
+    def requests(self) -> dict[str, Any]: ...  # live requests by id, each with vLLM's Request fields
+    @property
+    def running(self) -> list[Any]: ...
 
     def add_request(self, request: Request) -> Any: ...
     def schedule(self) -> SchedulerOutput: ...

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import ImplHeader
 
 if TYPE_CHECKING:
     from specreplay.replay.impls.registry import Implementation
@@ -123,6 +124,10 @@ class Engine:
         """Did the recorded inputs land at the workload's steps (else: where the engine took them)?"""
         return True
 
+    def run(self, workload: Any, impl: Implementation, device: str, model: str | None, progress: Callable | None):
+        """Run the whole workload (an engine that `drives_itself`; the others are driven by the loop)."""
+        raise InputError(f"--engine {self.name} is driven by the engine loop, it does not run by itself")
+
     def describe(
         self,
         impl: Implementation,
@@ -133,7 +138,7 @@ class Engine:
         models: str | None = None,
         executor: str | None = None,
         **more: Any,
-    ) -> dict[str, Any]:
+    ) -> ImplHeader:
         """What ran on this engine, for the trace header (`Implementation.describe`: the objects
         that ran, or the class names a vLLM process reported); `models` default: this engine's."""
         return impl.describe(
@@ -245,10 +250,10 @@ def engine(name: str) -> Engine:
     return ENGINES[name]
 
 
-def engine_of(impl_doc: dict[str, Any]) -> Engine | None:
+def engine_of(impl_doc: ImplHeader) -> Engine | None:
     """The entry a trace's implementation metadata names (none named: the reference); None for
     a name this specreplay does not know."""
-    return ENGINES.get(impl_doc.get("engine") or DEFAULT_ENGINE)
+    return ENGINES.get(impl_doc.engine or DEFAULT_ENGINE)
 
 
 def choosable_engines() -> tuple[str, ...]:

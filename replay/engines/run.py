@@ -32,6 +32,7 @@ from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces import schema
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import Config, ImplHeader, Outcome, OutcomesNote, Volatile, WorkloadHeader
 from specreplay.traces.journal import JournalWriter
 from specreplay.traces.trace import Trace
 
@@ -96,8 +97,9 @@ def on_outcomes(trace: Trace, oracle: Any) -> Trace:
         "recorded": oracle.summary(),
         "filled": oracle.unobserved(trace.table),
     }
-    inputs = trace.inputs or getattr(oracle, "trace_inputs", None) or {}
-    return dataclasses.replace(trace, impl={**trace.impl, "drafter": oracle.drafter, "outcomes": note}, inputs=inputs)
+    inputs = trace.inputs if trace.inputs is not None else getattr(oracle, "trace_inputs", None)
+    impl = dataclasses.replace(trace.impl, drafter=oracle.drafter, outcomes=OutcomesNote(**note))
+    return dataclasses.replace(trace, impl=impl, inputs=inputs)
 
 
 def _built(impl: Implementation, fn: Callable, *args):
@@ -112,7 +114,7 @@ def _built(impl: Implementation, fn: Callable, *args):
         crash = crash_outcome(exc, impl, (), None) if impl.user_code else None
         if crash is None:
             raise
-        raise InputError(f"implementation {impl.name} failed to start: {crash['message']}") from None
+        raise InputError(f"implementation {impl.name} failed to start: {crash.message}") from None
 
 
 #: Allocations between young-generation collections while an engine runs (CPython's default: 700).
@@ -158,7 +160,7 @@ def _run(
                 writer.close()
             raise
         loop.outcome = run_outcome(loop.step_no, crash=crash)
-    if loop.outcome["status"] == "completed":
+    if loop.outcome.status == "completed":
         # Idle for good with requests it holds: requests lost by the scheduler.
         loop.outcome = run_outcome(loop.step_no, unfinished=loop.unfinished())
     rec.flush(everything=True)
@@ -167,22 +169,20 @@ def _run(
     return dataclasses.replace(header, table=rec.table(), outcome=loop.outcome)
 
 
-def trace_header(
-    workload: Workload, impl_doc: dict[str, Any], device: str, outcome: dict[str, Any], config: Any = None
-) -> Trace:
+def trace_header(workload: Workload, impl_doc: ImplHeader, device: str, outcome: Outcome, config: Any = None) -> Trace:
     """A trace's metadata, no rows (the journal's header, and every engine's trace). `config`:
     the engine config that ran, where it differs from the workload's (a live engine on a CPU)."""
     return Trace(
         table=schema.SCHEMA.empty_table(),
-        workload=workload.to_dict(),
-        config=(config or workload.config).to_dict(),
+        workload=WorkloadHeader.from_dict(workload.to_dict()),
+        config=Config.from_dict((config or workload.config).to_dict()),
         impl=impl_doc,
         outcome=outcome,
         seed=workload.seed,
         device=device,
-        volatile={
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "host": platform.node(),
-            "python": platform.python_version(),
-        },
+        volatile=Volatile(
+            created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            host=platform.node(),
+            python=platform.python_version(),
+        ),
     )

@@ -33,6 +33,7 @@ from specreplay.replay.models.messages import SchedulerOutput
 from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import ImplHeader
 
 if TYPE_CHECKING:
     from specreplay.replay.workloads.oracle import Oracle
@@ -162,7 +163,7 @@ class Implementation:
         models: str | None = None,
         executor: str | None = None,
         **more: Any,
-    ) -> dict[str, Any]:
+    ) -> ImplHeader:
         """What made a trace, stamped into its metadata: the classes that ran (module and
         qualified name of the `scheduler` and `runner` objects, not the classes asked for; or,
         as a string, the name a vLLM process reported for what it ran), the executor (`executor`:
@@ -182,7 +183,7 @@ class Implementation:
             "engine": engine,
             "models": models,
         }
-        return {**doc, **more}
+        return ImplHeader.from_dict({**doc, **more})  # `more` beyond the header's fields: kept in extra
 
     def expected(self, config: EngineConfig, real_cls: type | None = None) -> dict[str, str]:
         """The classes and executor a run of this implementation is asked to run, named as

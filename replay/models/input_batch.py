@@ -9,6 +9,7 @@ row into the lowest hole until the rows are dense.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -47,7 +48,7 @@ class InputBatch:
     def add_request(self, st: CachedRequestState) -> int:
         row = next((i for i, rid in enumerate(self.req_ids) if rid is None), len(self.req_ids))
         tokens = st.prompt_token_ids + st.output_token_ids
-        values = (st.req_id, tokens, len(tokens), st.num_computed_tokens, [], list(st.block_ids))
+        values: tuple[Any, ...] = (st.req_id, tokens, len(tokens), st.num_computed_tokens, [], list(st.block_ids))
         if row == len(self.req_ids):
             for column, value in zip(self._columns(), values):
                 column.append(value)

@@ -8,6 +8,7 @@ columns; nothing on the worker side ever sees this object. Status names are vLLM
 from __future__ import annotations
 
 import enum
+from collections import deque
 from typing import Any
 
 
@@ -82,7 +83,7 @@ class Request:
         # Streaming input (vLLM's resumable requests): the session's queued input chunks, a
         # StreamingUpdate or None (the end of the stream) each; None for an ordinary request.
         self.resumable = resumable
-        self.streaming_queue = None
+        self.streaming_queue: deque[Any] | None = None
         self._plugin_state: dict[str, Any] | None = None  # see plugin_state; made on first use
 
     @property

@@ -443,8 +443,8 @@ class GPUModelRunner:
             return draft_ids, [0] * num_rows
         ends = torch.tensor(cu, dtype=torch.int64, device=ids.device)
         row_of = torch.searchsorted(ends, torch.arange(ids.numel(), device=ids.device), right=True)
-        negatives = torch.zeros(num_rows, dtype=torch.int64, device=ids.device)
-        negatives = negatives.index_add_(0, row_of, negative.to(torch.int64)).tolist()
+        per_row = torch.zeros(num_rows, dtype=torch.int64, device=ids.device)
+        negatives = per_row.index_add_(0, row_of, negative.to(torch.int64)).tolist()
         if self.clamps_negative_ids:
             ids.clamp_(min=0)
         else:
@@ -500,7 +500,7 @@ class GPUModelRunner:
                 touched.setdefault(key // span, set()).add(key % span)
         self.kv_last_blocks = touched
         dev = self.device
-        return tuple(torch.from_numpy(a).to(dev) for a in (slots, keep, writers))
+        return torch.from_numpy(slots).to(dev), torch.from_numpy(keep).to(dev), torch.from_numpy(writers).to(dev)
 
     def kv_handle(self, rid: str) -> int:
         """The handle request `rid`'s current life marks its KV writes with (given on first use

@@ -55,7 +55,7 @@ class InputObserver:
         self.objects: dict[str, Any] = {}  # trace id -> the request object of that life
         # Aborts landed since the last schedule() or update_from_output(): which of the two comes
         # next says by which queue they came (see the module docstring).
-        self.unplaced_aborts: list[str] = []
+        self.unplaced_aborts: list[tuple[str, int]] = []
         self.aborted_all = False  # finish_requests(None) just before a pause: pause_scheduler's abort mode
 
     # ------------------------------------------------------------------ events

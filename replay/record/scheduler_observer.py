@@ -170,7 +170,7 @@ class SchedulerObserver:
         """Every live request's counters, right before schedule()."""
         self._running = list(self.scheduler.running)
         of = Counters.of
-        snap = []
+        snap: list[Any] = []
         append = snap.append
         for t in self.tracked.values():  # self.live(), without the intermediate list
             r = t.request
@@ -207,7 +207,7 @@ class SchedulerObserver:
                     rows.append((t, Counters.of(t.request), len(t.request.spec_token_ids), False))
         prev = self.prev_scheduled
         status_name = self._status_name
-        out = []
+        out: list[Any] = []
         append = out.append
         for t, was, spec_len, spec_placeholders in rows:
             rid, r = t.request_id, t.request

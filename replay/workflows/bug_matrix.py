@@ -56,14 +56,14 @@ def measure(bug: KnownBug, version: str, real: bool) -> Cell:
     """Run `bug`'s workload as `version`, on its real scheduler when `real`."""
     engine = "vllm-scheduler" if real else "reference"
     trace = run_workload(bug.build().at_version(version), resolve("upstream", allow_import=False), engine=engine)
-    message = str(trace.outcome.get("message", ""))
+    message = trace.outcome.message or ""
     hits = [f for f in check_trace(trace) if f.code == bug.code and (bug.step is None or f.step == bug.step)]
     reproduces = bool(hits) and (not bug.asserts or any(a in message for a in bug.asserts))
     if reproduces:
         evidence = f"{bug.code} at step {hits[0].step}" + (f": {message}" if bug.asserts else "")
     else:
         evidence = f"no {bug.code}" + (f" at step {bug.step}" if bug.step is not None else "")
-        evidence += f"; outcome {trace.outcome.get('status')}"
+        evidence += f"; outcome {trace.outcome.status}"
     if real:
         measured_on = f"vllm {version} scheduler + reference runner"
     else:

@@ -130,7 +130,7 @@ def run_candidate(impl_name: str, engine: str, candidate: Candidate) -> CaseResu
         findings,
         situations(trace),
         trace.num_steps,
-        len(trace.workload["requests"]),
+        len(trace.workload.requests),
         settings=settings(workload.config.to_dict(), max(r.prompt_len + r.max_tokens for r in workload.requests)),
     )
 

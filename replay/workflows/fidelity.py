@@ -106,7 +106,7 @@ def compare_seed(impl_name: str, seed: int) -> FidelityCase:
             if not registry.engine(engine).needs_vllm or "vllm rejects" not in str(exc):
                 raise  # the workload or the setup is bad: not a finding about the reference
             return FidelityCase(seed, False, f"vLLM rejects a config the reference accepts: {exc}", rejected=str(exc))
-    diff = diff_traces(*traces)
+    diff = diff_traces(traces[0], traces[1])
     first = diff.first
     text = "" if first is None else f"step {first.step}, request {first.request_id!r}: {first.message}"
     return FidelityCase(seed, diff.same, text, tuple(sorted(diff.fields)), features_of(workload, traces[0]))
@@ -153,7 +153,7 @@ def features_of(workload: Any, trace: Any) -> frozenset[str]:
         "dropped output": (df.apply_outcome == "dropped").any(),
     }
     seen.update(name for name, hit in situations.items() if hit)
-    seen.add(f"outcome {trace.outcome['status']}")
+    seen.add(f"outcome {trace.outcome.status}")
     return frozenset(seen)
 
 

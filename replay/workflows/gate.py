@@ -115,7 +115,7 @@ def check_ran_as_asked(path: str, impl, trace, config, engine: str) -> None:
     asked = engine_entry(engine).expected(impl, config)
     if asked is None:
         return
-    ran = {key: trace.impl.get(key) for key in asked}
+    ran = {key: getattr(trace.impl, key) for key in asked}  # the header's fields that describe names
     if ran != asked:
         wrong = "; ".join(f"{key}: asked {asked[key]}, ran {ran[key]}" for key in asked if ran[key] != asked[key])
         raise RanOtherThanAsked(f"{path}: {impl.name} on {engine} did not run what it asked for ({wrong})")
@@ -124,11 +124,11 @@ def check_ran_as_asked(path: str, impl, trace, config, engine: str) -> None:
 def fingerprint(trace) -> dict[str, Any]:
     """What made a trace: engine, implementation, config, specreplay version."""
     return {
-        "engine": trace.impl.get("engine", "reference"),
-        "models": trace.impl.get("models", "?"),
+        "engine": trace.impl.engine_or_reference(),
+        "models": trace.impl.models if trace.impl.models is not None else "?",
         "impl": trace.impl_name,
-        "executor": trace.impl.get("executor"),
-        "config": trace.config,
+        "executor": trace.impl.executor,
+        "config": trace.config.to_dict(),
         "specreplay": trace.version,
     }
 
@@ -159,9 +159,9 @@ def _golden_plan(golden, where: str, options: GateOptions):
             recording = golden.read()
             oracle = default_oracle(recording)
     if oracle == "synthetic":
-        workload = Workload.from_dict(golden.workload, f"{where}: workload metadata")
-        engine = options.engine or golden.impl.get("engine", "reference")
-        return ReplayPlan(workload, engine, golden.impl.get("executor"), None)
+        workload = Workload.from_dict(golden.workload.to_dict(), f"{where}: workload metadata")
+        engine_name = options.engine or golden.impl.engine_or_reference()
+        return ReplayPlan(workload, engine_name, golden.impl.executor, None)
     return plan_replay(recording or golden.read(), where, engine=options.engine, oracle=oracle)
 
 
@@ -206,11 +206,13 @@ def gate_one(path: str, options: GateOptions) -> GateResult:
         result.notes.append(
             f"golden recorded on the {made_by['engine']} engine, rerun on its recorded outcomes on {plan.engine}"
         )
-    elif made_by["engine"] != trace.impl.get("engine"):
-        result.notes.append(f"golden made on the {made_by['engine']} engine, gating on {trace.impl.get('engine')}")
-    if made_by["executor"] != trace.impl.get("executor"):
-        result.notes.append(f"golden made with the {made_by['executor']} executor, gating {trace.impl.get('executor')}")
-    recorded_as = golden.workload.get("config", {}).get("vllm_version", EARLIEST_VERSION)
+    elif made_by["engine"] != trace.impl.engine:
+        result.notes.append(f"golden made on the {made_by['engine']} engine, gating on {trace.impl.engine}")
+    if made_by["executor"] != trace.impl.executor:
+        result.notes.append(f"golden made with the {made_by['executor']} executor, gating {trace.impl.executor}")
+    recorded_config = golden.workload.config
+    recorded_as = recorded_config.vllm_version if recorded_config is not None else None
+    recorded_as = recorded_as or EARLIEST_VERSION
     if recorded_as != plan.workload.config.vllm_version:
         result.notes.append(f"golden recorded as vLLM {recorded_as}, rerun as {plan.workload.config.vllm_version}")
     if made_by["specreplay"] != package_version():
@@ -278,13 +280,13 @@ def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult
     out: list[UpdateResult] = []
     for path in collect(paths):
         try:
-            golden = open_trace(path)
-            plan = golden_plan(golden, str(path), options)
+            opened = open_trace(path)
+            plan = golden_plan(opened, str(path), options)
             if plan.oracle is not None:
-                out.append(UpdateResult(str(path), "refused", message=_recording_refused(golden)))
+                out.append(UpdateResult(str(path), "refused", message=_recording_refused(opened)))
                 continue
-            _, trace = replay_golden(golden, plan, options)
-            golden = golden.read()
+            _, trace = replay_golden(opened, plan, options)
+            golden = opened.read()
         except NotApplicable as exc:
             out.append(UpdateResult(str(path), "n/a", message=exc.reason))
             continue
@@ -310,7 +312,7 @@ def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult
 
 
 def _recording_refused(golden) -> str:
-    engine = golden.impl.get("engine", "reference")
+    engine = golden.impl.engine_or_reference()
     return (
         f"a recording of the {engine} engine, gated on its recorded outcomes; --update would replace it by a "
         f"rerun. Keep it, or re-record it on {engine} with --update --oracle synthetic"

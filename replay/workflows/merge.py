@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import Inputs
 from specreplay.traces.trace import Trace
 
 INPUT_KINDS = ("request", "stream", "abort", "event")
@@ -125,7 +126,7 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     dropped += [f"recording stopped: {failure}" for failure in failures]
     outcome = run_outcome(last_step, partial="; ".join(dropped) if dropped else None)
     header = trace_header(workload, impl_doc, "cpu", outcome, config)
-    trace = replace(header, table=rows_to_table(rows), inputs=inputs)
+    trace = replace(header, table=rows_to_table(rows), inputs=Inputs.from_dict(inputs) if inputs else None)
     return Merged(Path(), trace, str(run), len(parts), dropped, failures)
 
 

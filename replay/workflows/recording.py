@@ -187,11 +187,12 @@ def replay_to(
     (workflows/replaying.py): a live or attached recording on its recorded outcomes.
     `vllm_version`: run as this vLLM release (default: the one the trace ran as)."""
     from specreplay.replay.workflows.replaying import may_be_recording, plan_replay
-    from specreplay.traces.io import open_trace
+    from specreplay.traces.io import TraceFile, open_trace
 
-    trace = open_trace(source)
-    if oracle == "recorded" or (oracle is None and may_be_recording(trace.impl)):
-        trace = trace.read()  # the outcomes are in the rows; a synthetic replay needs the metadata only
+    opened = open_trace(source)
+    trace: Trace | TraceFile = opened
+    if oracle == "recorded" or (oracle is None and may_be_recording(opened.impl)):
+        trace = opened.read()  # the outcomes are in the rows; a synthetic replay needs the metadata only
     plan = plan_replay(trace, str(source), engine=engine, oracle=oracle)
     return record_to(
         output,
@@ -268,14 +269,14 @@ def compare_to(
         results.append(
             {
                 "impl": name,
-                "executor": trace.impl.get("executor"),
+                "executor": trace.impl.executor,
                 "verdict": verdict(findings),
                 "unchecked": recorded.unchecked,
                 "errors": sum(f.severity == "error" for f in findings),
                 "warnings": sum(f.severity == "warning" for f in findings),
                 "first": None if first is None else first.to_dict(),
                 "trace": str(path),
-                "outcome": trace.outcome.get("status"),
+                "outcome": trace.outcome.status,
             }
         )
     return Comparison(workload, results)

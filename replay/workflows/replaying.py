@@ -14,12 +14,16 @@ regenerates whole: it replays on that (`synthetic`), unless told `recorded`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specreplay.replay.engines.registry import DEFAULT_ENGINE, engine_of, replay_engines
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import ImplHeader
 from specreplay.traces.trace import Trace
+
+if TYPE_CHECKING:
+    from specreplay.traces.io import TraceFile
 
 ORACLES = ("recorded", "synthetic")
 #: Engines a recording's outcomes can drive (a live engine makes its own): engines/registry.py.
@@ -42,15 +46,15 @@ def default_oracle(trace: Trace) -> str:
     return "recorded" if may_be_recording(trace.impl) and has_outcomes(trace.table) else "synthetic"
 
 
-def may_be_recording(impl: dict[str, Any]) -> bool:
+def may_be_recording(impl: ImplHeader) -> bool:
     """From the metadata alone (no rows read): a live or attached vLLM's trace, or a run on one's
     outcomes; only such a trace's default oracle can be its recorded outcomes."""
-    return impl.get("engine", DEFAULT_ENGINE) not in REPLAY_ENGINES or bool(impl.get("outcomes"))
+    return (impl.engine or DEFAULT_ENGINE) not in REPLAY_ENGINES or impl.outcomes is not None
 
 
 def replayed(trace: Trace) -> bool:
     """Did this trace run on a recording's outcomes (a replay, a shrink)?"""
-    return bool(trace.impl.get("outcomes"))
+    return trace.impl.outcomes is not None
 
 
 def trace_workload(trace: Trace, where: str) -> Workload:
@@ -58,9 +62,10 @@ def trace_workload(trace: Trace, where: str) -> Workload:
     block size up: the config metadata holds what ran, the workload what was asked)."""
     from specreplay.replay.workloads.config import EngineConfig
 
-    workload = Workload.from_dict(trace.workload, f"{where}: workload metadata")
-    if trace.config:
-        workload = replace(workload, config=EngineConfig.from_dict(trace.config, f"{where}: config metadata"))
+    workload = Workload.from_dict(trace.workload.to_dict(), f"{where}: workload metadata")
+    config = trace.config.to_dict()
+    if config:
+        workload = replace(workload, config=EngineConfig.from_dict(config, f"{where}: config metadata"))
     return workload
 
 
@@ -72,15 +77,15 @@ def observed_workload(trace: Trace, workload: Workload) -> Workload:
     from specreplay.replay.workflows.merge import workload_of
 
     entry = engine_of(trace.impl)
-    if not trace.inputs or entry is None or entry.inputs_at_workload_steps(trace.impl.get("executor")):
+    if trace.inputs is None or entry is None or entry.inputs_at_workload_steps(trace.impl.executor):
         return workload
     rows = trace.table.select(["step", "request_id", "sched_event"]).to_pylist()
-    observed = workload_of(trace.inputs, workload.config, workload.name, workload.max_steps, rows)
+    observed = workload_of(trace.inputs.to_dict(), workload.config, workload.name, workload.max_steps, rows)
     return replace(observed, name=workload.name, seed=workload.seed, acceptance=workload.acceptance)
 
 
 def plan_replay(
-    trace: Trace,
+    trace: Trace | TraceFile,
     where: str,
     engine: str | None = None,
     oracle: str | None = None,
@@ -91,6 +96,8 @@ def plan_replay(
     default the whole; the recorded outcomes of what remains drive it."""
     from specreplay.replay.workloads.recorded import recorded_oracle
 
+    if not isinstance(trace, Trace):  # a TraceFile: its header, a Trace without rows
+        trace = trace.header
     mode = oracle or default_oracle(trace)
     if mode not in ORACLES:
         raise InputError(f"--oracle {mode}: unknown; known: {', '.join(ORACLES)}")
@@ -98,8 +105,8 @@ def plan_replay(
         workload = trace_workload(trace, where)
         if not replayed(trace):  # a replay's workload is already the one that ran
             workload = observed_workload(trace, workload)
-    recorded_engine = trace.impl.get("engine", DEFAULT_ENGINE)
-    executor = trace.impl.get("executor")
+    recorded_engine = trace.impl.engine or DEFAULT_ENGINE
+    executor = trace.impl.executor
     if mode == "synthetic":
         return ReplayPlan(workload, engine or recorded_engine, executor, None)
     engine = engine or (recorded_engine if recorded_engine in REPLAY_ENGINES else DEFAULT_ENGINE)
@@ -112,7 +119,8 @@ def plan_replay(
     outcomes.source = where
     # Where the recording stopped: a live engine's left its last batches unapplied; a replay of it
     # stopped as the recording did (its note says so).
-    ran_on = trace.impl.get("outcomes") or {}
-    outcomes.drains_at_end = ran_on.get("drains_at_end", recorded_engine in REPLAY_ENGINES)
+    ran_on = trace.impl.outcomes
+    drains = ran_on.drains_at_end if ran_on is not None else None
+    outcomes.drains_at_end = drains if drains is not None else recorded_engine in REPLAY_ENGINES
     outcomes.trace_inputs = trace.inputs
     return ReplayPlan(workload, engine, executor, outcomes)

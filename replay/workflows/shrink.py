@@ -29,6 +29,7 @@ from typing import Any
 
 from specreplay.replay.workloads.workload import RequestSpec, Workload
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import Inputs
 from specreplay.traces.trace import Trace
 
 
@@ -126,10 +127,10 @@ def crash_signature(trace: Trace) -> str | None:
     """What a crash says, less its numbers and names: shrinking an E1 keeps the same assert."""
     import re
 
-    if trace.outcome.get("status") != "crashed":
+    if not trace.outcome.crashed:
         return None
-    message = re.sub(r"'[^']*'", "'…'", str(trace.outcome.get("message", "")))
-    return f"{trace.outcome.get('kind')}: {re.sub(r'-?[0-9]+', 'N', message)}"
+    message = re.sub(r"'[^']*'", "'…'", trace.outcome.message or "")
+    return f"{trace.outcome.kind}: {re.sub(r'-?[0-9]+', 'N', message)}"
 
 
 def candidate_reductions(w: Workload, keep_prompts: bool = False) -> Iterator[tuple[str, Workload]]:
@@ -394,9 +395,9 @@ def shrink_to(
         raise InputError(f"--oracle {mode}: unknown; known: {', '.join(ORACLES)}")
     outcomes = None
     if mode == "synthetic":  # the workload as written, on its seeded model: as before recordings
-        workload = Workload.from_dict(trace.workload, f"{source}: workload metadata")
+        workload = Workload.from_dict(trace.workload.to_dict(), f"{source}: workload metadata")
         implementation = resolve(impl or trace.impl_name, allow_import=impl is not None)
-        engine = engine or trace.impl.get("engine", "reference")
+        engine = engine or trace.impl.engine_or_reference()
     else:
         plan = plan_replay(trace, str(source), engine=engine, oracle="recorded")
         workload, engine = plan.workload, plan.engine
@@ -433,7 +434,8 @@ def as_recording(shrunk: Shrunk, recording: Trace) -> Trace:
     there already; it keeps the recorded inputs of the requests it kept (an attached run's
     prompts, chunks and stops, which its workload only summarises)."""
     kept = {r.request_id for r in shrunk.workload.requests}
-    return dataclasses.replace(shrunk.trace, inputs=_inputs_of(recording.inputs, kept))
+    inputs = _inputs_of(recording.inputs.to_dict() if recording.inputs is not None else {}, kept)
+    return dataclasses.replace(shrunk.trace, inputs=Inputs.from_dict(inputs) if inputs else None)
 
 
 def _inputs_of(inputs: dict[str, Any], kept: set[str]) -> dict[str, Any]:

@@ -41,7 +41,8 @@ class Oracle:
             if not spec.streaming:
                 continue
             self.inputs[rid] = workload.turns(spec)
-            lengths, prompt_len = [], 0
+            lengths: list[tuple[int, int]] = []
+            prompt_len = 0
             for t, (length, max_tokens) in enumerate(self.inputs[rid]):
                 prompt_len = length if t == 0 else prompt_len + lengths[-1][1] - 1 + length
                 lengths.append((prompt_len, max_tokens))
@@ -117,7 +118,7 @@ class Oracle:
         correct = self._correctness(rid, first_position, k)
         return [t if c else (t + 1) % self.vocab for t, c in zip(true, correct)]
 
-    def _correctness(self, rid: str, first_position: int, k: int) -> bytes | list[bool]:
+    def _correctness(self, rid: str, first_position: int, k: int) -> bytes | bytearray | list[bool]:
         """Is the draft for positions first_position.. the true token (the acceptance rule)?"""
         kind, p = self._acceptance[rid]
         if kind == "all" or kind == "none":

@@ -38,6 +38,7 @@ from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.recorded_inputs import RecordedInputs
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import ImplHeader, Inputs
 
 #: The columns a recording needs for its outcomes to drive a replay.
 COLUMNS = (
@@ -76,9 +77,9 @@ class Observed:
     conflicts: int = 0  # positions recorded twice with different tokens (the first is kept)
 
 
-def drafter_of(impl: dict[str, Any]) -> str:
+def drafter_of(impl: ImplHeader) -> str:
     """The drafter a trace's run used: a live engine names it; the reference's is fixed-k."""
-    drafter = impl.get("drafter", "fixed")
+    drafter = impl.drafter
     return drafter if drafter in DRAFTERS else "fixed"
 
 
@@ -108,6 +109,7 @@ class RecordedOracle(Oracle):
         # A live engine stops stepping once its front end waits for nothing: the batches still
         # in flight then are never applied. A replay of its recording stops there too.
         self.drains_at_end = True
+        self.trace_inputs: Inputs | None = None  # the recording's inputs metadata, kept by a replay of it
         self.observed: dict[tuple[str, int], Observed] = defaultdict(Observed)
         self._chain: dict[tuple[str, int], list[int]] = {}
         self._synthetic: Oracle | None = None  # what specreplay fed the recorded engine (stop token ids)
@@ -225,10 +227,10 @@ class RecordedOracle(Oracle):
             length, max_tokens = (
                 (self.specs[rid].prompt_len, self.specs[rid].max_tokens) if turn == 0 else self._turns[rid][turn]
             )
-            self._extend(rid, turn, seq, length + max_tokens + 2 * self.workload.config.num_spec_tokens + 2)
+            self._extend_turn(rid, turn, seq, length + max_tokens + 2 * self.workload.config.num_spec_tokens + 2)
         return seq
 
-    def _extend(self, rid: str, turn: int, seq: list[int], length: int) -> None:
+    def _extend_turn(self, rid: str, turn: int, seq: list[int], length: int) -> None:
         known = self.observed.get((rid, turn))
         h = self._hash[rid]
         while len(seq) < length:
@@ -239,7 +241,7 @@ class RecordedOracle(Oracle):
     def token_at(self, rid: str, position: int, prompt_len: int | None = None) -> int:
         seq = self.expected(rid, prompt_len)
         if len(seq) <= position:
-            self._extend(rid, self.turn(rid, prompt_len), seq, position + 1)
+            self._extend_turn(rid, self.turn(rid, prompt_len), seq, position + 1)
         return seq[position]
 
     def answer(self, rid: str, prompt_len: int, position: int, token: int) -> int:
@@ -331,9 +333,11 @@ class RecordedOracle(Oracle):
 def recorded_oracle(workload: Workload, trace: Any) -> RecordedOracle:
     """The oracle of `trace`'s recorded outcomes, refused in one line when it has none."""
     if not has_outcomes(trace.table):
+        name = trace.workload.name if trace.workload.name is not None else "the trace"
         raise InputError(
-            f"{trace.workload.get('name', 'the trace')}: no recorded outcomes (schema v{trace.schema_version} "
+            f"{name}: no recorded outcomes (schema v{trace.schema_version} "
             "traces before v3 carry no sampled token ids); replay it with --oracle synthetic"
         )
-    inputs = RecordedInputs.of(trace.inputs, trace.table, "trace inputs metadata") if trace.inputs else None
+    recorded = trace.inputs.to_dict() if trace.inputs is not None else None
+    inputs = RecordedInputs.of(recorded, trace.table, "trace inputs metadata") if recorded else None
     return RecordedOracle(workload, trace.table, drafter_of(trace.impl), inputs)

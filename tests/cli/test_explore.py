@@ -42,7 +42,7 @@ def test_explore_finds_the_pr30796_divergence_from_random_workloads(found):
     assert "X10-scheduler-output-mutated" in errors
     trace = read_trace(found / "X10-scheduler-output-mutated.parquet")  # the saved trace reproduces it
     assert "X10-scheduler-output-mutated" in {f.code for f in check_trace(trace)}
-    assert trace.workload["name"].startswith(
+    assert trace.workload.name.startswith(
         f"explore-{summary(found)['findings']['X10-scheduler-output-mutated']['seed']}-"
     )
 
@@ -61,7 +61,7 @@ def test_shrink_cuts_it_to_a_few_requests_and_steps_and_emits_a_regression_test(
     )
     assert result.exit_code == 0, result.output
     trace = read_trace(minimal)
-    assert len(trace.workload["requests"]) <= 3 and trace.num_steps <= 10, result.output
+    assert len(trace.workload.requests) <= 3 and trace.num_steps <= 10, result.output
     assert "X10-scheduler-output-mutated" in {f.code for f in check_trace(trace)}
 
     def pytest_on(impl: str) -> int:

@@ -118,12 +118,12 @@ def test_corpus_covers_the_situations():
     for path in sorted(corpus_dir().glob("*.parquet")):
         trace = read_trace(path)
         df = trace.table.to_pandas()
-        seen.add("async" if trace.config["async_scheduling"] else "sync")
+        seen.add("async" if trace.config.async_scheduling else "sync")
         if df.sched_preempted.any():
             seen.add("preemption")
         if df.sched_is_prefill_chunk.any():
             seen.add("chunked prefill")
-        if any("abort_step" in r for r in trace.workload["requests"]) or (df.sched_event == "abort").any():
+        if any("abort_step" in r for r in trace.workload.requests) or (df.sched_event == "abort").any():
             seen.add("abort")
         if df.step_event.str.contains("pause").any():
             seen.add("pause")

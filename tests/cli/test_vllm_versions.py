@@ -21,7 +21,7 @@ UPSTREAM = resolve("upstream", allow_import=False)
 
 
 def version_of(path) -> str:
-    return open_trace(path).config["vllm_version"]
+    return open_trace(path).config.vllm_version
 
 
 def test_record_replay_and_shrink_keep_the_release(tmp_path):
@@ -120,7 +120,7 @@ def test_a_paused_engine_refuses_new_requests_in_0_33_only():
     assert _rows(runs["0.32.0"], "late") and not _rows(runs["0.33.0"], "late")
     events = {e for e in runs["0.33.0"].table.column("step_event").to_pylist() if e}
     assert any("rejected late: engine_paused" in e for e in events)
-    assert runs["0.33.0"].outcome["status"] == "completed" and "unfinished" not in runs["0.33.0"].outcome
+    assert runs["0.33.0"].outcome.status == "completed" and runs["0.33.0"].outcome.unfinished is None
 
 
 def test_engine_vllm_on_a_wheel_without_cpu_kernels_is_one_line(monkeypatch):

@@ -165,6 +165,6 @@ def test_a_live_trace_names_the_classes_vllms_processes_ran(live_reentry_trace):
     """The plugin writes the classes it found (a variant's subclass in place) into the run's
     parts; the header names them, not a generic "GPUModelRunner (live)"."""
     impl = live_reentry_trace.impl
-    assert impl["scheduler"] == "vllm.v1.core.sched.async_scheduler.AsyncScheduler"
+    assert impl.scheduler == "vllm.v1.core.sched.async_scheduler.AsyncScheduler"
     # CPUModelRunner on these machines, GPUModelRunner on a GPU: vLLM's own, by module and name.
-    assert impl["runner"].startswith("vllm.v1.worker.") and impl["runner"].endswith("ModelRunner"), impl["runner"]
+    assert impl.runner.startswith("vllm.v1.worker.") and impl.runner.endswith("ModelRunner"), impl.runner

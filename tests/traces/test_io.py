@@ -19,7 +19,7 @@ def test_round_trip_keeps_rows_and_metadata(tmp_path, reentry_traces):
     back = read_trace(path)
     assert back.content_equals(trace)
     assert back.table.schema.equals(schema.SCHEMA)
-    assert back.workload == trace.workload and back.impl["name"] == "upstream"
+    assert back.workload == trace.workload and back.impl.name == "upstream"
 
 
 def test_readable_without_specreplay(tmp_path, reentry_traces):

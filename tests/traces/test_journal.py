@@ -50,10 +50,10 @@ def decoded(table):
 
 def assert_prefix_of(recovered, full) -> int:
     """The recovered rows are exactly the full run's rows of steps 1..last: whole steps, same values."""
-    last = recovered.outcome["step"]
+    last = recovered.outcome.step
     steps = full.table["step"].to_pylist()
     whole = sum(1 for s in steps if s <= last)
-    assert recovered.outcome["status"] == "partial"
+    assert recovered.outcome.status == "partial"
     assert recovered.num_rows == whole, (recovered.num_rows, whole)
     assert decoded(recovered.table).equals(decoded(full.table.slice(0, whole)))
     assert recovered.workload == full.workload and recovered.config == full.config
@@ -174,7 +174,7 @@ def test_an_exception_leaves_a_crashed_trace_or_a_recoverable_journal(tmp_path, 
     result = CliRunner().invoke(main, ["record", "--workload", str(spec), "-o", str(out)])
     assert result.exit_code == 3 and "specreplay bug at step 30" in result.output and not out.exists()
     recovered = recover(journal_path(out))
-    assert recovered.outcome["step"] == 29  # every step recorded before the exception, flushed on it
+    assert recovered.outcome.step == 29  # every step recorded before the exception, flushed on it
     assert decoded(recovered.table.slice(0, settled)).equals(decoded(full.table.slice(0, settled)))
     # recover writes an ordinary trace that every command reads; it never overwrites one
     fixed = tmp_path / "fixed.parquet"
@@ -213,7 +213,7 @@ def test_a_step_cut_short_by_an_exception_is_left_out_of_the_journal(tmp_path):
     result = CliRunner().invoke(main, ["record", "--scenario", "reentry", "--impl", impl, "-o", str(out)])
     assert result.exit_code == 2 and "the runner refuses step 6" in result.output
     recovered = recover(journal_path(out))
-    assert recovered.outcome["step"] == 5
+    assert recovered.outcome.step == 5
     assert not [f for f in check_trace(recovered) if f.code == "X1-batch-membership"]
     # and a new recording to the same path refuses to drop the journal
     again = CliRunner().invoke(main, ["record", "--scenario", "reentry", "-o", str(out)])

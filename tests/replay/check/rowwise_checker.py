@@ -67,9 +67,9 @@ class TraceRows:
                 prompt = self.col["sched_num_prompt_tokens"][i]
                 turns = limits.get(key, ())
                 self.max_tokens[i] = turns[turn] if turn < len(turns) else None
-        self.is_async = bool(self.config.get("async_scheduling", True))
-        self.drafter = (trace.impl or {}).get("drafter")
-        self.crash_step = trace.outcome.get("step") if trace.outcome.get("status") == "crashed" else None
+        self.is_async = self.config.async_scheduling is not False
+        self.drafter = trace.impl.drafter
+        self.crash_step = trace.outcome.step if trace.outcome.status == "crashed" else None
 
     def __getitem__(self, name: str) -> list:
         return self.col[name]
@@ -239,8 +239,8 @@ def check_draft_provenance(rows: TraceRows) -> Iterator[Finding]:
 
 def check_budget(rows: TraceRows) -> Iterator[Finding]:
     c = rows.col
-    budget = rows.config.get("max_num_batched_tokens", 1 << 30)
-    max_len = rows.config.get("max_model_len", 1 << 30)
+    budget = rows.config.max_num_batched_tokens or 1 << 30
+    max_len = rows.config.max_model_len or 1 << 30
     totals: dict[int, int] = {}
     for i in range(rows.num_rows):
         s = c["step"][i]
@@ -269,7 +269,7 @@ def check_budget(rows: TraceRows) -> Iterator[Finding]:
 
 def check_draft_slot_count(rows: TraceRows) -> Iterator[Finding]:
     c = rows.col
-    width = rows.config.get("num_spec_tokens", 0)
+    width = rows.config.num_spec_tokens or 0
     for i in range(rows.num_rows):
         n = c["sched_num_scheduled_tokens"][i]
         if not n:
@@ -723,17 +723,17 @@ def check_wasted_steps(rows: TraceRows) -> Iterator[Finding]:
 def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
     outcome = rows.trace.outcome
     c = rows.col
-    if outcome.get("status") == "completed":  # the requests the scheduler still held when the engine went idle
-        unfinished = [str(rid) for rid in outcome.get("unfinished", ())]
+    if outcome.status == "completed":  # the requests the scheduler still held when the engine went idle
+        unfinished = [str(rid) for rid in outcome.unfinished or ()]
     else:
         unfinished = sorted(
             rid for (rid, _), idx in rows.by_request.items() if c["sched_status"][idx[-1]] != "finished"
         )
     e2 = BY_CODE["E2-run-incomplete"]
-    if outcome.get("status") == "step_limit":
+    if outcome.status == "step_limit":
         rid = unfinished[0] if unfinished else None
         yield e2.finding(
-            outcome.get("step", 0),
+            outcome.step or 0,
             rid,
             _latest_life(rows, rid),
             "outcome",
@@ -742,9 +742,9 @@ def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
             status="step_limit",
             unfinished=tuple(unfinished),
         )
-    elif outcome.get("status") == "completed" and unfinished:
+    elif outcome.status == "completed" and unfinished:
         yield e2.finding(
-            int(outcome.get("step", 0)),
+            int(outcome.step or 0),
             unfinished[0],
             _latest_life(rows, unfinished[0]),
             "outcome",
@@ -758,17 +758,17 @@ def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
 def check_crash(rows: TraceRows) -> Iterator[Finding]:
     if rows.crash_step is None:
         return
-    message = rows.trace.outcome.get("message", "engine crashed")
+    message = rows.trace.outcome.message if rows.trace.outcome.message is not None else "engine crashed"
     rid = None
     marker = "request '"
     if marker in message:
         rid = message.split(marker, 1)[1].split("'", 1)[0]
     life = _latest_life(rows, rid)
-    if rows.trace.outcome.get("kind", "negative-input-id") == "negative-input-id":
+    if rows.trace.outcome.kind in (None, "negative-input-id"):
         yield BY_CODE["X5-negative-input-id"].finding(
             rows.crash_step, rid, life, "input_ids", None, -1, outcome_message=message
         )
-    elif "exception" in rows.trace.outcome:  # the implementation raised (engines/crash.py)
+    elif rows.trace.outcome.exception is not None:  # the implementation raised (engines/crash.py)
         outcome = rows.trace.outcome
         yield BY_CODE["E1-engine-crash"].finding(
             rows.crash_step,
@@ -776,10 +776,10 @@ def check_crash(rows: TraceRows) -> Iterator[Finding]:
             life,
             "exception",
             None,
-            outcome["exception"],
+            outcome.exception,
             outcome_message=message,
-            where=outcome.get("where"),
-            side=outcome.get("side"),
+            where=outcome.where,
+            side=outcome.side,
         )
     else:
         yield BY_CODE["E1-engine-crash"].finding(

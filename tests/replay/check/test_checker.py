@@ -100,7 +100,7 @@ def test_a_run_that_hits_the_step_limit_is_an_error():
     from specreplay.replay.workloads.scenarios import reentry
 
     trace = run_workload(dataclasses.replace(reentry(), max_steps=3), resolve("upstream", allow_import=False))
-    assert trace.outcome == {"status": "step_limit", "step": 3}
+    assert trace.outcome.to_dict() == {"status": "step_limit", "step": 3}
     found = [f for f in check_trace(trace) if f.code == "E2-run-incomplete"]
     assert found and found[0].severity == "error" and found[0].worker == 11
 
@@ -111,7 +111,7 @@ def test_malformed_scheduler_output_is_an_engine_crash():
     from specreplay.replay.workloads.scenarios import reentry_sync
 
     trace = run_workload(reentry_sync(), resolve("pr30796", allow_import=False))
-    assert trace.outcome["status"] == "crashed" and trace.outcome["kind"] == "malformed-scheduler-output"
+    assert trace.outcome.status == "crashed" and trace.outcome.kind == "malformed-scheduler-output"
     assert "E1-engine-crash" in codes(trace)
 
 
@@ -124,5 +124,5 @@ def test_padded_admission_cut_by_the_long_prefill_threshold_is_vllms_assert():
     from tests.conftest import padded_admission_cut_by_threshold
 
     trace = run_workload(padded_admission_cut_by_threshold(), resolve("upstream", allow_import=False))
-    assert (trace.outcome["status"], trace.outcome["step"], trace.outcome["kind"]) == ("crashed", 2, "scheduler-assert")
+    assert (trace.outcome.status, trace.outcome.step, trace.outcome.kind) == ("crashed", 2, "scheduler-assert")
     assert "E1-engine-crash" in codes(trace)

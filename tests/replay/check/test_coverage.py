@@ -84,7 +84,7 @@ def test_a_checker_of_some_codes_names_only_its_own_unchecked(reentry_traces, ch
 @pytest.mark.vllm
 def test_a_live_engine_trace_has_no_ground_truth(live_reentry_trace):
     trace = live_reentry_trace
-    assert trace.impl["engine"] == "vllm"
+    assert trace.impl.engine == "vllm"
     assert unchecked_codes(trace) == NEED_TRUTH
     assert check_report(trace, trace.batches(NEEDED)).unchecked == NEED_TRUTH
     assert not codes(trace) & set(NEED_TRUTH)

@@ -89,7 +89,7 @@ def test_sync_scheduling_never_has_a_step_in_flight_to_skip_for():
     workload = _one_request(async_scheduling=False)
     assert _impl(NoMaxTokensSkip).why_not(workload.config) is not None
     trace = run_workload(workload, _impl(sync_form))
-    assert trace.impl["scheduler"].endswith("NoMaxTokensSkipSync")
+    assert trace.impl.scheduler.endswith("NoMaxTokensSkipSync")
     assert not _codes(trace, S9)
 
 

@@ -94,12 +94,12 @@ def test_an_in_process_program_records_and_merges(recorded):
     assert result.exit_code == 0, result.output
     assert "12 requests, 1 aborts" in result.output and "dropped" not in result.output
     trace = read_trace(base / "run.parquet")
-    assert trace.impl["engine"] == "vllm (attached)" and trace.impl["drafter"] == "ngram_gpu"
-    assert trace.config["num_spec_tokens"] == 3 and trace.config["num_blocks"] == 64
-    assert any("pin_memory" in p for p in trace.impl["patches"])  # the CPU recipe, applied by the plugin
+    assert trace.impl.engine == "vllm (attached)" and trace.impl.drafter == "ngram_gpu"
+    assert trace.config.num_spec_tokens == 3 and trace.config.num_blocks == 64
+    assert any("pin_memory" in p for p in trace.impl.patches)  # the CPU recipe, applied by the plugin
     df = trace.table.to_pandas()
     # Every request the program sent, with the step it arrived before, its prompt and parameters.
-    recorded_requests = {r["id"]: r for r in trace.inputs["requests"]}
+    recorded_requests = {r["id"]: r for r in trace.inputs.requests}
     assert set(recorded_requests) == set(client["sent"])
     for rid, sent in client["sent"].items():
         r = recorded_requests[rid]
@@ -115,7 +115,7 @@ def test_an_in_process_program_records_and_merges(recorded):
         assert applied_tokens(df, rid) == tokens, rid
     # The abort sits at the step it landed: after step 8's schedule, before step 9's, through the
     # input queue (LLMEngine.abort_request in process): step 9's row carries it.
-    (abort,) = trace.inputs["aborts"]
+    (abort,) = trace.inputs.aborts
     assert (abort["id"], abort["step"]) == ("user-11", 8)
     row = df[(df.request_id == "user-11") & (df.step == 9)]
     assert row.sched_event.tolist() == ["abort"] and row.sched_status.tolist() == ["finished"]
@@ -180,7 +180,7 @@ def test_a_killed_program_merges_into_whole_steps(tmp_path):
     assert result.exit_code == 0, result.output
     assert "line(s) cut mid-write" in result.output
     trace = read_trace(tmp_path / "run.parquet")
-    assert trace.outcome["status"] == "partial" and "cut mid-write" in trace.outcome["message"]
+    assert trace.outcome.status == "partial" and "cut mid-write" in trace.outcome.message
     df = trace.table.to_pandas()
     assert df.step.max() >= 6
     assert df[df.sched_num_scheduled_tokens > 0].worker_num_scheduled_tokens.notna().all()
@@ -245,7 +245,7 @@ def test_llm_generate_records(tmp_path):
     client = json.loads(out.read_text())
     trace = merge_to(folder, tmp_path / "run.parquet").trace
     df = trace.table.to_pandas()
-    recorded = {r["id"]: r for r in trace.inputs["requests"]}
+    recorded = {r["id"]: r for r in trace.inputs.requests}
     assert {rid: (r["prompt"], r["max_tokens"]) for rid, r in recorded.items()} == {
         rid: (sent["prompt"], sent["max_tokens"]) for rid, sent in client["sent"].items()
     }

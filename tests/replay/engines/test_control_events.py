@@ -29,7 +29,7 @@ def errors(findings) -> set[str]:
 # ---------------------------------------------------------------------- the scenarios on upstream
 def test_pause_clear_drops_exactly_the_outputs_in_flight_at_the_reset():
     trace, findings, df = run("pause-clear")
-    assert trace.outcome["status"] == "completed" and not errors(findings)
+    assert trace.outcome.status == "completed" and not errors(findings)
     assert df.step_event.str.contains("pause").any() and df.step_event.str.contains("resume").any()
     # The pause: no schedule() at steps 6-8; step 5's output drains (applied), then the clear
     # preempts everyone, who resume at step 9 with a full re-prefill.
@@ -48,7 +48,7 @@ def test_pause_clear_drops_exactly_the_outputs_in_flight_at_the_reset():
 
 def test_abort_inflight_ignores_the_aborted_outputs_only():
     trace, findings, df = run("abort-inflight")
-    assert trace.outcome["status"] == "completed" and not errors(findings)
+    assert trace.outcome.status == "completed" and not errors(findings)
     ignored = df[df.apply_outcome == "ignored"]
     # Request 1 aborted after step 5's schedule: steps 4 and 5 were in flight. Request 2 aborted
     # before step 7's: step 6 was. (Other ignored outputs: requests finishing with one in flight.)
@@ -61,7 +61,7 @@ def test_abort_inflight_ignores_the_aborted_outputs_only():
 
 def test_streaming_append_turns_keep_the_kv_and_drop_the_ended_turns_step():
     trace, findings, df = run("streaming-append")
-    assert trace.outcome["status"] == "completed" and not errors(findings)
+    assert trace.outcome.status == "completed" and not errors(findings)
     s = df[df.request_id == "s"]
     # Turn prompts: 6; then 6 + (6 - 1) kept outputs + 4 appended = 15; then 15 + (5 - 1) + 3 = 22.
     assert sorted(set(s.sched_num_prompt_tokens)) == [6, 15, 22]
@@ -76,11 +76,11 @@ def test_streaming_append_turns_keep_the_kv_and_drop_the_ended_turns_step():
 
 def test_resubmission_with_a_step_in_flight_is_vllms_bug_and_life_guard_fixes_it():
     trace, findings, df = run("resubmit")
-    assert trace.outcome["status"] == "crashed" and trace.outcome["step"] == 12
-    assert "num_output_placeholders" in trace.outcome["message"] and errors(findings) == {"E1-engine-crash"}
+    assert trace.outcome.status == "crashed" and trace.outcome.step == 12
+    assert "num_output_placeholders" in trace.outcome.message and errors(findings) == {"E1-engine-crash"}
     assert (df[df.request_id == "1"].sched_life == 1).any()  # the clean second life ran first
     guarded, guarded_findings, gdf = run("resubmit", "life-guard")
-    assert guarded.outcome["status"] == "completed" and not errors(guarded_findings)
+    assert guarded.outcome.status == "completed" and not errors(guarded_findings)
     old = gdf[(gdf.request_id == "0") & (gdf.step == 11)]
     assert old.sched_life.item() == 0 and old.apply_outcome.item() == "ignored"
     second = gdf[(gdf.request_id == "0") & (gdf.sched_life == 1)]
@@ -90,7 +90,7 @@ def test_resubmission_with_a_step_in_flight_is_vllms_bug_and_life_guard_fixes_it
 
 def test_streaming_preempt_is_vllms_lost_session():
     trace, findings, df = run("streaming-preempt")
-    assert trace.outcome == {"status": "completed", "step": 9, "unfinished": ["6"]}
+    assert trace.outcome.to_dict() == {"status": "completed", "step": 9, "unfinished": ["6"]}
     assert errors(findings) == {"E2-run-incomplete"}
     s = df[df.request_id == "6"]
     assert s.sched_preempted.iloc[-1]
@@ -106,7 +106,7 @@ def test_aborting_the_session_vllm_lost_finishes_it():
     base = build_scenario("streaming-preempt")
     w = dataclasses.replace(base, events=base.events + (Event(30, "abort", request="6"),))
     trace = run_workload(w, resolve("upstream", allow_import=False))
-    assert trace.outcome == {"status": "completed"}  # the idle engine waits for the abort, which ends it
+    assert trace.outcome.to_dict() == {"status": "completed"}  # the idle engine waits for the abort, which ends it
     assert not errors(check_trace(trace))
 
 
@@ -246,7 +246,7 @@ def test_shrink_keeps_the_events_the_finding_needs():
     # the resubmission right after still gets that step's output. A duplicate-id assert (a
     # resubmission while it is live) would be another crash, and is not taken.
     assert [(e.kind, e.request) for e in w.events] == [("resubmit", "0")]
-    assert "num_output_placeholders" in result.trace.outcome["message"]
+    assert "num_output_placeholders" in result.trace.outcome.message
     assert w.config.max_num_seqs == 1 and len(result.reductions) > 10
 
 

@@ -65,7 +65,7 @@ def _streaming_session_preempted(workload: Workload, finding, trace) -> bool:
     sessions that were preempted) unfinished (README, "A streaming session lost after a preemption")."""
     if finding.scheduler != "completed":  # held for good by an idle engine, not cut by a step limit
         return False
-    unfinished = [str(r) for r in trace.outcome.get("unfinished", ())]
+    unfinished = [str(r) for r in trace.outcome.unfinished or ()]
     streaming = {r.request_id for r in workload.requests if r.streaming}
     preempted = set(trace.table.filter(trace.table["sched_preempted"]).column("request_id").to_pylist())
     return bool(unfinished) and all(r in streaming and r in preempted for r in unfinished)
@@ -90,7 +90,7 @@ def _sync_streaming_turn_with_drafts(workload: Workload, finding, trace) -> bool
         if r["request_id"] in sessions
     ]
     if finding.code == "E1-engine-crash":
-        message = str(trace.outcome.get("message", ""))
+        message = trace.outcome.message or ""
         return "admitted with" in message and any(f"request {rid!r}" in message for rid in sessions)
     return finding.code != "E2-run-incomplete" and any(
         r["request_id"] == finding.request_id and r["step"] <= finding.step for r in turns
@@ -108,7 +108,9 @@ def _sessions_deadlock_on_kv(workload: Workload, finding, trace) -> bool:
     if finding.code != "E2-run-incomplete" or finding.scheduler != "step_limit":
         return False
     sessions = {r.request_id for r in workload.requests if r.streaming}
-    last = trace.table.filter(pc.equal(trace.table["step"], trace.outcome.get("step", -1))).to_pylist()
+    last = trace.table.filter(
+        pc.equal(trace.table["step"], trace.outcome.step if trace.outcome.step is not None else -1)
+    ).to_pylist()
     holding = [
         r
         for r in last
@@ -138,7 +140,7 @@ def unexplained_errors(workload: Workload, trace, findings, cut_at: int | None =
             f.code == "E2-run-incomplete"
             and f.scheduler == "step_limit"
             and cut_at is not None
-            and trace.outcome.get("step", 0) >= cut_at
+            and (trace.outcome.step or 0) >= cut_at
         ):
             continue
         if any(explains(workload, f, trace) for explains in KNOWN_BUGS.get(f.code, ()) + KNOWN_BUGS["*"]):
@@ -155,12 +157,12 @@ def assert_errors_explained(workload: Workload, trace, findings, cut_at: int | N
         f"{len(bad)} unexplained error findings, first: {bad[0].code} at step {bad[0].step}, "
         f"request {bad[0].request_id}: {bad[0].message}\nworkload: {workload.to_dict()}"
     )
-    status = trace.outcome["status"]
+    status = trace.outcome.status
     assert status in ("completed", "crashed", "step_limit"), trace.outcome
     if status == "crashed":  # the engine died: an E1 (explained above)
         assert any(f.code == "E1-engine-crash" for f in findings), trace.outcome
     if status == "step_limit":  # our cut, or a livelock: an E2 (explained above)
-        assert (cut_at is not None and trace.outcome["step"] >= cut_at) or any(
+        assert (cut_at is not None and trace.outcome.step >= cut_at) or any(
             f.code == "E2-run-incomplete" for f in findings
         ), (trace.outcome, workload.to_dict())
 
@@ -192,7 +194,7 @@ def situations(trace) -> set[str]:
     rows = trace.table.select(
         ["sched_life", "sched_event", "sched_preempted", "apply_outcome", "step_event", "sched_kind"]
     ).to_pylist()
-    found = {f"outcome {trace.outcome['status']}"}
+    found = {f"outcome {trace.outcome.status}"}
     for r in rows:
         found |= {f"request event {r['sched_event']}"} if r["sched_event"] else set()
         found |= {"second life"} if r["sched_life"] else set()
@@ -527,7 +529,7 @@ def test_two_streaming_sessions_deadlock_on_kv_blocks(impl):
     assert resolve(IMPL, allow_import=False).why_not(workload.config) is not None
     trace = run_workload(workload, resolve(impl, allow_import=False))
     findings = check_trace(trace)
-    assert trace.outcome == {"status": "step_limit", "step": 60}
+    assert trace.outcome.to_dict() == {"status": "step_limit", "step": 60}
     [e2] = [f for f in findings if f.severity == "error"]
     assert e2.code == "E2-run-incomplete" and _sessions_deadlock_on_kv(workload, e2, trace)
     assert_errors_explained(workload, trace, findings)
@@ -536,7 +538,7 @@ def test_two_streaming_sessions_deadlock_on_kv_blocks(impl):
     roomier = dataclasses.replace(workload, config=dataclasses.replace(workload.config, num_blocks=5))
     no_reset = dataclasses.replace(workload, events=workload.events[:3])
     for fine in (roomier, no_reset):
-        assert run_workload(fine, resolve(impl, allow_import=False)).outcome["status"] == "completed"
+        assert run_workload(fine, resolve(impl, allow_import=False)).outcome.status == "completed"
 
 
 @pytest.mark.vllm
@@ -544,7 +546,7 @@ def test_the_real_scheduler_deadlocks_the_same_way():
     workload = Workload.from_dict(SESSIONS_DEADLOCK)
     real = run_workload(workload, resolve("upstream", allow_import=False), engine="vllm-scheduler")
     ref = run_workload(workload, resolve("upstream", allow_import=False))
-    assert real.outcome == ref.outcome == {"status": "step_limit", "step": 60}
+    assert real.outcome.to_dict() == ref.outcome.to_dict() == {"status": "step_limit", "step": 60}
     assert (
         real.table.select(["step", "request_id", "sched_status", "sched_num_scheduled_tokens"]).to_pylist()
         == ref.table.select(["step", "request_id", "sched_status", "sched_num_scheduled_tokens"]).to_pylist()

@@ -74,7 +74,7 @@ def test_a_runner_hook_raising_keyerror_kills_the_engine_at_that_step(tmp_path, 
     output, trace = record_crash(tmp_path, workload, "ForgetfulRunner")
     where = f"{SOURCE.relative_to(Path.cwd())}:{line_of('# KeyError at CRASH_STEP')}"
     assert f"outcome crashed at step {CRASH_STEP}: KeyError: 'a', raised in the runner" in output
-    assert trace.outcome == {
+    assert trace.outcome.to_dict() == {
         "status": "crashed",
         "step": CRASH_STEP,
         "kind": "engine-crash",
@@ -97,10 +97,10 @@ def test_a_failed_assert_in_a_scheduler_hook_kills_the_engine_at_that_step(tmp_p
     output, trace = record_crash(tmp_path, workload, "AssertingScheduler")
     where = f"{SOURCE.relative_to(Path.cwd())}:{line_of('assert self.step < CRASH_STEP')}"
     outcome = trace.outcome
-    assert (outcome["status"], outcome["step"], outcome["kind"]) == ("crashed", CRASH_STEP, "scheduler-assert")
-    assert (outcome["exception"], outcome["where"], outcome["side"]) == ("AssertionError", where, "scheduler")
+    assert (outcome.status, outcome.step, outcome.kind) == ("crashed", CRASH_STEP, "scheduler-assert")
+    assert (outcome.exception, outcome.where, outcome.side) == ("AssertionError", where, "scheduler")
     # A bare assert is named by its own text, as vLLM's are.
-    assert "AssertionError: assert self.step < CRASH_STEP, raised in the scheduler" in outcome["message"]
+    assert "AssertionError: assert self.step < CRASH_STEP, raised in the scheduler" in outcome.message
     assert f"outcome crashed at step {CRASH_STEP}: AssertionError" in output
     assert_e1_at(trace, CRASH_STEP, "AssertionError", where)
     assert max(trace.table["step"].to_pylist()) == CRASH_STEP - 1  # schedule() of the step never returned
@@ -112,7 +112,7 @@ def test_replay_through_a_raising_implementation_is_a_crash_too(tmp_path, worklo
     out = tmp_path / "again.parquet"
     result = run("replay", clean, "--impl", f"{MODULE}:ForgetfulRunner", "-o", out)
     assert result.exit_code == 1 and f"outcome crashed at step {CRASH_STEP}: KeyError" in result.output
-    assert read_trace(out).outcome["exception"] == "KeyError"
+    assert read_trace(out).outcome.exception == "KeyError"
 
 
 @pytest.mark.parametrize(
@@ -192,7 +192,7 @@ def test_a_recovered_partial_trace_checks_as_partial_never_ok(tmp_path, workload
     recovered = tmp_path / "recovered.parquet"
     result = run("recover", journal_path(out), "-o", recovered)
     assert result.exit_code == 0, result.output
-    last = read_trace(recovered).outcome["step"]
+    last = read_trace(recovered).outcome.step
     assert 0 < last <= 9
     text = run("diff", recovered)
     assert text.exit_code == 0, text.output
@@ -209,13 +209,13 @@ def test_on_the_real_scheduler_a_variants_exception_is_a_crash_too(tmp_path, wor
     KeyError and failed assert (vLLM's own asserts were crashes already: they name the variant's
     line when the variant's code raised them)."""
     _, runner = record_crash(tmp_path, workload, "ForgetfulRunner", "--engine", "vllm-scheduler")
-    assert (runner.outcome["step"], runner.outcome["exception"]) == (CRASH_STEP, "KeyError")
+    assert (runner.outcome.step, runner.outcome.exception) == (CRASH_STEP, "KeyError")
     (tmp_path / "crash.parquet").unlink()
     _, real = record_crash(tmp_path, workload, "FORGETFUL_REAL", "--engine", "vllm-scheduler")
     where = f"{SOURCE.relative_to(Path.cwd())}:{line_of('the bug: a lookup')}"
-    assert (real.outcome["step"], real.outcome["exception"], real.outcome["where"]) == (CRASH_STEP, "KeyError", where)
+    assert (real.outcome.step, real.outcome.exception, real.outcome.where) == (CRASH_STEP, "KeyError", where)
     assert_e1_at(real, CRASH_STEP, "KeyError", where)
     (tmp_path / "crash.parquet").unlink()
     _, asserting = record_crash(tmp_path, workload, "ASSERTING", "--engine", "vllm-scheduler")
-    assert (asserting.outcome["step"], asserting.outcome["kind"]) == (CRASH_STEP, "scheduler-assert")
-    assert asserting.outcome["where"] == f"{SOURCE.relative_to(Path.cwd())}:{line_of('assert self.steps_seen')}"
+    assert (asserting.outcome.step, asserting.outcome.kind) == (CRASH_STEP, "scheduler-assert")
+    assert asserting.outcome.where == f"{SOURCE.relative_to(Path.cwd())}:{line_of('assert self.steps_seen')}"

@@ -64,7 +64,7 @@ def request_events(trace) -> list[tuple[int, str, str]]:
 
 
 def live_workload(trace) -> Workload:
-    return Workload.from_dict(trace.workload)
+    return Workload.from_dict(trace.workload.to_dict())
 
 
 def applied_tokens(trace) -> dict[str, int]:
@@ -75,7 +75,7 @@ def applied_tokens(trace) -> dict[str, int]:
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_events_land_on_the_same_rows_as_on_the_real_scheduler(runs, name):
     live, real = runs[name]
-    assert live.impl["engine"] == "vllm"
+    assert live.impl.engine == "vllm"
     assert request_events(live), name  # the scenario's events reached the rows at all
     assert step_events(live) == step_events(real)
     assert request_events(live) == request_events(real)
@@ -85,7 +85,7 @@ def test_events_land_on_the_same_rows_as_on_the_real_scheduler(runs, name):
 def test_the_engines_own_outputs_are_the_applied_tokens(runs, name):
     """Summed over a request's lives and a session's turns, up to a crash."""
     live, _ = runs[name]
-    engine_counts = live.outcome["engine_output_tokens"]
+    engine_counts = live.outcome.engine_output_tokens
     assert engine_counts and applied_tokens(live) == engine_counts
     assert sorted(engine_counts) == sorted(r.request_id for r in live_workload(live).requests)
 
@@ -94,7 +94,7 @@ def test_pause_clear_on_the_live_engine(runs):
     """The pause (keep) drains step 5, clears once idle (everyone preempted, resumed at 9); the
     reset with step 13 in flight drops exactly step 13's outputs, stale count 1 + 3 each."""
     live, _ = runs["pause-clear"]
-    assert live.outcome["status"] == "completed"
+    assert live.outcome.status == "completed"
     df = live.table.to_pandas()
     assert set(df.step) & {6, 7, 8} == set()
     assert (df[df.step == 5].apply_outcome == "applied").all() and (df[df.step == 5].apply_step == 5).all()
@@ -115,16 +115,16 @@ def test_aborts_in_flight_on_the_live_engine(runs):
     assert df[(df.request_id == "1") & (df.step == 5)].apply_finish_reason.item() == "aborted"
     assert df[(df.request_id == "2") & (df.step == 7)].sched_event.item() == "abort"
     assert (df[df.request_id == "6"].sched_kind == "new").any()
-    assert live.outcome["engine_output_tokens"]["1"] < 30 and live.outcome["engine_output_tokens"]["2"] < 30
+    assert live.outcome.engine_output_tokens["1"] < 30 and live.outcome.engine_output_tokens["2"] < 30
 
 
 def test_same_id_resubmission_crashes_the_live_engine_as_the_real_scheduler(runs):
     """The requests reach the scheduler under the workload's ids, so the old life's step 11 is
     given to the new life of request 0 and vLLM asserts, on the whole engine too."""
     live, real = runs["resubmit"]
-    assert live.outcome["status"] == real.outcome["status"] == "crashed"
-    assert live.outcome["step"] == real.outcome["step"] == 12
-    assert "num_output_placeholders >= 0 (async_scheduler.py:71)" in live.outcome["message"]
+    assert live.outcome.status == real.outcome.status == "crashed"
+    assert live.outcome.step == real.outcome.step == 12
+    assert "num_output_placeholders >= 0 (async_scheduler.py:71)" in live.outcome.message
     lives = live.table.to_pandas().groupby("request_id").sched_life.max().to_dict()
     assert lives == {"0": 1, "1": 1, "2": 0}
 
@@ -153,7 +153,7 @@ def test_the_runners_correction_after_a_kept_pause_is_vllms_own():
     assert step_events(live) == step_events(real) == [(8, "pause(keep); resume")]
     for trace in (live, real):
         errors = {(f.code, f.step) for f in check_trace(trace) if f.severity == "error"}
-        assert ("X2-sched-worker-computed", 8) in errors, (trace.impl["engine"], sorted(errors))
+        assert ("X2-sched-worker-computed", 8) in errors, (trace.impl.engine, sorted(errors))
 
 
 def test_events_on_a_multiprocess_engine_core_reach_the_rows():
@@ -162,12 +162,12 @@ def test_events_on_a_multiprocess_engine_core_reach_the_rows():
     w = as_run("pause-clear")
     w = dataclasses.replace(w, requests=tuple(dataclasses.replace(r, max_tokens=24) for r in w.requests))
     live = run_workload(w, resolve("upstream", allow_import=False, executor="multiproc"), engine="vllm")
-    assert live.outcome["status"] == "completed", live.outcome
+    assert live.outcome.status == "completed", live.outcome
     labels = [e for _, e in step_events(live)]
     assert any("pause(keep)" in e and "pause: clear_cache" in e for e in labels), labels
     assert any("resume" in e for e in labels) and any("reset_prefix_cache(running)" in e for e in labels), labels
     assert {e for _, _, e in request_events(live)} == {"reset_preempt"}
-    assert applied_tokens(live) == live.outcome["engine_output_tokens"]
+    assert applied_tokens(live) == live.outcome.engine_output_tokens
 
 
 def test_a_pause_in_wait_mode_is_refused_in_process_in_one_line(tmp_path):

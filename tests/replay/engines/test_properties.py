@@ -68,7 +68,7 @@ def test_upstream_and_sched_clear_have_no_error_findings(workload):
         trace = run_workload(workload, impl)
         errors = [f for f in check_trace(trace) if f.severity == "error"]
         assert not errors, (name, workload.to_dict(), errors[:3])
-        assert trace.outcome["status"] == "completed"
+        assert trace.outcome.status == "completed"
 
 
 def test_random_scenarios_reach_the_interesting_situations():

@@ -19,6 +19,7 @@ from specreplay.replay.workflows.replaying import REPLAY_ENGINES
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.traces.errors import InputError
+from specreplay.traces.header import ImplHeader
 
 SYNC = EngineConfig(async_scheduling=False)
 ASYNC = EngineConfig(async_scheduling=True)
@@ -62,9 +63,9 @@ def test_an_unknown_engine_or_runner_family_is_one_line():
 
 
 def test_engine_of_a_trace_defaults_to_the_reference_and_knows_no_stranger():
-    assert registry.engine_of({}) is engine("reference")
-    assert registry.engine_of({"engine": "vllm (attached)"}) is registry.ATTACHED
-    assert registry.engine_of({"engine": "someone else's"}) is None
+    assert registry.engine_of(ImplHeader()) is engine("reference")
+    assert registry.engine_of(ImplHeader(engine="vllm (attached)")) is registry.ATTACHED
+    assert registry.engine_of(ImplHeader(engine="someone else's")) is None
 
 
 def test_refuse_decides_applicability_and_real_forms_without_vllm():
@@ -102,7 +103,7 @@ def test_applicability_is_decided_once_per_run(tmp_path):
 
     COUNTED.asked.clear()
     trace = run_workload(build_scenario("reentry"), COUNTED)
-    assert trace.outcome["status"] == "completed" and len(COUNTED.asked) == 1
+    assert trace.outcome.status == "completed" and len(COUNTED.asked) == 1
     # The record path (workflows/recording.py: resolve, refuse, build, run) asks once too.
     COUNTED.asked.clear()
     record_to(tmp_path / "out.parquet", build_scenario("reentry"), f"{__name__}:COUNTED")
@@ -141,10 +142,10 @@ def test_a_runner_family_is_an_entry_the_wiring_builds(monkeypatch):
     CountingRunner.steps = 0
     upstream = builtin("upstream")
     trace = run_workload(build_scenario("reentry"), upstream, runner="counting")
-    assert trace.impl["runner"] == f"{__name__}.CountingRunner" and CountingRunner.steps > 0
+    assert trace.impl.runner == f"{__name__}.CountingRunner" and CountingRunner.steps > 0
     default = run_workload(build_scenario("reentry"), upstream)
-    assert default.impl["runner"] == "specreplay.replay.models.runner.GPUModelRunner"
+    assert default.impl.runner == "specreplay.replay.models.runner.GPUModelRunner"
     assert default.table.equals(trace.table)  # the same model, another class
     # A variant's own runner comes first, in any family.
     noclamp = run_workload(build_scenario("reentry"), builtin("noclamp"), runner="counting")
-    assert noclamp.impl["runner"].endswith("NoClampRunner")
+    assert noclamp.impl.runner.endswith("NoClampRunner")

@@ -99,7 +99,7 @@ def test_a_served_vllm_under_real_clients_records_into_one_trace(tmp_path):
     assert stopped.returncode == 0 and "merged run" in log, log[-3000:]
     trace = read_trace(output)
     df = trace.table.to_pandas()
-    recorded = {r["id"]: r for r in trace.inputs["requests"]}
+    recorded = {r["id"]: r for r in trace.inputs.requests}
     # Every request the clients sent is in the trace under the client's own id, arriving at its first row.
     sent = {r.request_id for r in bench.requests} | {c.request_id for c in clients}
     assert sent <= set(recorded), sorted(sent - set(recorded))[:5]
@@ -113,7 +113,7 @@ def test_a_served_vllm_under_real_clients_records_into_one_trace(tmp_path):
         assert len(applied_tokens(df, b.request_id)) == b.output_len
     # The disconnects are aborts, at the step they landed: through vLLM's early-aborts queue, on
     # the row of the step in flight; through its input queue, as the next row's event.
-    aborts = {a["id"]: a["step"] for a in trace.inputs["aborts"]}
+    aborts = {a["id"]: a["step"] for a in trace.inputs.aborts}
     assert aborted <= set(aborts)
     for rid in aborted:
         row = df[(df.request_id == rid) & (df.step == aborts[rid])]
@@ -122,7 +122,7 @@ def test_a_served_vllm_under_real_clients_records_into_one_trace(tmp_path):
     # Every scheduled row has its worker row; the checker finds no error.
     assert df[df.sched_num_scheduled_tokens > 0].worker_num_scheduled_tokens.notna().all()
     assert not [f for f in check_trace(trace) if f.severity == "error"]
-    assert trace.impl["engine"] == "vllm (attached)" and trace.impl["executor"] == "multiproc"
+    assert trace.impl.engine == "vllm (attached)" and trace.impl.executor == "multiproc"
     # Replayed on its recorded prompts, arrival steps, aborts and outcomes, through the reference
     # and the real scheduler: every column as recorded, the steps the engine core stepped only
     # to announce finished requests (after the warm-up, at the end) included.

@@ -32,8 +32,8 @@ def applied_tokens(trace) -> dict[str, int]:
 def completed(trace):
     """The run finished (a crashed or cut live run has no engine counts to compare), every request
     of the workload has rows, and the trace's rows as a DataFrame."""
-    assert trace.outcome["status"] == "completed", trace.outcome
-    assert not trace.outcome.get("unfinished"), trace.outcome
+    assert trace.outcome.status == "completed", trace.outcome
+    assert not trace.outcome.unfinished, trace.outcome
     df = trace.table.to_pandas()
     assert sorted(df.request_id.unique()) == IDS
     return df
@@ -43,9 +43,9 @@ def completed(trace):
 def test_scheduler_view_matches_the_engines_own_outputs(live, mode):
     trace = live[("upstream", mode)]
     completed(trace)
-    assert trace.impl["engine"] == "vllm"
-    assert trace.impl["executor"] == mode and trace.impl["patches"]
-    engine_counts = trace.outcome["engine_output_tokens"]
+    assert trace.impl.engine == "vllm"
+    assert trace.impl.executor == mode and trace.impl.patches
+    engine_counts = trace.outcome.engine_output_tokens
     assert sorted(engine_counts) == IDS  # the workload's ids, no suffix
     assert applied_tokens(trace) == engine_counts
     assert engine_counts["0"] == 4 and all(engine_counts[str(i)] == 12 for i in range(1, 11))
@@ -89,7 +89,7 @@ def test_sched_clear_on_the_live_engine_books_no_stale_slots(live):
     trace = live[("sched-clear", "inproc")]
     completed(trace)
     assert "S5-draft-provenance" not in {f.code for f in check_trace(trace)}
-    engine_counts = trace.outcome["engine_output_tokens"]
+    engine_counts = trace.outcome.engine_output_tokens
     assert sorted(engine_counts) == IDS and all(count > 0 for count in engine_counts.values())
     assert applied_tokens(trace) == engine_counts
 

@@ -47,7 +47,7 @@ def test_reentry_is_identical_on_the_real_scheduler(workload, impl):
     ref, real = both(workload, impl)
     diff = diff_traces(ref, real)
     assert diff.same, (diff.first, dict(diff.fields))
-    assert real.impl["engine"] == "vllm-scheduler" and real.impl["models"] == f"vllm {VERSION}"
+    assert real.impl.engine == "vllm-scheduler" and real.impl.models == f"vllm {VERSION}"
 
 
 EVENT_SCENARIOS = ("pause-clear", "abort-inflight", "resubmit", "streaming-append", "streaming-preempt")
@@ -61,10 +61,10 @@ def test_control_event_scenarios_are_identical_on_the_real_scheduler(scenario, i
     ref, real = both(build_scenario(scenario), impl)
     diff = diff_traces(ref, real)
     assert diff.same, (diff.first, dict(diff.fields))
-    assert {**ref.outcome, "message": ""} == {**real.outcome, "message": ""}
-    if real.outcome["status"] == "crashed":  # vLLM's bare assert, named by its source line
+    assert {**ref.outcome.to_dict(), "message": ""} == {**real.outcome.to_dict(), "message": ""}
+    if real.outcome.status == "crashed":  # vLLM's bare assert, named by its source line
         where = "async_scheduler.py" if VERSION == "0.32.0" else "scheduler.py"  # 0.33.0 moved it
-        assert f"assert request.num_output_placeholders >= 0 ({where}:" in real.outcome["message"]
+        assert f"assert request.num_output_placeholders >= 0 ({where}:" in real.outcome.message
 
 
 _ASYNC = known_bugs.ROOMY_ASYNC
@@ -111,7 +111,7 @@ def test_control_event_edges_are_identical_on_the_real_scheduler(name):
     ref, real = both(EDGES[name]())
     diff = diff_traces(ref, real)
     assert diff.same, (diff.first, dict(diff.fields))
-    assert {**ref.outcome, "message": ""} == {**real.outcome, "message": ""}
+    assert {**ref.outcome.to_dict(), "message": ""} == {**real.outcome.to_dict(), "message": ""}
     df = ref.table.to_pandas()
     if name == "abort-after-no-pop":
         assert (df[df.request_id == "a"].step == [1, 2]).all()  # not scheduled again at step 2
@@ -120,12 +120,12 @@ def test_control_event_edges_are_identical_on_the_real_scheduler(name):
     elif name == "sync-pause-resume-same-step":
         assert (df[df.step == 6].sched_event == "reset_preempt").all()
     elif name == "resubmit-then-reset":
-        assert "num_stale_output_tokens >= 0" in real.outcome["message"] and real.outcome["step"] == 20
+        assert "num_stale_output_tokens >= 0" in real.outcome.message and real.outcome.step == 20
         assert {"L1-output-life", "L3-in-flight-tokens", "E1-engine-crash"} <= {f.code for f in check_trace(ref)}
     elif VERSION == "0.32.0":
-        assert real.outcome["status"] == "crashed" and "num_new_tokens > 0" in real.outcome["message"]
+        assert real.outcome.status == "crashed" and "num_new_tokens > 0" in real.outcome.message
     else:  # 0.33.0 keeps the turn's output tokens but the last: the next turn has tokens to run
-        assert name == "sync-streaming-turn" and real.outcome["status"] == "completed"
+        assert name == "sync-streaming-turn" and real.outcome.status == "completed"
 
 
 def test_random_workloads_are_identical_on_the_real_scheduler():
@@ -172,7 +172,7 @@ def test_random_workloads_are_identical_on_the_real_scheduler():
             for label in ("pause(keep", "pause(wait", "pause(abort", "resume"):
                 if df.step_event.str.contains(label, regex=False).any():
                     seen.add(label)
-            seen.add(f"outcome {ref.outcome['status']}" + (" unfinished" if "unfinished" in ref.outcome else ""))
+            seen.add(f"outcome {ref.outcome.status}" + (" unfinished" if ref.outcome.unfinished is not None else ""))
     assert compared >= 150
     if VERSION == "0.32.0":  # a resubmission's assert, and streaming sessions lost
         expected = {"outcome crashed", "outcome completed unfinished"}
@@ -205,7 +205,7 @@ def test_random_workloads_are_identical_on_the_real_scheduler():
 def test_a_real_vllm_assert_is_a_crash_on_both_engines():
     ref, real = both(known_bugs.padded_admission_cut_by_threshold())
     assert diff_traces(ref, real).same
-    assert real.outcome["kind"] == "scheduler-assert"
+    assert real.outcome.kind == "scheduler-assert"
 
 
 def test_cli_records_and_diffs_the_real_scheduler(tmp_path):

@@ -78,12 +78,12 @@ def test_a_user_class_declares_its_own_applicability():
 def test_the_header_names_the_classes_that_ran():
     workload = build_scenario("reentry-sync", 0)
     trace = run_workload(workload, builtin("pr30796-copy"))
-    assert trace.impl["scheduler"] == "specreplay.replay.models.scheduler.Scheduler"
-    assert trace.impl["runner"] == "specreplay.replay.impls.variants.DropReentryDraftsRunner"
-    assert trace.impl["executor"] == "multiproc"
-    assert trace.impl["models"] == f"specreplay reference of vllm {workload.config.vllm_version}"
+    assert trace.impl.scheduler == "specreplay.replay.models.scheduler.Scheduler"
+    assert trace.impl.runner == "specreplay.replay.impls.variants.DropReentryDraftsRunner"
+    assert trace.impl.executor == "multiproc"
+    assert trace.impl.models == f"specreplay reference of vllm {workload.config.vllm_version}"
     assert builtin("pr30796-copy").expected(workload.config) == {
-        key: trace.impl[key] for key in ("scheduler", "runner", "executor")
+        key: getattr(trace.impl, key) for key in ("scheduler", "runner", "executor")
     }
 
 

@@ -89,7 +89,7 @@ def test_request_for_output_decides_whose_output_it_is():
     # the in-flight count, which step 3's schedule shows.
     first = errors(findings)[0]
     assert (first.code, first.step, first.request_id) == ("L3-in-flight-tokens", 3, "a")
-    assert trace.outcome["status"] == "step_limit"
+    assert trace.outcome.status == "step_limit"
 
 
 # ---------------------------------------------------------------------- take_output
@@ -107,8 +107,8 @@ def test_take_output_decides_what_is_stale():
     trace, findings, _ = run("pause-clear", NeverStale)
     # The reset's dropped outputs (step 13's, applied at step 14) move the counters instead:
     # P goes below 0 at the first of them, vLLM's assert.
-    assert trace.outcome["status"] == "crashed" and trace.outcome["step"] == int(dropped.apply_step.min()) == 14
-    assert "num_output_placeholders" in trace.outcome["message"]
+    assert trace.outcome.status == "crashed" and trace.outcome.step == int(dropped.apply_step.min()) == 14
+    assert "num_output_placeholders" in trace.outcome.message
     assert {f.code for f in errors(findings) if f.step == 14} >= {"E1-engine-crash"}
 
 
@@ -192,9 +192,9 @@ def test_account_placeholders_without_its_assert_lets_the_old_life_output_land()
                 req.num_output_placeholders -= len(tokens)
 
     upstream, _, _ = run("resubmit")
-    assert upstream.outcome["status"] == "crashed" and upstream.outcome["step"] == 12  # vLLM's assert
+    assert upstream.outcome.status == "crashed" and upstream.outcome.step == 12  # vLLM's assert
     trace, findings, _ = run("resubmit", NoPlaceholderAssert)
-    assert trace.outcome["status"] == "completed"
+    assert trace.outcome.status == "completed"
     # Step 11's output, scheduled for life 0, lands on life 1 and drives P below 0 there.
     at11 = {(f.code, f.request_id) for f in errors(findings) if f.step == 11}
     assert {("L1-output-life", "0"), ("S1-placeholders-nonnegative", "0")} <= at11

@@ -52,7 +52,7 @@ def test_a_tiny_budget_finds_the_pr30796_divergence(pr30796):
         Candidate(best.index, best.seed, best.profiles).workload(), resolve("pr30796", allow_import=False)
     )
     assert X10 in {f.code for f in check_trace(trace)}
-    assert (trace.num_steps, len(trace.workload["requests"])) == (best.steps, best.requests)
+    assert (trace.num_steps, len(trace.workload.requests)) == (best.steps, best.requests)
 
 
 def test_results_are_one_per_candidate_in_order_with_consistent_bookkeeping(pr30796):

@@ -97,8 +97,8 @@ def test_a_tampered_golden_is_caught_at_the_step_and_field_changed(tmp_path):
 
 def test_a_golden_whose_workload_was_tampered_replays_something_else(tmp_path):
     trace = read_trace(REENTRY)
-    workload = dict(
-        trace.workload, requests=[dict(r, max_tokens=5) if r["id"] == "0" else r for r in trace.workload["requests"]]
+    workload = dataclasses.replace(
+        trace.workload, requests=[dict(r, max_tokens=5) if r["id"] == "0" else r for r in trace.workload.requests]
     )
     path = write_trace(dataclasses.replace(trace, workload=workload), tmp_path / "other-workload.parquet")
     result = gate_one(str(path), GateOptions())

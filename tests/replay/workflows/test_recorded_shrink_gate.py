@@ -93,22 +93,22 @@ def test_a_live_recording_shrinks_on_its_outcomes_and_the_finding_stays(live, sh
     for rid, tokens in kept.items():
         assert tokens == live_said[rid][: len(tokens)], rid
     # Prompts kept their length (the recorded tokens follow them).
-    asked = {r["id"]: r["prompt_len"] for r in recording.workload["requests"]}
-    assert all(r["prompt_len"] == asked[r["id"]] for r in minimal.workload["requests"])
+    asked = {r["id"]: r["prompt_len"] for r in recording.workload.requests}
+    assert all(r["prompt_len"] == asked[r["id"]] for r in minimal.workload.requests)
     # The recorded inputs of the requests kept, and only theirs.
-    lives = {r["id"]: r["prompt"] for r in recording.inputs["requests"]}
-    assert {r["id"]: r["prompt"] for r in minimal.inputs["requests"]} == {rid: lives[rid] for rid in kept}
+    lives = {r["id"]: r["prompt"] for r in recording.inputs.requests}
+    assert {r["id"]: r["prompt"] for r in minimal.inputs.requests} == {rid: lives[rid] for rid in kept}
     # The engine its rows ran on, and the outcomes note that makes it replay as the recording it reduces.
     impl = minimal.impl
-    assert (impl["engine"], impl["drafter"], impl["outcomes"]["drains_at_end"]) == ("reference", "ngram_gpu", False)
-    assert impl["outcomes"]["source"] == str(live) and impl["outcomes"]["filled"] == {"tokens": 0, "drafts": 0}
+    assert (impl.engine, impl.drafter, impl.outcomes.drains_at_end) == ("reference", "ngram_gpu", False)
+    assert impl.outcomes.source == str(live) and impl.outcomes.filled == {"tokens": 0, "drafts": 0}
     assert default_oracle(minimal) == "recorded"
 
 
 @pytest.mark.vllm
 def test_the_shrunk_recording_replays_to_itself(shrunk, tmp_path):
     replayed = replay_to(tmp_path / "again.parquet", shrunk.output)
-    assert replayed.trace.impl["outcomes"]["filled"] == {"tokens": 0, "drafts": 0}
+    assert replayed.trace.impl.outcomes.filled == {"tokens": 0, "drafts": 0}
     minimal = read_trace(shrunk.output)
     diff = diff_traces(minimal, read_trace(tmp_path / "again.parquet"))
     assert diff.same and diff.rows_compared == minimal.table.num_rows, diff.first
@@ -188,13 +188,13 @@ def test_a_reference_recording_shrinks_on_its_outcomes_when_asked(reference, tmp
     assert rid == "10" and step <= 4
     said = outputs(recording)
     assert all(tokens == said[rid][: len(tokens)] for rid, tokens in outputs(minimal).items())
-    total = sum(r["max_tokens"] for r in minimal.workload["requests"])
-    assert total < sum(r["max_tokens"] for r in recording.workload["requests"])
-    asked = {r["id"]: r["prompt_len"] for r in recording.workload["requests"]}
-    assert all(r["prompt_len"] == asked[r["id"]] for r in minimal.workload["requests"])
+    total = sum(r["max_tokens"] for r in minimal.workload.requests)
+    assert total < sum(r["max_tokens"] for r in recording.workload.requests)
+    asked = {r["id"]: r["prompt_len"] for r in recording.workload.requests}
+    assert all(r["prompt_len"] == asked[r["id"]] for r in minimal.workload.requests)
     impl = minimal.impl
-    assert (impl["engine"], impl["drafter"]) == ("reference", "fixed")
-    assert impl["outcomes"]["filled"]["drafts"] == 0  # every draft verified was a recorded proposal
+    assert (impl.engine, impl.drafter) == ("reference", "fixed")
+    assert impl.outcomes.filled["drafts"] == 0  # every draft verified was a recorded proposal
     # It ran on recorded outcomes, so it replays on them by default (its outcomes note says so),
     # and comes back to itself.
     assert default_oracle(minimal) == "recorded" and default_oracle(recording) == "synthetic"
@@ -206,7 +206,7 @@ def test_the_synthetic_shrink_of_the_same_trace_still_cuts_prompts(reference, tm
     report = shrink_to(reference, tmp_path / "min.parquet", code=X5, max_runs=80)
     assert report.oracle == "synthetic" and report.shrunk.oracle is None
     assert any("prompt_len" in label for label in report.shrunk.reductions)
-    assert "outcomes" not in read_trace(tmp_path / "min.parquet").impl
+    assert read_trace(tmp_path / "min.parquet").impl.outcomes is None
 
 
 def test_a_reference_golden_gated_on_its_outcomes_and_update_refused(reference, tmp_path):

@@ -42,7 +42,7 @@ def test_record_to_drops_an_empty_journal_and_refuses_one_that_holds_steps(tmp_p
 
     recovered = recover_to(journal_path(cut))
     assert recovered.path == recovered_path(journal_path(cut)) == tmp_path / "cut.recovered.parquet"
-    assert recovered.trace.outcome["status"] == "partial" and recovered.trace.outcome["step"] == 5
+    assert recovered.trace.outcome.status == "partial" and recovered.trace.outcome.step == 5
     with pytest.raises(InputError, match="exists"):
         recover_to(journal_path(cut))
 

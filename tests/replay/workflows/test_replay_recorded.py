@@ -64,7 +64,7 @@ def replay_same(recording: Path, out: Path, **kw) -> tuple[dict, dict]:
     if diff.first is not None:
         f = diff.first
         fields["(first)"] = f"step {f.step} request {f.request_id} {f.field}: {f.scheduler!r} / {f.worker!r}"
-    return fields, replayed.trace.impl["outcomes"]["filled"]
+    return fields, replayed.trace.impl.outcomes.filled
 
 
 # ---------------------------------------------------------------------------- reference recordings
@@ -132,7 +132,7 @@ def test_info_says_what_a_replay_filled(tmp_path):
     cut = trace.table.filter(pa.compute.less_equal(trace.table["step"], 3))
     write_trace(type(trace)(**{**trace.__dict__, "table": cut}), tmp_path / "cut.parquet")
     replayed = replay_to(tmp_path / "rep.parquet", tmp_path / "cut.parquet", oracle="recorded")
-    filled = replayed.trace.impl["outcomes"]["filled"]
+    filled = replayed.trace.impl.outcomes.filled
     assert filled["tokens"] > 20
     result = run("info", tmp_path / "rep.parquet")
     shown = " ".join(result.output.split())  # the console wraps long lines
@@ -279,7 +279,7 @@ def test_multiprocess_live_recordings_replay_step_for_step(tmp_path):
     recordings = {f"{n}-{s}": record_live(tmp_path, n, s, "multiproc") for n, s in jobs}
     for tag, path in recordings.items():
         assert path != "refused", tag
-        assert read_trace(path).impl["executor"] == "multiproc"
+        assert read_trace(path).impl.executor == "multiproc"
     assert_live_replays(recordings, tmp_path, "reference", "multiproc")
 
 

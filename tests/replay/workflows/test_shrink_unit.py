@@ -108,7 +108,7 @@ def test_a_crash_shrinks_to_the_same_assert():
     original = run_workload(workload, impl)
     shrunk = shrink(workload, impl, "E1-engine-crash")
     assert crash_signature(shrunk.trace) == crash_signature(original) is not None
-    assert "num_output_placeholders" in shrunk.trace.outcome["message"]
+    assert "num_output_placeholders" in shrunk.trace.outcome.message
     assert len(shrunk.workload.requests) == 1 and [e.kind for e in shrunk.workload.events] == ["resubmit"]
     assert crash_signature(run_workload(shrunk.workload, resolve("life-guard", allow_import=False))) is None
 

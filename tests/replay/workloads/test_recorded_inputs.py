@@ -231,6 +231,6 @@ def test_a_run_that_ends_at_its_last_step_completed():
     last = dataclasses.replace(w, max_steps=trace.num_steps)
     oracle = RecordedOracle(last, trace.table)
     oracle.drains_at_end = False
-    assert run_workload(last, UPSTREAM, oracle=oracle).outcome["status"] == "completed"
+    assert run_workload(last, UPSTREAM, oracle=oracle).outcome.status == "completed"
     cut = dataclasses.replace(w, max_steps=trace.num_steps - 1)
-    assert run_workload(cut, UPSTREAM).outcome == {"status": "step_limit", "step": trace.num_steps - 1}
+    assert run_workload(cut, UPSTREAM).outcome.to_dict() == {"status": "step_limit", "step": trace.num_steps - 1}
