@@ -22,7 +22,9 @@ from specreplay.traces.errors import TraceError
 from specreplay.traces.io import read_trace
 from specreplay.traces.journal import journal_path, recover
 
-KILLS = int(os.environ.get("SPECREPLAY_KILLS", "50"))
+# 24 in CI (issue 26; was 50, a seventh of the suite's time): the seeded kill moments still cover
+# the whole run (the spread asserted below), each kill still checked whole; more: SPECREPLAY_KILLS.
+KILLS = int(os.environ.get("SPECREPLAY_KILLS", "24"))
 
 
 def long_workload():
