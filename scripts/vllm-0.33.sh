@@ -34,7 +34,8 @@ install)
     ;;
 test)
     # CI=true: a missing vllm fails these tests instead of skipping them (tests/conftest.py).
-    "$dir/bin/python" -m pytest -q -p no:cacheprovider \
+    # On both cores, each file on one worker (tests/conftest.py).
+    "$dir/bin/python" -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup \
         tests/replay/engines/test_vllm_scheduler.py tests/replay/workflows/test_bug_matrix.py \
         tests/replay/workflows/test_fidelity.py::test_the_ci_sweep_is_identical_and_reaches_every_setting
     ;;

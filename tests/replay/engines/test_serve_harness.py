@@ -57,15 +57,18 @@ def test_real_clients_against_a_real_server_stopped_with_sigint(tmp_path):
             clients = run_openai_clients(server, plan_openai_requests(36, 4))
             clock.lap("openai")
             disconnected = {c.engine_id_prefix for c in clients if c.aborted}
-            aborts = server.wait_for_aborts(disconnected)
+            # Finished by length without the disconnects: the bench and every client that read to the end.
+            length_before = BENCH_PROMPTS + sum(1 for c in clients if not c.aborted)
+            aborts = server.wait_accounted(disconnected, length_before)
+            finished_anyway = server.finished("length") - length_before
             engine_ids = server.engine_request_ids()
             clock.lap("aborts")
             exit = server.stop(signal.SIGINT, timeout=60)
             clock.lap("stop")
         except BaseException:
             print(f"server log {server.log_path}:\n{server.log_tail(80)}")
-            raise
-    print(f"serve harness: {clock}; server exit {exit}")
+            raise  # leaving `with server:` kills what is left of it
+    print(f"serve harness: {clock}; server exit {exit}; {len(aborts)} of {len(disconnected)} disconnects aborted")
 
     # vllm bench serve: every request completed with exactly its output length (ignore_eos), and
     # more were in flight at once than the engine runs (max_num_seqs): a queue built up.
@@ -88,8 +91,13 @@ def test_real_clients_against_a_real_server_stopped_with_sigint(tmp_path):
     assert len(aborted) >= 4
     for c in aborted:
         assert c.finish_reason is None and 0 < len(c.token_ids) < c.plan.max_tokens, c
-    # ... and the server aborted each disconnected request.
-    assert aborts == disconnected, (aborted, server.log_path)
+    # ... and the server accounts for each disconnected request, either way: it logged it aborted,
+    # or (the engine had produced its last token before the server noticed the disconnect: vLLM's
+    # behaviour, frequent on a loaded machine, where the client reads its first chunks late) it
+    # finished it by length with all its tokens, which its request_success counter says. The
+    # counter and the log agree: no request is both, none is neither.
+    assert aborts <= disconnected
+    assert finished_anyway == len(disconnected - aborts), (aborts, disconnected, finished_anyway, server.log_path)
 
     # The engine core's ids: cmpl-<client id>-0-<8 hex>, which plugin.external_id strips to
     # cmpl-<client id>-0.

@@ -21,6 +21,7 @@ from specreplay.replay.engines.live import cpu_attention_config
 from tests.live_serve import (
     SERVE_CONFIG,
     Server,
+    engine_id_prefix,
     free_port,
     plan_openai_requests,
     run_bench,
@@ -87,13 +88,15 @@ def test_a_served_vllm_under_real_clients_records_into_one_trace(tmp_path):
         server.warm_up()
         bench = run_bench(server, num_prompts=24, request_rate=50.0, prefix="bench-")
         clients = run_openai_clients(server, plan_openai_requests(36, 4))
-        aborted = {c.request_id for c in clients if c.aborted}
-        logged = server.wait_for_aborts({c.engine_id_prefix for c in clients if c.aborted})
-        assert len(aborted) >= 4 and len(logged) == len(aborted)
+        disconnected = {c.request_id for c in clients if c.aborted}
+        assert len(disconnected) >= 4
         # A disconnect is logged as the server sends the abort, while the core may still run
         # the aborted request's last step: Ctrl-C then cuts that step (merge drops it and the
-        # trace is partial, test_merge_unit.py). This test wants the whole run.
-        assert server.wait_idle(), "the engine did not go idle after the clients"
+        # trace is partial, test_merge_unit.py). This test wants the whole run. Once idle, the
+        # engine has aborted or finished every disconnected request.
+        assert server.wait_idle(120), "the engine did not go idle after the clients"
+        prefixes = {engine_id_prefix(rid): rid for rid in disconnected}
+        logged = {prefixes[p] for p in server.wait_for_aborts(set(prefixes), timeout=10)}
         stopped = server.stop(signal.SIGINT, timeout=180)
     log = server.log_text()
     assert stopped.returncode == 0 and "merged run" in log, log[-3000:]
@@ -111,11 +114,18 @@ def test_a_served_vllm_under_real_clients_records_into_one_trace(tmp_path):
         assert got == c.token_ids if not c.aborted else got[: len(c.token_ids)] == c.token_ids, c.request_id
     for b in bench.requests:
         assert len(applied_tokens(df, b.request_id)) == b.output_len
-    # The disconnects are aborts, at the step they landed: through vLLM's early-aborts queue, on
-    # the row of the step in flight; through its input queue, as the next row's event.
+    # The recording agrees with the server's log: the requests it aborted are the trace's aborts,
+    # each at the step it landed: through vLLM's early-aborts queue, on the row of the step in
+    # flight; through its input queue, as the next row's event. A disconnect the server noticed
+    # only after the engine produced the request's last token is no abort (vLLM's behaviour,
+    # frequent on a loaded machine): that request finished by length with all its tokens.
     aborts = {a["id"]: a["step"] for a in trace.inputs.aborts}
-    assert aborted <= set(aborts)
-    for rid in aborted:
+    assert set(aborts) == logged, (sorted(aborts), sorted(logged), sorted(disconnected))
+    plans = {c.request_id: c.plan for c in clients}
+    for rid in disconnected - logged:
+        finish = df[(df.request_id == rid) & df.apply_finish_reason.notna()].apply_finish_reason.tolist()
+        assert finish == ["length"] and len(applied_tokens(df, rid)) == plans[rid].max_tokens, rid
+    for rid in logged:
         row = df[(df.request_id == rid) & (df.step == aborts[rid])]
         later = df[(df.request_id == rid) & (df.step == aborts[rid] + 1)]
         assert row.apply_finish_reason.tolist() == ["aborted"] or later.sched_event.tolist() == ["abort"], rid

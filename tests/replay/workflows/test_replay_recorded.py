@@ -46,8 +46,14 @@ def vllm_takes(workload) -> bool:
     return (config.num_blocks - 1) * config.block_size >= config.max_model_len and not waits
 
 
-#: The first 30 seeds of the `random` scenario a live vLLM takes.
-LIVE_RANDOM_SEEDS = [s for s in range(200) if vllm_takes(pick_workload(scenario="random", seed=s))][:30]
+#: The first 10 seeds of the `random` scenario a live vLLM takes, and the two whose recordings
+#: part from their replay (KNOWN_DIFFERENCES: each must still part exactly there). Sized for CI
+#: (issue 26): each seed is a fresh vLLM process (vLLM 0.32.0 builds one engine config per
+#: process), 15-20 s on one core however small the workload, and this file was the longest work
+#: unit on the suite's critical path. Until then the first 30 seeds ran, and all but these two
+#: came back identical; the fidelity sweep (300 seeds, reference against the real scheduler)
+#: keeps the breadth of settings.
+LIVE_RANDOM_SEEDS = [s for s in range(200) if vllm_takes(pick_workload(scenario="random", seed=s))][:10] + [58, 72]
 #: The scenarios a live vLLM takes.
 LIVE_SCENARIOS = [name for name in SCENARIO_NAMES if vllm_takes(pick_workload(scenario=name))]
 
@@ -266,11 +272,12 @@ def assert_live_replays(recordings: dict, tmp_path: Path, engine: str, executor:
 def test_live_recordings_replay_step_for_step(live_inproc, tmp_path, engine):
     assert "refused" not in live_inproc.values(), live_inproc
     assert len(LIVE_SCENARIOS) == len(SCENARIO_NAMES) - 1  # all but streaming-preempt (a KV cache of 4 blocks)
-    assert len(LIVE_RANDOM_SEEDS) == 30
+    assert len(LIVE_RANDOM_SEEDS) == 12 and all(vllm_takes(pick_workload(scenario="random", seed=s)) for s in (58, 72))
     assert_live_replays(live_inproc, tmp_path, engine)
 
 
 @pytest.mark.vllm
+@pytest.mark.xdist_group("live-multiproc")  # its own work unit: it shares no fixture with the file's other tests
 def test_multiprocess_live_recordings_replay_step_for_step(tmp_path):
     """The engine core in its own process: the worker edits its own copy of the output, and the
     arrival steps are the ones observed."""
