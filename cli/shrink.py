@@ -1,8 +1,8 @@
 """`specreplay shrink`: cut a failing trace's workload down to a minimal reproduction.
 
-Where it sits: cli over traces -> replay -> diff, then back to record. Calls
-`replay.workflows.shrink.shrink_to`, which writes the minimal trace and, on request, a pytest
-module; this module says what it cut.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> **cli**, then back to record. Calls `replay.workflows.shrink.shrink_to`, which
+writes the minimal trace and, on request, a pytest module; this module says what it cut.
 """
 
 from __future__ import annotations

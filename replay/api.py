@@ -1,11 +1,11 @@
 """specreplay's public API for implementation authors: what a variant subclasses and receives.
 
-Where it sits: workloads -> models -> **impls** -> record -> engines -> check; the public face of
-the first three, for code outside specreplay (and the built-in variants, written as a user's
-would be). docs/implementations.md documents every name
-here and its hook tables name these paths; tests/replay/impls/test_public_api.py imports every
-name those tables mention and holds each hook's signature. Anything a variant reaches by another
-path, or by a name starting with `_` that is not listed below, is internal and may change.
+Where it sits: workloads -> models -> **impls** -> observers -> engines -> traces -> check ->
+workflows -> views -> cli; the public face of the first three, for code outside specreplay (and the
+built-in variants, written as a user's would be). docs/implementations.md documents every name here
+and its hook tables name these paths; tests/replay/impls/test_public_api.py imports every name those
+tables mention and holds each hook's signature. Anything a variant reaches by another path, or by a
+name starting with `_` that is not listed below, is internal and may change.
 
     from specreplay.replay.api import AsyncScheduler, SchedulerOutput
 
@@ -15,7 +15,7 @@ What a variant subclasses:
     Implementation                  a scheduler + runner + executor pairing, with real-vLLM forms
 What its hooks receive and return:
     SchedulerOutput, NewRequestData, CachedRequestData, ModelRunnerOutput    the messages
-    Request, Status, StreamingUpdate, StepPlan, BlockPool, VersionRules      scheduler side
+    Request, Status, StreamingUpdate, StepPlan, BlockPool, Release      scheduler side
     CachedRequestState, InputBatch, PreparedInputs                           runner side
     EngineConfig, Oracle            the run's configuration and the tokens a correct engine emits
     EngineCrash, NegativeInputIdError, MalformedSchedulerOutput              what a hook raises
@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and the package map (test
         NewRequestData,
         SchedulerOutput,
     )
+    from specreplay.replay.models.releases import Release
     from specreplay.replay.models.request import Request, Status
     from specreplay.replay.models.runner import (
         GPUModelRunner,
@@ -52,7 +53,6 @@ if TYPE_CHECKING:  # the same names, for type checkers and the package map (test
         PreparedInputs,
     )
     from specreplay.replay.models.scheduler import PAUSE_STATES, AsyncScheduler, Scheduler, StepPlan, StreamingUpdate
-    from specreplay.replay.models.versions import VersionRules
     from specreplay.replay.workloads.config import EngineConfig
     from specreplay.replay.workloads.oracle import Oracle
 
@@ -77,7 +77,7 @@ _HOME = {
     "Request": "specreplay.replay.models.request",
     "Status": "specreplay.replay.models.request",
     "BlockPool": "specreplay.replay.models.kv",
-    "VersionRules": "specreplay.replay.models.versions",
+    "Release": "specreplay.replay.models.releases",
     "Implementation": "specreplay.replay.impls.registry",
     "EngineConfig": "specreplay.replay.workloads.config",
     "Oracle": "specreplay.replay.workloads.oracle",
@@ -132,7 +132,7 @@ IMPLEMENTATION_HOOKS = ("deliver", "why_not")
 #: The scheduler's state a hook may read and change (vLLM's names where vLLM has them).
 SCHEDULER_STATE = (
     "config",
-    "rules",
+    "release",
     "k",
     "requests",
     "running",
@@ -187,7 +187,7 @@ __all__ = [
     "Status",
     "StepPlan",
     "StreamingUpdate",
-    "VersionRules",
+    "Release",
 ]
 
 

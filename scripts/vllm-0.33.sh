@@ -37,7 +37,7 @@ test)
     # On both cores, each file on one worker (tests/conftest.py).
     "$dir/bin/python" -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup \
         tests/replay/engines/test_vllm_scheduler.py tests/replay/workflows/test_bug_matrix.py \
-        tests/replay/workflows/test_fidelity.py::test_the_ci_sweep_is_identical_and_reaches_every_setting
+        tests/replay/workflows/test_fidelity_sweep.py::test_the_ci_sweep_is_identical_and_reaches_every_setting
     ;;
 *)
     echo "usage: scripts/vllm-0.33.sh install|test [DIR]" >&2

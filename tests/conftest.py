@@ -106,7 +106,7 @@ HEAVY = (  # measured on 2 cores under load (issue 26): the first is about a thi
     "test_serve_recording.py",
     "test_live_events.py",
     "test_recorded_shrink_gate.py",
-    "test_fidelity.py",
+    "test_fidelity_sweep.py",
     "test_vllm_scheduler.py",
     "test_checker_equivalence.py",
     "test_attached.py",

@@ -1,8 +1,9 @@
 """A real `vllm serve` on CPU under real clients: the server and the traffic for live-recording tests.
 
-Where it sits: tests only, beside record -> traces. A recorder that attaches to any vLLM process
-through its environment needs a server to attach to and traffic nobody here wrote; this module
-gives both and knows nothing of recording:
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. A recorder that attaches to any vLLM process through its environment
+needs a server to attach to and traffic nobody here wrote; this module gives both and knows nothing
+of recording:
 
 - `tiny_served_model()`: the tiny llama config of `vllm_setup.tiny_model_dir` plus a WordLevel
   tokenizer built with `tokenizers`, so clients that tokenize (`vllm bench serve`) work offline.

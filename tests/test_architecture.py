@@ -23,15 +23,15 @@ ALLOWED = {
     "workloads": set(),
     "models": {"workloads"},
     "impls": {"models", "workloads"},
-    "record": {"models"},
-    "engines": {"workloads", "models", "impls", "record"},
+    "observers": {"models"},
+    "engines": {"workloads", "models", "impls", "observers"},
     "check": set(),
-    "workflows": {"workloads", "models", "impls", "record", "engines", "check"},
+    "workflows": {"workloads", "models", "impls", "observers", "engines", "check"},
     "views": set(),
 }
 #: Packages whose modules import no torch when they load (a function may, when it needs it:
 #: asking whether CUDA is there), so `specreplay diff`, `show` and `--help` start fast.
-NO_TORCH = ("check", "views", "record", "workloads", "workflows", "impls")
+NO_TORCH = ("check", "views", "observers", "workloads", "workflows", "impls")
 #: The public API's own row: what it re-exports from. The packages after impls (and impls, whose
 #: built-in variants are written against it) may import it; workloads and models may not (a cycle).
 API_ALLOWED = {"models", "workloads", "impls"}

@@ -1,6 +1,7 @@
 """specreplay.traces: the Parquet trace format (schema, writer, reader, validation).
 
-Where it sits: record -> **traces** -> replay -> diff. Nothing here imports torch.
+Where it sits: workloads -> models -> impls -> observers -> engines -> **traces** -> check ->
+workflows -> views -> cli. Nothing here imports torch.
 """
 
 from specreplay.traces.errors import TraceError

@@ -1,9 +1,10 @@
 """The typed trace header: what a trace's metadata holds, as frozen values.
 
-Where it sits: record -> **traces** -> replay -> diff. A `Trace` (traces.trace) carries one value of
-each class here beside its rows; traces.io writes them into the Parquet key/value metadata and reads
-them back, validated, so that everything downstream reads attributes (`trace.outcome.status`,
-`trace.impl.engine`) instead of string keys.
+Where it sits: workloads -> models -> impls -> observers -> engines -> **traces** -> check ->
+workflows -> views -> cli. A `Trace` (traces.trace) carries one value of each class here beside its
+rows; traces.io writes them into the Parquet key/value metadata and reads them back, validated, so
+that everything downstream reads attributes (`trace.outcome.status`, `trace.impl.engine`) instead of
+string keys.
 
 Each value is written as the JSON object it was read from, byte for byte: an optional field is
 `None` when the file (or the writer) left the key out, and keys this specreplay does not know are

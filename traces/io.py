@@ -1,11 +1,12 @@
 """Write and read trace files, validating everything on read.
 
-Where it sits: record -> **traces** -> replay -> diff. `write_trace` is the only way a trace reaches
-disk; `open_trace` / `read_trace` the only way one comes back. Every kind of broken file (not
-Parquet, truncated, wrong or newer schema, missing, extra or mistyped columns, broken metadata,
-impossible values) becomes one `TraceError` line. `open_trace` validates the footer at once and
-the rows one row group at a time as `TraceFile.batches()` streams them (traces.validate), so a
-trace larger than memory can be checked; `read_trace` loads a whole trace.
+Where it sits: workloads -> models -> impls -> observers -> engines -> **traces** -> check ->
+workflows -> views -> cli. `write_trace` is the only way a trace reaches disk; `open_trace` /
+`read_trace` the only way one comes back. Every kind of broken file (not Parquet, truncated, wrong
+or newer schema, missing, extra or mistyped columns, broken metadata, impossible values) becomes one
+`TraceError` line. `open_trace` validates the footer at once and the rows one row group at a time as
+`TraceFile.batches()` streams them (traces.validate), so a trace larger than memory can be checked;
+`read_trace` loads a whole trace.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """The recording journal: a trace's rows on disk while it is being recorded, so a crash keeps them.
 
-Where it sits: **record** -> traces. While a run records to `OUT.parquet`, the recorder appends
-settled rows (steps whose output was applied: they never change again) to `OUT.parquet.partial`,
-an Arrow IPC stream, every few steps and on any Python-level exception. Each append is one record
-batch of whole steps, written straight to the operating system, so a process killed at any point
-(SIGKILL included) leaves every batch written before the kill readable and never half a step.
-When the run ends, the Parquet trace is written and the journal deleted; after a crash,
-`specreplay recover` reads the complete batches and writes an ordinary trace whose outcome is
-`partial`, saying the step it stops at.
+Where it sits: workloads -> models -> impls -> observers -> engines -> **traces** -> check ->
+workflows -> views -> cli. While a run records to `OUT.parquet`, the recorder appends settled rows
+(steps whose output was applied: they never change again) to `OUT.parquet.partial`, an Arrow IPC
+stream, every few steps and on any Python-level exception. Each append is one record batch of whole
+steps, written straight to the operating system, so a process killed at any point (SIGKILL included)
+leaves every batch written before the kill readable and never half a step. When the run ends, the
+Parquet trace is written and the journal deleted; after a crash, `specreplay recover` reads the
+complete batches and writes an ordinary trace whose outcome is `partial`, saying the step it stops
+at.
 """
 
 from __future__ import annotations

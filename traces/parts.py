@@ -1,19 +1,19 @@
 """Part files: a recording's JSON-lines files, one per process, written and read back.
 
-Where it sits: record -> **traces** -> replay -> diff, beside the journal (traces/journal.py).
-The observers inside a live or attached vLLM's processes (replay/engines/sink.py, plugin.py,
-attached.py) each append to their own part file under one folder, one JSON object a line,
-flushed as written, so a process that dies loses at most the line it was writing. This module
-is the format, with no knowledge of vLLM: `PartWriter` writes a part, `read_parts` reads a
-folder back (counting lines cut mid-write), and the readers below take what a merge needs from
-the parts.
+Where it sits: workloads -> models -> impls -> observers -> engines -> **traces** -> check ->
+workflows -> views -> cli, beside the journal (traces/journal.py). The observers inside a live or
+attached vLLM's processes (replay/engines/sink.py, plugin.py, attached.py) each append to their own
+part file under one folder, one JSON object a line, flushed as written, so a process that dies loses
+at most the line it was writing. This module is the format, with no knowledge of vLLM: `PartWriter`
+writes a part, `read_parts` reads a folder back (counting lines cut mid-write), and the readers
+below take what a merge needs from the parts.
 
 The lines, by their `e` key: `part` (the first line of an attached run's part: its run id,
 role, process, vLLM release, patches), `rows` (a step's scheduler rows: `names`, `rows`),
 `patch` (columns filled later, `[step, request_id, values]` each: the apply, the worker view),
 `ran` (the scheduler or runner class that ran), `error` (the guard's report of specreplay's own
 failure), `config` and `step` (attached: the engine config read from vLLM, each schedule()),
-and the recorded inputs `request`, `stream`, `abort`, `event` (replay/record/input_observer.py).
+and the recorded inputs `request`, `stream`, `abort`, `event` (replay/observers/input_observer.py).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def ran_classes(parts: list[Part]) -> dict[str, str]:
 
 
 def observer_failures(parts: list[Part]) -> list[str]:
-    """What the guard reported (replay/record/guard.py): specreplay's own failures, one per message."""
+    """What the guard reported (replay/observers/guard.py): specreplay's own failures, one per message."""
     seen: dict[str, None] = {}
     for part in parts:
         for event in part.events:

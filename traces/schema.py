@@ -1,8 +1,9 @@
 """The trace schema: one explicit pyarrow schema for every specreplay trace.
 
-Where it sits: record -> **traces** -> replay -> diff. The recorder (`specreplay.replay.record.recorder`)
-fills these columns, the writer stamps the metadata, the reader validates files against this
-schema, and the checker and the trace diff read nothing else.
+Where it sits: workloads -> models -> impls -> observers -> engines -> **traces** -> check ->
+workflows -> views -> cli. The recorder (`specreplay.replay.observers.recorder`) fills these
+columns, the writer stamps the metadata, the reader validates files against this schema, and the
+checker and the trace diff read nothing else.
 
 One row = one request at one engine step (one `schedule()` call). A request has a row at every
 step from its arrival until the step that announces it finished (`sched_finished_announced`).

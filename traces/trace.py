@@ -1,7 +1,8 @@
 """The in-memory trace: a pyarrow table in the one schema plus its decoded metadata.
 
-Where it sits: record -> **traces** -> replay -> diff. The recorder builds a `Trace`, the writer
-stores it, the reader returns it, the checker and the diff consume it.
+Where it sits: workloads -> models -> impls -> observers -> engines -> **traces** -> check ->
+workflows -> views -> cli. The recorder builds a `Trace`, the writer stores it, the reader returns
+it, the checker and the diff consume it.
 """
 
 from __future__ import annotations

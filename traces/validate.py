@@ -1,13 +1,14 @@
 """Value validation of trace rows, one batch (row group) at a time.
 
-Where it sits: record -> **traces** -> replay -> diff. The reader (`traces.io`) runs every batch
-it hands out through a `RowValidator`, and the recorder runs its own rows through one before they
-are written, so a recorder bug is caught at record time and a damaged or hostile file at read time.
-What is checked is what no recorder can produce: nulls in required columns, negative counts,
-unknown enum values, null draft ids, half-filled column groups, steps out of order and duplicate
-(step, request_id) rows. The checks are vectorised (pyarrow compute and numpy) and the validator
-carries what it needs across batches (the last step and its request ids), so a trace larger than
-memory is validated in bounded memory.
+Where it sits: workloads -> models -> impls -> observers -> engines -> **traces** -> check ->
+workflows -> views -> cli. The reader (`traces.io`) runs every batch it hands out through a
+`RowValidator`, and the recorder runs its own rows through one before they are written, so a
+recorder bug is caught at record time and a damaged or hostile file at read time. What is checked is
+what no recorder can produce: nulls in required columns, negative counts, unknown enum values, null
+draft ids, half-filled column groups, steps out of order and duplicate (step, request_id) rows. The
+checks are vectorised (pyarrow compute and numpy) and the validator carries what it needs across
+batches (the last step and its request ids), so a trace larger than memory is validated in bounded
+memory.
 """
 
 from __future__ import annotations

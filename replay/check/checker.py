@@ -1,8 +1,9 @@
 """The invariant checker: scheduler view against worker view and ground truth, from a trace alone.
 
-Where it sits: traces -> replay -> **check**. The checker reads only a trace's rows and metadata,
-so it works on any trace, whatever recorded it. A violated invariant of the implementation under
-test is a finding, never an exception.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> **check** ->
+workflows -> views -> cli. The checker reads only a trace's rows and metadata, so it works on any
+trace, whatever recorded it. A violated invariant of the implementation under test is a finding,
+never an exception.
 
 Severity: error = the views or the ground truth disagree, a token is lost, duplicated or wrong,
 or a negative id reaches the model; warning = work is wasted (draft slots verified with nothing

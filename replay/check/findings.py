@@ -1,7 +1,8 @@
 """Findings: what the checker and the trace diff report, as frozen data.
 
-Where it sits: replay -> **check**. Produced by `checker.check_trace` (and the trace diff),
-rendered by the CLI (table or JSON); nothing here prints.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> **check** ->
+workflows -> views -> cli. Produced by `checker.check_trace` (and the trace diff), rendered by the
+CLI (table or JSON); nothing here prints.
 
 A finding is evidence: besides where it fires (step, request) and the one-line message, it
 carries what the rule expected, what the trace holds instead, the request's life, and the other

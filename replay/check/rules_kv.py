@@ -4,7 +4,7 @@ Codes: K2 (a request's valid KV positions hold another request's tokens), K3 (th
 request ran with points at a block the scheduler does not hold for it: freed, or another's), K4
 (a step wrote into such a block), K5 (the worker kept a finished request's state or row past the
 step that announced it). K2 to K4 read the truth columns the reference runner's paged buffer fills
-(record/truth.py; null in a live engine's trace: then nothing fires), K5 the worker's. Each KV
+(observers/truth.py; null in a live engine's trace: then nothing fires), K5 the worker's. Each KV
 finding names the other request: the writer of the foreign tokens, the block's holder. The
 message texts are in the catalogue.
 """

@@ -7,7 +7,7 @@ in the catalogue.
 
 The rule is vLLM 0.32.0's skip in the running-queue visit (vllm/v1/core/sched/scheduler.py,
 `schedule`, the first test of the `while req_index < len(self.running)` loop; the reference's
-`running_demand` and models/rules.py `reaches_max_tokens_in_flight` state it once):
+`running_demand` and models/decisions.py `reaches_max_tokens_in_flight` state it once):
 
     num_output_placeholders > 0 and
     num_computed_tokens + 2 - num_output_placeholders >= num_prompt_tokens + max_tokens

@@ -1,9 +1,10 @@
 """Trace against trace: the first (step, request, field) where two traces part, and what differs after.
 
-Where it sits: traces -> **check**. Rows are matched on (step, request_id); every schema column
-is compared. Differences come back as findings (code `D1-trace-differs`; expected = trace A's
-value, actual = trace B's, life = the row's sched_life; scheduler and worker repeat A and B for
-the 0.1 JSON) so the CLI renders them like any other finding.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> **check** ->
+workflows -> views -> cli. Rows are matched on (step, request_id); every schema column is compared.
+Differences come back as findings (code `D1-trace-differs`; expected = trace A's value, actual =
+trace B's, life = the row's sched_life; scheduler and worker repeat A and B for the 0.1 JSON) so the
+CLI renders them like any other finding.
 
 Ground truth is compared where both traces hold it: a trace with none at all (a live engine's
 recording) against one with it (its replay) leaves those columns out, named in `no_truth`.

@@ -1,10 +1,11 @@
 """Recording your own vLLM: `SPECREPLAY_RECORD=DIR` in the environment of any vLLM 0.32 process.
 
-Where it sits: workloads -> models -> impls -> record -> **engines** -> check. vLLM loads
-specreplay's `vllm.general_plugins` entry point (engines/plugin.py `register`) in every process
-it starts: the front end (`LLM`, `AsyncLLM`, `vllm serve`'s API server), the engine core and
-its workers. With `SPECREPLAY_RECORD` set, each attaches what it can see, unchanged (no variant,
-no lookahead, no patch but the CPU recipe's on a CPU platform):
+Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
+workflows -> views -> cli. vLLM loads specreplay's `vllm.general_plugins` entry point
+(engines/plugin.py `register`) in every process it starts: the front end (`LLM`, `AsyncLLM`, `vllm
+serve`'s API server), the engine core and its workers. With `SPECREPLAY_RECORD` set, each attaches
+what it can see, unchanged (no variant, no lookahead, no patch but the CPU recipe's on a CPU
+platform):
 
 - the engine core's scheduler: the scheduler observer (both views' scheduler side, as on every
   engine) and the input observer (arrivals with prompt ids and sampling parameters, aborts,
@@ -118,8 +119,8 @@ def attach_recorder_to_core(core: Any, folder: str) -> Any:
     """The scheduler and input observers on an engine core's scheduler, unchanged otherwise."""
     from specreplay.replay.engines.sink import Sink, sink_recorder
     from specreplay.replay.impls.registry import qualified_name
-    from specreplay.replay.record.input_observer import InputObserver, attach_inputs
-    from specreplay.replay.record.scheduler_observer import SchedulerObserver, attach
+    from specreplay.replay.observers.input_observer import InputObserver, attach_inputs
+    from specreplay.replay.observers.scheduler_observer import SchedulerObserver, attach
 
     scheduler = core.scheduler
     sink = Sink(folder, "core", part_header("core"))
@@ -152,7 +153,7 @@ def attach_recorder_to_core(core: Any, folder: str) -> Any:
 def attach_recorder_to_runner(runner: Any, folder: str) -> Any:
     from specreplay.replay.engines.sink import Sink, SinkWriter
     from specreplay.replay.impls.registry import qualified_name
-    from specreplay.replay.record.worker_observer import VllmReader, WorkerObserver, attach_runner
+    from specreplay.replay.observers.worker_observer import VllmReader, WorkerObserver, attach_runner
 
     sink = Sink(folder, "runner", part_header("runner"))
     attach_runner(runner, [WorkerObserver(SinkWriter(sink), VllmReader, client_id)], VllmReader)

@@ -1,10 +1,10 @@
 """An exception of the implementation under test is the engine's death, never specreplay's.
 
-Where it sits: workloads -> models -> impls -> record -> **engines** -> check. vLLM's engine core
-dies on any exception raised in its scheduler or its workers (the busy loop logs it and shuts the
-engine down), so a run here ends the same way: `crash_outcome` reads the exception's traceback,
-says whose code raised it, and returns the run's outcome `crashed` (the checker's
-`E1-engine-crash`), or None when the exception is specreplay's own.
+Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
+workflows -> views -> cli. vLLM's engine core dies on any exception raised in its scheduler or its
+workers (the busy loop logs it and shuts the engine down), so a run here ends the same way:
+`crash_outcome` reads the exception's traceback, says whose code raised it, and returns the run's
+outcome `crashed` (the checker's `E1-engine-crash`), or None when the exception is specreplay's own.
 
 Whose code a frame is, by its module:
 - the implementation's: the variant's own modules (a `module:attr` class and its bases outside
@@ -16,7 +16,7 @@ Whose code a frame is, by its module:
   called them.
 The innermost frame that is someone's decides. An `ObserverError` anywhere in the exception's
 chain (an implementation that caught the guard's error and raised another) is specreplay's:
-record/guard.py.
+observers/guard.py.
 
 The source line the outcome names is the innermost frame in the variant's own code, the line its
 author can fix, even when the exception came out of the reference code it called (a `super()`

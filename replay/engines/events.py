@@ -1,12 +1,13 @@
 """Control events as typed values, and the one driver that applies them to an engine.
 
-Where it sits: workloads -> models -> impls -> record -> **engines** -> check. A workload's
-`[[events]]` are records of the file format (workloads/workload.py `Event`, unchanged: the
-trace's workload metadata holds them as written); the engines take each as one of the classes
-below (`control_event`, the one place a kind string is read), and `apply_control` hands it to
-the engine's `ControlTarget`: the reference and real-scheduler loop (engines/loop.py) and the
-live engine's input side (engines/live.py) each implement the six calls, in their own terms
-(the scheduler's methods, or vLLM's engine API), and nothing else dispatches on a kind.
+Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
+workflows -> views -> cli. A workload's `[[events]]` are records of the file format
+(workloads/workload.py `Event`, unchanged: the trace's workload metadata holds them as written); the
+engines take each as one of the classes below (`control_event`, the one place a kind string is
+read), and `apply_control` hands it to the engine's `ControlTarget`: the reference and
+real-scheduler loop (engines/loop.py) and the live engine's input side (engines/live.py) each
+implement the six calls, in their own terms (the scheduler's methods, or vLLM's engine API), and
+nothing else dispatches on a kind.
 """
 
 from __future__ import annotations

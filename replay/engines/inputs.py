@@ -1,15 +1,15 @@
 """The input driver: what reaches the engine, and when, from a workload.
 
-Where it sits: workloads -> models -> impls -> record -> **engines** -> check. One place says
-which inputs land at which step, for every engine: arrivals (each submission of an id is a new
-life), aborts (a request's `abort_step`, or an `[[events]]` abort after a schedule: they land
-before the oldest batch is applied), and the control events taken with the input queue before
-a step's `schedule()` (vLLM's EngineCoreProc), handed out as typed values (engines/events.py)
-that each engine applies through `apply_control`. Streaming sessions: each `stream_append` sends
-the session's next input chunk (same id, resumable), and after the last one the end of the
-stream (AsyncLLM's final one-token request). A replay of a recording also steps where the
-recorded engine scheduled with nothing unfinished (the oracle's `announce_steps`, see
-workloads/recorded_inputs.py).
+Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
+workflows -> views -> cli. One place says which inputs land at which step, for every engine:
+arrivals (each submission of an id is a new life), aborts (a request's `abort_step`, or an
+`[[events]]` abort after a schedule: they land before the oldest batch is applied), and the control
+events taken with the input queue before a step's `schedule()` (vLLM's EngineCoreProc), handed out
+as typed values (engines/events.py) that each engine applies through `apply_control`. Streaming
+sessions: each `stream_append` sends the session's next input chunk (same id, resumable), and after
+the last one the end of the stream (AsyncLLM's final one-token request). A replay of a recording
+also steps where the recorded engine scheduled with nothing unfinished (the oracle's
+`announce_steps`, see workloads/recorded_inputs.py).
 """
 
 from __future__ import annotations

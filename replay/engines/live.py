@@ -1,16 +1,16 @@
 """`--engine vllm`: drive a tiny live vLLM engine through a workload and return its recorded trace.
 
-Where it sits: workloads -> models -> impls -> record -> **engines** -> check. Builds `vllm.LLM`
-from the workload's engine config (dummy weights, a tiny model config written on the fly, no
-tokenizer, no hub) and steps it: a live engine drives its own scheduler and runner, so what
-this module drives is its input side, with the same input driver as the other engines
-(arrivals at their steps, aborts, control events), through the engine's own API (`LiveInputs`).
-The plugin (engines/plugin.py) attaches the same observers as the other engines inside vLLM's
-processes, and they see the inputs from the scheduler's own calls; their part files are merged
-into one trace. `--executor inproc` keeps the engine core in this process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0), one engine iteration per LLMEngine.step(), so inputs land at
-the workload's steps; `multiproc` runs it, and on a CPU the worker too, in processes of their
-own, where the engine core steps on its own and inputs land when it takes them.
+Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
+workflows -> views -> cli. Builds `vllm.LLM` from the workload's engine config (dummy weights, a
+tiny model config written on the fly, no tokenizer, no hub) and steps it: a live engine drives its
+own scheduler and runner, so what this module drives is its input side, with the same input driver
+as the other engines (arrivals at their steps, aborts, control events), through the engine's own API
+(`LiveInputs`). The plugin (engines/plugin.py) attaches the same observers as the other engines
+inside vLLM's processes, and they see the inputs from the scheduler's own calls; their part files
+are merged into one trace. `--executor inproc` keeps the engine core in this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0), one engine iteration per LLMEngine.step(), so inputs land at the
+workload's steps; `multiproc` runs it, and on a CPU the worker too, in processes of their own, where
+the engine core steps on its own and inputs land when it takes them.
 
 On a CPU machine the recipe's two patches are applied inside specreplay's run only (no pinned
 memory; keep async scheduling on), and stamped into the trace metadata.
@@ -85,7 +85,7 @@ def run_live(
     parts = read_parts(sink)
     sink_files.clean_sink(sink)
     failures = observer_failures(parts)
-    if failures:  # specreplay's own failure, not the engine's crash (record/guard.py)
+    if failures:  # specreplay's own failure, not the engine's crash (observers/guard.py)
         raise ObserverError(failures[0])
     rows = merge_rows(parts)
     # The inputs as the engine core took them: under multiproc their steps are the observed ones.

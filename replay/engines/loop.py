@@ -1,14 +1,14 @@
 """The engine loop: schedule, execute, apply, with one or two batches in flight; the observers record.
 
-Where it sits: workloads -> models -> impls -> record -> **engines** -> check. `EngineLoop`
-drives a scheduler and a runner through a workload exactly in the order of vLLM's
-`step_with_batch_queue` (docs/reference.md, the step timeline): schedule(m), execute + sample(m)
-on the worker, then pop the oldest batch, apply aborts, and `update_from_output` it. With async
-scheduling the queue holds two batches, so schedule(m) sees the outputs of steps <= m-2 only;
-in sync mode it holds one and drafts flow back through `update_draft_token_ids`.
+Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
+workflows -> views -> cli. `EngineLoop` drives a scheduler and a runner through a workload exactly
+in the order of vLLM's `step_with_batch_queue` (docs/reference.md, the step timeline): schedule(m),
+execute + sample(m) on the worker, then pop the oldest batch, apply aborts, and `update_from_output`
+it. With async scheduling the queue holds two batches, so schedule(m) sees the outputs of steps <=
+m-2 only; in sync mode it holds one and drafts flow back through `update_draft_token_ids`.
 
 The loop records nothing itself: the scheduler observer and the worker observer, attached to the
-scheduler and runner it was given, write every row (record/). It only tells them what they
+scheduler and runner it was given, write every row (observers/). It only tells them what they
 cannot see: control events, and aborts landing with a step in flight.
 
 Control events (workload `[[events]]`, typed: engines/events.py) reach the loop through the one
@@ -29,8 +29,8 @@ from specreplay.replay.engines.outcome import run_outcome
 from specreplay.replay.engines.ports import wire
 from specreplay.replay.engines.registry import DEFAULT_RUNNER
 from specreplay.replay.impls.registry import Implementation
+from specreplay.replay.models.releases import release_of
 from specreplay.replay.models.request import Request
-from specreplay.replay.models.versions import rules_for
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import RequestSpec, Workload
 from specreplay.traces.header import Outcome
@@ -60,7 +60,7 @@ class EngineLoop:
         self.observer = parts.scheduler_observer
         self.inputs = InputDriver(workload, parts.oracle)
         self.clear_after_drain = False  # a pause with clear_cache waits for the batches in flight
-        self.rules = rules_for(self.config.vllm_version)
+        self.release = release_of(self.config.vllm_version)
         self.rejecting_new = False  # vLLM 0.33: paused in wait or abort mode, new requests are refused
         self.queue: deque = deque()  # (SchedulerOutput, ModelRunnerOutput), newest first
         self.outcome: Outcome = run_outcome(0)  # until the run says otherwise (engines/run.py)
@@ -188,7 +188,7 @@ class EngineLoop:
         if mode == "abort":
             self.abort(list(self.sched.requests))
         self.sched.set_pause_state("paused_all" if mode == "keep" else "paused_new")
-        self.rejecting_new = self.rules.paused_rejects_new and mode != "keep"
+        self.rejecting_new = self.release.paused_rejects_new and mode != "keep"
         self.observer.mark_step_event(label)
         self.clear_after_drain = clear_cache
         self.finish_pause_if_idle()  # pause_scheduler: _finish_pause at once if nothing is left

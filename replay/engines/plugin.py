@@ -1,13 +1,14 @@
 """`--engine vllm`: the vLLM plugin that attaches specreplay's observers inside a live engine.
 
-Where it sits: workloads -> models -> impls -> record -> **engines** -> check, for a real
-engine. vLLM loads the `vllm.general_plugins` entry point `register` in every process it
-starts; when specreplay's live run set SPECREPLAY_LIVE_SINK, it attaches, wherever the objects
-live (in-process, or an engine-core process and its worker processes):
+Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
+workflows -> views -> cli, for a real engine. vLLM loads the `vllm.general_plugins` entry point
+`register` in every process it starts; when specreplay's live run set SPECREPLAY_LIVE_SINK, it
+attaches, wherever the objects live (in-process, or an engine-core process and its worker
+processes):
 
-- to the engine core's scheduler, the scheduler observer (record/scheduler_observer.py), the
+- to the engine core's scheduler, the scheduler observer (observers/scheduler_observer.py), the
   same one that watches the reference and the real scheduler in the other engines;
-- to every `GPUModelRunner`, the worker observer (record/worker_observer.py), reading its inputs
+- to every `GPUModelRunner`, the worker observer (observers/worker_observer.py), reading its inputs
   with `VllmInputs`.
 
 The implementation's real forms (impls/) replace the scheduler's and the runner's classes. Each
@@ -60,8 +61,8 @@ def attach_to_core(scheduler: Any, sink: Sink, config: Any, impl: Any) -> None:
     an empty schedule (core.py:755): not an iteration. A multiprocess engine core polls
     has_requests() while it waits for input, so there a step is a schedule() call."""
     from specreplay.replay.impls.registry import qualified_name
-    from specreplay.replay.record.input_observer import InputObserver, attach_inputs
-    from specreplay.replay.record.scheduler_observer import SchedulerObserver, attach
+    from specreplay.replay.observers.input_observer import InputObserver, attach_inputs
+    from specreplay.replay.observers.scheduler_observer import SchedulerObserver, attach
 
     scheduler.__class__ = impl.real_scheduler_class(type(scheduler), config)
     sink.write({"e": "ran", "scheduler": qualified_name(type(scheduler))})  # the trace names what ran
@@ -123,7 +124,7 @@ def attach_to_core(scheduler: Any, sink: Sink, config: Any, impl: Any) -> None:
 def attach_to_runner(runner: Any, sink: Sink, impl: Any) -> None:
     """The worker observer on a live GPUModelRunner (its variant class first)."""
     from specreplay.replay.impls.registry import qualified_name
-    from specreplay.replay.record.worker_observer import VllmReader, WorkerObserver, attach_runner
+    from specreplay.replay.observers.worker_observer import VllmReader, WorkerObserver, attach_runner
 
     runner.__class__ = impl.real_runner_class(type(runner))
     sink.write({"e": "ran", "runner": qualified_name(type(runner))})
@@ -220,7 +221,7 @@ def _attach_runner(runner: Any) -> bool:
 def _report_failures_to(sink: Sink, role: str, stop: bool) -> None:
     """An observer's failure in this process goes to `sink` as an `error` line. `stop` (attached
     to a user's vLLM): observation stops and the engine goes on; else the error propagates."""
-    from specreplay.replay.record.guard import GUARD
+    from specreplay.replay.observers.guard import GUARD
 
     GUARD.on_failure = "stop" if stop else "raise"
     GUARD.failed = None  # a new run

@@ -1,10 +1,11 @@
 """The seams between the driver loop and what it drives, written down as Protocols, and the wiring.
 
-Where it sits: workloads -> models -> impls -> record -> **engines** -> check. `SchedulerPort`
-is what the loop calls on a scheduler (the reference `Scheduler`, or `VllmSchedulerAdapter` in
-front of the real one: vLLM's `SchedulerInterface`, reduced to what the loop uses); `RunnerPort`
-what it calls on a runner (the reference `GPUModelRunner` and its variants). `wire` builds one
-run's parts and attaches the observers (record/) to the vLLM-shaped objects inside them.
+Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
+workflows -> views -> cli. `SchedulerPort` is what the loop calls on a scheduler (the reference
+`Scheduler`, or `VllmSchedulerAdapter` in front of the real one: vLLM's `SchedulerInterface`,
+reduced to what the loop uses); `RunnerPort` what it calls on a runner (the reference
+`GPUModelRunner` and its variants). `wire` builds one run's parts and attaches the observers
+(observers/) to the vLLM-shaped objects inside them.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from specreplay.replay.engines.registry import engine as engine_entry
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.models.messages import ModelRunnerOutput, SchedulerOutput
 from specreplay.replay.models.request import Request
-from specreplay.replay.record.recorder import Recorder
-from specreplay.replay.record.scheduler_observer import SchedulerObserver, attach
-from specreplay.replay.record.truth import KvTruth
-from specreplay.replay.record.worker_observer import RecorderWriter, ReferenceReader, WorkerObserver, attach_runner
+from specreplay.replay.observers.recorder import Recorder
+from specreplay.replay.observers.scheduler_observer import SchedulerObserver, attach
+from specreplay.replay.observers.truth import KvTruth
+from specreplay.replay.observers.worker_observer import RecorderWriter, ReferenceReader, WorkerObserver, attach_runner
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
 

@@ -1,11 +1,11 @@
 """`--engine vllm-scheduler`: the installed vLLM's real Scheduler / AsyncScheduler, fed by the
 reference runner.
 
-Where it sits: workloads -> models -> impls -> record -> **engines** -> check.
-`VllmSchedulerAdapter` offers the engine loop the `SchedulerPort` the reference scheduler
-offers: it builds a real vLLM config (a tiny model config written to a temporary folder, no
-weights, no hub), converts the real `SchedulerOutput` into specreplay's message for the reference
-runner and the runner's output into a real `ModelRunnerOutput`. It records nothing: the
+Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
+workflows -> views -> cli. `VllmSchedulerAdapter` offers the engine loop the `SchedulerPort` the
+reference scheduler offers: it builds a real vLLM config (a tiny model config written to a temporary
+folder, no weights, no hub), converts the real `SchedulerOutput` into specreplay's message for the
+reference runner and the runner's output into a real `ModelRunnerOutput`. It records nothing: the
 scheduler observer watches the real scheduler (`adapter.real`) as it watches any other.
 """
 

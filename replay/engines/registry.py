@@ -1,12 +1,12 @@
 """The engines and runner families a run can take, each an entry that builds it and says what it supports.
 
-Where it sits: workloads -> models -> impls -> record -> **engines** -> check. Every other module
-asks an entry (`engine(name)`, `runner_family(name)`) instead of comparing names: whether an
-engine replays a recording's outcomes, needs vLLM, runs a variant's real forms; how it builds
-its scheduler; which classes a run of an implementation on it is asked to run (the gate's
-check); what its trace header calls its models. Adding an engine or a runner family is adding
-an entry here. Light to import (the CLI's choices come from here): vLLM, torch and the engines'
-modules load only when an entry builds or runs something.
+Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
+workflows -> views -> cli. Every other module asks an entry (`engine(name)`, `runner_family(name)`)
+instead of comparing names: whether an engine replays a recording's outcomes, needs vLLM, runs a
+variant's real forms; how it builds its scheduler; which classes a run of an implementation on it is
+asked to run (the gate's check); what its trace header calls its models. Adding an engine or a
+runner family is adding an entry here. Light to import (the CLI's choices come from here): vLLM,
+torch and the engines' modules load only when an entry builds or runs something.
 
 Engines:
   reference       specreplay's models of vLLM's schedulers, the reference runner

@@ -1,13 +1,13 @@
 """One entry point for every engine: run a workload through an implementation, get its trace.
 
-Where it sits: workloads -> models -> impls -> record -> **engines** -> check. `run_workload`
-asks the engine's entry (engines/registry.py), once, whether the implementation runs there (it
-applies to the workload, `Implementation.why_not`, and has the forms the engine runs: nothing
-runs in its place), picks the driver (the loop for the engines that drive a scheduler and a
-reference runner; a live vLLM drives itself and the input driver feeds it), ends the run as a
-crash when the implementation raises (engines/crash.py), keeps the journal, and builds the
-trace with one header, which names the scheduler and runner classes that ran, and its outcome
-(engines/outcome.py).
+Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
+workflows -> views -> cli. `run_workload` asks the engine's entry (engines/registry.py), once,
+whether the implementation runs there (it applies to the workload, `Implementation.why_not`, and has
+the forms the engine runs: nothing runs in its place), picks the driver (the loop for the engines
+that drive a scheduler and a reference runner; a live vLLM drives itself and the input driver feeds
+it), ends the run as a crash when the implementation raises (engines/crash.py), keeps the journal,
+and builds the trace with one header, which names the scheduler and runner classes that ran, and its
+outcome (engines/outcome.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from specreplay.replay.engines.outcome import run_outcome
 from specreplay.replay.engines.registry import DEFAULT_RUNNER, replay_engines
 from specreplay.replay.engines.registry import engine as engine_entry
 from specreplay.replay.impls.registry import Implementation
-from specreplay.replay.record.recorder import FLUSH_EVERY
+from specreplay.replay.observers.recorder import FLUSH_EVERY
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces import schema

@@ -1,11 +1,11 @@
 """The observers' side of part files: a recorder that streams its rows to a part, and the sink folder.
 
-Where it sits: workloads -> models -> impls -> record -> **engines** -> check, for the live engine
-(`--engine vllm`) and attached recordings (`SPECREPLAY_RECORD`). The format, its writer and its
-readers live in traces/parts.py; here, what the observers inside a live vLLM's processes write
-through it (`sink_recorder`: the scheduler side's `rows` and `patch` lines; `SinkWriter`: the
-worker observer's), the temporary folder a live run's parts go to, and the merged rows as a
-trace table.
+Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
+workflows -> views -> cli, for the live engine (`--engine vllm`) and attached recordings
+(`SPECREPLAY_RECORD`). The format, its writer and its readers live in traces/parts.py; here, what
+the observers inside a live vLLM's processes write through it (`sink_recorder`: the scheduler side's
+`rows` and `patch` lines; `SinkWriter`: the worker observer's), the temporary folder a live run's
+parts go to, and the merged rows as a trace table.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ Sink = PartWriter
 
 def sink_recorder(sink: Sink):
     """A Recorder that also streams its rows and patches to `sink` as they are written."""
-    from specreplay.replay.record.recorder import SCHEDULE_COLUMNS, Recorder
+    from specreplay.replay.observers.recorder import SCHEDULE_COLUMNS, Recorder
 
     names = ["step", "step_total_scheduled_tokens", "step_event", *SCHEDULE_COLUMNS]
 
@@ -71,7 +71,7 @@ def merge_parts(folder: str) -> list[dict[str, Any]]:
 
 
 def rows_to_table(rows: list[dict[str, Any]]):
-    from specreplay.replay.record.recorder import Recorder
+    from specreplay.replay.observers.recorder import Recorder
 
     rec = Recorder()
     for row in rows:

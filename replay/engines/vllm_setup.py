@@ -1,8 +1,9 @@
 """Setting up the installed vLLM on this machine: import it, a tiny model config, its parameters.
 
-Where it sits: workloads -> models -> impls -> record -> **engines** -> check. Used by the
-real-scheduler engine (engines/real_scheduler.py) and the live engine (engines/live.py). vllm is
-imported only here, and only when one of those engines is chosen.
+Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
+workflows -> views -> cli. Used by the real-scheduler engine (engines/real_scheduler.py) and the
+live engine (engines/live.py). vllm is imported only here, and only when one of those engines is
+chosen.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """Implementations under test: a registry of scheduler + runner + executor combinations.
 
-Where it sits: workloads -> models -> **impls** -> record -> engines -> check. `record`,
-`replay` and `gate` resolve `--impl NAME` here; every engine takes a variant from here, in the
-form that engine runs (the reference form on the reference models, the real form on vLLM's
-classes), never by its name. A name from a
-trace resolves only through this registry; `module:attr` (loaded only when the user passes it on
-the command line) may name an `Implementation`, a `Scheduler` subclass or a `GPUModelRunner`
-subclass.
+Where it sits: workloads -> models -> **impls** -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. `record`, `replay` and `gate` resolve `--impl NAME` here; every engine
+takes a variant from here, in the form that engine runs (the reference form on the reference models,
+the real form on vLLM's classes), never by its name. A name from a trace resolves only through this
+registry; `module:attr` (loaded only when the user passes it on the command line) may name an
+`Implementation`, a `Scheduler` subclass or a `GPUModelRunner` subclass.
 
 Built-ins:
   upstream      vLLM 0.32.0 behaviour

@@ -1,8 +1,9 @@
 """The built-in variants: each differs from upstream in one overridden hook.
 
-Where it sits: replay. Registered in `specreplay.replay.impls.registry`; also the worked examples for
-users writing their own implementation (docs/implementations.md), written against the public API
-(`specreplay.replay.api`) alone. A runner variant whose hook a workload can never reach
+Where it sits: workloads -> models -> **impls** -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. Registered in `specreplay.replay.impls.registry`; also the worked
+examples for users writing their own implementation (docs/implementations.md), written against the
+public API (`specreplay.replay.api`) alone. A runner variant whose hook a workload can never reach
 says so in a `why_not(config)` classmethod (`Implementation.why_not`): it is then never run, and
 never stood in for, on such a workload.
 """

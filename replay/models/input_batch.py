@@ -1,9 +1,10 @@
 """The worker's persistent batch: rows, their token buffers and the previous step's row map.
 
-Where it sits: replay, worker side. Modelled on vLLM 0.32.0's `InputBatch`
+Where it sits: workloads -> **models** -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli, worker side. Modelled on vLLM 0.32.0's `InputBatch`
 (vllm/v1/worker/gpu_input_batch.py): `add_request` fills the lowest free row, `remove_request`
-leaves a hole and drops the id from `prev_req_id_to_index`, `condense` moves the highest live
-row into the lowest hole until the rows are dense.
+leaves a hole and drops the id from `prev_req_id_to_index`, `condense` moves the highest live row
+into the lowest hole until the rows are dense.
 """
 
 from __future__ import annotations

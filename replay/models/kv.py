@@ -1,11 +1,12 @@
 """KV block accounting on the scheduler side: a free-block queue and per-request block lists.
 
-Where it sits: replay, scheduler side. `allocate_slots` failing is what drives preemption;
-the block ids reach the worker in `SchedulerOutput` and decide where its KV writes land.
-Modelled on vLLM 0.32.0's KVCacheManager for one full-attention group without prefix caching:
-block 0 is the reserved null block, allocation takes from the head of the free queue, and a
-freed request's blocks go back to the tail in reverse order. `BlockLedger` is the same
-ownership as the scheduler's outputs state it (for the KV ground truth).
+Where it sits: workloads -> **models** -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli, scheduler side. `allocate_slots` failing is what drives preemption; the
+block ids reach the worker in `SchedulerOutput` and decide where its KV writes land. Modelled on
+vLLM 0.32.0's KVCacheManager for one full-attention group without prefix caching: block 0 is the
+reserved null block, allocation takes from the head of the free queue, and a freed request's blocks
+go back to the tail in reverse order. `BlockLedger` is the same ownership as the scheduler's outputs
+state it (for the KV ground truth).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class BlockLedger:
     preempted sets (vLLM frees a request's blocks when it finishes or is preempted and announces
     it with the next output; a block given again in that same output was freed first).
 
-    The KV ground truth (record/truth.py) reads block ownership here: the scheduler's word, never
+    The KV ground truth (observers/truth.py) reads block ownership here: the scheduler's word, never
     the worker's block tables."""
 
     def __init__(self) -> None:

@@ -1,6 +1,7 @@
 """The typed messages between the reference scheduler and the reference runner.
 
-Where it sits: replay. Mirrors vLLM's `SchedulerOutput` (vllm/v1/core/sched/output.py) and
+Where it sits: workloads -> **models** -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. Mirrors vLLM's `SchedulerOutput` (vllm/v1/core/sched/output.py) and
 `ModelRunnerOutput` (vllm/v1/outputs.py), reduced to the fields that carry per-request state.
 """
 

@@ -1,8 +1,9 @@
 """The scheduler's per-request state, modelled on vLLM 0.32.0's `vllm/v1/request.py`.
 
-Where it sits: workloads -> **models** -> impls -> record -> engines -> check. The scheduler
-observer reads these fields, by the names vLLM's `Request` gives them, into the `sched_*`
-columns; nothing on the worker side ever sees this object. Status names are vLLM's too.
+Where it sits: workloads -> **models** -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. The scheduler observer reads these fields, by the names vLLM's `Request`
+gives them, into the `sched_*` columns; nothing on the worker side ever sees this object. Status
+names are vLLM's too.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Reference GPU runner: vLLM 0.32.0's `GPUModelRunner` state handling, on real torch tensors.
 
-Where it sits: workloads -> **models** -> impls -> record -> engines -> check, worker side. As
-vLLM's runner, a step is two calls: `execute_model(S_m)` runs `_update_states` (removals,
-re-adds, the deferred correction of `num_computed_tokens` booked), `_prepare_inputs` (the
-previous step's sampled tokens and cached drafts scattered into the input ids, the clamp), the
-tiny target model and the KV write; `sample_tokens()` rejection-samples, proposes drafts and
-does the bookkeeping for the next step. The runner reports on nothing: the worker observer
-(record/worker_observer.py) and the KV ground truth (record/truth.py) watch these calls from
-outside, reading the state by vLLM's names (`requests`, `input_batch`, `_draft_token_ids`,
-`valid_sampled_token_count`).
+Where it sits: workloads -> **models** -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli, worker side. As vLLM's runner, a step is two calls: `execute_model(S_m)`
+runs `_update_states` (removals, re-adds, the deferred correction of `num_computed_tokens` booked),
+`_prepare_inputs` (the previous step's sampled tokens and cached drafts scattered into the input
+ids, the clamp), the tiny target model and the KV write; `sample_tokens()` rejection-samples,
+proposes drafts and does the bookkeeping for the next step. The runner reports on nothing: the
+worker observer (observers/worker_observer.py) and the KV ground truth (observers/truth.py) watch
+these calls from outside, reading the state by vLLM's names (`requests`, `input_batch`,
+`_draft_token_ids`, `valid_sampled_token_count`).
 
 Hooks a variant may override (docs/implementations.md; the names a variant uses are in
 `specreplay.replay.api`, the state it reads in `api.RUNNER_STATE`):
@@ -101,7 +101,7 @@ class GPUModelRunner:
         self.use_async_scheduling = config.async_scheduling
         self.model = TargetModel(config.vocab_size, self.device)
         self.drafter = getattr(oracle, "drafter", "fixed")
-        # A recorded oracle answers by table, not by the closed-form rule (workloads/recorded.py).
+        # A recorded oracle answers by table, not by the closed-form rule (workloads/recorded_oracle.py).
         self.recorded_model = RecordedTargetModel(oracle, self.device) if getattr(oracle, "recorded", False) else None
         self.num_valid_draft_tokens: list[int] = []  # ngram_gpu: per row of the last proposal
         self.booked_drafts: dict[str, int] = {}  # ngram_gpu: draft slots booked before the trim

@@ -1,9 +1,10 @@
 """Reference scheduler: vLLM's `Scheduler` and `AsyncScheduler` (0.32.0 and 0.33.0), state and arithmetic only.
 
-Where it sits: replay, scheduler side. The engine loop calls `schedule()`, hands the
+Where it sits: workloads -> **models** -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli, scheduler side. The engine loop calls `schedule()`, hands the
 `SchedulerOutput` to a runner, and later calls `update_from_output()`. Variants subclass these
-classes and override the hooks below (docs/implementations.md; a variant imports what it uses
-from `specreplay.replay.api`, and reads the state listed in `api.SCHEDULER_STATE`).
+classes and override the hooks below (docs/implementations.md; a variant imports what it uses from
+`specreplay.replay.api`, and reads the state listed in `api.SCHEDULER_STATE`).
 
 Hooks, in the order a step uses them:
   schedule_running(plan)                                the running-queue visit
@@ -23,7 +24,7 @@ Hooks, in the order a step uses them:
   update_draft_token_ids(req_ids, drafts)               sync mode: real drafts from the worker
 
 The release modelled is the config's `vllm_version`; where 0.33.0 differs from 0.32.0 is one
-field of `self.rules` (models/versions.py) and one branch here.
+field of `self.release` (models/releases.py) and one branch here.
 
 Per-request state of your own goes in `req.plugin_state` (a dict, empty for each new Request:
 each life of an id; kept across preemptions and a streaming session's turns).
@@ -45,6 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from specreplay.replay.models.decisions import reaches_max_tokens_in_flight
 from specreplay.replay.models.kv import BlockPool
 from specreplay.replay.models.messages import (
     CachedRequestData,
@@ -53,9 +55,8 @@ from specreplay.replay.models.messages import (
     NewRequestData,
     SchedulerOutput,
 )
+from specreplay.replay.models.releases import release_of
 from specreplay.replay.models.request import Request, Status
-from specreplay.replay.models.rules import reaches_max_tokens_in_flight
-from specreplay.replay.models.versions import rules_for
 from specreplay.replay.workloads.config import EngineConfig
 
 #: vLLM's PauseState: UNPAUSED, PAUSED_NEW (running requests go on, nothing is admitted),
@@ -93,7 +94,7 @@ class Scheduler:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.rules = rules_for(config.vllm_version)
+        self.release = release_of(config.vllm_version)
         self.k = config.num_spec_tokens
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
@@ -162,7 +163,7 @@ class Scheduler:
         else:
             req.status = Status.WAITING_FOR_STREAMING_REQ
             self.num_waiting_for_streaming_input += 1
-        if not self.rules.continuing_requeued_after_cleanup:
+        if not self.release.continuing_requeued_after_cleanup:
             self._enqueue_waiting(req)
         return False
 
@@ -170,7 +171,7 @@ class Scheduler:
         """vLLM's _update_request_as_session: the next turn's prompt is the session's tokens so
         far (its last sampled token is discarded) plus the new chunk. 0.32.0 keeps the computed
         tokens only; 0.33.0 every token but the last, and asserts none of those is uncomputed."""
-        if self.rules.session_keeps_all_but_last:
+        if self.release.session_keeps_all_but_last:
             keep_end = req.num_tokens - 1
             if keep_end < req.num_computed_tokens:  # vLLM 0.33: assert keep_end >= num_computed_tokens
                 raise EngineCrash(
@@ -492,7 +493,7 @@ class Scheduler:
                 self._remove_from_waiting(req)
             if finished:
                 self._free(req, Status.FINISHED_STOPPED if finish == "stop" else Status.FINISHED_LENGTH_CAPPED)
-        if self.rules.continuing_requeued_after_cleanup:
+        if self.release.continuing_requeued_after_cleanup:
             # 0.33.0: each continuing session ends up in exactly one queue, preempted or not.
             for req in continuing:
                 self._enqueue_waiting(req)
@@ -559,7 +560,7 @@ class Scheduler:
             elif len(all_token_ids) >= max_model_len or len(all_token_ids) >= max_num_tokens:
                 finish = "length"
             if finish:
-                if self.rules.stop_rewinds_computed and not stale:
+                if self.release.stop_rewinds_computed and not stale:
                     req.num_computed_tokens -= len(tokens) - count
                 del tokens[count:]
                 break
@@ -595,7 +596,7 @@ class AsyncScheduler(Scheduler):
             req.spec_token_ids = placeholders
 
     def append_output(self, req: Request, tokens: list[int], stale: bool) -> tuple[list[int], str]:
-        returned = list(tokens) if self.rules.placeholders_resolve_returned else None
+        returned = list(tokens) if self.release.placeholders_resolve_returned else None
         tokens, finish = super().append_output(req, tokens, stale)
         self.account_placeholders(req, tokens if returned is None else returned, stale)
         return tokens, finish
@@ -605,7 +606,7 @@ class AsyncScheduler(Scheduler):
         (0.32.0), or every returned one, those cut after a stop included, and only while P > 0
         (0.33.0). Not for a stale output: the preemption zeroed P, and this output never had a
         share in it. P below 0 is vLLM's assert, an engine crash."""
-        if stale or (self.rules.placeholders_resolve_returned and req.num_output_placeholders <= 0):
+        if stale or (self.release.placeholders_resolve_returned and req.num_output_placeholders <= 0):
             return
         req.num_output_placeholders -= len(tokens)
         if req.num_output_placeholders < 0:  # vLLM asserts here and EngineCore dies

@@ -1,7 +1,8 @@
 """The tiny deterministic target model on the runner's device (torch).
 
-Where it sits: workloads -> **models** -> engines -> record -> check. The reference runner calls
-`TargetModel.forward`; the rule is `workloads.tokens.next_token`, on tensors.
+Where it sits: workloads -> **models** -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. The reference runner calls `TargetModel.forward`; the rule is
+`workloads.tokens.next_token`, on tensors.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class TargetModel:
 
 class RecordedTargetModel:
     """The target model of a replayed recording: each position's token is looked up in the
-    recorded outcomes (`workloads.recorded.RecordedOracle.answer`), a gap filled by its rules.
+    recorded outcomes (`workloads.recorded_oracle.RecordedOracle.answer`), a gap filled by its rules.
     A table, not a formula: it runs on the host and hands the runner a tensor on its device."""
 
     def __init__(self, oracle: Any, device: torch.device) -> None:

@@ -1,13 +1,14 @@
 """Perfetto / Chrome trace-event export: scheduler and worker tracks per request, side by side.
 
-Where it sits: traces -> replay -> **diff**, for the Perfetto UI (ui.perfetto.dev opens the JSON).
-One engine step is one millisecond. Per request: a process with a `scheduler` and a `worker`
-thread track holding one slice per step the request was in (what it was given, what ran), flow
-arrows from the step that scheduled work to the step whose `update_from_output` applied it,
-counter tracks for `num_computed_tokens` (both sides) and `num_output_placeholders`, and instant
-markers where findings fire. Exports are windowed by steps: at most `max_steps` steps and
-`max_rows` request-steps (about 700 bytes of JSON each) per file, cut at a step boundary, so a
-long trace stays under the viewer's limits (`--steps` picks the next window).
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> **views** -> cli, for the Perfetto UI (ui.perfetto.dev opens the JSON). One engine step
+is one millisecond. Per request: a process with a `scheduler` and a `worker` thread track holding
+one slice per step the request was in (what it was given, what ran), flow arrows from the step that
+scheduled work to the step whose `update_from_output` applied it, counter tracks for
+`num_computed_tokens` (both sides) and `num_output_placeholders`, and instant markers where findings
+fire. Exports are windowed by steps: at most `max_steps` steps and `max_rows` request-steps (about
+700 bytes of JSON each) per file, cut at a step boundary, so a long trace stays under the viewer's
+limits (`--steps` picks the next window).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """The timeline model: per request, per step, what the scheduler did and what the worker did.
 
-Where it sits: traces -> replay -> **diff**, for people. `build_timeline` reads a trace's rows
-(streamed, only the requests and steps asked for) and its findings, and returns lanes of short
-cells: the scheduler's state at each step (scheduled n tokens with k draft slots, new, re-entering,
-resumed, skipped by the budget or the max-tokens rule, waiting, preempted, finished), the worker's
-(in the batch with what it executed, or not), the findings that fire there and, on demand, a
-counter on both sides. `cli/show.py` draws it with rich; `replay/perfetto.py` exports the same
-rows as trace events. Nothing here prints.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> **views** -> cli, for people. `build_timeline` reads a trace's rows (streamed, only the
+requests and steps asked for) and its findings, and returns lanes of short cells: the scheduler's
+state at each step (scheduled n tokens with k draft slots, new, re-entering, resumed, skipped by the
+budget or the max-tokens rule, waiting, preempted, finished), the worker's (in the batch with what
+it executed, or not), the findings that fire there and, on demand, a counter on both sides.
+`cli/show.py` draws it with rich; `replay/perfetto.py` exports the same rows as trace events.
+Nothing here prints.
 """
 
 from __future__ import annotations

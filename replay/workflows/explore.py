@@ -1,16 +1,17 @@
 """Explore: search seeded workloads for findings, one generation at a time, guided by coverage.
 
-Where it sits: record -> traces -> replay -> **diff**, automated. Each candidate is a small
-seeded workload (workloads/generators.py, `explore_workload`) drawn across every engine setting
-the reference models honour (k 0 to 8, lookahead slots, block sizes 4 to 64, max_model_len from
-exactly the longest request to roomy, KV from one request's worth to plenty) and bent by a mix of
-perturbation profiles (arrival bursts, budgets at the edge of 1 + k per request, long prompts that
-chunk, KV pressure that preempts, aborts at awkward steps, acceptance patterns per request, idle
-gaps that leave empty steps, sync scheduling, control events: pauses, cache resets, aborts,
-resubmissions, streaming sessions; requests that decode up to max_model_len). Only workloads the
-implementation applies to are drawn (`Implementation.why_not`: an AsyncScheduler gets async
-ones). It runs through the implementation under test and the checker; what matters comes back
-small (finding codes, the situations the run reached, the settings it drew), never the trace.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+**workflows** -> views -> cli, automated. Each candidate is a small seeded workload
+(workloads/generators.py, `explore_workload`) drawn across every engine setting the reference models
+honour (k 0 to 8, lookahead slots, block sizes 4 to 64, max_model_len from exactly the longest
+request to roomy, KV from one request's worth to plenty) and bent by a mix of perturbation profiles
+(arrival bursts, budgets at the edge of 1 + k per request, long prompts that chunk, KV pressure that
+preempts, aborts at awkward steps, acceptance patterns per request, idle gaps that leave empty
+steps, sync scheduling, control events: pauses, cache resets, aborts, resubmissions, streaming
+sessions; requests that decode up to max_model_len). Only workloads the implementation applies to
+are drawn (`Implementation.why_not`: an AsyncScheduler gets async ones). It runs through the
+implementation under test and the checker; what matters comes back small (finding codes, the
+situations the run reached, the settings it drew), never the trace.
 
 Coverage guidance: a profile whose candidates reach a situation no earlier candidate reached
 (re-entry, preemption with output in flight, the drafter skipped near max_model_len, ...;

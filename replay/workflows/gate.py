@@ -1,9 +1,10 @@
 """The regression gate: replay each golden trace through an implementation, check it, compare it.
 
-Where it sits: traces -> replay -> **diff**, over a corpus. `run_gate` returns one `GateResult`
-per golden (pass, fail, changed, error or n/a) and never prints; `GateResult.failed` says which
-fail the gate; `cli/gate.py` renders the results (table, JSON, JUnit XML, GitHub annotations).
-`update_goldens` rewrites goldens from the current implementation and says what changed.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+**workflows** -> views -> cli, over a corpus. `run_gate` returns one `GateResult` per golden (pass,
+fail, changed, error or n/a) and never prints; `GateResult.failed` says which fail the gate;
+`cli/gate.py` renders the results (table, JSON, JUnit XML, GitHub annotations). `update_goldens`
+rewrites goldens from the current implementation and says what changed.
 
 What ran is what was asked: a golden whose workload the implementation does not apply to
 (`Implementation.why_not`: an AsyncScheduler variant on a synchronous golden, ...) is `n/a`
@@ -243,7 +244,7 @@ def gate_one(path: str, options: GateOptions) -> GateResult:
 
 def run_gate(paths: list[Path], options: GateOptions, jobs: int = 1) -> list[GateResult]:
     """Gate every trace under `paths`; results in path order whatever `jobs` is."""
-    from specreplay.replay.workflows.recording import check_device
+    from specreplay.replay.workflows.record import check_device
 
     check_device(options.device)
     files = [str(p) for p in collect(paths)]
@@ -273,7 +274,7 @@ def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult
     the implementation does not apply to is left as it is (n/a)."""
     from specreplay.replay.check.tracediff import diff_traces
     from specreplay.replay.impls.registry import NotApplicable
-    from specreplay.replay.workflows.recording import check_device
+    from specreplay.replay.workflows.record import check_device
     from specreplay.traces.io import open_trace, write_trace
 
     check_device(options.device)

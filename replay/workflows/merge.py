@@ -225,7 +225,7 @@ def workload_of(
 
 def abort_event(abort: dict[str, Any], arrival: int, marked: set[tuple[int, str]]) -> dict[str, Any]:
     """Where an abort recorded at step s (schedule() calls before it) lands, as a workload event.
-    vLLM takes it from one of two queues (record/input_observer.py): the input queue, before step
+    vLLM takes it from one of two queues (observers/input_observer.py): the input queue, before step
     s + 1's schedule(), whose row then carries the `abort` event; or the early-aborts queue,
     after step s's schedule() and before the oldest batch is applied (`when = "after"`). Aborted
     before its first schedule(), a request is aborted at its arrival step."""

@@ -1,6 +1,7 @@
 """pytest plugin: gate a corpus of golden traces inside your own test suite.
 
-Where it sits: replay -> diff, for a project's tests. Installed with specreplay (entry point
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+**workflows** -> views -> cli, for a project's tests. Installed with specreplay (entry point
 `pytest11`), it provides the `specreplay_gate` fixture:
 
     def test_my_scheduler_keeps_the_goldens(specreplay_gate):

@@ -1,12 +1,13 @@
 """What a replay of a trace runs: its workload, engine config, executor, engine and oracle.
 
-Where it sits: workflows, over traces -> workloads -> engines. `plan_replay` reads a trace's
-metadata (and, for recorded outcomes, its rows) and says how to run it again; `replay`, `shrink`
-and `gate` all replay through it, so a recording means the same run to each.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+**workflows** -> views -> cli. `plan_replay` reads a trace's metadata (and, for recorded outcomes,
+its rows) and says how to run it again; `replay`, `shrink` and `gate` all replay through it, so a
+recording means the same run to each.
 
 The oracle: a trace recorded from a live or attached vLLM carries the only truth there is, its
 outcomes (schema v3: the sampled tokens, the drafts verified), and a replay runs on them
-(`workloads/recorded.py`) through the reference or the real scheduler. A trace recorded on the
+(`workloads/recorded_oracle.py`) through the reference or the real scheduler. A trace recorded on the
 reference or the real scheduler came from its workload's seeded model, which its workload
 regenerates whole: it replays on that (`synthetic`), unless told `recorded`.
 """
@@ -41,7 +42,7 @@ class ReplayPlan:
 def default_oracle(trace: Trace) -> str:
     """recorded for a trace of a live or attached vLLM with outcomes, and for a replay (or a
     shrink) of one, whose rows carry its outcomes (`impl.outcomes`); else synthetic."""
-    from specreplay.replay.workloads.recorded import has_outcomes
+    from specreplay.replay.workloads.recorded_oracle import has_outcomes
 
     return "recorded" if may_be_recording(trace.impl) and has_outcomes(trace.table) else "synthetic"
 
@@ -94,7 +95,7 @@ def plan_replay(
     """How to run `trace` again (a `Trace`; a `TraceFile` will do where the plan is synthetic and
     the trace no recording: `may_be_recording`). `workload`: a part of the trace's (shrink),
     default the whole; the recorded outcomes of what remains drive it."""
-    from specreplay.replay.workloads.recorded import recorded_oracle
+    from specreplay.replay.workloads.recorded_oracle import recorded_oracle
 
     if not isinstance(trace, Trace):  # a TraceFile: its header, a Trace without rows
         trace = trace.header

@@ -1,14 +1,14 @@
 """Shrink: cut a failing workload down to a minimal reproduction that still fires the same code.
 
-Where it sits: workloads -> ... -> engines -> check -> **workflows**, then back to record: the
-workload in a failing trace's metadata is reduced step by step (drop a request, halve or
-decrement prompts and max_tokens, move arrivals earlier, drop aborts, stops and per-request
-acceptance, drop, move and shrink control events, simplify the acceptance, lower the draft width,
-the budget and the batch size, relax KV pressure and the long-prefill threshold), each candidate
-replayed through the same implementation and engine and kept only if the finding code still
-fires. Greedy and deterministic: the same trace and code give the same minimal workload.
-`emit_pytest` turns the result into a self-contained regression test; `shrink_to` does all of it
-from a trace file to the files `specreplay shrink` writes.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+**workflows** -> views -> cli, then back to record: the workload in a failing trace's metadata is
+reduced step by step (drop a request, halve or decrement prompts and max_tokens, move arrivals
+earlier, drop aborts, stops and per-request acceptance, drop, move and shrink control events,
+simplify the acceptance, lower the draft width, the budget and the batch size, relax KV pressure and
+the long-prefill threshold), each candidate replayed through the same implementation and engine and
+kept only if the finding code still fires. Greedy and deterministic: the same trace and code give
+the same minimal workload. `emit_pytest` turns the result into a self-contained regression test;
+`shrink_to` does all of it from a trace file to the files `specreplay shrink` writes.
 
 A recording (a live or attached vLLM's trace: `replaying.plan_replay` says so) shrinks on its
 recorded outcomes: each candidate runs on a `RecordedOracle` built over the candidate's requests

@@ -11,7 +11,7 @@ from typing import Any
 from specreplay.traces.errors import InputError
 
 #: The vLLM releases the reference models follow, oldest first. Where they differ is written
-#: once, in replay/models/versions.py; a workload names the one it runs under.
+#: once, in replay/models/releases.py; a workload names the one it runs under.
 MODELLED_VERSIONS = ("0.32.0", "0.33.0")
 #: Traces and workloads from before versions were modelled were all 0.32.0's.
 EARLIEST_VERSION = MODELLED_VERSIONS[0]

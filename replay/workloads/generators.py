@@ -1,7 +1,8 @@
 """Seeded random generators: whole workloads and the control events drawn for them.
 
-Where it sits: workloads -> models -> engines -> record -> check. `--scenario random --seed N`
-and `explore` draw their workloads here; each seed gives the same workload on every machine.
+Where it sits: **workloads** -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. `--scenario random --seed N` and `explore` draw their workloads here;
+each seed gives the same workload on every machine.
 
 `explore_workload` draws across every engine setting the reference models honour: k
 (num_spec_tokens) 0 to 8, lookahead slots (0, k, k + 1 or in between), block sizes 4 to 64,

@@ -1,11 +1,11 @@
 """The vLLM failures specreplay knows, each as the smallest workload that shows it.
 
-Where it sits: **workloads** -> models -> impls -> record -> engines -> check. The bug matrix
-(workflows/bug_matrix.py, `specreplay scenarios --matrix`) runs each of these on every modelled
-vLLM release and says which reproduce; the differential tests run the same workloads on the
-real schedulers. A bug "reproduces" when the checker reports `code` (at `step`, when given) and,
-for a crash, the engine's message names one of `asserts` (the reference's or vLLM's own wording
-of the same assert).
+Where it sits: **workloads** -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. The bug matrix (workflows/bug_matrix.py, `specreplay scenarios --matrix`)
+runs each of these on every modelled vLLM release and says which reproduce; the differential tests
+run the same workloads on the real schedulers. A bug "reproduces" when the checker reports `code`
+(at `step`, when given) and, for a crash, the engine's message names one of `asserts` (the
+reference's or vLLM's own wording of the same assert).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Ground truth of a workload: every request's expected token sequence and its drafter's proposals.
 
-Where it sits: replay. The runner's drafter and KV truth, the engine's token check and the
+Where it sits: **workloads** -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. The runner's drafter and KV truth, the engine's token check and the
 scheduler's prompts all come from here, so one workload gives the same tokens whatever
 implementation or schedule runs it.
 

@@ -1,13 +1,13 @@
 """The recorded inputs of an attached run, as the prompts, chunks and stops an oracle hands the input driver.
 
-Where it sits: traces -> **workloads** -> models -> engines. A recording of a user's own vLLM
-(`SPECREPLAY_RECORD`, merged by workflows/merge.py) keeps what went into its scheduler in the
-trace's `inputs` metadata (record/input_observer.py writes it): per request life the prompt
-token ids and the sampling parameters that end it, per streaming session each input chunk.
-The trace's workload only summarises them (lengths and steps: merge.py `workload_of`); its
-seeded prompts are not the ones the recorded engine saw. `RecordedOracle` (recorded.py) takes
-the prompts, chunks and stop tokens from here instead, so a replay feeds its engine what the
-recorded one was fed.
+Where it sits: **workloads** -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. A recording of a user's own vLLM (`SPECREPLAY_RECORD`, merged by
+workflows/merge.py) keeps what went into its scheduler in the trace's `inputs` metadata
+(observers/input_observer.py writes it): per request life the prompt token ids and the sampling
+parameters that end it, per streaming session each input chunk. The trace's workload only summarises
+them (lengths and steps: merge.py `workload_of`); its seeded prompts are not the ones the recorded
+engine saw. `RecordedOracle` (recorded_oracle.py) takes the prompts, chunks and stop tokens from
+here instead, so a replay feeds its engine what the recorded one was fed.
 
 The stop condition. vLLM ends a life at its first output token in its stop set: the EOS token
 unless `ignore_eos`, then `stop_token_ids` (`check_stop`, vllm/v1/core/sched/utils.py;
@@ -21,7 +21,7 @@ entry (None without one). The EOS id itself is not recorded: a "stop" on a token
 stop_token_ids, with ignore_eos false, was EOS.
 
 What the summary cannot hold stays exact here or is refused in one line: a life whose prompt or
-stop token ids differ from the id's first life would need outcomes per life (recorded.py keys
+stop token ids differ from the id's first life would need outcomes per life (recorded_oracle.py keys
 them per request and turn), so it is refused; per-life max_tokens ride on the workload's
 resubmit events (merge.py). A workload that no longer matches the recording (a shrunk
 candidate: a prompt or chunk of another length) gets the synthetic input where lengths differ.
@@ -177,7 +177,7 @@ def _stops(lives: dict[str, list[Life]], cols: dict[str, list], where: str) -> d
             continue
         sampled, n = cols["apply_sampled_token_ids"][i] or [], cols["apply_num_tokens"][i] or 0
         if not 0 < n <= len(sampled):
-            continue  # no sampled ids on the row: recorded.py refuses such a row itself
+            continue  # no sampled ids on the row: recorded_oracle.py refuses such a row itself
         token, life = sampled[n - 1], lives[rid][min(cols["apply_life"][i] or 0, len(lives[rid]) - 1)]
         if token not in life.stop_token_ids and life.ignore_eos:
             raise InputError(

@@ -1,8 +1,8 @@
 """Token arithmetic: the tiny target model's next-token rule and the seeded drafter, in plain integers.
 
-Where it sits: workloads -> models -> engines -> record -> check. The oracle derives every
-request's true sequence from these functions; `models.target_model` computes the same rule on
-torch tensors for the runner.
+Where it sits: **workloads** -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. The oracle derives every request's true sequence from these functions;
+`models.target_model` computes the same rule on torch tensors for the runner.
 
 The model's next token depends only on (request, position, input token):
 

@@ -1,5 +1,5 @@
 """--vllm-version: each command runs the release it is told, a trace keeps the one it ran as, and
-each rule that differs between 0.32.0 and 0.33.0 shows in a run (models/versions.py)."""
+each rule that differs between 0.32.0 and 0.33.0 shows in a run (models/releases.py)."""
 
 from __future__ import annotations
 

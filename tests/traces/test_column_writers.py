@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from specreplay.replay.record import recorder
+from specreplay.replay.observers import recorder
 from specreplay.traces import schema
 
-#: The scheduler observer's row tuple, field by field (replay/record/scheduler_observer.py, the
+#: The scheduler observer's row tuple, field by field (replay/observers/scheduler_observer.py, the
 #: `append(...)` in `after_schedule`): a schema change that moves a scheduler column fails here,
 #: saying the observer's tuple must move with it.
 OBSERVER_ROW = (

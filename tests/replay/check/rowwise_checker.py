@@ -6,11 +6,11 @@ plain way, one row at a time over the whole trace, and tests/replay/check/test_c
 holds the two to the same findings, evidence included. It is the checker specreplay 0.1 shipped
 (too slow for long traces: about 60x the time to read the trace).
 
-Where it sits: tests, beside traces -> replay -> **diff**. `check_trace` reads only the trace's table and
-metadata, so it works on any trace, whatever recorded it. Each invariant is one function below
-with a stable code, a severity and the reference section it comes from
-(docs/reference.md, section 4.2). A violated invariant of the
-implementation under test is a finding, never an exception.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> **check** ->
+workflows -> views -> cli. `check_trace` reads only the trace's table and metadata, so it works on
+any trace, whatever recorded it. Each invariant is one function below with a stable code, a severity
+and the reference section it comes from (docs/reference.md, section 4.2). A violated invariant of
+the implementation under test is a finding, never an exception.
 
 Severity: error = the views or the ground truth disagree, a token is lost, duplicated or wrong,
 or a negative id reaches the model; warning = work is wasted (draft slots verified with nothing

@@ -12,7 +12,7 @@ FORBIDDEN = (
     "torch",
     "specreplay.replay.models",
     "specreplay.replay.engines",
-    "specreplay.replay.record",
+    "specreplay.replay.observers",
     "specreplay.replay.impls",
 )
 

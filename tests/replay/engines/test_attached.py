@@ -54,7 +54,7 @@ def replay_differences(recording: Path, out_dir: Path) -> dict[str, tuple[dict, 
     engine, the differing rows per column against the recording, as (scheduler: sched_*, step_*,
     apply_*, a row or the outcome one side lacks; worker: the rest)."""
     from specreplay.replay.check.tracediff import diff_traces
-    from specreplay.replay.workflows.recording import replay_to
+    from specreplay.replay.workflows.record import replay_to
     from specreplay.replay.workflows.replaying import REPLAY_ENGINES
     from specreplay.traces.io import read_trace
 

@@ -143,7 +143,7 @@ def test_specreplays_own_failures_are_never_the_engines(tmp_path, workload, monk
     code, is specreplay's (exit 3, one line, no trace), even when the implementation catches the
     observer's and raises another."""
     from specreplay.replay.engines.loop import EngineLoop
-    from specreplay.replay.record.worker_observer import WorkerObserver
+    from specreplay.replay.observers.worker_observer import WorkerObserver
 
     def observer_bug(self, runner, so):
         raise ValueError("observer bug")
@@ -170,7 +170,7 @@ def test_specreplays_own_failures_are_never_the_engines(tmp_path, workload, monk
 def test_a_recovered_partial_trace_checks_as_partial_never_ok(tmp_path, workload):
     """A recording stopped by Ctrl-C at step 9 leaves a journal; recovered, its verdict says
     partial and up to which step, in text and JSON."""
-    from specreplay.replay.workflows.recording import record_to
+    from specreplay.replay.workflows.record import record_to
 
     class Interrupted:
         def __init__(self, label):

@@ -99,12 +99,12 @@ COUNTED = Counted("counted", "upstream, counted", scheduler=AsyncScheduler, aske
 
 
 def test_applicability_is_decided_once_per_run(tmp_path):
-    from specreplay.replay.workflows.recording import record_to
+    from specreplay.replay.workflows.record import record_to
 
     COUNTED.asked.clear()
     trace = run_workload(build_scenario("reentry"), COUNTED)
     assert trace.outcome.status == "completed" and len(COUNTED.asked) == 1
-    # The record path (workflows/recording.py: resolve, refuse, build, run) asks once too.
+    # The record path (workflows/record.py: resolve, refuse, build, run) asks once too.
     COUNTED.asked.clear()
     record_to(tmp_path / "out.parquet", build_scenario("reentry"), f"{__name__}:COUNTED")
     assert (tmp_path / "out.parquet").exists() and len(COUNTED.asked) == 1

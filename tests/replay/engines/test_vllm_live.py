@@ -133,7 +133,7 @@ def test_an_observer_failure_is_specreplays_own_not_an_engine_crash(tmp_path, mo
     from click.testing import CliRunner
 
     from specreplay.cli.main import main
-    from specreplay.replay.record.worker_observer import WorkerObserver
+    from specreplay.replay.observers.worker_observer import WorkerObserver
 
     calls = {"n": 0}
     original = WorkerObserver.on_sampled

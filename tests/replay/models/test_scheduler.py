@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
+from specreplay.replay.models.decisions import reaches_max_tokens_in_flight
 from specreplay.replay.models.messages import ModelRunnerOutput
 from specreplay.replay.models.request import Request, Status
-from specreplay.replay.models.rules import reaches_max_tokens_in_flight
 from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.notation import workload_from_notation

@@ -27,7 +27,7 @@ from specreplay.cli.main import main
 from specreplay.replay.check.checker import check_trace
 from specreplay.replay.check.tracediff import diff_traces
 from specreplay.replay.workflows.gate import GateOptions, run_gate, update_goldens
-from specreplay.replay.workflows.recording import pick_workload, record_to, replay_to
+from specreplay.replay.workflows.record import pick_workload, record_to, replay_to
 from specreplay.replay.workflows.replaying import default_oracle
 from specreplay.replay.workflows.shrink import shrink_to
 from specreplay.traces.io import read_trace

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from specreplay.replay.workflows.backends import InlineBackend, ProcessBackend, make_backend
-from specreplay.replay.workflows.recording import pick_workload, record_to, recover_to, recovered_path, replay_to
+from specreplay.replay.workflows.record import pick_workload, record_to, recover_to, recovered_path, replay_to
 from specreplay.traces.errors import InputError
 from specreplay.traces.io import read_trace
 from specreplay.traces.journal import journal_path

@@ -1,4 +1,4 @@
-"""Replaying a recording on its recorded outcomes (workloads/recorded.py, workflows/replaying.py).
+"""Replaying a recording on its recorded outcomes (workloads/recorded_oracle.py, workflows/replaying.py).
 
 A recording replayed through the implementation and engine that made it comes back step for
 step: every scheduler and worker column the same (`diff` says `same`), from the reference and
@@ -26,8 +26,8 @@ from click.testing import CliRunner
 from specreplay.cli.main import main
 from specreplay.replay.check.coverage import GROUND_TRUTH, columns_with_values
 from specreplay.replay.check.tracediff import diff_traces
-from specreplay.replay.workflows.recording import pick_workload, record_to, replay_to
-from specreplay.replay.workloads.recorded import RecordedOracle
+from specreplay.replay.workflows.record import pick_workload, record_to, replay_to
+from specreplay.replay.workloads.recorded_oracle import RecordedOracle
 from specreplay.replay.workloads.scenarios import SCENARIOS
 from specreplay.replay.workloads.tokens import next_token
 from specreplay.traces.io import read_trace, write_trace

@@ -19,8 +19,8 @@ from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls import resolve
 from specreplay.replay.workflows.merge import abort_event, workload_of
 from specreplay.replay.workloads.config import EngineConfig
-from specreplay.replay.workloads.recorded import RecordedOracle
 from specreplay.replay.workloads.recorded_inputs import RecordedInputs
+from specreplay.replay.workloads.recorded_oracle import RecordedOracle
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
 

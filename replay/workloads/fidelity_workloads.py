@@ -1,11 +1,11 @@
 """Fidelity workloads: seeded workloads drawn across every engine setting, for the differential
 of the reference scheduler against the installed vLLM's real scheduler.
 
-Where it sits: workloads -> models -> ... Its only consumer is the fidelity sweep
-(workflows/fidelity.py, `specreplay fidelity`, the CI differential test). It is deliberately
-independent of the `random` scenario and of explore's profiles: those aim at the bugs
-specreplay hunts, this one aims at the corners of the configuration space where a model of the
-scheduler could part from the real one.
+Where it sits: **workloads** -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli Its only consumer is the fidelity sweep (workflows/fidelity_sweep.py,
+`specreplay fidelity`, the CI differential test). It is deliberately independent of the `random`
+scenario and of explore's profiles: those aim at the bugs specreplay hunts, this one aims at the
+corners of the configuration space where a model of the scheduler could part from the real one.
 
 What one seed draws (docs/fidelity.md has the table):
 - k (num_spec_tokens) 0 to 8; lookahead 0, k, or in between (vLLM's drafters ask 0 or k);

@@ -1,12 +1,13 @@
 """Fidelity: the reference scheduler against the installed vLLM's real scheduler, seed by seed.
 
-Where it sits: workflows, over engines -> record -> traces -> check. Each seed's fidelity
-workload (workloads/fidelity.py) runs twice with the same implementation and the same reference
-runner: on `--engine reference` and on `--engine vllm-scheduler`. The two traces must be
-identical row for row, column for column (check/tracediff.py); any difference is the reference
-model parting from vLLM, named by its first step, request and field. What comes back from a
-seed is small (same or not, the first difference, the situations the run reached); the traces
-of a differing seed are re-made in this process, deterministically, when they are to be saved.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+**workflows** -> views -> cli. Each seed's fidelity workload (workloads/fidelity_workloads.py) runs
+twice with the same implementation and the same reference runner: on `--engine reference` and on
+`--engine vllm-scheduler`. The two traces must be identical row for row, column for column
+(check/tracediff.py); any difference is the reference model parting from vLLM, named by its first
+step, request and field. What comes back from a seed is small (same or not, the first difference,
+the situations the run reached); the traces of a differing seed are re-made in this process,
+deterministically, when they are to be saved.
 
 `fidelity_to` runs a sweep and, for each differing seed, leaves in its folder the workload
 (JSON, for `specreplay record --workload`) and both traces (for `specreplay diff A B`).
@@ -91,7 +92,7 @@ def compare_seed(impl_name: str, seed: int) -> FidelityCase:
     from specreplay.replay.engines.run import run_workload
     from specreplay.replay.engines.vllm_setup import installed_vllm_version
     from specreplay.replay.impls.registry import resolve
-    from specreplay.replay.workloads.fidelity import fidelity_workload
+    from specreplay.replay.workloads.fidelity_workloads import fidelity_workload
 
     impl = resolve(impl_name, allow_import=True)
     workload = fidelity_workload(seed).at_version(installed_vllm_version())
@@ -201,7 +202,7 @@ def fidelity_to(output_dir: Path | None, impl_name: str = "upstream", **sweep: A
     from specreplay.replay.engines.run import run_workload
     from specreplay.replay.engines.vllm_setup import installed_vllm_version
     from specreplay.replay.impls.registry import resolve
-    from specreplay.replay.workloads.fidelity import fidelity_workload
+    from specreplay.replay.workloads.fidelity_workloads import fidelity_workload
     from specreplay.traces.io import write_trace
 
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,12 @@
 """The recorder: the trace's rows, kept column by column, then one Arrow table.
 
-Where it sits: workloads -> models -> impls -> **record** -> engines -> check. The observers
-(record/scheduler_observer.py, record/worker_observer.py, record/truth.py) write here: the
-scheduler observer appends one row per request at E1(m), the worker observer and the KV truth
-fill that step's worker and truth columns at E3(m), and the scheduler observer fills its apply
-columns at E4(j). Values go straight into per-column lists (no per-row objects); an earlier
-step's rows are patched in place by index. `table()` builds the trace table in
-`specreplay.traces.schema` order.
+Where it sits: workloads -> models -> impls -> **observers** -> engines -> traces -> check ->
+workflows -> views -> cli. The observers (observers/scheduler_observer.py,
+observers/worker_observer.py, observers/truth.py) write here: the scheduler observer appends one row
+per request at E1(m), the worker observer and the KV truth fill that step's worker and truth columns
+at E3(m), and the scheduler observer fills its apply columns at E4(j). Values go straight into
+per-column lists (no per-row objects); an earlier step's rows are patched in place by index.
+`table()` builds the trace table in `specreplay.traces.schema` order.
 
 With a journal (traces.journal), rows that can no longer change (every step up to the oldest one
 whose output is not applied yet) are appended to it every `flush_every` steps, and `flush(everything=True)`

@@ -1,13 +1,14 @@
 """The KV ground truth: what each request's KV cache really holds, read back from the paged buffer.
 
-Where it sits: workloads -> models -> impls -> **record** -> engines -> check. An observer of
-the reference runner (attached with the worker observer, record/worker_observer.py). The runner
-keeps a paged KV buffer as vLLM's cache is laid out (slot = block * block_size + offset, through
-each row's block table), each slot marked with the token id written there and the request life
-that wrote it; a step's writes land when the GPU would commit them (`GPUModelRunner.commit_kv`).
-This observer follows which leading positions of each request the worker has computed, and reads
-them back from the blocks after each step's writes: a position is valid while its slot holds the
-request's expected token, written by that request life. It writes the truth_* columns:
+Where it sits: workloads -> models -> impls -> **observers** -> engines -> traces -> check ->
+workflows -> views -> cli. An observer of the reference runner (attached with the worker observer,
+observers/worker_observer.py). The runner keeps a paged KV buffer as vLLM's cache is laid out (slot
+= block * block_size + offset, through each row's block table), each slot marked with the token id
+written there and the request life that wrote it; a step's writes land when the GPU would commit
+them (`GPUModelRunner.commit_kv`). This observer follows which leading positions of each request the
+worker has computed, and reads them back from the blocks after each step's writes: a position is
+valid while its slot holds the request's expected token, written by that request life. It writes the
+truth_* columns:
 
     truth_num_computed_tokens   valid leading positions before the step's write
     truth_kv_after              valid leading positions after it
@@ -34,7 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 from specreplay.replay.models.kv import BlockLedger
-from specreplay.replay.record.worker_observer import RowWriter, RunnerObserver
+from specreplay.replay.observers.worker_observer import RowWriter, RunnerObserver
 
 
 class KvTruth(RunnerObserver):

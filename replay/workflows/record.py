@@ -1,16 +1,17 @@
 """Recording to a file: run a workload through an implementation and write the trace, with the
 journal that keeps every settled step if the run dies on the way.
 
-Where it sits: workflows, over engines -> record -> traces; what `specreplay record`, `replay`,
-`recover` and `compare` call. `record_to` owns the journal's whole life: it lies next to the
-output (`OUT.parquet.partial`), a recording refuses to start while an unfinished one there holds
-steps (they are nobody's to drop), the engine appends settled rows to it while it runs, and it is
-removed once the trace is written. An implementation that raises ends its run as a crash, with a
-trace like any other (engines/crash.py); when the run stops on an error (bad input, a failure of
-specreplay's own), the steps recorded before it stay in the journal and an input error says how
-to recover them; `recover_to` turns such a journal into an ordinary trace (outcome `partial`).
-An implementation that does not apply to the workload (`Implementation.why_not`) is refused
-before anything runs, never replaced by another. Nothing here prints: progress goes to a callback.
+Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
+**workflows** -> views -> cli; what `specreplay record`, `replay`, `recover` and `compare` call.
+`record_to` owns the journal's whole life: it lies next to the output (`OUT.parquet.partial`), a
+recording refuses to start while an unfinished one there holds steps (they are nobody's to drop),
+the engine appends settled rows to it while it runs, and it is removed once the trace is written. An
+implementation that raises ends its run as a crash, with a trace like any other (engines/crash.py);
+when the run stops on an error (bad input, a failure of specreplay's own), the steps recorded before
+it stay in the journal and an input error says how to recover them; `recover_to` turns such a
+journal into an ordinary trace (outcome `partial`). An implementation that does not apply to the
+workload (`Implementation.why_not`) is refused before anything runs, never replaced by another.
+Nothing here prints: progress goes to a callback.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specreplay.replay.record.recorder import FLUSH_EVERY
+from specreplay.replay.observers.recorder import FLUSH_EVERY
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
 from specreplay.traces.journal import SUFFIX

@@ -1,12 +1,13 @@
 """The guard around every observer call: a failure of specreplay is never the engine's.
 
-Where it sits: workloads -> models -> impls -> **record** -> engines -> check. The observers run
-inside the engine's own calls (they wrap `schedule`, `update_from_output`, `execute_model`, ...),
-so an exception of theirs would surface as the engine's: a run of specreplay's would be recorded
-as an engine crash, and a user's own vLLM would die of a recorder bug. Every observer call goes
-through `GUARD.call`, which turns such an exception into `ObserverError` and, before anything
-else, tells the process's reporters (the live engine's and attached runs' part files get an
-`error` line, so a failure inside another process is known where the run is merged). Then:
+Where it sits: workloads -> models -> impls -> **observers** -> engines -> traces -> check ->
+workflows -> views -> cli. The observers run inside the engine's own calls (they wrap `schedule`,
+`update_from_output`, `execute_model`, ...), so an exception of theirs would surface as the
+engine's: a run of specreplay's would be recorded as an engine crash, and a user's own vLLM would
+die of a recorder bug. Every observer call goes through `GUARD.call`, which turns such an exception
+into `ObserverError` and, before anything else, tells the process's reporters (the live engine's and
+attached runs' part files get an `error` line, so a failure inside another process is known where
+the run is merged). Then:
 
 - `raise` (specreplay drives the engine: the reference, vllm-scheduler and live engines): the
   error propagates; the CLI reports it as specreplay's own, exit 3;

@@ -1,4 +1,4 @@
-"""record: the observer that watches any vLLM-shaped scheduler and runner and writes trace rows.
+"""observers: what watches any vLLM-shaped scheduler and runner and writes trace rows.
 
 Holds the observer, the KV ground truth, and the recorder's columns. Imports models' messages and
 the traces package; never an implementation class.

@@ -1,10 +1,10 @@
 """The worker observer: watches a GPU model runner execute each step and writes the worker view.
 
-Where it sits: workloads -> models -> impls -> **record** -> engines -> check. `attach_runner`
-wraps a runner instance's `execute_model`, `_update_states`, `_prepare_inputs` and
-`sample_tokens`, the four calls the reference runner shares with vLLM's `GPUModelRunner`, and
-hands each observer what the call left behind. The worker columns are derived here once,
-whichever runner ran:
+Where it sits: workloads -> models -> impls -> **observers** -> engines -> traces -> check ->
+workflows -> views -> cli. `attach_runner` wraps a runner instance's `execute_model`,
+`_update_states`, `_prepare_inputs` and `sample_tokens`, the four calls the reference runner shares
+with vLLM's `GPUModelRunner`, and hands each observer what the call left behind. The worker columns
+are derived here once, whichever runner ran:
 
     worker_num_scheduled_tokens / _draft_slots   the SchedulerOutput as the worker ran it
     worker_edited_output                         the worker changed it (draft slots dropped)
@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Protocol
 
-from specreplay.replay.record.guard import GUARD
+from specreplay.replay.observers.guard import GUARD
 
 
 class RowWriter(Protocol):
@@ -274,7 +274,7 @@ def attach_runner(runner: Any, observers: list[RunnerObserver], reader: RunnerRe
     )
 
     def each(hook: str, *args: Any) -> None:
-        # An observer's exception is specreplay's, never the runner's (record/guard.py).
+        # An observer's exception is specreplay's, never the runner's (observers/guard.py).
         for obs in observers:
             GUARD.call("worker observer", getattr(obs, hook), *args)
 

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from specreplay.cli.main import main
-from specreplay.replay.workloads.fidelity import fidelity_workload
+from specreplay.replay.workloads.fidelity_workloads import fidelity_workload
 from specreplay.replay.workloads.workload import Workload
 
 #: What the CI sweep of 300 seeds must reach, or it no longer tests what it claims to.
@@ -131,7 +131,7 @@ def test_the_reported_lookahead_workload_is_identical_on_the_real_scheduler():
 @pytest.mark.vllm
 def test_the_ci_sweep_is_identical_and_reaches_every_setting():
     """300 seeds (about 30 s on one core): zero differences, and the coverage it claims."""
-    from specreplay.replay.workflows.fidelity import fidelity_sweep
+    from specreplay.replay.workflows.fidelity_sweep import fidelity_sweep
 
     report = fidelity_sweep("upstream", start=0, count=300)
     assert len(report.cases) == 300
@@ -145,7 +145,7 @@ def test_the_ci_sweep_is_identical_and_reaches_every_setting():
 def test_seeds_the_implementation_does_not_apply_to_are_counted_apart():
     """sched-clear (an AsyncScheduler variant) on the synchronous seeds: n/a, not run as the
     plain Scheduler and not a difference."""
-    from specreplay.replay.workflows.fidelity import fidelity_sweep
+    from specreplay.replay.workflows.fidelity_sweep import fidelity_sweep
 
     report = fidelity_sweep("sched-clear", start=0, count=12)
     skipped = [c for c in report.cases if c.not_applicable]
@@ -160,7 +160,7 @@ def test_the_sweep_names_a_difference(monkeypatch):
     """Without the lookahead slots on the real scheduler (the bug issue 15 found), the sweep
     names the seed, step, request and field."""
     from specreplay.replay.engines import real_scheduler
-    from specreplay.replay.workflows.fidelity import compare_seed
+    from specreplay.replay.workflows.fidelity_sweep import compare_seed
 
     monkeypatch.setattr(real_scheduler, "reserve_lookahead", lambda vllm_config, n: None)
     case = compare_seed("upstream", 69)

@@ -1,12 +1,12 @@
 """The scheduler observer: watches any vLLM-shaped scheduler from outside and writes its rows.
 
-Where it sits: workloads -> models -> impls -> **record** -> engines -> check. `attach` wraps a
-scheduler instance's `add_request`, `schedule` and `update_from_output`: the reference
-scheduler, the installed vLLM's real one (`--engine vllm-scheduler`) and a live engine core's
-alike. The observer reads only what vLLM's own objects have, by vLLM's names: the scheduler's
-`requests` and `running`; each request's counters and `status`; the `SchedulerOutput` and the
-`ModelRunnerOutput`. So every rule that turns what a scheduler did into trace columns is
-written here once, whichever scheduler ran.
+Where it sits: workloads -> models -> impls -> **observers** -> engines -> traces -> check ->
+workflows -> views -> cli. `attach` wraps a scheduler instance's `add_request`, `schedule` and
+`update_from_output`: the reference scheduler, the installed vLLM's real one (`--engine
+vllm-scheduler`) and a live engine core's alike. The observer reads only what vLLM's own objects
+have, by vLLM's names: the scheduler's `requests` and `running`; each request's counters and
+`status`; the `SchedulerOutput` and the `ModelRunnerOutput`. So every rule that turns what a
+scheduler did into trace columns is written here once, whichever scheduler ran.
 
 What the scheduler does not say, the observer derives:
 - why a running request got no tokens: it replays the running-queue visit (the loop stops once
@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from specreplay.replay.models.rules import reaches_max_tokens_in_flight
-from specreplay.replay.record.guard import GUARD
-from specreplay.replay.record.recorder import Recorder
+from specreplay.replay.models.decisions import reaches_max_tokens_in_flight
+from specreplay.replay.observers.guard import GUARD
+from specreplay.replay.observers.recorder import Recorder
 
 #: vLLM's RequestStatus names (the reference's Status uses the same) -> the trace's sched_status.
 _TRACE_STATUS = {
@@ -428,7 +428,7 @@ def attach(observer: SchedulerObserver, step_of: Callable[[Any], int], apply_ste
     s = observer.scheduler
     add, schedule, update = s.add_request, s.schedule, s.update_from_output
 
-    call = GUARD.call  # an observer's exception is specreplay's, never the scheduler's (record/guard.py)
+    call = GUARD.call  # an observer's exception is specreplay's, never the scheduler's (observers/guard.py)
 
     @functools.wraps(add)
     def add_request(request, *a, **kw):

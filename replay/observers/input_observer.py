@@ -1,9 +1,10 @@
 """The input observer: what went into a vLLM scheduler from outside, step by step.
 
-Where it sits: workloads -> models -> impls -> **record** -> engines -> check. When specreplay
-drives the engine, it knows the inputs (they are its workload). When it is attached to someone
-else's vLLM (`SPECREPLAY_RECORD`, engines/attached.py), it does not: this observer wraps the
-scheduler's entry points from outside and writes one event per input, by vLLM's names:
+Where it sits: workloads -> models -> impls -> **observers** -> engines -> traces -> check ->
+workflows -> views -> cli. When specreplay drives the engine, it knows the inputs (they are its
+workload). When it is attached to someone else's vLLM (`SPECREPLAY_RECORD`, engines/attached.py), it
+does not: this observer wraps the scheduler's entry points from outside and writes one event per
+input, by vLLM's names:
 
 - `add_request`: a new request (or a new life of a finished id): its prompt token ids and the
   sampling parameters that decide when it ends (max_tokens, min_tokens, stop token ids,
@@ -29,8 +30,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from specreplay.replay.record.guard import GUARD
-from specreplay.replay.record.scheduler_observer import SchedulerObserver
+from specreplay.replay.observers.guard import GUARD
+from specreplay.replay.observers.scheduler_observer import SchedulerObserver
 
 
 class InputObserver:

@@ -1,10 +1,11 @@
 """Recorded outcomes as the oracle: a trace's sampled tokens and drafts drive a replay.
 
-Where it sits: traces -> **workloads** -> models -> engines. `specreplay replay RECORDING` builds
-a `RecordedOracle` from the recording's rows and hands it to the engine in place of the
-synthetic one, so the target model returns, for each position of each request, the token the
-recorded run sampled there, and the drafter proposes the drafts the recorded worker verified.
-Acceptance is not stored: it follows, as in the recorded run, from the drafts and the tokens.
+Where it sits: **workloads** -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. `specreplay replay RECORDING` builds a `RecordedOracle` from the
+recording's rows and hands it to the engine in place of the synthetic one, so the target model
+returns, for each position of each request, the token the recorded run sampled there, and the
+drafter proposes the drafts the recorded worker verified. Acceptance is not stored: it follows, as
+in the recorded run, from the drafts and the tokens.
 
 What a row tells (worker view of step m, the output the scheduler received for it): the worker
 wrote its inputs at positions `P .. P + n - 1` (`worker_first_position`, `n` tokens), the last

