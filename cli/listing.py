@@ -97,7 +97,7 @@ def _event_counts(workload: WorkloadHeader) -> dict[str, int]:
     type=click.Choice(["table", "markdown", "json"]),
     default="table",
     show_default=True,
-    help="With --matrix: the output format (markdown: the README's table).",
+    help="With --matrix: the output format (markdown: the table in docs/vllm-releases.md).",
 )
 @handle_errors
 def scenarios(matrix: bool, reference_only: bool, fmt: str) -> None:

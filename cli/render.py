@@ -21,7 +21,7 @@ EXAMPLES_PER_CODE = 3
 
 
 def findings_json(findings: list[Finding], extra: dict[str, Any] | None = None, verdict_text: str | None = None) -> str:
-    # The finding keys `diff --json` documents (README; tests/cli pins them), and the request's
+    # The finding keys `diff --json` documents (docs/checker.md; tests/cli pins them), and the request's
     # life (null where no request), whether or not its id has several. The other evidence fields
     # (expected, actual, detail) that Finding.to_dict() adds stay out of this output.
     doc: dict[str, Any] = {
@@ -180,7 +180,7 @@ def _measured_on(cells: list[Any]) -> str:
 
 
 def bug_matrix_markdown(cells: list[Any]) -> str:
-    """The README's bug matrix: one row per known vLLM bug, one verdict column per release."""
+    """The bug matrix (docs/vllm-releases.md): one row per known vLLM bug, one verdict column per release."""
     versions, rows = _matrix_rows(cells)
     lines = [
         "| vLLM failure | workload | decided by | " + " | ".join(versions) + " |",

@@ -61,7 +61,7 @@ APPLY_OUTCOMES = ("applied", "stale_delivered", "dropped", "ignored")
 _ENUM = pa.dictionary(pa.int8(), pa.string())
 _TEXT = pa.dictionary(pa.int16(), pa.string())  # free text with few distinct values
 
-# (name, type, nullable, one-line description). The README's column table is generated from
+# (name, type, nullable, one-line description). The column table of docs/trace-format.md is generated from
 # this list (`specreplay schema`), so the description is the documentation.
 COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
     ("step", pa.int32(), False, "engine step m, 1-based: one schedule() call"),
@@ -356,7 +356,7 @@ META_VOLATILE = b"specreplay.volatile"  # JSON: created_at, host, torch version
 
 
 def markdown_table() -> str:
-    """The column reference as a markdown table (README and `specreplay schema`)."""
+    """The column reference as a markdown table (docs/trace-format.md and `specreplay schema`)."""
     lines = ["| column | type | null | meaning |", "| --- | --- | --- | --- |"]
     for name, typ, nullable, doc in COLUMNS:
         shown = "text" if typ == _TEXT else "enum" if pa.types.is_dictionary(typ) else str(typ)

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from specreplay.traces.header import Config
 
-#: What each situation means (explore's README section lists them).
+#: What each situation means (docs/finding-bugs.md lists them).
 SITUATIONS: dict[str, str] = {
     "reentry": "a request skipped at one step is scheduled again at the next (sched_kind reentering)",
     "resume": "a preempted request is scheduled again",

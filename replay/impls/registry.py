@@ -119,12 +119,12 @@ class Implementation:
         if self.scheduler is not None and self.real_scheduler is None:
             raise InputError(
                 f"{self.name} changes the reference scheduler only; it has no form for "
-                f"--engine {engine} (give it a real_scheduler, see the README)"
+                f"--engine {engine} (give it a real_scheduler, see docs/implementations.md)"
             )
         if runner and self.runner is not None and self.real_runner is None:
             raise InputError(
                 f"{self.name} changes the reference runner only; it has no form for a live vLLM "
-                "(give it a real_runner, see the README)"
+                "(give it a real_runner, see docs/implementations.md)"
             )
 
     def real_scheduler_class(self, real_cls: type, config: EngineConfig) -> type:

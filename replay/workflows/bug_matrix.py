@@ -1,8 +1,8 @@
 """The bug matrix: every vLLM failure specreplay knows, on every modelled vLLM release.
 
 Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
-**workflows** -> views -> cli. `specreplay scenarios --matrix` prints it; the README carries it and
-a test holds the two equal. Each known bug (workloads/known_bugs.py) runs through `upstream` once
+**workflows** -> views -> cli. `specreplay scenarios --matrix` prints it; docs/vllm-releases.md
+carries it and a test holds the two equal. Each known bug (workloads/known_bugs.py) runs through `upstream` once
 per release:
 
 - on the installed vLLM's real scheduler (`--engine vllm-scheduler`, with the reference runner)
