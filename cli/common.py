@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from specreplay.replay.engines.registry import choosable_engines
+from specreplay.replay.engines.registry import RUNNERS, choosable_engines
 from specreplay.replay.workloads.config import MODELLED_VERSIONS
 from specreplay.traces.errors import InputError, one_line
 from specreplay.traces.header import ImplHeader
@@ -102,6 +102,15 @@ engine_option = click.option(
     "scheduler with the reference runner; vllm: a live tiny vLLM engine, real scheduler and real "
     "model runner (--executor multiproc: engine core in its own process). Default: reference "
     "(replay, gate: the trace's own).",
+)
+runner_option = click.option(
+    "--runner",
+    type=click.Choice(list(RUNNERS)),
+    default=None,
+    help="The model runner --engine vllm builds: v1 (vLLM's V1 GPUModelRunner) or v2 (Model Runner V2, "
+    "vllm/v1/worker/gpu/, what GPU deployments run). Default: v2, what vLLM picks wherever Triton counts as "
+    "present (on a CPU machine specreplay runs Triton's interpreter for it). The other engines drive the v1 "
+    "reference runner.",
 )
 vllm_version_option = click.option(
     "--vllm-version",

@@ -25,6 +25,7 @@ from specreplay.cli.common import (
     impl_option,
     oracle_option,
     progress,
+    runner_option,
     trace_argument,
     trace_impl_option,
     vllm_version_option,
@@ -75,6 +76,7 @@ def _exit_if_crashed(recorded) -> None:
 @workload_options
 @impl_option
 @engine_option
+@runner_option
 @vllm_version_option
 @executor_option
 @device_option
@@ -106,6 +108,7 @@ def record(
     seed,
     impl_name,
     engine,
+    runner,
     vllm_version,
     executor,
     device,
@@ -137,7 +140,7 @@ def record(
     if attach or command:
         if not attach:
             raise InputError(f"unexpected argument {command[0]!r}; to record a command's vLLM, give --attach")
-        asked = (scenario, workload_file, engine, vllm_version, executor, model, max_steps)
+        asked = (scenario, workload_file, engine, runner, vllm_version, executor, model, max_steps)
         if any(asked) or impl_name != "upstream":
             raise InputError("--attach records the command's vLLM as it runs: no workload, engine or implementation")
         return _record_attached(output, command)
@@ -154,9 +157,23 @@ def record(
         model=model,
         flush_every=flush_every,
         progress=progress,
+        runner=_runner_for(engine, runner),
     )
     _summary(recorded)
     _exit_if_crashed(recorded)
+
+
+def _runner_for(engine: str | None, runner: str | None) -> str | None:
+    """--runner is the live engine's choice (the others drive the v1 reference runner): one line
+    for a runner the engine cannot run, rather than a run that ignores it."""
+    from specreplay.traces.errors import InputError
+
+    if runner not in (None, "v1") and engine != "vllm":
+        raise InputError(
+            f"--runner {runner} is for --engine vllm (a live vLLM builds it); --engine {engine or 'reference'} "
+            "drives the v1 reference runner (a reference Model Runner V2 is not built yet)"
+        )
+    return runner
 
 
 def _record_attached(output: Path, command: tuple[str, ...]) -> None:
@@ -264,6 +281,7 @@ DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
     help="Comma-separated implementations to record side by side.",
 )
 @engine_option
+@runner_option
 @vllm_version_option
 @device_option
 @click.option(
@@ -276,7 +294,7 @@ DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
 )
 @format_option
 @handle_errors
-def compare(scenario, workload_file, seed, impl_names, engine, vllm_version, device, output_dir, fmt) -> None:
+def compare(scenario, workload_file, seed, impl_names, engine, runner, vllm_version, device, output_dir, fmt) -> None:
     """Record one workload under several implementations and show each one's verdict side by side.
 
     Exit 0 whatever the verdicts (it is a report); 2 on bad input. `specreplay diff TRACE` shows
@@ -297,6 +315,7 @@ def compare(scenario, workload_file, seed, impl_names, engine, vllm_version, dev
         engine=engine or "reference",
         device=device,
         progress=progress,
+        runner=_runner_for(engine, runner),
     )
     if fmt == "json":
         import json

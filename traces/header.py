@@ -179,6 +179,7 @@ class ImplHeader(_Json):
     name: str | None = _kind("str")
     scheduler: str | None = _kind("str")
     runner: str | None = _kind("str")
+    runner_family: str | None = _kind("str")  # v1 / v2 (replay/engines/registry.py); absent: v1
     executor: str | None = _kind("str")
     engine: str | None = _kind("str")
     models: str | None = _kind("str")

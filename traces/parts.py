@@ -126,8 +126,19 @@ def ran_classes(parts: list[Part]) -> dict[str, str]:
     for part in parts:
         for event in part.events:
             if event.get("e") == "ran":
-                ran.update({k: str(v) for k, v in event.items() if k in ("scheduler", "runner")})
+                ran.update({k: str(v) for k, v in event.items() if k in ("scheduler", "runner", "runner_family")})
     return ran
+
+
+def unknown_runners(parts: list[Part]) -> list[dict[str, str]]:
+    """The runners a worker process ran that specreplay does not observe (plugin's
+    `unknown_runner` lines: their class and the ones it knows)."""
+    return [
+        {k: str(v) for k, v in event.items() if k != "e"}
+        for part in parts
+        for event in part.events
+        if event.get("e") == "unknown_runner"
+    ]
 
 
 def observer_failures(parts: list[Part]) -> list[str]:
@@ -149,4 +160,5 @@ __all__ = [
     "observer_failures",
     "ran_classes",
     "read_parts",
+    "unknown_runners",
 ]

@@ -28,7 +28,10 @@ import pyarrow as pa
 #: (META_INPUTS). v2 files are still read: the columns v3 added come back null.
 #: v4: the physical KV cache's evidence (truth_kv_foreign_*, truth_kv_unowned_*,
 #: truth_kv_block_owner) and worker_kept_finished. v2 and v3 files read with those null.
-SCHEMA_VERSION = 4
+#: v5: Model Runner V2's worker view (worker_slot, the device and CPU-mirror counts, the verified
+#: drafts' provenance, rejections, sampled ids, new lives, slot reuse, preempted frees). Older
+#: files read with those null; a V1 runner's rows leave them null too (`RUNNER_COLUMNS`).
+SCHEMA_VERSION = 5
 OLDEST_READ = 2
 
 #: Status of the request in the scheduler after `schedule()` of this step.
@@ -231,6 +234,77 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         "worker: on the row announcing r finished, r's cached state or batch row outlived _update_states "
         "(null: not announced at this step)",
     ),
+    # ---- worker view, Model Runner V2 only (vllm/v1/worker/gpu/; observers/mrv2_observer.py) ----
+    (
+        "worker_slot",
+        pa.int16(),
+        True,
+        "worker (MRV2): r's slot in req_states, held from its arrival to its finish or preemption",
+    ),
+    (
+        "worker_device_computed_before",
+        pa.int32(),
+        True,
+        "worker (MRV2): the device num_computed_tokens of r's slot when the step ran, before post_update",
+    ),
+    (
+        "worker_device_computed_after",
+        pa.int32(),
+        True,
+        "worker (MRV2): the device num_computed_tokens of r's slot after post_update (+ query_len - rejected)",
+    ),
+    (
+        "worker_cpu_computed",
+        pa.int32(),
+        True,
+        "worker (MRV2): the CPU mirror num_computed_tokens_np of r's slot after update_requests (scheduler's value)",
+    ),
+    ("worker_query_len", pa.int32(), True, "worker (MRV2): r's query length as the batch ran it (query_start_loc)"),
+    ("worker_num_rejected", pa.int16(), True, "worker (MRV2): drafts of r the rejection sampler rejected"),
+    ("worker_sampled_ids", pa.list_(pa.int32()), True, "worker (MRV2): the ids sampled for r (the first num_sampled)"),
+    (
+        "worker_draft_proposed_step",
+        pa.int32(),
+        True,
+        "worker (MRV2): the step whose propose wrote the drafts r verified into its slot (null: none since it took it)",
+    ),
+    (
+        "worker_draft_proposed_for",
+        pa.string(),
+        True,
+        "worker (MRV2): the request that held the slot when those drafts were written",
+    ),
+    (
+        "worker_draft_base",
+        pa.int32(),
+        True,
+        "worker (MRV2): the device count of the slot right after the step that proposed them (where they follow)",
+    ),
+    ("worker_new_life", pa.bool_(), True, "worker (MRV2): r arrived in scheduled_new_reqs at this step (a new slot)"),
+    (
+        "worker_prefill_len",
+        pa.int32(),
+        True,
+        "worker (MRV2): the slot's prefill length (prompt, plus the outputs of a preempted request resumed as new)",
+    ),
+    (
+        "worker_slot_prev_owner",
+        pa.string(),
+        True,
+        "worker (MRV2): on the step r took its slot, the request that held the slot before (null: none)",
+    ),
+    (
+        "worker_slot_last_write_step",
+        pa.int32(),
+        True,
+        "worker (MRV2): on the step r took its slot, the last step whose post_update wrote that slot (null: never)",
+    ),
+    (
+        "worker_freed_preempted",
+        pa.bool_(),
+        True,
+        "worker (MRV2): on the row of the step listing r preempted, its slot was freed (null: not listed)",
+    ),
     # ---- ground truth of the reference runner ----
     (
         "truth_num_computed_tokens",
@@ -318,6 +392,22 @@ ADDED_IN = {
     "truth_kv_unowned_blocks": 4,
     "truth_kv_block_owner": 4,
     "truth_kv_unowned_writes": 4,
+    **{name: 5 for name, _type, _nullable, doc in COLUMNS if doc.startswith("worker (MRV2)")},
+}
+
+#: The worker columns each runner family's observer fills (the rest of `worker_` stays null on
+#: its rows): V1's persistent-batch view, MRV2's slot view. `specreplay schema` shows them.
+MRV2_ONLY = tuple(name for name, _type, _nullable, doc in COLUMNS if doc.startswith("worker (MRV2)"))
+V1_ONLY = (
+    "worker_num_computed_tokens",
+    "worker_correction",
+    "worker_in_prev_map",
+    "worker_cached_drafts",
+    "worker_num_output_tokens",
+)
+RUNNER_COLUMNS = {
+    "v1": tuple(n for n in COLUMN_NAMES if n.startswith("worker_") and n not in MRV2_ONLY),
+    "v2": tuple(n for n in COLUMN_NAMES if n.startswith("worker_") and n not in V1_ONLY),
 }
 
 

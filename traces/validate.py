@@ -52,12 +52,25 @@ NON_NEGATIVE = (
 )
 
 #: Columns filled together: in any row they are all null or all set.
+#: The worker's own groups: what both runner families fill, V1's persistent-batch columns and
+#: MRV2's slot columns (schema.RUNNER_COLUMNS), each whole on a row; the ones filled only where
+#: something happened (a finish, a preemption, a slot taken, drafts with a known origin) apart.
+_WORKER_SOMETIMES = (
+    "worker_num_accepted",
+    "worker_kept_finished",
+    "worker_freed_preempted",
+    "worker_slot_prev_owner",
+    "worker_slot_last_write_step",
+    "worker_draft_proposed_step",
+    "worker_draft_proposed_for",
+    "worker_draft_base",
+)
+_WORKER_BOTH = tuple(n for n in schema.RUNNER_COLUMNS["v1"] if n in schema.RUNNER_COLUMNS["v2"])
 GROUPS = {
-    "worker": tuple(
-        n
-        for n in schema.COLUMN_NAMES
-        if n.startswith("worker_") and n not in ("worker_num_accepted", "worker_kept_finished")
-    ),
+    "worker": tuple(n for n in _WORKER_BOTH if n not in _WORKER_SOMETIMES),
+    "worker (V1)": schema.V1_ONLY,
+    "worker (MRV2)": tuple(n for n in schema.MRV2_ONLY if n not in _WORKER_SOMETIMES),
+    "worker draft origin (MRV2)": ("worker_draft_proposed_step", "worker_draft_proposed_for", "worker_draft_base"),
     # apply_token_mismatches needs ground truth: null in a live engine's trace. apply_step and
     # apply_outcome are also set for an output update_from_output ignored (nothing to count).
     "apply": tuple(
@@ -107,7 +120,7 @@ class RowValidator:
         self.where = where
         # A file of an older schema version has the columns added since all null: no group holds them.
         held = set(schema.columns_of_version(version))
-        self.groups = {group: tuple(n for n in names if n in held) for group, names in GROUPS.items()}
+        self.groups = {group: kept for group, names in GROUPS.items() if (kept := tuple(n for n in names if n in held))}
         self.last_step: int | None = None
         self.last_step_ids: set[str] = set()
 

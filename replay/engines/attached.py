@@ -151,13 +151,15 @@ def attach_recorder_to_core(core: Any, folder: str) -> Any:
 
 
 def attach_recorder_to_runner(runner: Any, folder: str) -> Any:
+    from specreplay.replay.engines.plugin import _family_or_report
     from specreplay.replay.engines.sink import Sink, SinkWriter
     from specreplay.replay.impls.registry import qualified_name
-    from specreplay.replay.observers.worker_observer import VllmReader, WorkerObserver, attach_runner
 
     sink = Sink(folder, "runner", part_header("runner"))
-    attach_runner(runner, [WorkerObserver(SinkWriter(sink), VllmReader, client_id)], VllmReader)
-    sink.write({"e": "ran", "runner": qualified_name(type(runner))})
+    family = _family_or_report(runner, sink)  # never a variant here: the user's own runner, as built
+    if family is not None:
+        family.attach(runner, SinkWriter(sink), client_id)
+        sink.write({"e": "ran", "runner": qualified_name(type(runner)), "runner_family": family.name})
     return sink
 
 

@@ -26,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from specreplay.replay.engines import plugin
+from specreplay.replay.engines import cpu_triton, plugin
 from specreplay.replay.engines import sink as sink_files
 from specreplay.replay.engines.events import Pause, apply_control, control_event
 from specreplay.replay.engines.inputs import InputDriver
 from specreplay.replay.engines.outcome import run_outcome
-from specreplay.replay.engines.registry import engine
+from specreplay.replay.engines.registry import DEFAULT_LIVE_RUNNER, RunnerFamily, engine, runner_family
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.oracle import Oracle
@@ -48,13 +48,29 @@ def run_live(
     device: str = "cpu",
     model: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    runner: str | None = None,
 ) -> Trace:
-    """`model`: a model folder or hub name with real weights; None: the tiny dummy-weight model."""
+    """`model`: a model folder or hub name with real weights; None: the tiny dummy-weight model.
+    `runner`: the runner family vLLM builds (engines/registry.py; default: what vLLM itself picks
+    where Triton counts as present, Model Runner V2)."""
     from specreplay.replay.engines.run import trace_header
     from specreplay.replay.engines.vllm_setup import refuse_engine_without_kernels, require_version
 
+    family = runner_family(runner or DEFAULT_LIVE_RUNNER)
     in_process = impl.executor != "multiproc"
     refuse_undrivable(workload, in_process)
+    if impl.real_runner is not None and impl.real_runner_family != family.name:
+        raise InputError(
+            f"{impl.name}'s real runner form subclasses the {impl.real_runner_family} runner: "
+            f"pass --runner {impl.real_runner_family}"
+        )
+    mrv2_on_cpu = family.name == "v2" and not _has_cuda()
+    if not cpu_triton.compatible(mrv2_on_cpu):
+        # This process imported vLLM with Triton decided the other way (vLLM decides once, at
+        # import): the run goes to a fresh process of its own.
+        return run_live_in_child(workload, impl, device, model, family.name)
+    if mrv2_on_cpu:
+        cpu_triton.apply()  # before vLLM is imported: it decides once whether Triton is present
     vllm = require_version(workload.config, "--engine vllm")
     refuse_engine_without_kernels()
     from vllm.platforms import current_platform
@@ -62,7 +78,7 @@ def run_live(
     on_cpu = current_platform.is_cpu()
     config = cpu_attention_config(workload.config) if on_cpu else workload.config
     sink = sink_files.new_sink()
-    env = live_environment(impl, config, sink, on_cpu)
+    env = live_environment(impl, config, sink, on_cpu, family)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     outcome = run_outcome(0)
@@ -99,28 +115,52 @@ def run_live(
         config,
         model=model or "tiny dummy-weight llama (written on the fly)",
         drafter="ngram_gpu" if config.async_scheduling else "ngram",
-        patches=list(plugin.CPU_PATCHES) if on_cpu else [],
+        patches=plugin.cpu_patches(family.name == "v2") if on_cpu else [],
+        runner_family=ran.get("runner_family", family.name),
     )
     header = trace_header(workload, impl_doc, "cpu" if on_cpu else device, outcome, config)
     return replace(header, table=sink_files.rows_to_table(rows), inputs=Inputs.from_dict(inputs) if inputs else None)
 
 
-def live_environment(impl: Implementation, config: EngineConfig, sink: str, on_cpu: bool) -> dict[str, str]:
+def live_environment(
+    impl: Implementation, config: EngineConfig, sink: str, on_cpu: bool, family: RunnerFamily
+) -> dict[str, str]:
     """The environment of a live run: where the plugin writes, which implementation and config
-    it attaches, in-process or multiprocess engine core, and the CPU recipe's settings."""
+    it attaches, in-process or multiprocess engine core, the runner vLLM builds, and the CPU
+    recipe's settings (with MRV2, Triton's interpreter in every process vLLM starts)."""
     env = {
         "HF_HUB_OFFLINE": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if impl.executor == "multiproc" else "0",
+        "VLLM_USE_V2_MODEL_RUNNER": family.env,
         plugin.SINK_ENV: sink,
         plugin.IMPL_ENV: impl.name,
         plugin.CONFIG_ENV: json.dumps(config.to_dict()),
+        plugin.RUNNER_ENV: family.name,
     }
     if on_cpu:
         env[plugin.CPU_ENV] = "1"
+        if family.name == "v2":
+            env["TRITON_INTERPRET"] = "1"
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
     if os.environ.get("VLLM_PLUGINS") is not None and "specreplay" not in os.environ["VLLM_PLUGINS"].split(","):
         env["VLLM_PLUGINS"] = os.environ["VLLM_PLUGINS"] + ",specreplay"
     return env
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_live_in_child(workload: Workload, impl: Implementation, device: str, model: str | None, runner: str) -> Trace:
+    """`run_live` in a fresh process (spawned: nothing of this one's vLLM or Triton carried
+    over); its exceptions (a one-line InputError, an observer's failure) come back as raised."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(run_live, workload, impl, device, model, None, runner).result()
 
 
 def build_llm(vllm: Any, config: EngineConfig, model: str | None, seed: int) -> Any:

