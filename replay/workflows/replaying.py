@@ -37,6 +37,15 @@ class ReplayPlan:
     engine: str
     executor: str | None  # the trace's own (how the SchedulerOutput reached the worker)
     oracle: Any  # a RecordedOracle, or None: the workload's synthetic one
+    runner: str | None = None  # the runner family a live rerun builds: the trace's own (None: the default)
+
+
+def live_runner_of(trace: Any) -> str | None:
+    """The runner family a live rerun of `trace` builds: the one that ran, for a live or attached
+    vLLM's trace (v1 for one from before runners were named); None (the default) for the others."""
+    if not may_be_recording(trace.impl):
+        return None
+    return trace.impl.runner_family or "v1"
 
 
 def default_oracle(trace: Trace) -> str:
@@ -109,7 +118,7 @@ def plan_replay(
     recorded_engine = trace.impl.engine or DEFAULT_ENGINE
     executor = trace.impl.executor
     if mode == "synthetic":
-        return ReplayPlan(workload, engine or recorded_engine, executor, None)
+        return ReplayPlan(workload, engine or recorded_engine, executor, None, live_runner_of(trace))
     engine = engine or (recorded_engine if recorded_engine in REPLAY_ENGINES else DEFAULT_ENGINE)
     if engine not in REPLAY_ENGINES:
         raise InputError(
