@@ -192,7 +192,7 @@ def reentry_traces():
 def live_reentry_trace():
     """The reentry scenario on a live tiny vLLM engine (upstream, engine core in this process): a
     trace without ground truth, recorded once. Only tests marked `vllm` may use it."""
-    return run_workload(build_scenario("reentry"), resolve("upstream", allow_import=False), engine="vllm")
+    return run_workload(build_scenario("reentry"), resolve("upstream", allow_import=False), engine="vllm", runner="v1")
 
 
 def padded_admission_cut_by_threshold():

@@ -63,7 +63,20 @@ def load_test_module(path: Path):
 @pytest.fixture(scope="module")
 def live(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("live") / "live.parquet"
-    cmd = [sys.executable, "-m", "specreplay.cli", "record", "--scenario", "reentry", "--engine", "vllm", "-o", path]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specreplay.cli",
+        "record",
+        "--scenario",
+        "reentry",
+        "--engine",
+        "vllm",
+        "--runner",
+        "v1",
+        "-o",
+        path,
+    ]
     done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return path

@@ -208,7 +208,19 @@ def test_a_trace_without_outcomes_and_a_live_engine_are_refused(tmp_path):
 def record_live(folder: Path, name: str, seed: int, executor: str) -> Path | str:
     """One live recording in its own process: its path, or vLLM's reason for refusing the config."""
     out = folder / f"{name}-{seed}-{executor}.parquet"
-    argv = ["record", "--scenario", name, "--seed", str(seed), "--engine", "vllm", "--executor", executor]
+    argv = [
+        "record",
+        "--scenario",
+        name,
+        "--seed",
+        str(seed),
+        "--engine",
+        "vllm",
+        "--runner",
+        "v1",
+        "--executor",
+        executor,
+    ]
     result = subprocess.run(
         [sys.executable, "-m", "specreplay.cli", *argv, "-o", str(out)], capture_output=True, text=True, timeout=600
     )
