@@ -99,6 +99,9 @@ def pytest_configure(config):
 #: other idles. Measured with `--durations`; a file not named comes after, by number of tests.
 HEAVY = (  # measured on 2 cores under load (issue 26): the first is about a third of the whole
     "test_replay_recorded.py",
+    # Every test that starts Model Runner V2, on one worker: its process imports vLLM once with
+    # Triton's interpreter (a V1 run there goes to a child process, engines/live.py).
+    "mrv2",
     "live-multiproc",
     "test_fuzz.py",
     "test_crash_safety.py",
