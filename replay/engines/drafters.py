@@ -45,6 +45,12 @@ def drafter_for(config: EngineConfig, drafter: str | None) -> str:
         raise InputError(f"unknown drafter {drafter!r}; known: {', '.join(DRAFTERS)}")
     if not config.num_spec_tokens:
         raise InputError(f"--drafter {drafter}: the workload drafts nothing (num_spec_tokens 0); give it a k")
+    if drafter == "ngram" and config.async_scheduling:
+        # vLLM refuses it too (config/vllm.py:1563), but only once the engine is being built.
+        raise InputError(
+            "--drafter ngram: vLLM runs the CPU n-gram drafter under synchronous scheduling only; "
+            "use --drafter ngram_gpu, or a workload with async_scheduling = false"
+        )
     return drafter
 
 
