@@ -80,13 +80,16 @@ def test_every_scheduled_row_has_its_mrv2_worker_row(recorded, drafter):
 def test_every_draft_slot_verifies_a_draft_proposed_for_it(recorded, drafter):
     """Every drafter here proposes k drafts at every decode step (the n-gram speculator fills
     slots it has no match for with the last sampled token): each slot verifies a real draft,
-    proposed at an earlier step."""
+    proposed for this request at its last step (every request runs every step here), and still
+    following its last token (proposed where its device count stands now)."""
     df = rows(recorded, drafter)
     decoding = df[df.worker_num_draft_slots > 0]
     assert len(decoding) >= len(IDS) * 3
     assert (decoding.worker_num_draft_slots == K).all()
     assert all(len(ids) == K and min(ids) >= 0 for ids in decoding.worker_draft_ids)
-    assert (decoding.worker_draft_proposed_step < decoding.step).all()
+    assert (decoding.worker_draft_proposed_step == decoding.step - 1).all()
+    assert (decoding.worker_draft_proposed_for == decoding.request_id).all()
+    assert (decoding.worker_draft_base == decoding.worker_device_computed_before).all()
 
 
 def test_what_each_drafter_gets_accepted(recorded):
