@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from specreplay.replay.engines.drafters import DRAFTERS
 from specreplay.replay.engines.registry import RUNNERS, choosable_engines
 from specreplay.replay.workloads.config import MODELLED_VERSIONS
 from specreplay.traces.errors import InputError, one_line
@@ -111,6 +112,14 @@ runner_option = click.option(
     "vllm/v1/worker/gpu/, what GPU deployments run). Default: v2, what vLLM picks wherever Triton counts as "
     "present (on a CPU machine specreplay runs Triton's interpreter for it). The other engines drive the v1 "
     "reference runner.",
+)
+drafter_option = click.option(
+    "--drafter",
+    type=click.Choice(DRAFTERS),
+    default=None,
+    help="What --engine vllm drafts with: ngram, ngram_gpu, eagle (a 1-layer EAGLE head) or draft_model (the "
+    "tiny model drafting for itself), dummy weights. Default: ngram_gpu under async scheduling, ngram under "
+    "sync (vLLM takes ngram with sync scheduling only). The other engines draft with the workload's oracle.",
 )
 vllm_version_option = click.option(
     "--vllm-version",

@@ -18,6 +18,7 @@ from specreplay.cli.common import (
     EXIT_FINDINGS,
     console,
     device_option,
+    drafter_option,
     engine_option,
     executor_option,
     format_option,
@@ -77,6 +78,7 @@ def _exit_if_crashed(recorded) -> None:
 @impl_option
 @engine_option
 @runner_option
+@drafter_option
 @vllm_version_option
 @executor_option
 @device_option
@@ -109,6 +111,7 @@ def record(
     impl_name,
     engine,
     runner,
+    drafter,
     vllm_version,
     executor,
     device,
@@ -140,7 +143,7 @@ def record(
     if attach or command:
         if not attach:
             raise InputError(f"unexpected argument {command[0]!r}; to record a command's vLLM, give --attach")
-        asked = (scenario, workload_file, engine, runner, vllm_version, executor, model, max_steps)
+        asked = (scenario, workload_file, engine, runner, drafter, vllm_version, executor, model, max_steps)
         if any(asked) or impl_name != "upstream":
             raise InputError("--attach records the command's vLLM as it runs: no workload, engine or implementation")
         return _record_attached(output, command)
@@ -158,6 +161,7 @@ def record(
         flush_every=flush_every,
         progress=progress,
         runner=_runner_for(engine, runner),
+        drafter=drafter,
     )
     _summary(recorded)
     _exit_if_crashed(recorded)
@@ -282,6 +286,7 @@ DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
 )
 @engine_option
 @runner_option
+@drafter_option
 @vllm_version_option
 @device_option
 @click.option(
@@ -294,7 +299,9 @@ DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
 )
 @format_option
 @handle_errors
-def compare(scenario, workload_file, seed, impl_names, engine, runner, vllm_version, device, output_dir, fmt) -> None:
+def compare(
+    scenario, workload_file, seed, impl_names, engine, runner, drafter, vllm_version, device, output_dir, fmt
+) -> None:
     """Record one workload under several implementations and show each one's verdict side by side.
 
     Exit 0 whatever the verdicts (it is a report); 2 on bad input. `specreplay diff TRACE` shows
@@ -316,6 +323,7 @@ def compare(scenario, workload_file, seed, impl_names, engine, runner, vllm_vers
         device=device,
         progress=progress,
         runner=_runner_for(engine, runner),
+        drafter=drafter,
     )
     if fmt == "json":
         import json

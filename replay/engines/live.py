@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from specreplay.replay.engines import cpu_triton, plugin
+from specreplay.replay.engines import cpu_triton, drafters, plugin
 from specreplay.replay.engines import sink as sink_files
 from specreplay.replay.engines.events import Pause, apply_control, control_event
 from specreplay.replay.engines.inputs import InputDriver
@@ -49,14 +49,17 @@ def run_live(
     model: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     runner: str | None = None,
+    drafter: str | None = None,
 ) -> Trace:
     """`model`: a model folder or hub name with real weights; None: the tiny dummy-weight model.
     `runner`: the runner family vLLM builds (engines/registry.py; default: what vLLM itself picks
-    where Triton counts as present, Model Runner V2)."""
+    where Triton counts as present, Model Runner V2). `drafter`: engines/drafters.py's (default:
+    ngram_gpu async, ngram sync)."""
     from specreplay.replay.engines.run import trace_header
     from specreplay.replay.engines.vllm_setup import refuse_engine_without_kernels, require_version
 
     family = runner_family(runner or DEFAULT_LIVE_RUNNER)
+    drafter = drafters.drafter_for(workload.config, drafter)
     in_process = impl.executor != "multiproc"
     refuse_undrivable(workload, in_process)
     if impl.real_runner is not None and impl.real_runner_family != family.name:
@@ -68,7 +71,7 @@ def run_live(
     if not cpu_triton.compatible(mrv2_on_cpu):
         # This process imported vLLM with Triton decided the other way (vLLM decides once, at
         # import): the run goes to a fresh process of its own.
-        return run_live_in_child(workload, impl, device, model, family.name)
+        return run_live_in_child(workload, impl, device, model, family.name, drafter)
     if mrv2_on_cpu:
         cpu_triton.apply()  # before vLLM is imported: it decides once whether Triton is present
     vllm = require_version(workload.config, "--engine vllm")
@@ -76,7 +79,7 @@ def run_live(
     from vllm.platforms import current_platform
 
     on_cpu = current_platform.is_cpu()
-    config = cpu_attention_config(workload.config) if on_cpu else workload.config
+    config = drafters.live_config(cpu_attention_config(workload.config) if on_cpu else workload.config, drafter)
     sink = sink_files.new_sink()
     env = live_environment(impl, config, sink, on_cpu, family)
     saved = {k: os.environ.get(k) for k in env}
@@ -85,7 +88,7 @@ def run_live(
     llm = None
     try:
         plugin.register()  # this process; vLLM loads the same entry point in the ones it starts
-        llm = build_llm(vllm, config, model, workload.seed)
+        llm = build_llm(vllm, config, model, workload.seed, drafter)
         counts, outcome = drive(llm, workload, progress, in_process)
         outcome = replace(outcome, engine_output_tokens=counts)
     finally:
@@ -114,7 +117,7 @@ def run_live(
         ran.get("runner", "GPUModelRunner (live)"),
         config,
         model=model or "tiny dummy-weight llama (written on the fly)",
-        drafter="ngram_gpu" if config.async_scheduling else "ngram",
+        drafter=drafter,
         patches=plugin.cpu_patches(family.name == "v2") if on_cpu else [],
         runner_family=ran.get("runner_family", family.name),
     )
@@ -153,22 +156,24 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def run_live_in_child(workload: Workload, impl: Implementation, device: str, model: str | None, runner: str) -> Trace:
+def run_live_in_child(
+    workload: Workload, impl: Implementation, device: str, model: str | None, runner: str, drafter: str
+) -> Trace:
     """`run_live` in a fresh process (spawned: nothing of this one's vLLM or Triton carried
     over); its exceptions (a one-line InputError, an observer's failure) come back as raised."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(run_live, workload, impl, device, model, None, runner).result()
+        return pool.submit(run_live, workload, impl, device, model, None, runner, drafter).result()
 
 
-def build_llm(vllm: Any, config: EngineConfig, model: str | None, seed: int) -> Any:
+def build_llm(vllm: Any, config: EngineConfig, model: str | None, seed: int, drafter: str | None = None) -> Any:
     """`vllm.LLM` on the workload's engine config: the tiny dummy-weight model unless `model`."""
     from specreplay.replay.engines.vllm_setup import engine_args
 
     try:
-        return vllm.LLM(**engine_args(config, model=model, seed=seed))
+        return vllm.LLM(**engine_args(config, model=model, seed=seed, drafter=drafter))
     except (ValueError, TypeError) as exc:
         raise InputError(f"vllm rejects this engine config: {' '.join(str(exc).split())[:200]}") from None
 

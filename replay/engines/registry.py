@@ -176,6 +176,7 @@ class Engine:
         model: str | None,
         progress: Callable | None,
         runner: str | None = None,
+        drafter: str | None = None,
     ):
         """Run the whole workload (an engine that `drives_itself`; the others are driven by the loop)."""
         raise InputError(f"--engine {self.name} is driven by the engine loop, it does not run by itself")
@@ -252,10 +253,11 @@ class LiveEngine(Engine):
         model: str | None,
         progress: Callable | None,
         runner: str | None = None,
+        drafter: str | None = None,
     ):
         from specreplay.replay.engines.live import run_live
 
-        return run_live(workload, impl, device, model, progress, runner)
+        return run_live(workload, impl, device, model, progress, runner, drafter)
 
 
 @dataclass(frozen=True)
@@ -273,6 +275,7 @@ class AttachedEngine(LiveEngine):
         model: str | None,
         progress: Callable | None,
         runner: str | None = None,
+        drafter: str | None = None,
     ):
         raise InputError(f"{self.name} is recorded in place (specreplay record --attach), not run from a workload")
 

@@ -50,6 +50,7 @@ def run_workload(
     flush_every: int = FLUSH_EVERY,
     oracle: Oracle | None = None,
     runner: str | None = None,
+    drafter: str | None = None,
 ) -> Trace:
     """Run `workload` through `impl` and return the recorded trace. An exception the
     implementation raises while the engine runs ends the run as it ends vLLM's engine: outcome
@@ -63,6 +64,7 @@ def run_workload(
 
     `engine`, `runner`: entries of engines/registry.py (a runner family: what a loop engine's
     reference runner models, default v1; the runner a live vLLM builds, default what vLLM picks).
+    `drafter`: what a live vLLM drafts with (engines/drafters.py; default ngram_gpu async, ngram sync).
 
     An implementation that does not apply to the workload (an AsyncScheduler variant on a
     synchronous workload, ...: `Implementation.why_not`) raises `NotApplicable`, before anything
@@ -74,9 +76,13 @@ def run_workload(
             f"a live engine makes its own outcomes: replay a recording through --engine {' or '.join(replay_engines())}"
         )
     if entry.drives_itself:
-        return entry.run(workload, impl, device, model, progress, runner)  # its observers write part files as they go
+        return entry.run(
+            workload, impl, device, model, progress, runner, drafter
+        )  # its observers write part files as they go
     if model is not None:
         raise InputError("--model is for --engine vllm (a live engine); the other engines run the reference model")
+    if drafter is not None:
+        raise InputError(f"--drafter is for --engine vllm (a live engine); --engine {engine} drafts with the oracle")
     loop = _built(impl, EngineLoop, workload, impl, device, engine, oracle, runner or DEFAULT_RUNNER)
     ran = entry.describe(impl, loop.parts.observed, loop.parts.runner, workload.config)
     header = trace_header(workload, ran, device, loop.outcome)

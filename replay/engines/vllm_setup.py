@@ -120,17 +120,23 @@ def real_scheduler_class(is_async: bool) -> type:
     return AsyncScheduler if is_async else Scheduler
 
 
-def engine_args(config: EngineConfig, *, model: str | None = None, seed: int = 0) -> dict[str, Any]:
+def engine_args(
+    config: EngineConfig, *, model: str | None = None, seed: int = 0, drafter: str | None = None
+) -> dict[str, Any]:
     """`vllm.LLM`'s keyword arguments for the engine config `config`, the one place they are
     built (the live engine, the attached-overhead benchmark, the attached-recording tests): the
     tiny dummy-weight model unless `model` (a folder or hub name with real weights), no
     tokenizer, no prefix caching, eager, the config's budget, cache, chunking threshold, mode
-    and drafter."""
+    and k, drafted by `drafter` (engines/drafters.py; default: ngram_gpu async, ngram sync)."""
+    from specreplay.replay.engines import drafters
+
     weights = (
         {"model": tiny_model_dir(config), "load_format": "dummy", "dtype": "float32"}
         if model is None
         else {"model": model, "dtype": "auto"}
     )
+    draft_folder = (lambda overrides: tiny_model_dir(config, **overrides)) if model is None else None
+    spec = drafters.speculative_config(config, drafters.drafter_for(config, drafter), weights["model"], draft_folder)
     return {
         **weights,
         "skip_tokenizer_init": True,
@@ -144,13 +150,14 @@ def engine_args(config: EngineConfig, *, model: str | None = None, seed: int = 0
         "enforce_eager": True,
         "async_scheduling": config.async_scheduling,
         "seed": seed,
-        "speculative_config": speculative_config(config),
+        "speculative_config": spec,
         "disable_log_stats": True,
     }
 
 
-def tiny_model_dir(config: EngineConfig) -> str:
-    """A llama-style config.json only: ModelConfig reads it, nothing loads weights."""
+def tiny_model_dir(config: EngineConfig, **overrides: Any) -> str:
+    """A llama-style config.json only: ModelConfig reads it, nothing loads weights. `overrides`:
+    fields that differ (an EAGLE head's one layer, engines/drafters.py)."""
     folder = tempfile.mkdtemp(prefix="specreplay-tiny-")
     doc = {
         "architectures": ["LlamaForCausalLM"],
@@ -170,6 +177,7 @@ def tiny_model_dir(config: EngineConfig) -> str:
         "hidden_act": "silu",
         "rope_theta": 10000.0,
         "tie_word_embeddings": False,
+        **overrides,
     }
     with open(os.path.join(folder, "config.json"), "w") as fh:
         json.dump(doc, fh)
@@ -200,16 +208,13 @@ def sampling_params(max_tokens: int, stop_token_id: int | None) -> Any:
 
 
 def speculative_config(config: EngineConfig, cls: Any = None) -> Any:
-    """ngram_gpu (async) / ngram (sync): drafters without lookahead slots, like the reference."""
-    if not config.num_spec_tokens:
-        return None
-    doc = {
-        "method": "ngram_gpu" if config.async_scheduling else "ngram",
-        "num_speculative_tokens": config.num_spec_tokens,
-        "prompt_lookup_min": 1,
-        "prompt_lookup_max": 3,
-    }
-    return cls(**doc) if cls is not None else doc
+    """ngram_gpu (async) / ngram (sync): drafters without lookahead slots, like the reference (the
+    real-scheduler engine's and a served model's; a live engine's may be another: --drafter)."""
+    from specreplay.replay.engines.drafters import default_drafter
+    from specreplay.replay.engines.drafters import speculative_config as drafter_config
+
+    doc = drafter_config(config, default_drafter(config), target="")
+    return cls(**doc) if cls is not None and doc is not None else doc
 
 
 def reserve_lookahead(vllm_config: Any, num_lookahead_tokens: int) -> None:

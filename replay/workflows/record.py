@@ -109,6 +109,7 @@ def record_to(
     progress: ProgressBar | None = None,
     oracle: Any = None,
     runner: str | None = None,
+    drafter: str | None = None,
 ) -> Recorded:
     """Run `workload` through `impl` (a registry name; module:attr too with `allow_import`, i.e.
     typed by the user) on `engine` and write the trace to `output`. `oracle`: a recording's
@@ -140,6 +141,7 @@ def record_to(
                 journal=journal,
                 flush_every=flush_every,
                 runner=runner,
+                drafter=drafter,
                 oracle=oracle,
             )
         except InputError as exc:
@@ -246,6 +248,7 @@ def compare_to(
     device: str = "cpu",
     progress: ProgressBar | None = None,
     runner: str | None = None,
+    drafter: str | None = None,
 ) -> Comparison:
     """Record `workload` through each implementation into `output_dir` (one trace each, named
     after the workload and the implementation) and check each one. Refuses, before recording
@@ -268,7 +271,9 @@ def compare_to(
     results = []
     for name in impls:
         path = output_dir / f"{workload.name}-{name.replace(':', '_').replace('/', '_')}.parquet"
-        recorded = record_to(path, workload, name, engine=engine, device=device, progress=progress, runner=runner)
+        recorded = record_to(
+            path, workload, name, engine=engine, device=device, progress=progress, runner=runner, drafter=drafter
+        )
         findings, trace = recorded.findings, recorded.trace
         first = next((f for f in findings if f.severity == "error"), findings[0] if findings else None)
         results.append(
