@@ -51,7 +51,13 @@ def core_part(folder, steps):
     names = [n for n in table.column_names if not n.startswith(("worker_", "truth_"))]
     rows = [[r[n] for n in names] for r in table.select(names).to_pylist() if r["step"] in steps]
     requests = [
-        {"e": "request", "id": r.request_id, "step": r.arrival_step, "prompt": [1] * r.prompt_len, "max_tokens": r.max_tokens}
+        {
+            "e": "request",
+            "id": r.request_id,
+            "step": r.arrival_step,
+            "prompt": [1] * r.prompt_len,
+            "max_tokens": r.max_tokens,
+        }
         | {"streaming": False}
         for r in workload.requests
     ]
