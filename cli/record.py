@@ -130,7 +130,10 @@ def record(
     An exception the implementation raises (or a vLLM assert) kills the engine, as in vLLM: the
     trace holds the steps up to it, outcome crashed with the exception and its source line, and
     the exit code is 1. Exit 0: the run ended (`specreplay diff` sets its exit code by the
-    findings); 2: bad input (a bad --impl, a class of the wrong kind, a bad workload).
+    findings); 2: bad input (a bad --impl, a class of the wrong kind, a bad workload). With
+    --attach, 1 also when the command's vLLM recorded no step; on a CPU with
+    VLLM_USE_V2_MODEL_RUNNER=1 the command gets TRITON_INTERPRET=1 (Model Runner V2's kernels run
+    in Triton's interpreter there).
 
     \b
     Example:
