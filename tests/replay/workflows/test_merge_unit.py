@@ -1,4 +1,7 @@
-"""merge's whole-step rule on hand-made rows: which trailing steps a stopped run loses."""
+"""merge on hand-made input: the whole-step rule (which trailing steps a stopped run loses), and part
+folders with an unknown runner, a process that could not record, and no step at all."""
+
+import functools
 
 from specreplay.replay.workflows.merge import whole_steps
 
@@ -39,15 +42,20 @@ def write_part(folder, name, *events):
     (folder / f"{name}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
 
 
-def core_part(folder, steps):
-    """An engine core's part: the scheduler rows of the reference engine's reentry run at `steps`
-    (its worker columns left out: the core process writes none), its config and requests."""
+@functools.cache
+def reentry_run():
     from specreplay.replay.engines.run import run_workload
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workflows.record import pick_workload
 
     workload = pick_workload("reentry")
-    table = run_workload(workload, resolve("upstream", allow_import=False)).table
+    return workload, run_workload(workload, resolve("upstream", allow_import=False)).table
+
+
+def core_part(folder, steps):
+    """An engine core's part: the scheduler rows of the reference engine's reentry run at `steps`
+    (its worker columns left out: the core process writes none), its config and requests."""
+    workload, table = reentry_run()
     names = [n for n in table.column_names if not n.startswith(("worker_", "truth_"))]
     rows = [[r[n] for n in names] for r in table.select(names).to_pylist() if r["step"] in steps]
     requests = [
