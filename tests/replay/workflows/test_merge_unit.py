@@ -145,3 +145,23 @@ def test_a_trace_of_no_step_is_never_ok(tmp_path):
     assert as_json.exit_code == 1 and '"verdict": "empty"' in as_json.output
     gate = runner.invoke(main, ["gate", str(out)])
     assert gate.exit_code != 0 and "no recorded step" in gate.output and "1 pass" not in gate.output
+
+
+def test_record_attach_of_a_command_that_recorded_no_step_is_empty_and_exit_1(tmp_path):
+    """`record --attach`: the command's engine wrote its config and no step (here the command
+    writes that part itself, as an engine core stopped before its first step leaves it)."""
+    import sys
+
+    from click.testing import CliRunner
+
+    from specreplay.cli.main import main
+
+    made = tmp_path / "made"
+    core_part(made, [])
+    (part,) = made.glob("*.jsonl")
+    copy = f"import os, shutil; shutil.copy({str(part)!r}, os.environ['SPECREPLAY_RECORD'])"
+    out = tmp_path / "run.parquet"
+    result = CliRunner().invoke(main, ["record", "--attach", "-o", str(out), "--", sys.executable, "-c", copy])
+    assert result.exit_code == 1, result.output
+    assert "exited with status 0" in result.output and "0 steps, 0 rows" in result.output
+    assert "check: empty (the trace holds no recorded step: nothing was checked)" in result.output
