@@ -224,9 +224,10 @@ def _vllm_on_cpu() -> bool:
     vLLM is not importable here: the command may run another Python; it is then told by its plugin."""
     try:
         from vllm.platforms import current_platform
-    except ImportError:
+
+        return current_platform.is_cpu()
+    except Exception:  # no usable vLLM in this environment: the command's plugin tells, if any
         return False
-    return current_platform.is_cpu()
 
 
 @click.command(context_settings=CONTEXT)
