@@ -29,7 +29,8 @@ def diff(traces, fmt, fail_on, story) -> None:
     """One trace: scheduler view against worker view and ground truth.
     Two traces: the first step, request and field where they part.
 
-    Exit 0: nothing at or above --fail-on; 1: findings; 2: bad input. Traces are read one row
+    Exit 0: nothing at or above --fail-on; 1: findings, or a trace with no recorded step
+    (verdict empty: nothing was checked); 2: bad input. Traces are read one row
     group at a time, so memory stays bounded however long the trace.
 
     \b
@@ -52,15 +53,15 @@ def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
     """One trace against its own views and ground truth; returns the exit code."""
     from specreplay.cli.render import code_counts, findings_json, findings_lines, unchecked_note
     from specreplay.replay.check.checker import NEEDED, check_report
-    from specreplay.replay.check.findings import fails, verdict
+    from specreplay.replay.check.findings import EMPTY, EMPTY_NOTE, fails, verdict
 
     report = check_report(trace, trace.batches(columns=NEEDED))
     findings = report.findings
     # A recovered recording (outcome partial) is never a plain ok: it holds steps up to where the
     # recording stopped, and nothing after them was recorded or checked.
-    word = verdict(findings)
+    word = verdict(findings, trace.num_steps)  # no recorded step: `empty`, never ok
     upto = trace.outcome.step if trace.outcome.status == "partial" else None
-    if upto is not None and word != "diverged":
+    if upto is not None and word not in ("diverged", EMPTY):
         word = "partial"
     if fmt == "json":
         extra = {"trace": path, "impl": trace.impl_name, "unchecked": report.unchecked}
@@ -75,7 +76,9 @@ def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
         if upto is not None:
             note = f" ({'' if word == 'partial' else 'partial, '}up to step {upto}){note}"
         stopped = f"; the recording stopped after step {upto}: nothing after it was checked" if upto else ""
-        if not findings and not report.unchecked:
+        if word == EMPTY:
+            out.print(f"verdict: {word} - {EMPTY_NOTE}", soft_wrap=True)
+        elif not findings and not report.unchecked:
             out.print(
                 f"verdict: {word}{note} - the scheduler view, the worker view and the KV cache agree at every step"
                 + stopped,
@@ -101,7 +104,8 @@ def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
                 out.print(line, soft_wrap=True)
             if story and first.request_id is not None:
                 _story(out, trace, first)
-    return EXIT_FINDINGS if fails(findings, fail_on) else EXIT_OK
+    empty = word == EMPTY and fail_on != "never"
+    return EXIT_FINDINGS if empty or fails(findings, fail_on) else EXIT_OK
 
 
 def _story(out, trace, first) -> None:

@@ -8,6 +8,7 @@ table: what it wrote and what the checker says of it.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -49,17 +50,18 @@ output_option = click.option(
 
 def _summary(recorded) -> None:
     from specreplay.cli.render import code_counts, unchecked_note
-    from specreplay.replay.check.findings import verdict
+    from specreplay.replay.check.findings import EMPTY_NOTE, verdict
 
     trace, findings, output = recorded.trace, recorded.findings, recorded.path
     outcome = str(trace.outcome.status)
     if trace.outcome.crashed:  # the engine died: where and of what, as the E1 finding says it
         outcome += f" at step {trace.outcome.step}: {trace.outcome.message or ''}"
-    line = (
-        f"wrote {output}: {trace.num_steps} steps, {trace.num_rows} rows, outcome {outcome}; check: {verdict(findings)}"
-    )
+    word = verdict(findings, trace.num_steps)  # no step recorded: never ok
+    line = f"wrote {output}: {trace.num_steps} steps, {trace.num_rows} rows, outcome {outcome}; check: {word}"
     note = unchecked_note(recorded.unchecked)  # a live engine's trace: no ground truth
-    if findings:
+    if not trace.num_steps:
+        line += f" ({EMPTY_NOTE})"
+    elif findings:
         line += f" ({code_counts(findings)})" + (f"; {note}" if note else "") + f"; see `specreplay diff {output}`"
     elif note:
         line += f" ({note})"
@@ -131,7 +133,10 @@ def record(
     An exception the implementation raises (or a vLLM assert) kills the engine, as in vLLM: the
     trace holds the steps up to it, outcome crashed with the exception and its source line, and
     the exit code is 1. Exit 0: the run ended (`specreplay diff` sets its exit code by the
-    findings); 2: bad input (a bad --impl, a class of the wrong kind, a bad workload).
+    findings); 2: bad input (a bad --impl, a class of the wrong kind, a bad workload). With
+    --attach, 1 also when the command's vLLM recorded no step; on a CPU with
+    VLLM_USE_V2_MODEL_RUNNER=1 the command gets TRITON_INTERPRET=1 (Model Runner V2's kernels run
+    in Triton's interpreter there).
 
     \b
     Example:
@@ -181,15 +186,52 @@ def _runner_for(engine: str | None, runner: str | None) -> str | None:
 
 
 def _record_attached(output: Path, command: tuple[str, ...]) -> None:
+    """The command under the recorder, then its parts merged. Exit 1 when nothing was recorded
+    (0 steps: never ok), 3 on specreplay's own failure."""
     from specreplay.cli.merge import report
     from specreplay.replay.workflows.attach import attach_to
     from specreplay.traces.errors import ObserverError
 
-    attached = attach_to(output, command)
+    with _mrv2_interpreter():
+        attached = attach_to(output, command)
     click.echo(f"{command[0]} exited with status {attached.returncode}")
     report(attached.merged)
     if attached.merged.failures:  # the engine went on; specreplay's recorder did not: its bug, exit 3
         raise ObserverError(f"{attached.merged.failures[0]} (the trace holds what was recorded before it)")
+    if not attached.merged.trace.num_steps:
+        sys.exit(EXIT_FINDINGS)
+
+
+@contextlib.contextmanager
+def _mrv2_interpreter():
+    """The command's environment for Model Runner V2 on a CPU: the user asked for it
+    (VLLM_USE_V2_MODEL_RUNNER=1), and there it runs Triton's kernels in Triton's interpreter,
+    which must be on from the process's start (engines/cpu_triton.py): TRITON_INTERPRET=1 for
+    the command, never on a GPU (its kernels compile there) and never for a runner not asked for
+    (the recorder does not change which runner the user's vLLM picks). Set for the command's
+    start only; this process's environment is restored."""
+    import os
+
+    wanted = os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1" and "TRITON_INTERPRET" not in os.environ
+    if not wanted or not _vllm_on_cpu():
+        yield
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("TRITON_INTERPRET", None)
+
+
+def _vllm_on_cpu() -> bool:
+    """Is this machine's vLLM a CPU platform (the command's is this environment's)? False where
+    vLLM is not importable here: the command may run another Python; it is then told by its plugin."""
+    try:
+        from vllm.platforms import current_platform
+
+        return current_platform.is_cpu()
+    except Exception:  # no usable vLLM in this environment: the command's plugin tells, if any
+        return False
 
 
 @click.command(context_settings=CONTEXT)

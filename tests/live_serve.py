@@ -386,7 +386,7 @@ def start_server(
     *,
     cpu_patches: bool = True,
     torch_compile: bool = False,
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
     extra_args: tuple[str, ...] = (),
     seed: int = 0,
     log_requests: bool = True,
@@ -396,16 +396,17 @@ def start_server(
     """Start `vllm serve` and return at once (call `wait_ready`). The config's block size is
     rounded up to the CPU attention's multiple of 32, as the live engine does.
 
-    `cpu_patches`: apply plugin.apply_cpu_patches in every server process through a
-    sitecustomize.py the harness writes (off: something else, e.g. the recorder's plugin, must;
-    without them async + ngram_gpu fails at the worker's pinned buffers).
+    `cpu_patches`: apply plugin.apply_cpu_patches (the V1 recipe's: the server runs V1,
+    VLLM_USE_V2_MODEL_RUNNER=0) in every server process through a sitecustomize.py the harness
+    writes (off: something else, e.g. the recorder's plugin, must; without them async +
+    ngram_gpu fails at the worker's pinned buffers).
     `torch_compile`: off sets TORCHDYNAMO_DISABLE=1. Even with --enforce-eager, vLLM compiles
     small helpers (sampler, logprobs, spec-decode utils) with inductor at the first request:
     15-30 s of C++ builds on a 2-core CPU, for the same tokens.
     `log_requests`: --enable-log-requests, which `engine_request_ids` and `engine_aborts` read.
     `shutdown_timeout`: vLLM's --shutdown-timeout; its default 0 means that on SIGINT the API
     server SIGTERMs the engine core and SIGKILLs it (and the worker) at once.
-    `env`: added to the server's environment (the recorder's settings)."""
+    `env`: added to the server's environment (the recorder's settings; None removes one)."""
     config = cpu_attention_config(config)
     model_dir = model_dir or tiny_served_model(config)
     workdir = workdir or tempfile.mkdtemp(prefix="specreplay-serve-")
@@ -432,7 +433,14 @@ def start_server(
         (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), child_env.get("PYTHONPATH")]))
         child_env[PATCH_ENV] = "1"
-    child_env.update(env or {})
+        # The harness's patches are the V1 recipe's: its server runs V1, pinned as a user pins it.
+        child_env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        child_env.pop("TRITON_INTERPRET", None)
+    for key, value in (env or {}).items():  # None: unset (a variable the test process has)
+        if value is None:
+            child_env.pop(key, None)
+        else:
+            child_env[key] = value
     log_path = os.path.join(workdir, "server.log")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(

@@ -11,7 +11,8 @@ below take what a merge needs from the parts.
 The lines, by their `e` key: `part` (the first line of an attached run's part: its run id,
 role, process, vLLM release, patches), `rows` (a step's scheduler rows: `names`, `rows`),
 `patch` (columns filled later, `[step, request_id, values]` each: the apply, the worker view),
-`ran` (the scheduler or runner class that ran), `error` (the guard's report of specreplay's own
+`ran` (the scheduler or runner class that ran), `unknown_runner` (a runner class specreplay does
+not observe), `not_recorded` (what a process could not record, and why), `error` (the guard's report of specreplay's own
 failure), `config` and `step` (attached: the engine config read from vLLM, each schedule()),
 and the recorded inputs `request`, `stream`, `abort`, `event` (replay/observers/input_observer.py).
 """
@@ -141,6 +142,12 @@ def unknown_runners(parts: list[Part]) -> list[dict[str, str]]:
     ]
 
 
+def not_recorded(parts: list[Part]) -> list[str]:
+    """Why a process recorded nothing (an attached plugin that could not set up, e.g. MRV2 on a
+    CPU without Triton's interpreter), one line per distinct message."""
+    return list(dict.fromkeys(str(e.get("message")) for p in parts for e in p.events if e.get("e") == "not_recorded"))
+
+
 def observer_failures(parts: list[Part]) -> list[str]:
     """What the guard reported (replay/observers/guard.py): specreplay's own failures, one per message."""
     seen: dict[str, None] = {}
@@ -157,6 +164,7 @@ __all__ = [
     "PartWriter",
     "collect_inputs",
     "merge_rows",
+    "not_recorded",
     "observer_failures",
     "ran_classes",
     "read_parts",

@@ -84,8 +84,16 @@ def fails(findings: list[Finding], fail_on: str) -> bool:
     return any(f.severity == "error" for f in findings)
 
 
-def verdict(findings: list[Finding]) -> str:
-    """ok: nothing; wasteful: warnings only; diverged: at least one error."""
+#: The verdict of a trace that holds no recorded step (`steps` 0): nothing was checked, so never ok.
+EMPTY = "empty"
+EMPTY_NOTE = "the trace holds no recorded step: nothing was checked"
+
+
+def verdict(findings: list[Finding], steps: int | None = None) -> str:
+    """ok: nothing; wasteful: warnings only; diverged: at least one error; empty: the trace holds
+    no step (`steps` 0, where the caller knows it), whatever the findings."""
+    if steps == 0:
+        return EMPTY
     if any(f.severity == "error" for f in findings):
         return "diverged"
     return "wasteful" if findings else "ok"

@@ -13,6 +13,13 @@ platform):
   real `VllmConfig`;
 - every `GPUModelRunner`: the worker observer.
 
+On a CPU the plugin applies the CPU recipe's patches, and MRV2's (engines/cpu_triton.py) when the
+user asked vLLM for it (`VLLM_USE_V2_MODEL_RUNNER=1`): the runner is the one the user's vLLM
+picks, never another. MRV2's need Triton's interpreter on from the process's start
+(`TRITON_INTERPRET=1`, which `specreplay record --attach` sets): without it the process records a
+`not_recorded` line saying so (`cpu_patches`), and the merge prints it; the user's engine is left
+to vLLM, which refuses MRV2 without a Triton as it would without specreplay.
+
 Each process writes its own part file under DIR (traces/parts.py), whose first line names the
 run: the first process to load the plugin draws a run id and leaves it in the environment for
 the processes it starts, so the parts of one run share it and two runs in one folder are told
@@ -115,6 +122,30 @@ def part_header(role: str) -> dict[str, Any]:
     }
 
 
+def cpu_patches(folder: str) -> None:
+    """The CPU patches for the runner the user's vLLM picks (plugin.wants_mrv2: MRV2 only when
+    they asked for it). One the process cannot apply (MRV2 without TRITON_INTERPRET=1 from its
+    start) is one line in a part of its own and on stderr, never an exception in their engine:
+    a plugin that raises stops vLLM where it loads it."""
+    import sys
+
+    from specreplay.replay.engines.plugin import apply_cpu_patches, wants_mrv2
+    from specreplay.replay.engines.sink import Sink
+    from specreplay.traces.errors import InputError
+
+    try:
+        apply_cpu_patches(mrv2=wants_mrv2())
+    except InputError as exc:
+        if str(exc) in _NOTED:  # vLLM may load its plugins more than once in a process
+            return
+        _NOTED.add(str(exc))
+        Sink(folder, "plugin", part_header("plugin")).write({"e": "not_recorded", "message": str(exc)})
+        print(f"specreplay: not recording: {exc}", file=sys.stderr)
+
+
+_NOTED: set[str] = set()
+
+
 def attach_recorder_to_core(core: Any, folder: str) -> Any:
     """The scheduler and input observers on an engine core's scheduler, unchanged otherwise."""
     from specreplay.replay.engines.sink import Sink, sink_recorder
@@ -163,4 +194,11 @@ def attach_recorder_to_runner(runner: Any, folder: str) -> Any:
     return sink
 
 
-__all__ = ["RECORD_ENV", "RUN_ENV", "attach_recorder_to_core", "attach_recorder_to_runner", "recording_folder"]
+__all__ = [
+    "RECORD_ENV",
+    "RUN_ENV",
+    "attach_recorder_to_core",
+    "cpu_patches",
+    "attach_recorder_to_runner",
+    "recording_folder",
+]

@@ -159,8 +159,12 @@ def register() -> None:
     if attached and not live:
         run_id()  # drawn by the first process, inherited by the ones it starts
         os.makedirs(attached, exist_ok=True)
-    if os.environ.get(CPU_ENV) == "1" or (attached and not live and _on_cpu()):
+    if os.environ.get(CPU_ENV) == "1":
         apply_cpu_patches(mrv2=wants_mrv2())
+    elif attached and not live and _on_cpu():
+        from specreplay.replay.engines.attached import cpu_patches
+
+        cpu_patches(attached)  # the user's engine: what cannot be applied is a line, not a raise
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.worker.gpu_worker import Worker
 

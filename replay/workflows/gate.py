@@ -194,6 +194,7 @@ def replay_golden(golden, plan, options: GateOptions):
 def gate_one(path: str, options: GateOptions) -> GateResult:
     """Replay one golden through the implementation under test. Never raises for bad input."""
     from specreplay.replay.check.checker import check_trace, unchecked_codes
+    from specreplay.replay.check.findings import EMPTY_NOTE
     from specreplay.replay.check.tracediff import diff_batches
     from specreplay.replay.impls.registry import NotApplicable
     from specreplay.traces.io import open_trace
@@ -201,6 +202,8 @@ def gate_one(path: str, options: GateOptions) -> GateResult:
 
     try:
         golden = open_trace(path)
+        if not golden.num_steps:  # nothing recorded: nothing to gate, never a pass
+            return GateResult(path, "error", golden_impl=golden.impl_name, message=f"{path}: {EMPTY_NOTE}")
         plan = golden_plan(golden, path, options)
         impl, trace = replay_golden(golden, plan, options)
     except NotApplicable as exc:  # nothing ran: neither a pass nor a failure of the code

@@ -10,8 +10,11 @@ real `VllmConfig`), the scheduler rows and the recorded inputs (arrivals with pr
 sampling parameters, aborts, pauses, cache resets, streaming chunks); the runners' parts give
 the worker view. A process killed at any moment loses at most the line it was writing: that
 line is dropped and counted, and trailing steps whose scheduled rows never got their worker rows
-(the step the kill cut) are dropped, each named with why. Nothing is dropped silently: the
-trace's outcome is `partial` when anything was, with the last whole step.
+(the step the kill cut) are dropped, each named with why. A runner specreplay does not observe (a
+fork's, a future release's: the plugin's `unknown_runner` line) never sends worker rows: the trace
+keeps the scheduler view, nothing cut, and says in one line that the worker view was not recorded,
+naming the class and the runners specreplay observes. Nothing is dropped silently: the trace's
+outcome is `partial` when anything was, with the last whole step.
 
 The trace's workload is a summary of the recorded inputs in specreplay's workload format
 (prompt lengths, max_tokens, arrival steps, events), so `info`, `show` and the checker read it
@@ -63,7 +66,15 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     from specreplay.replay.engines.sink import rows_to_table
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.config import EngineConfig
-    from specreplay.traces.parts import collect_inputs, merge_rows, observer_failures, ran_classes, read_parts
+    from specreplay.traces.parts import (
+        collect_inputs,
+        merge_rows,
+        not_recorded,
+        observer_failures,
+        ran_classes,
+        read_parts,
+        unknown_runners,
+    )
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -83,6 +94,9 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
         raise InputError(f"{folder}: no parts of run {run!r}; runs here: {', '.join(sorted(map(str, runs)))}")
     parts = runs[run]
     cores = [p for p in parts if p.role == "core"]
+    unset = not_recorded(parts)
+    if not cores and unset:  # the plugin could not set up (MRV2 on a CPU without the interpreter)
+        raise InputError(f"{folder}: nothing recorded: {unset[0]}")
     if len(cores) != 1:
         raise InputError(
             f"{folder}: run {run} has {len(cores)} engine-core parts; merge needs exactly one "
@@ -99,7 +113,13 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
         raise InputError(f"{folder}: run {run}'s engine-core part has no config line (cut before its first write)")
     config = EngineConfig(**config_event["config"])
     rows = merge_rows(parts)
-    rows, cut_steps = whole_steps(rows)
+    unknown = unknown_runners(parts)
+    if unknown:  # no worker rows will ever come: the scheduler view is all there is, nothing cut
+        cut_steps = []
+        dropped.append(unobserved_runner(unknown))
+    else:
+        rows, cut_steps = whole_steps(rows)
+    dropped += unset
     if cut_steps:
         dropped.append(
             f"step(s) {', '.join(map(str, cut_steps))}: step {cut_steps[0]} was scheduled, but its worker rows "
@@ -113,7 +133,7 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     impl_doc = ATTACHED.describe(
         resolve("upstream", allow_import=False),
         ran.get("scheduler", config_event.get("scheduler_cls", "?")),
-        ran.get("runner", "GPUModelRunner (attached)"),
+        ran.get("runner") or (unknown[0]["runner"] if unknown else "GPUModelRunner (attached)"),
         config,
         models=f"vllm {core.header.get('vllm', '?')}",
         executor="multiproc" if len({p.header.get("pid") for p in parts}) > 1 else "inproc",
@@ -121,6 +141,7 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
         drafter=config_event.get("drafter", "none"),
         run=run,
         patches=sorted({patch for p in parts for patch in p.header.get("patches", [])}),
+        runner_family=ran.get("runner_family"),
     )
     failures = observer_failures(parts)
     dropped += [f"recording stopped: {failure}" for failure in failures]
@@ -128,6 +149,18 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     header = trace_header(workload, impl_doc, "cpu", outcome, config)
     trace = replace(header, table=rows_to_table(rows), inputs=Inputs.from_dict(inputs) if inputs else None)
     return Merged(Path(), trace, str(run), len(parts), dropped, failures)
+
+
+def unobserved_runner(unknown: list[dict[str, str]]) -> str:
+    """The one line for runners specreplay does not observe (plugin's `unknown_runner` lines): the
+    trace keeps the scheduler view, and says its worker view was not recorded and why."""
+    from specreplay.replay.engines.registry import known_runners
+
+    classes = ", ".join(dict.fromkeys(u.get("runner", "?") for u in unknown))
+    return (
+        f"the worker view (not recorded): the worker ran {classes}, a runner specreplay does not observe "
+        f"(it observes {known_runners()}); the trace holds the scheduler view only"
+    )
 
 
 def whole_steps(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
@@ -235,4 +268,4 @@ def abort_event(abort: dict[str, Any], arrival: int, marked: set[tuple[int, str]
     return {"step": max(1, step), "kind": "abort", "request": rid, "when": "after"}
 
 
-__all__ = ["Merged", "abort_event", "merge_folder", "merge_to", "whole_steps", "workload_of"]
+__all__ = ["Merged", "abort_event", "merge_folder", "merge_to", "unobserved_runner", "whole_steps", "workload_of"]

@@ -280,7 +280,7 @@ def compare_to(
             {
                 "impl": name,
                 "executor": trace.impl.executor,
-                "verdict": verdict(findings),
+                "verdict": verdict(findings, trace.num_steps),
                 "unchecked": recorded.unchecked,
                 "errors": sum(f.severity == "error" for f in findings),
                 "warnings": sum(f.severity == "warning" for f in findings),

