@@ -32,6 +32,7 @@ PATCHES = (
     "Triton's interpreter as a 'cpu' Triton backend (TRITON_INTERPRET=1): vLLM counts Triton as present",
     "Triton 3.9.0 interpreter: bool results of binary operators tagged int1 (masks stay bool)",
 )
+VLLM_MODULE = "vllm"  # the package whose import decides, once, whether Triton is present
 #: The stand-in backend's name: the one a `+cpu` vLLM looks for.
 BACKEND = "cpu"
 
@@ -55,9 +56,9 @@ def compatible(mrv2_on_cpu: bool) -> bool:
     """Can this process run vLLM with Triton decided as `mrv2_on_cpu` asks? Always, before
     vLLM is imported; after, only the way it was decided (it is decided once, at import: V1 on
     a CPU fails with Triton's interpreter present, MRV2 fails without it)."""
-    if "vllm" not in sys.modules and "triton" not in sys.modules:
+    if VLLM_MODULE not in sys.modules and "triton" not in sys.modules:
         return True
-    if "vllm" not in sys.modules:  # Triton imported, vLLM not: Triton must be the interpreter's
+    if VLLM_MODULE not in sys.modules:  # Triton imported, vLLM not: Triton must be the interpreter's
         return not mrv2_on_cpu or os.environ.get("TRITON_INTERPRET") == "1"
     return applied() == mrv2_on_cpu
 

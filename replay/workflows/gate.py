@@ -318,7 +318,7 @@ def update_goldens(paths: list[Path], options: GateOptions) -> list[UpdateResult
                 "updated",
                 dict(diff.fields),
                 diff.first,
-                _why_updated(golden, diff),
+                _why_updated(golden, diff, trace),
             )
         )
     return out
@@ -332,12 +332,13 @@ def _recording_refused(golden) -> str:
     )
 
 
-def _why_updated(golden, diff) -> str:
-    """What changed when the rows agree: an older schema (upgraded, its new columns now filled)
-    or only the metadata's stamps."""
+def _why_updated(golden, diff, trace) -> str:
+    """What changed when the rows agree: an older schema (upgraded: the columns it added that the
+    rerun fills, now recorded; another runner's columns stay null) or only the metadata's stamps."""
     if not diff.same:
         return ""
     if golden.schema_version < schema.SCHEMA_VERSION:
-        added = ", ".join(diff.left_out)
-        return f"upgraded from schema v{golden.schema_version} to v{schema.SCHEMA_VERSION} ({added} now recorded)"
+        filled = [name for name in diff.left_out if trace.table.column(name).null_count < trace.table.num_rows]
+        what = f"{', '.join(filled)} now recorded" if filled else "its new columns hold nothing for this run"
+        return f"upgraded from schema v{golden.schema_version} to v{schema.SCHEMA_VERSION} ({what})"
     return "metadata only (implementation, version or config stamp)"
