@@ -90,6 +90,7 @@ def check_report(header, batches: Iterable[pa.Table | pa.RecordBatch]) -> CheckR
         header.outcome,
         drafter=header.impl.drafter,
         limits=max_tokens_by_life(header.workload),
+        runner_family=header.impl.runner_family,
     )
     for batch in batches:
         checker.feed(batch)
@@ -104,5 +105,8 @@ def unchecked_codes(trace) -> list[str]:
     for batch in trace.batches(columns=coverage.GROUND_TRUTH):
         seen |= coverage.columns_with_values(batch)
     return coverage.unchecked(
-        (row.code for row in CATALOGUE), seen, limits_known=bool(max_tokens_by_life(trace.workload))
+        (row.code for row in CATALOGUE),
+        seen,
+        limits_known=bool(max_tokens_by_life(trace.workload)),
+        runner_family=trace.impl.runner_family or "v1",
     )
