@@ -167,7 +167,9 @@ def check_computed_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
             sched_num_computed_tokens=int(computed[i]),
             rejected_in_flight=int(rejected[i]),
         )
-    for i in chk.first_per_request("X2-worker-kv-position", frame, eligible & has_truth & (position != truth)):
+    # The position codes need the position (a row's worker group filled without it: none to judge).
+    placed = eligible & ~c["worker_first_position_is_null"]
+    for i in chk.first_per_request("X2-worker-kv-position", frame, placed & has_truth & (position != truth)):
         yield chk.finding(
             frame,
             "X2-worker-kv-position",
@@ -177,7 +179,7 @@ def check_computed_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
             int(position[i]),
             sched_num_computed_tokens=int(computed[i]),
         )
-    for i in chk.first_per_request("X2-worker-position-mismatch", frame, eligible & (position != worker)):
+    for i in chk.first_per_request("X2-worker-position-mismatch", frame, placed & (position != worker)):
         yield chk.finding(
             frame, "X2-worker-position-mismatch", i, "num_computed_tokens", int(position[i]), int(worker[i])
         )

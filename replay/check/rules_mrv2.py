@@ -166,7 +166,8 @@ def check_slot_holder(frame: Frame, chk: Checker) -> Iterable[Finding]:
     slot, the previous owner's steps still in flight), INV-M5. The holder of each slot is carried
     across frames."""
     c = frame.c
-    holders: dict[int, int] = chk.rule_state.setdefault("M5-slot-holders", {})
+    # slot -> (the request holding it, the step it took it), as of the frames checked so far
+    holders: dict[int, tuple[int, int]] = chk.rule_state.setdefault("M5-slot-holders", {})
     rows = np.flatnonzero(frame.own & ~c["worker_slot_is_null"])
     if not len(rows):
         return
@@ -178,9 +179,10 @@ def check_slot_holder(frame: Frame, chk: Checker) -> Iterable[Finding]:
     starts = np.r_[True, slot[1:] != slot[:-1]]
     segment_start = np.maximum.accumulate(np.where(starts, pos, 0))
     last_take = np.maximum.accumulate(np.where(took, pos, -1))
-    carried = np.array([holders.get(int(s), -1) for s in slot], dtype=np.int64)
-    holder = np.where(last_take >= segment_start, request[np.maximum(last_take, 0)], carried)
-    taken_at = np.where(last_take >= segment_start, step[np.maximum(last_take, 0)], -1)
+    carried = np.array([holders.get(int(s), (-1, -1)) for s in slot], dtype=np.int64).reshape(-1, 2)
+    here = last_take >= segment_start
+    holder = np.where(here, request[np.maximum(last_take, 0)], carried[:, 0])
+    taken_at = np.where(here, step[np.maximum(last_take, 0)], carried[:, 1])
     shared = (holder >= 0) & (holder != request)
     violated = np.zeros(frame.size, dtype=bool)
     violated[rows[shared]] = True
@@ -200,4 +202,4 @@ def check_slot_holder(frame: Frame, chk: Checker) -> Iterable[Finding]:
         )
     ends = np.r_[starts[1:], True]
     for j in np.flatnonzero(ends & (last_take >= segment_start)):
-        holders[int(slot[j])] = int(request[last_take[j]])
+        holders[int(slot[j])] = (int(request[last_take[j]]), int(step[last_take[j]]))

@@ -328,7 +328,7 @@ def check_computed_tokens(rows: TraceRows) -> Iterator[Finding]:
                     sched_num_computed_tokens=computed,
                     rejected_in_flight=rejected,
                 )
-            if "X2t" not in fired and truth is not None and position != truth:
+            if "X2t" not in fired and truth is not None and position is not None and position != truth:
                 fired.add("X2t")
                 yield _f(
                     rows,
@@ -339,7 +339,7 @@ def check_computed_tokens(rows: TraceRows) -> Iterator[Finding]:
                     position,
                     sched_num_computed_tokens=computed,
                 )
-            if "X2p" not in fired and position != worker:
+            if "X2p" not in fired and position is not None and position != worker:
                 fired.add("X2p")
                 yield _f(rows, "X2-worker-position-mismatch", i, "num_computed_tokens", position, worker)
 
@@ -457,7 +457,8 @@ def check_draft_inputs(rows: TraceRows) -> Iterator[Finding]:
         if not drafts:
             continue
         negative = sum(1 for t in drafts if t < 0)
-        if negative or (rows.is_async and not c["worker_cached_drafts"][i]):
+        cached = c["worker_cached_drafts"][i]  # None: no V1 cache count on the row, only negatives judged
+        if negative or (rows.is_async and cached is not None and not cached):
             yield _f(
                 rows,
                 "X5-placeholder-drafts",

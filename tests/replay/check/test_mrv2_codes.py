@@ -1,0 +1,250 @@
+"""Model Runner V2's codes (replay/check/rules_mrv2.py) on the real MRV2, recorded live.
+
+Each M code fires on a subclass of the real MRV2 runner that breaks its invariant
+(tests/replay/check/mrv2_variants.py), and on nothing the upstream runner does: the reentry
+scenario (the whole checker passes: no finding at all) and a KV-pressure workload with
+preemptions and slots reused right after a finish. Seven engines in all, one small workload each,
+shared by the module's tests; the row-by-row statement (rowwise_checker.py) agrees on every trace.
+Branches no variant reaches are held by mutating a recorded upstream trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from specreplay.replay.check import coverage
+from specreplay.replay.check.checker import NEEDED, check_report, check_trace, unchecked_codes
+from specreplay.replay.engines.run import run_workload
+from specreplay.replay.impls.registry import resolve
+from specreplay.replay.workloads.config import EngineConfig
+from specreplay.replay.workloads.scenarios import build_scenario
+from specreplay.replay.workloads.workload import RequestSpec, Workload
+from tests.replay.check import rowwise_checker
+
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("mrv2")]
+
+V1_RUNNER_CODES = [
+    "X2-sched-worker-computed",
+    "X2-worker-position-mismatch",
+    "X3-output-length",
+    "S5-draft-provenance",
+    "X5-placeholder-drafts",
+]
+MRV2_CODES = {
+    "M1-device-computed",
+    "M1-device-advance",
+    "M2-cpu-mirror",
+    "M3-draft-origin",
+    "M4-preempted-as-new",
+    "M5-slot-holder",
+}
+
+
+def _config(**changes) -> EngineConfig:
+    base = dict(
+        max_num_batched_tokens=64,
+        max_num_seqs=8,
+        num_spec_tokens=3,
+        async_scheduling=True,
+        block_size=32,
+        num_blocks=50,
+        max_model_len=96,
+    )
+    return EngineConfig(**(base | changes))
+
+
+#: Two decoding requests: drafts rejected at every step (the live model accepts few).
+TWO = Workload(
+    (RequestSpec("0", 1, 3, 10), RequestSpec("1", 1, 3, 10)), _config(), name="two", acceptance="all", max_steps=200
+)
+#: Three requests of 60 tokens in 3 blocks of 32: preempted for KV blocks, again and again; each
+#: preemption frees a slot that a returning request takes, once while the finished previous
+#: owner's last step is still in flight (step 16 of request 0, its slot taken at step 17).
+PRESSURE = Workload(
+    tuple(RequestSpec(str(i), 1, 20, 40) for i in range(3)),
+    _config(num_blocks=4),
+    name="pressure",
+    acceptance="all",
+    max_steps=300,
+)
+#: The same pressure, shorter requests (44 tokens): two preemptions.
+PREEMPTING = Workload(
+    tuple(RequestSpec(str(i), 1, 20, 24) for i in range(3)),
+    _config(num_blocks=4),
+    name="preempting",
+    acceptance="all",
+    max_steps=300,
+)
+#: Request 1 arrives at step 3 while 0 runs.
+LATE = Workload(
+    (RequestSpec("0", 1, 3, 12), RequestSpec("1", 3, 3, 6)), _config(), name="late", acceptance="all", max_steps=200
+)
+
+
+@functools.cache
+def _recorded(impl: str, workload: str):
+    workloads = {w.name: w for w in (TWO, PRESSURE, PREEMPTING, LATE, build_scenario("reentry"))}
+    name = impl if impl == "upstream" else f"tests.replay.check.mrv2_variants:{impl}"
+    trace = run_workload(workloads[workload], resolve(name, allow_import=True), engine="vllm", runner="v2")
+    assert trace.impl.runner_family == "v2"
+    assert trace.outcome.status == "completed", trace.outcome
+    return trace
+
+
+def codes(trace) -> set[str]:
+    return {f.code for f in check_trace(trace)}
+
+
+def findings_of(trace, code: str) -> list:
+    return [f for f in check_trace(trace) if f.code == code]
+
+
+# ------------------------------------------------------------------ upstream: no finding
+def test_the_upstream_reentry_on_mrv2_passes_the_whole_checker():
+    trace = _recorded("upstream", "reentry")
+    assert check_trace(trace) == []
+    # request 10 re-enters after the budget skipped it and verifies drafts: real ones, its own
+    rows = trace.table.filter(pc.equal(trace.table["request_id"], "10")).to_pylist()
+    reentry = next(r for r in rows[1:] if r["sched_num_scheduled_tokens"] and r["sched_kind"] == "reentering")
+    assert reentry["worker_num_draft_slots"] == 3 and reentry["worker_draft_proposed_for"] == "10"
+    assert reentry["worker_draft_base"] == reentry["worker_device_computed_before"]
+    unchecked = unchecked_codes(trace)
+    assert [c for c in unchecked if c not in coverage.TRUTH_INPUTS] == V1_RUNNER_CODES
+    report = check_report(trace, trace.batches(NEEDED))
+    assert report.unchecked == unchecked and not report.findings
+
+
+def test_upstream_preemptions_and_slot_reuse_have_no_mrv2_finding():
+    trace = _recorded("upstream", "pressure")
+    rows = trace.table.to_pylist()
+    assert sum(r["sched_preempted"] for r in rows) >= 2
+    assert all(r["worker_freed_preempted"] for r in rows if r["sched_preempted"])
+    # a slot passes on while its previous owner's last step may still run (vLLM's design allows it)
+    taken = [r for r in rows if r["worker_slot_prev_owner"] is not None]
+    in_flight = {(r["step"], r["request_id"]): r["apply_step"] for r in rows}
+    assert any(in_flight[(r["worker_slot_last_write_step"], r["worker_slot_prev_owner"])] >= r["step"] for r in taken)
+    assert check_trace(trace) == []
+
+
+# ------------------------------------------------------------------ each code against a runner that breaks it
+def test_a_runner_that_never_takes_rejections_off_the_device_count():
+    trace = _recorded("NO_ROLLBACK", "two")
+    advance = findings_of(trace, "M1-device-advance")
+    assert advance and all(f.actual == f.facts()["worker_device_computed_before"] + 4 for f in advance)
+    before = findings_of(trace, "M1-device-computed")
+    assert before and before[0].step > advance[0].step  # the next step runs from the wrong position
+    assert codes(trace) == {"M1-device-advance", "M1-device-computed"}
+
+
+def test_a_cpu_mirror_that_holds_the_device_count():
+    trace = _recorded("EXACT_MIRROR", "two")
+    found = findings_of(trace, "M2-cpu-mirror")
+    assert found and all(f.actual == f.facts()["worker_device_computed_before"] < f.expected for f in found)
+    assert codes(trace) == {"M2-cpu-mirror"}
+
+
+def test_a_device_count_resynced_to_the_scheduler_verifies_drafts_of_a_position_it_moved_past():
+    trace = _recorded("RESYNC", "two")
+    found = findings_of(trace, "M3-draft-origin")
+    assert found and {f.facts()["reason"] for f in found} == {"moved_past"}
+    assert codes(trace) == {"M3-draft-origin", "M1-device-computed"}
+
+
+def test_a_runner_that_keeps_a_preempted_request_s_slot():
+    trace = _recorded("KEEPS_PREEMPTED", "preempting")
+    found = findings_of(trace, "M4-preempted-as-new")
+    assert found and all(f.facts()["reason"] == "kept" for f in found)
+    assert codes(trace) == {"M4-preempted-as-new"}
+
+
+def test_a_runner_that_puts_a_new_request_on_a_running_one_s_slot():
+    trace = _recorded("SHARES_SLOTS", "late")
+    (found,) = findings_of(trace, "M5-slot-holder")
+    assert (found.request_id, found.facts()["holder"], found.facts()["taken_at"]) == ("0", "1", 3)
+
+
+#: Every recording of this module: (implementation, workload), one engine each.
+RECORDED = (
+    ("upstream", "reentry"),
+    ("upstream", "pressure"),
+    ("NO_ROLLBACK", "two"),
+    ("EXACT_MIRROR", "two"),
+    ("RESYNC", "two"),
+    ("KEEPS_PREEMPTED", "preempting"),
+    ("SHARES_SLOTS", "late"),
+)
+
+
+def test_the_row_by_row_statement_agrees_on_every_mrv2_trace():
+    for impl, workload in RECORDED:
+        trace = _recorded(impl, workload)
+        expected = rowwise_checker.check_trace(trace)
+        for batch_rows in (1, 5, 1 << 20):
+            assert check_trace(trace, batch_rows=batch_rows) == expected, (impl, workload, batch_rows)
+
+
+# ------------------------------------------------------------------ the branches no variant reaches
+def _edited(trace, where, **values):
+    """`trace` with the columns `values` set on the rows `where(row)` picks."""
+    rows = trace.table.to_pylist()
+    for row in rows:
+        if where(row):
+            row.update(values)
+    return dataclasses.replace(trace, table=pa.Table.from_pylist(rows, schema=trace.table.schema))
+
+
+def test_m4_a_preempted_request_back_not_new_or_with_a_short_prefill():
+    trace = _recorded("upstream", "pressure")
+    back = [r for r in trace.table.to_pylist() if r["worker_new_life"] and r["worker_prefill_len"] > 20]
+    first = back[0]
+
+    def at(row):
+        return (row["step"], row["request_id"]) == (first["step"], first["request_id"])
+
+    (found,) = findings_of(_edited(trace, at, worker_new_life=False), "M4-preempted-as-new")
+    assert (found.step, found.facts()["reason"]) == (first["step"], "not_new")
+    (found,) = findings_of(_edited(trace, at, worker_prefill_len=20), "M4-preempted-as-new")
+    assert (found.expected, found.actual, found.facts()["reason"]) == (first["sched_num_tokens"], 20, "prefill")
+
+
+def test_m3_padding_another_request_s_drafts_and_an_older_step_s():
+    trace = _recorded("upstream", "reentry")
+    step2 = lambda row: row["step"] == 2 and row["request_id"] == "3"  # noqa: E731
+    for values, reason in (
+        (dict(worker_draft_proposed_step=None, worker_draft_proposed_for=None, worker_draft_base=None), "padding"),
+        (dict(worker_draft_proposed_for="4"), "other_request"),
+        (dict(worker_draft_proposed_step=0), "not_last_step"),
+    ):
+        (found,) = findings_of(_edited(trace, step2, **values), "M3-draft-origin")
+        assert (found.step, found.request_id, found.facts()["reason"]) == (2, "3", reason)
+
+
+def test_the_mrv2_codes_do_not_run_on_a_v1_trace_and_the_v1_runner_codes_do_not_run_on_mrv2():
+    trace = _recorded("NO_ROLLBACK", "two")
+    as_v1 = dataclasses.replace(trace, impl=dataclasses.replace(trace.impl, runner_family="v1"))
+    assert not codes(as_v1) & MRV2_CODES
+    assert not set(unchecked_codes(as_v1)) & (MRV2_CODES | set(V1_RUNNER_CODES))
+    assert {"M1-device-advance", "M1-device-computed"} <= codes(trace)  # as recorded (v2), the MRV2 codes run
+
+
+def test_the_row_by_row_statement_agrees_on_mutated_mrv2_traces():
+    import random
+
+    from specreplay.traces.validate import RowValidator
+    from tests.replay.check.test_checker_equivalence import mutated
+
+    traces = [_recorded(*case) for case in RECORDED]
+    rng = random.Random(20261202)
+    fired = set()
+    for case in range(300):
+        trace = mutated(rng.choice(traces), rng, edits=rng.randint(1, 6))
+        RowValidator(f"case {case}").check(trace.table)
+        expected = rowwise_checker.check_trace(trace)
+        fired |= {f.code for f in expected}
+        assert check_trace(trace, batch_rows=rng.choice((1, 3, 17, 1 << 20))) == expected, f"case {case}"
+    assert MRV2_CODES <= fired, sorted(MRV2_CODES - fired)
