@@ -18,7 +18,8 @@ import pyarrow.compute as pc
 import pytest
 
 from specreplay.replay.check import coverage
-from specreplay.replay.check.checker import NEEDED, check_report, check_trace, unchecked_codes
+from specreplay.replay.check.catalogue import BY_CODE
+from specreplay.replay.check.checker import NEEDED, Checker, check_report, check_trace, unchecked_codes
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.config import EngineConfig
@@ -181,6 +182,119 @@ RECORDED = (
     ("KEEPS_PREEMPTED", "preempting"),
     ("SHARES_SLOTS", "late"),
 )
+
+
+#: The first finding of each MRV2 code on the recording that breaks it, evidence and message whole:
+#: (implementation, workload, code, step, request, field, expected, actual, detail, message).
+EVIDENCE = (
+    (
+        "NO_ROLLBACK",
+        "two",
+        "M1-device-advance",
+        2,
+        "0",
+        "num_computed_tokens",
+        4,
+        7,
+        {"apply_num_rejected": 3, "sched_num_scheduled_tokens": 4, "worker_device_computed_before": 3},
+        "post_update took the device count from 3 to 7; the scheduler's 4 tokens less 3 rejected make 4",
+    ),
+    (
+        "NO_ROLLBACK",
+        "two",
+        "M1-device-computed",
+        3,
+        "0",
+        "num_computed_tokens",
+        4,
+        7,
+        {"rejected_in_flight": 3, "sched_num_computed_tokens": 7},
+        "the device num_computed_tokens the step runs from is 7, but the scheduler's C 7 less 3 rejected in "
+        "flight is 4: the step computes from the wrong position",
+    ),
+    (
+        "EXACT_MIRROR",
+        "two",
+        "M2-cpu-mirror",
+        3,
+        "0",
+        "num_computed_tokens_np",
+        7,
+        4,
+        {"worker_device_computed_before": 4},
+        "the CPU mirror num_computed_tokens_np is 4, not the scheduler's C 7 (device 4): the CPU-side bounds "
+        "MRV2 derives from it (seq_lens_cpu_upper_bound, prefill progress) are off",
+    ),
+    (
+        "RESYNC",
+        "two",
+        "M3-draft-origin",
+        3,
+        "0",
+        "draft_tokens",
+        None,
+        3,
+        {
+            "last_worker_step": 2,
+            "reason": "moved_past",
+            "worker_device_computed_before": 7,
+            "worker_draft_base": 4,
+            "worker_draft_proposed_for": "0",
+            "worker_draft_proposed_step": 2,
+        },
+        "verified 3 draft slots whose drafts are not its own next tokens: they follow position 4, but it runs "
+        "from 7: it has moved since they were proposed (the slots are wasted)",
+    ),
+    (
+        "KEEPS_PREEMPTED",
+        "preempting",
+        "M4-preempted-as-new",
+        6,
+        "1",
+        "worker_freed_preempted",
+        True,
+        False,
+        {"reason": "kept"},
+        "listed preempted, but the worker kept its slot and state (MRV2 frees a preempted request like a finished one)",
+    ),
+    (
+        "SHARES_SLOTS",
+        "late",
+        "M5-slot-holder",
+        5,
+        "2",
+        "worker_slot",
+        "1",
+        6,
+        {"holder": "1", "taken_at": 5},
+        "runs on slot 6, which request '1' took at step 5: two requests write one slot's state (its count, "
+        "tokens, drafts)",
+    ),
+)
+
+
+@pytest.mark.parametrize("case", EVIDENCE, ids=[case[2] for case in EVIDENCE])
+def test_each_mrv2_code_s_finding_carries_its_evidence(case):
+    impl, workload, code, step, rid, field, expected, actual, detail, message = case
+    f = findings_of(_recorded(impl, workload), code)[0]
+    assert (f.step, f.request_id, f.field, f.expected, f.actual, f.life, f.facts()) == (
+        step,
+        rid,
+        field,
+        expected,
+        actual,
+        0,
+        detail,
+    )
+    assert f.message == message
+    row = BY_CODE[code]
+    assert f.severity == row.severity and row.runners == ("v2",)
+    assert row.finding(f.step, f.request_id, f.life, f.field, f.expected, f.actual, **f.facts()) == f
+    # a checker of that one row reports only it (its rule's other code stays out)
+    trace = _recorded(impl, workload)
+    checker = Checker(trace.config, trace.outcome, invariants=[row], runner_family="v2")
+    checker.feed(trace.table)
+    assert {g.code for g in checker.findings()} == {code}
 
 
 def test_the_row_by_row_statement_agrees_on_every_mrv2_trace():
