@@ -17,7 +17,8 @@ Where it sits: inside check. Each row (`Invariant`) holds:
                     (docs/reference.md section 9) runs on MRV2 traces only
 
 Several codes come from one rule (S3 and the X2 codes from the computed-tokens rule; E1 and
-X5-negative-input-id from the crash rule): the rule runs once and reports each of them.
+X5-negative-input-id from the crash rule; the two M1 codes from MRV2's device-count rule): the
+rule runs once and reports each of them.
 
 Derived here, never listed twice: `all_codes()`, `SEVERITY`, `RANK`, `INVARIANTS` (the row that
 heads each rule) and `EXTRA_CODES` (the other codes a rule reports).
