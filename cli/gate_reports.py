@@ -73,9 +73,9 @@ def junit_xml(results: list[GateResult]) -> str:
 
 
 def _why_unchecked(code: str) -> str:
-    from specreplay.replay.check.coverage import LIMIT_INPUTS
+    from specreplay.replay.check.coverage import why
 
-    return "the workload gives no max_tokens" if code in LIMIT_INPUTS else "the trace holds no ground truth"
+    return why(code)
 
 
 def _by_code(r: GateResult) -> dict:

@@ -379,6 +379,15 @@ def compare(
     _compare_table(comparison)
 
 
+def _unchecked_why(codes: list[str]) -> str:
+    """The reasons the compare table gives for its row's codes not checked."""
+    from specreplay.replay.check.coverage import not_for_mrv2
+
+    runner = any(not_for_mrv2(code) for code in codes)
+    truth = any(not not_for_mrv2(code) for code in codes)
+    return ", ".join(["no ground truth"] * truth + ["V1 runner codes on MRV2"] * runner)
+
+
 def _compare_table(comparison) -> None:
     from rich.table import Table
 
@@ -398,7 +407,11 @@ def _compare_table(comparison) -> None:
             row["impl"],
             row["verdict"]
             + ("" if row["outcome"] == "completed" else f" ({row['outcome']})")
-            + (f" ({len(row['unchecked'])} not checked: no ground truth)" if row["unchecked"] else ""),
+            + (
+                f" ({len(row['unchecked'])} not checked: {_unchecked_why(row['unchecked'])})"
+                if row["unchecked"]
+                else ""
+            ),
             str(row["errors"]),
             str(row["warnings"]),
             first,

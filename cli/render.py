@@ -35,14 +35,11 @@ def findings_json(findings: list[Finding], extra: dict[str, Any] | None = None, 
 
 def unchecked_note(unchecked: list[str]) -> str:
     """What a report says of the codes a trace gave no ground truth to check, or no requests'
-    limits (its workload defines no request: S9 needs their max_tokens); "" when all ran."""
-    from specreplay.replay.check.coverage import LIMIT_INPUTS
+    limits (its workload defines no request: S9 needs their max_tokens), or that are about V1's
+    runner on a Model Runner V2 trace; "" when all ran."""
+    from specreplay.replay.check.coverage import notes
 
-    truth = [code for code in unchecked if code not in LIMIT_INPUTS]
-    limits = [code for code in unchecked if code in LIMIT_INPUTS]
-    notes = [f"no ground truth: {', '.join(truth)} not checked"] if truth else []
-    notes += [f"no max_tokens in the workload: {', '.join(limits)} not checked"] if limits else []
-    return "; ".join(notes)
+    return "; ".join(notes(unchecked))
 
 
 def findings_lines(findings: list[Finding], trace_path: str | None = None) -> list[str]:

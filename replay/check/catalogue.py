@@ -12,9 +12,13 @@ Where it sits: inside check. Each row (`Invariant`) holds:
     message, sides  how its finding is rendered from the evidence: the one-line message, and which
                     evidence the 0.1 JSON keys `scheduler` and `worker` carry
     scope           "rows": the rule runs over every frame of rows; "run": once, on the outcome
+    runners         the runner families it is about: a code about V1's runner state does not run
+                    on a Model Runner V2 trace (and is listed not checked there), an MRV2 code
+                    (docs/reference.md section 9) runs on MRV2 traces only
 
 Several codes come from one rule (S3 and the X2 codes from the computed-tokens rule; E1 and
-X5-negative-input-id from the crash rule): the rule runs once and reports each of them.
+X5-negative-input-id from the crash rule; the two M1 codes from MRV2's device-count rule): the
+rule runs once and reports each of them.
 
 Derived here, never listed twice: `all_codes()`, `SEVERITY`, `RANK`, `INVARIANTS` (the row that
 heads each rule) and `EXTRA_CODES` (the other codes a rule reports).
@@ -35,6 +39,7 @@ from specreplay.replay.check import (
     rules_drafts,
     rules_kv,
     rules_lives,
+    rules_mrv2,
     rules_outputs,
     rules_run,
     rules_truth,
@@ -59,6 +64,9 @@ class Invariant:
     message: Callable[[Evidence], str]  # the finding's one-line message, from its evidence
     sides: tuple[str | None, str | None]  # the evidence `scheduler` and `worker` carry (None: None)
     scope: str = "rows"  # "rows": over each frame; "run": once, after the last frame
+    # The worker runner families (engines/registry.py) whose traces the code is about: V1's
+    # persistent-batch state (v1), Model Runner V2's slots (v2), or what both share.
+    runners: tuple[str, ...] = ("v1", "v2")
 
     @property
     def check(self) -> RuleFunction:
@@ -188,6 +196,43 @@ def _e2_message(e: Evidence) -> str:
     )
 
 
+def _m3_message(e: Evidence) -> str:
+    why = {
+        "padding": "none was proposed for it since it took its slot (the slot's zeroed draft row)",
+        "other_request": f"they were proposed for request {e.worker_draft_proposed_for!r}",
+        "not_last_step": (
+            f"they were proposed at step {e.worker_draft_proposed_step}, not at its last step in the batch "
+            f"({e.last_worker_step})"
+        ),
+        "moved_past": (
+            f"they follow position {e.worker_draft_base}, but it runs from {e.worker_device_computed_before}: "
+            "it has moved since they were proposed"
+        ),
+    }[e.reason]
+    return f"verified {e.actual} draft slots whose drafts are not its own next tokens: {why} (the slots are wasted)"
+
+
+def _m4_message(e: Evidence) -> str:
+    if e.reason == "kept":
+        return (
+            "listed preempted, but the worker kept its slot and state "
+            "(MRV2 frees a preempted request like a finished one)"
+        )
+    if e.reason == "not_new":
+        return (
+            "back after its preemption, it did not arrive as a new request (scheduled_new_reqs), yet its slot was freed"
+        )
+    return (
+        f"back after its preemption as a new request with a prefill of {e.actual} tokens, but it has "
+        f"{e.expected} (prompt {e.sched_num_prompt_tokens} and its outputs): tokens lost or doubled"
+    )
+
+
+#: The codes about V1's runner state alone (its persistent batch, its cached drafts, its CPU counts).
+V1 = ("v1",)
+#: Model Runner V2's codes.
+V2 = ("v2",)
+
 # ------------------------------------------------------------------ the rows
 # By rule family; a rule runs where its first row is (the row that heads it). `rank` orders findings
 # within a step and request: an edited output, then the two views disagreeing, then what follows
@@ -241,6 +286,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         message=lambda e: (
             f"scheduler and worker disagree on num_computed_tokens at step {e.step}: {e.expected} vs {e.actual}"
         ),
+        runners=V1,
     ),
     Invariant(
         "X2-worker-kv-position",
@@ -264,6 +310,7 @@ CATALOGUE: tuple[Invariant, ...] = (
             f"the worker's CPU num_computed_tokens ({e.actual}) differs from the device position "
             f"it computes with ({e.expected})"
         ),
+        runners=V1,
     ),
     Invariant(
         "S4-decode-identity",
@@ -289,6 +336,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         message=lambda e: (
             f"the worker holds {e.actual} output tokens, the scheduler sent {e.expected} (applied + placeholders)"
         ),
+        runners=V1,
     ),
     Invariant(
         "L3-in-flight-tokens",
@@ -311,6 +359,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         rules_drafts.check_draft_provenance,
         sides=("actual", "expected"),
         message=_s5_message,
+        runners=V1,
     ),
     Invariant(
         "S7-draft-slot-count",
@@ -334,6 +383,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         rules_drafts.check_draft_inputs,
         sides=("actual", "expected"),
         message=_x5_message,
+        runners=V1,
     ),
     # --- the batch (rules_batch)
     Invariant(
@@ -517,6 +567,89 @@ CATALOGUE: tuple[Invariant, ...] = (
         message=lambda e: (
             "the worker still holds the request's cached state or batch row after the step that announced it "
             "finished (a resubmitted id would inherit it)"
+        ),
+    ),
+    # --- Model Runner V2 (rules_mrv2)
+    Invariant(
+        "M1-device-computed",
+        "error",
+        29,
+        "device num_computed_tokens = scheduler C minus the rejections of its steps in flight",
+        "INV-M1",
+        rules_mrv2.check_device_computed,
+        sides=("expected", "actual"),
+        runners=V2,
+        message=lambda e: (
+            f"the device num_computed_tokens the step runs from is {e.actual}, but the scheduler's C "
+            f"{e.sched_num_computed_tokens} less {e.rejected_in_flight} rejected in flight is {e.expected}: "
+            "the step computes from the wrong position"
+        ),
+    ),
+    Invariant(
+        "M1-device-advance",
+        "error",
+        30,
+        "post_update advances the device count by the scheduled tokens less the rejections the scheduler applies",
+        "INV-M1",
+        rules_mrv2.check_device_computed,
+        sides=("expected", "actual"),
+        runners=V2,
+        message=lambda e: (
+            f"post_update took the device count from {e.worker_device_computed_before} to {e.actual}; the "
+            f"scheduler's {e.sched_num_scheduled_tokens} tokens less {e.apply_num_rejected} rejected "
+            f"make {e.expected}"
+        ),
+    ),
+    Invariant(
+        "M2-cpu-mirror",
+        "error",
+        31,
+        "the CPU mirror holds the scheduler's C (the device count plus the rejections in flight)",
+        "INV-M2",
+        rules_mrv2.check_cpu_mirror,
+        sides=("expected", "actual"),
+        runners=V2,
+        message=lambda e: (
+            f"the CPU mirror num_computed_tokens_np is {e.actual}, not the scheduler's C {e.expected}"
+            + (f" (device {e.worker_device_computed_before})" if e.worker_device_computed_before is not None else "")
+            + ": the CPU-side bounds MRV2 derives from it (seq_lens_cpu_upper_bound, prefill progress) are off"
+        ),
+    ),
+    Invariant(
+        "M3-draft-origin",
+        "warning",
+        32,
+        "verified drafts were proposed for the request at its last step and follow its last token",
+        "INV-M3",
+        rules_mrv2.check_draft_origin,
+        sides=("actual", None),
+        runners=V2,
+        message=_m3_message,
+    ),
+    Invariant(
+        "M4-preempted-as-new",
+        "error",
+        33,
+        "a preempted request's slot is freed, and its next run arrives new with all its tokens as prefill",
+        "INV-M4",
+        rules_mrv2.check_preempted_as_new,
+        sides=("expected", "actual"),
+        runners=V2,
+        message=_m4_message,
+    ),
+    Invariant(
+        "M5-slot-holder",
+        "error",
+        34,
+        "a slot holds one request: none runs on a slot another request has taken since",
+        "INV-M5",
+        rules_mrv2.check_slot_holder,
+        sides=("expected", "actual"),
+        runners=V2,
+        message=lambda e: (
+            f"runs on slot {e.actual}, which request {e.holder!r} took"
+            + (f" at step {e.taken_at}" if e.taken_at is not None else "")
+            + ": two requests write one slot's state (its count, tokens, drafts)"
         ),
     ),
     # --- the run (rules_run)

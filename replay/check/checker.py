@@ -12,10 +12,13 @@ behind them, tokens executed that the scheduler did not book).
 This module is the entry point (`check_trace`, `check_batches`; `check_report` adds the codes
 that could not run, `unchecked_codes` gives those alone); the parts:
 
-    catalogue.py     one row per code: severity, statement, source, rank, rule, message template
-    coverage.py      which codes need ground truth, and which a trace without it leaves unchecked
+    catalogue.py     one row per code: severity, statement, source, rank, rule, message template,
+                     and the runner families it is about (V1's, Model Runner V2's, or both)
+    coverage.py      which codes need ground truth, and which a trace without it (or of the other
+                     runner) leaves unchecked
     limits.py        each request life's max_tokens per turn, from the workload the trace stores
-    rules_*.py       the rule families: counters, drafts, batch, truth, lives, run
+    rules_*.py       the rule families: counters, drafts, batch, truth, lives, run, and mrv2 (Model
+                     Runner V2's slots, device count, CPU mirror and draft provenance)
     framework.py     `Checker`: streams row batches through the catalogue's rules, frame by frame
     frames.py        `Frame` and the column loading: numpy columns by the trace's column names
     findings.py      `Finding`: the evidence (expected, actual, life, detail) and the message
@@ -90,6 +93,7 @@ def check_report(header, batches: Iterable[pa.Table | pa.RecordBatch]) -> CheckR
         header.outcome,
         drafter=header.impl.drafter,
         limits=max_tokens_by_life(header.workload),
+        runner_family=header.impl.runner_family,
     )
     for batch in batches:
         checker.feed(batch)
@@ -104,5 +108,8 @@ def unchecked_codes(trace) -> list[str]:
     for batch in trace.batches(columns=coverage.GROUND_TRUTH):
         seen |= coverage.columns_with_values(batch)
     return coverage.unchecked(
-        (row.code for row in CATALOGUE), seen, limits_known=bool(max_tokens_by_life(trace.workload))
+        (row.code for row in CATALOGUE),
+        seen,
+        limits_known=bool(max_tokens_by_life(trace.workload)),
+        runner_family=trace.impl.runner_family or "v1",
     )

@@ -14,6 +14,10 @@ every row of the trace. A trace whose rows carry truth only in part is checked w
 The same holds for the requests' limits: the wasted-step rule needs each life's max_tokens,
 which the checker reads from the trace's workload (limits.py). A trace whose workload defines no
 request leaves that rule's code (`LIMIT_INPUTS`) unchecked.
+
+And for the runner: a few codes are about V1's runner state (its persistent batch, cached drafts,
+CPU counts: catalogue `runners`), which a Model Runner V2 trace does not have; on such a trace
+they are listed unchecked too, and MRV2's own codes (rules_mrv2.py) run in their place.
 """
 
 from __future__ import annotations
@@ -53,17 +57,50 @@ def columns_with_values(batch: pa.Table | pa.RecordBatch) -> set[str]:
     return {name for name in GROUND_TRUTH if name in names and batch.column(name).null_count < batch.num_rows}
 
 
-def unchecked(codes: Iterable[str], with_values: set[str], limits_known: bool = True) -> list[str]:
+def unchecked(
+    codes: Iterable[str], with_values: set[str], limits_known: bool = True, runner_family: str = "v1"
+) -> list[str]:
     """The codes of `codes` that could not run: every ground-truth column they read is in none
     of the trace's rows (`with_values`: the columns that hold a value somewhere), or they need
-    the requests' limits and the trace's workload gave none (`limits_known`). Catalogue order."""
+    the requests' limits and the trace's workload gave none (`limits_known`), or they are about
+    V1's runner state and the trace recorded another runner (`runner_family`, e.g. v2: Model
+    Runner V2). A V1 trace does not list the codes of other runners: they are not about it.
+    Catalogue order."""
     wanted = set(codes)
-    return [
-        row.code
-        for row in CATALOGUE
-        if row.code in wanted
-        and (
-            (TRUTH_INPUTS.get(row.code) and not with_values.intersection(TRUTH_INPUTS[row.code]))
-            or (row.code in LIMIT_INPUTS and not limits_known)
-        )
-    ]
+    out = []
+    for row in CATALOGUE:
+        if row.code not in wanted:
+            continue
+        if runner_family not in row.runners:
+            if runner_family != "v1" and "v1" in row.runners:
+                out.append(row.code)
+            continue
+        if (TRUTH_INPUTS.get(row.code) and not with_values.intersection(TRUTH_INPUTS[row.code])) or (
+            row.code in LIMIT_INPUTS and not limits_known
+        ):
+            out.append(row.code)
+    return out
+
+
+def not_for_mrv2(code: str) -> bool:
+    """A code about V1's runner state alone: not checked on a Model Runner V2 trace."""
+    return "v2" not in BY_CODE[code].runners if code in BY_CODE else False
+
+
+def notes(unchecked_codes: list[str]) -> list[str]:
+    """What a report says of the codes it could not run, one note per reason (empty: all ran):
+    no ground truth, no requests' limits in the workload, about V1's runner on an MRV2 trace."""
+    runner = [code for code in unchecked_codes if not_for_mrv2(code)]
+    limits = [code for code in unchecked_codes if code in LIMIT_INPUTS and code not in runner]
+    truth = [code for code in unchecked_codes if code not in LIMIT_INPUTS and code not in runner]
+    out = [f"no ground truth: {', '.join(truth)} not checked"] if truth else []
+    out += [f"no max_tokens in the workload: {', '.join(limits)} not checked"] if limits else []
+    out += [f"V1 runner state, not Model Runner V2's: {', '.join(runner)} not checked"] if runner else []
+    return out
+
+
+def why(code: str) -> str:
+    """Why one code was not checked, in a few words."""
+    if not_for_mrv2(code):
+        return "the trace recorded Model Runner V2; the code is about V1's runner state"
+    return "the workload gives no max_tokens" if code in LIMIT_INPUTS else "the trace holds no ground truth"

@@ -18,6 +18,10 @@ frame holds a few columns derived while loading:
                                     other request (TEXT_COLUMNS) as object arrays
     worker_num_draft_ids            the length of worker_draft_ids (null: 0)
     worker_num_negative_draft_ids   how many of worker_draft_ids are negative (-1 placeholders)
+    worker_new_life,                int8 (TRISTATE_COLUMNS): 1 true, 0 false, -1 null
+      worker_freed_preempted
+    worker_draft_for_other          MRV2: the drafts verified were proposed for another request
+                                    (worker_draft_proposed_for is not the row's request_id)
     cuts                            how many cuts (a preemption, a cache reset, a streaming
                                     turn's end) the request life has had up to its row's step,
                                     filled per chunk by the framework
@@ -71,8 +75,8 @@ INT_COLUMNS = (
     ("worker_num_scheduled_tokens", -1, True),
     ("worker_num_draft_slots", -1, False),
     ("worker_num_computed_tokens", 0, True),
-    ("worker_first_position", 0, False),
-    ("worker_cached_drafts", 0, False),
+    ("worker_first_position", 0, True),
+    ("worker_cached_drafts", 0, True),
     ("worker_num_output_tokens", 0, True),
     ("truth_num_computed_tokens", 0, True),
     ("sched_life", 0, False),
@@ -84,11 +88,28 @@ INT_COLUMNS = (
     ("truth_kv_foreign_positions", 0, False),
     ("truth_kv_unowned_blocks", 0, False),
     ("truth_kv_unowned_writes", 0, False),
+    # Model Runner V2's worker view (null on a V1 runner's rows)
+    ("worker_slot", -1, True),
+    ("worker_device_computed_before", 0, True),
+    ("worker_device_computed_after", 0, True),
+    ("worker_cpu_computed", 0, True),
+    ("worker_num_rejected", 0, True),
+    ("worker_draft_proposed_step", -1, True),
+    ("worker_draft_base", 0, True),
+    ("worker_prefill_len", 0, True),
+    ("worker_slot_last_write_step", -1, True),
 )
 #: Text columns a rule names in its evidence (the other request of a KV finding): object arrays.
-TEXT_COLUMNS = ("truth_kv_foreign_writer", "truth_kv_block_owner")
+TEXT_COLUMNS = (
+    "truth_kv_foreign_writer",
+    "truth_kv_block_owner",
+    "worker_draft_proposed_for",
+    "worker_slot_prev_owner",
+)
 #: Boolean columns (never null).
 BOOL_COLUMNS = ("sched_is_prefill_chunk", "sched_preempted")
+#: Nullable boolean columns, as int8: 1 true, 0 false, -1 null.
+TRISTATE_COLUMNS = ("worker_new_life", "worker_freed_preempted")
 #: Enum columns, as codes into these tuples (-1 for null).
 ENUM_COLUMNS = (
     ("sched_status", schema.STATUSES),
@@ -102,7 +123,14 @@ ENUM_COLUMNS = (
 _READ_AS_IS = ("step", "request_id", "sched_life", "truth_kv_ok", "worker_kept_finished", "worker_draft_ids")
 #: The columns the checker reads: what `load_columns` loads, in schema order (derived, never listed).
 NEEDED = schema.in_schema_order(
-    {*_READ_AS_IS, *(n for n, _ in ENUM_COLUMNS), *(n for n, *_ in INT_COLUMNS), *BOOL_COLUMNS, *TEXT_COLUMNS}
+    {
+        *_READ_AS_IS,
+        *(n for n, _ in ENUM_COLUMNS),
+        *(n for n, *_ in INT_COLUMNS),
+        *BOOL_COLUMNS,
+        *TRISTATE_COLUMNS,
+        *TEXT_COLUMNS,
+    }
 )
 
 Columns = dict[str, np.ndarray]
@@ -137,6 +165,20 @@ def load_columns(batch: pa.Table | pa.RecordBatch, request_code: Callable[[tuple
         cols[name] = as_numpy(pc.fill_null(col, fill) if col.null_count else col)
     for name in BOOL_COLUMNS:
         cols[name] = as_numpy(batch.column(name))
+    for name in TRISTATE_COLUMNS:
+        col = batch.column(name)
+        cols[name] = (
+            np.full(batch.num_rows, -1, dtype=np.int8)
+            if col.null_count == batch.num_rows
+            else as_numpy(pc.fill_null(pc.cast(col, pa.int8()), -1))
+        )
+    # MRV2: drafts verified that the observer traced to another request's propose (null: none traced)
+    proposed_for = batch.column("worker_draft_proposed_for")
+    cols["worker_draft_for_other"] = (
+        np.zeros(batch.num_rows, dtype=bool)
+        if proposed_for.null_count == batch.num_rows
+        else as_numpy(pc.fill_null(pc.not_equal(proposed_for, batch.column("request_id")), False))
+    )
     cols["truth_kv_not_ok"] = as_numpy(pc.fill_null(pc.invert(batch.column("truth_kv_ok")), False))
     cols["worker_kept_finished"] = as_numpy(pc.fill_null(batch.column("worker_kept_finished"), False))
     for name in TEXT_COLUMNS:

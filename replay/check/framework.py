@@ -57,6 +57,7 @@ class Checker:
         invariants: Sequence[Invariant] | None = None,
         drafter: str | None = None,
         limits: Limits | None = None,
+        runner_family: str | None = None,
     ) -> None:
         self.config = coerce(Config, config)  # a mapping: a test's hand-written header
         # Each request life's max_tokens per turn (limits.py); {}: not known, the rules that need
@@ -66,7 +67,12 @@ class Checker:
         self.drafter = drafter  # the run's drafter when the trace names it (X11: does its runner trim?)
         self.is_async = self.config.async_scheduling is not False  # not recorded: async, the default
         self.crash_step = self.outcome.step if self.outcome.crashed else None
+        # The worker runner the trace recorded (engines/registry.py: v1, v2 = Model Runner V2; an
+        # old trace names none: v1). Codes about the other runner's state do not run on it.
+        self.runner_family = runner_family or "v1"
         rows = catalogue.CATALOGUE if invariants is None else tuple(invariants)
+        self.not_for_runner = tuple(row.code for row in rows if self.runner_family not in row.runners)
+        rows = tuple(row for row in rows if self.runner_family in row.runners)
         self.rules_per_frame = catalogue.rules_of(rows, "rows")
         self.rules_at_end = catalogue.rules_of(rows, "run")
         self.codes = frozenset(row.code for row in rows)
@@ -80,6 +86,8 @@ class Checker:
         self.last_prompt = np.full(0, -1, dtype=np.int64)  # prompt length at its last row (-1: none yet)
         self.turn_limits: list[tuple[int, ...]] = []  # code -> max_tokens per turn (empty: not known)
         self.fired: dict[str, np.ndarray] = {}  # code -> has it fired for the request
+        self.carried: dict[str, np.ndarray] = {}  # a rule's per-request value, carried frame to frame (-1: none)
+        self.rule_state: dict[str, Any] = {}  # what else a rule carries from frame to frame, by its name
         self.context: Columns | None = None  # rows of the last LOOKBACK steps checked
         self.pending: list[Columns] = []  # rows of a step that may not be whole yet
         self.found: list[Finding] = []
@@ -119,8 +127,15 @@ class Checker:
 
     def unchecked(self) -> list[str]:
         """The codes of this checker that could not run on the rows fed: every ground-truth
-        column they read was null in all of them (a live engine's trace). Catalogue order."""
-        return coverage.unchecked(self.codes, self.truth_seen, limits_known=bool(self.limits))
+        column they read was null in all of them (a live engine's trace), or (on a Model Runner V2
+        trace) they are about V1's runner state. Catalogue order. A V1 trace does not list the
+        MRV2 codes: they are not about its runner at all."""
+        return coverage.unchecked(
+            self.codes | set(self.not_for_runner),
+            self.truth_seen,
+            limits_known=bool(self.limits),
+            runner_family=self.runner_family,
+        )
 
     def _code(self, key: tuple[str, int]) -> int:
         """The code of a (request id, life); findings name the request id."""
@@ -141,6 +156,8 @@ class Checker:
             self.last_prompt = np.concatenate([self.last_prompt, np.full(grow, -1, dtype=np.int64)])
             for code in self.fired:
                 self.fired[code] = np.concatenate([self.fired[code], np.zeros(grow, dtype=bool)])
+            for name in self.carried:
+                self.carried[name] = np.concatenate([self.carried[name], np.full(grow, -1, dtype=np.int64)])
         cols = concat(([] if self.context is None else [self.context]) + parts)
         frame = Frame(cols, 0 if self.context is None else len(self.context["step"]))
         self._count_cuts(frame)
@@ -206,6 +223,28 @@ class Checker:
         c["max_tokens"][own] = np.where(known, flat[np.where(known, offsets[reqs] + turn, -1)], -1)
 
     # ------------------------------------------------------------------ for the rules
+    def last_before(self, name: str, frame: Frame, event: np.ndarray, value: np.ndarray) -> np.ndarray:
+        """For each own row, `value` at the latest earlier own row of its request where `event`
+        holds (-1: none yet), carried across frames under `name`; the rows of the frame's context
+        were seen by an earlier frame and count through the carry. Other rows: -1."""
+        carried = self.carried.setdefault(name, np.full(len(self.names), -1, dtype=np.int64))
+        out = np.full(frame.size, -1, dtype=np.int64)
+        own = frame.own_by_request()
+        if not len(own):
+            return out
+        reqs = frame.c["request"][own]
+        pos = np.arange(len(own))
+        starts = np.r_[True, reqs[1:] != reqs[:-1]]
+        last = np.maximum.accumulate(np.where(event[own], pos, -1))
+        before = np.r_[-1, last[:-1]]
+        segment_start = np.maximum.accumulate(np.where(starts, pos, 0))
+        values = value[own].astype(np.int64)
+        out[own] = np.where(before >= segment_start, values[np.maximum(before, 0)], carried[reqs])
+        ends = np.r_[starts[1:], True]
+        settled = ends & (last >= segment_start)
+        carried[reqs[settled]] = values[last[settled]]
+        return out
+
     def first_per_request(self, code: str, frame: Frame, violated: np.ndarray) -> np.ndarray:
         """Rows where `code` fires for the first time for their request (one finding per request)."""
         rows = np.flatnonzero(violated & frame.own)

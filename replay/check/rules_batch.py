@@ -143,7 +143,7 @@ def check_executed_work(frame: Frame, chk: Checker) -> Iterable[Finding]:
             int(ran[i]),
             sched_num_draft_slots=int(booked_slots[i]),
             worker_num_draft_slots=int(ran_slots[i]),
-            worker_cached_drafts=int(c["worker_cached_drafts"][i]),
+            worker_cached_drafts=None if c["worker_cached_drafts_is_null"][i] else int(c["worker_cached_drafts"][i]),
             reason=TRIM_MISMATCHES[why[i]],
         )
 

@@ -117,18 +117,25 @@ def check_decode_identity(frame: Frame, chk: Checker) -> Iterable[Finding]:
         )
 
 
+def rejected_in_flight(frame: Frame) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the draft rejections of the request's steps in flight when its step was
+    scheduled (the scheduler takes them off C only when it applies those outputs), and whether
+    one of them is unknown (an output in flight never applied: aborted, finished, a crash)."""
+    rejected = np.zeros(frame.size, dtype=np.int64)
+    unknown = np.zeros(frame.size, dtype=bool)
+    for lag in range(1, LOOKBACK + 1):
+        flying = frame.flying[lag - 1]
+        unknown |= flying & frame.at("apply_num_rejected_is_null", lag)
+        rejected += np.where(flying, frame.at("apply_num_rejected", lag), 0)
+    return rejected, unknown
+
+
 def check_computed_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
     """S3 (the scheduler's count, once its in-flight rejections are off, against the KV truth)
     and X2 (the worker's count against the scheduler's; the worker's first position against the
     truth and against its own count)."""
     c = frame.c
-    rejected = np.zeros(frame.size, dtype=np.int64)
-    unknown = np.zeros(frame.size, dtype=bool)
-    for lag in range(1, LOOKBACK + 1):
-        flying = frame.flying[lag - 1]
-        # an in-flight output never applied (aborted, finished, crash): its rejections are unknown
-        unknown |= flying & frame.at("apply_num_rejected_is_null", lag)
-        rejected += np.where(flying, frame.at("apply_num_rejected", lag), 0)
+    rejected, unknown = rejected_in_flight(frame)
     computed = c["sched_num_computed_tokens"]
     eligible = (c["sched_num_scheduled_tokens"] > 0) & ~c["worker_num_computed_tokens_is_null"] & ~unknown
     settled = computed - rejected
@@ -160,7 +167,9 @@ def check_computed_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
             sched_num_computed_tokens=int(computed[i]),
             rejected_in_flight=int(rejected[i]),
         )
-    for i in chk.first_per_request("X2-worker-kv-position", frame, eligible & has_truth & (position != truth)):
+    # The position codes need the position (a row's worker group filled without it: none to judge).
+    placed = eligible & ~c["worker_first_position_is_null"]
+    for i in chk.first_per_request("X2-worker-kv-position", frame, placed & has_truth & (position != truth)):
         yield chk.finding(
             frame,
             "X2-worker-kv-position",
@@ -170,7 +179,7 @@ def check_computed_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
             int(position[i]),
             sched_num_computed_tokens=int(computed[i]),
         )
-    for i in chk.first_per_request("X2-worker-position-mismatch", frame, eligible & (position != worker)):
+    for i in chk.first_per_request("X2-worker-position-mismatch", frame, placed & (position != worker)):
         yield chk.finding(
             frame, "X2-worker-position-mismatch", i, "num_computed_tokens", int(position[i]), int(worker[i])
         )

@@ -88,14 +88,16 @@ def check_draft_inputs(frame: Frame, chk: Checker) -> Iterable[Finding]:
     is negative (a -1 placeholder is clamped to 0 for the embedding, then rejected)."""
     c = frame.c
     drafts, negative, cached = c["worker_num_draft_ids"], c["worker_num_negative_draft_ids"], c["worker_cached_drafts"]
-    violated = (drafts > 0) & ((negative > 0) | (chk.is_async & (cached == 0)))
+    # No V1 cache count on the row (V1's worker group null): only the negative ids can be judged.
+    known = ~c["worker_cached_drafts_is_null"]
+    violated = (drafts > 0) & ((negative > 0) | (chk.is_async & known & (cached == 0)))
     for i in np.flatnonzero(frame.own & violated):
         yield chk.finding(
             frame,
             "X5-placeholder-drafts",
             i,
             "draft_token_ids",
-            int(cached[i]),
+            int(cached[i]) if known[i] else None,
             int(drafts[i]),
             worker_num_negative_draft_ids=int(negative[i]),
         )

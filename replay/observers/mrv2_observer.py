@@ -114,7 +114,7 @@ class MRV2Observer:
             if rid in self.new or self.slots_before.get(rid) != slot:  # took its slot this step
                 prev = self.owner_of_slot.get(slot)
                 self.announced.setdefault(rid, {}).update(
-                    worker_slot_prev_owner=prev if prev != rid else None,
+                    worker_slot_prev_owner=self.ext(prev) if prev is not None and prev != rid else None,
                     worker_slot_last_write_step=self.written_at.get(slot),
                 )
                 self.drafts_of_slot.pop(slot, None)  # add_request zeroed its draft row
@@ -146,7 +146,7 @@ class MRV2Observer:
                 # MRV2 reads the SchedulerOutput and never writes it (model_runner.py): as booked
                 "worker_edited_output": (int(batch.num_scheduled_tokens[x]), k) != (n, placeholders),
                 "worker_draft_proposed_step": origin[0] if origin else None,
-                "worker_draft_proposed_for": origin[1] if origin else None,
+                "worker_draft_proposed_for": self.ext(origin[1]) if origin else None,  # as request_id names it
                 "worker_draft_base": origin[2] if origin else None,
             }
             row.update(self.announced.pop(rid, {}))

@@ -328,7 +328,7 @@ def check_computed_tokens(rows: TraceRows) -> Iterator[Finding]:
                     sched_num_computed_tokens=computed,
                     rejected_in_flight=rejected,
                 )
-            if "X2t" not in fired and truth is not None and position != truth:
+            if "X2t" not in fired and truth is not None and position is not None and position != truth:
                 fired.add("X2t")
                 yield _f(
                     rows,
@@ -339,7 +339,7 @@ def check_computed_tokens(rows: TraceRows) -> Iterator[Finding]:
                     position,
                     sched_num_computed_tokens=computed,
                 )
-            if "X2p" not in fired and position != worker:
+            if "X2p" not in fired and position is not None and position != worker:
                 fired.add("X2p")
                 yield _f(rows, "X2-worker-position-mismatch", i, "num_computed_tokens", position, worker)
 
@@ -457,7 +457,8 @@ def check_draft_inputs(rows: TraceRows) -> Iterator[Finding]:
         if not drafts:
             continue
         negative = sum(1 for t in drafts if t < 0)
-        if negative or (rows.is_async and not c["worker_cached_drafts"][i]):
+        cached = c["worker_cached_drafts"][i]  # None: no V1 cache count on the row, only negatives judged
+        if negative or (rows.is_async and cached is not None and not cached):
             yield _f(
                 rows,
                 "X5-placeholder-drafts",
@@ -539,6 +540,163 @@ def check_finished_state(rows: TraceRows) -> Iterator[Finding]:
             if c["worker_kept_finished"][i]:
                 yield _f(rows, "K5-finished-state-kept", i, "requests", False, True)
                 break
+
+
+# ------------------------------------------------------------------ Model Runner V2
+def check_device_computed(rows: TraceRows) -> Iterator[Finding]:
+    """M1: the device count a step runs from, and its advance at post_update, against the scheduler."""
+    c = rows.col
+    for idx in rows.by_request.values():
+        fired: set[str] = set()
+        for i in idx:
+            before = c["worker_device_computed_before"][i]
+            if not rows.scheduled(i) or before is None:
+                continue
+            flying = rows.in_flight(idx, i)
+            computed = c["sched_num_computed_tokens"][i]
+            if "before" not in fired and all(c["apply_num_rejected"][j] is not None for j in flying):
+                rejected = sum(c["apply_num_rejected"][j] for j in flying)
+                if before != computed - rejected:
+                    fired.add("before")
+                    yield _f(
+                        rows,
+                        "M1-device-computed",
+                        i,
+                        "num_computed_tokens",
+                        computed - rejected,
+                        before,
+                        sched_num_computed_tokens=computed,
+                        rejected_in_flight=rejected,
+                    )
+            after, rejected_here = c["worker_device_computed_after"][i], c["apply_num_rejected"][i]
+            fresh = c["apply_outcome"][i] == "applied" and c["apply_finish_reason"][i] in (None, "")
+            if "after" in fired or after is None or rejected_here is None or not fresh:
+                continue
+            n = c["sched_num_scheduled_tokens"][i]
+            if after - before != n - rejected_here:
+                fired.add("after")
+                yield _f(
+                    rows,
+                    "M1-device-advance",
+                    i,
+                    "num_computed_tokens",
+                    before + n - rejected_here,
+                    after,
+                    worker_device_computed_before=before,
+                    sched_num_scheduled_tokens=n,
+                    apply_num_rejected=rejected_here,
+                )
+
+
+def check_cpu_mirror(rows: TraceRows) -> Iterator[Finding]:
+    """M2: the CPU mirror is the scheduler's C."""
+    c = rows.col
+    for idx in rows.by_request.values():
+        for i in idx:
+            mirror = c["worker_cpu_computed"][i]
+            if rows.scheduled(i) and mirror is not None and mirror != c["sched_num_computed_tokens"][i]:
+                yield _f(
+                    rows,
+                    "M2-cpu-mirror",
+                    i,
+                    "num_computed_tokens_np",
+                    c["sched_num_computed_tokens"][i],
+                    mirror,
+                    worker_device_computed_before=c["worker_device_computed_before"][i],
+                )
+                break
+
+
+def check_draft_origin(rows: TraceRows) -> Iterator[Finding]:
+    """M3: verified drafts are the request's own, from its last step in the batch, at its position."""
+    c = rows.col
+    for idx in rows.by_request.values():
+        last = None  # the step of the request's latest earlier row in the worker's batch
+        for i in idx:
+            ran = c["worker_slot"][i] is not None
+            k = c["worker_num_draft_slots"][i]
+            if ran and k is not None and k > 0:
+                proposed, origin = c["worker_draft_proposed_step"][i], c["worker_draft_proposed_for"][i]
+                base, before = c["worker_draft_base"][i], c["worker_device_computed_before"][i]
+                reason = (
+                    "padding"
+                    if proposed is None
+                    else "other_request"
+                    if origin != c["request_id"][i]
+                    else "not_last_step"
+                    if proposed != last
+                    else "moved_past"
+                    if base is not None and before is not None and base != before
+                    else None
+                )
+                if reason:
+                    yield _f(
+                        rows,
+                        "M3-draft-origin",
+                        i,
+                        "draft_tokens",
+                        None,
+                        k,
+                        reason=reason,
+                        last_worker_step=last,
+                        worker_draft_proposed_step=proposed,
+                        worker_draft_proposed_for=origin,
+                        worker_draft_base=base,
+                        worker_device_computed_before=before,
+                    )
+            if ran:
+                last = c["step"][i]
+
+
+def check_preempted_as_new(rows: TraceRows) -> Iterator[Finding]:
+    """M4: a preempted request's slot is freed; its next run is new, its prefill all its tokens."""
+    c = rows.col
+    for idx in rows.by_request.values():
+        since = False  # was the latest event (a preemption, a step in the batch) a preemption?
+        for i in idx:
+            preempted, ran = c["sched_preempted"][i], c["worker_slot"][i] is not None
+            if preempted and c["worker_freed_preempted"][i] is False:
+                yield _f(rows, "M4-preempted-as-new", i, "worker_freed_preempted", True, False, reason="kept")
+                break
+            prefill, tokens = c["worker_prefill_len"][i], c["sched_num_tokens"][i]
+            if ran and since and (c["worker_new_life"][i] is not True or prefill != tokens):
+                reason = "not_new" if c["worker_new_life"][i] is not True else "prefill"
+                yield _f(
+                    rows,
+                    "M4-preempted-as-new",
+                    i,
+                    "worker_prefill_len",
+                    tokens,
+                    prefill,
+                    reason=reason,
+                    sched_num_prompt_tokens=c["sched_num_prompt_tokens"][i],
+                )
+                break
+            if preempted or ran:
+                since = bool(preempted)
+
+
+def check_slot_holder(rows: TraceRows) -> Iterator[Finding]:
+    """M5: no request runs on a slot another request took since (takers of a step first)."""
+    c = rows.col
+    order = sorted(
+        (i for i in range(rows.num_rows) if c["worker_slot"][i] is not None),
+        key=lambda i: (c["worker_slot"][i], c["step"][i], not _took(c, i), i),
+    )
+    holder: dict[int, tuple[tuple[str, int], int]] = {}  # slot -> (request life, step it took the slot)
+    fired: set[tuple[str, int]] = set()
+    for i in order:
+        key, slot = (c["request_id"][i], c["sched_life"][i]), c["worker_slot"][i]
+        if _took(c, i):
+            holder[slot] = (key, c["step"][i])
+        elif slot in holder and holder[slot][0] != key and key not in fired:
+            fired.add(key)
+            (rid, _life), taken_at = holder[slot]
+            yield _f(rows, "M5-slot-holder", i, "worker_slot", rid, slot, holder=rid, taken_at=taken_at)
+
+
+def _took(c: dict, i: int) -> bool:
+    return c["worker_new_life"][i] is True or c["worker_slot_prev_owner"][i] is not None
 
 
 # ------------------------------------------------------------------ request lives and control events
@@ -815,6 +973,11 @@ CHECKS: dict[str, Callable[[TraceRows], Iterator[Finding]]] = {
     "K5-finished-state-kept": check_finished_state,
     "E1-engine-crash": check_crash,
     "E2-run-incomplete": check_run_completes,
+    "M1-device-computed": check_device_computed,
+    "M2-cpu-mirror": check_cpu_mirror,
+    "M3-draft-origin": check_draft_origin,
+    "M4-preempted-as-new": check_preempted_as_new,
+    "M5-slot-holder": check_slot_holder,
 }
 
 
@@ -822,7 +985,8 @@ def check_trace(trace: Trace) -> list[Finding]:
     """Every invariant over the whole trace; findings sorted by step, request, code."""
     rows = TraceRows(trace)
     findings: list[Finding] = []
+    family = rows.trace.impl.runner_family or "v1"  # the codes about the runner the trace recorded
     for inv in INVARIANTS:  # every product rule must have its statement here (KeyError otherwise)
-        findings.extend(CHECKS[inv.code](rows))
+        findings.extend(f for f in CHECKS[inv.code](rows) if family in BY_CODE[f.code].runners)
     findings.sort(key=lambda f: (f.step, f.request_id or "", RANK.get(f.code, len(RANK)), f.code))
     return findings

@@ -87,7 +87,15 @@ def test_same_findings_on_the_step_limit_and_crash_outcomes():
 
 #: Columns the checker reads that the mutations leave alone: a row's identity, the text columns
 #: (a mutation draws numbers) and the finish reason (`_value` draws no finish reasons).
-_KEPT = {"step", "request_id", "truth_kv_foreign_writer", "truth_kv_block_owner", "apply_finish_reason"}
+_KEPT = {
+    "step",
+    "request_id",
+    "truth_kv_foreign_writer",
+    "truth_kv_block_owner",
+    "worker_draft_proposed_for",
+    "worker_slot_prev_owner",
+    "apply_finish_reason",
+}
 #: Columns the checker reads, with values a mutation may put there (None only where nullable):
 #: derived from the checker's own list, so a column it starts reading is mutated too.
 _MUTABLE = [name for name in NEEDED if name not in _KEPT]

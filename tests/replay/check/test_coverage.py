@@ -88,3 +88,34 @@ def test_a_live_engine_trace_has_no_ground_truth(live_reentry_trace):
     assert unchecked_codes(trace) == NEED_TRUTH
     assert check_report(trace, trace.batches(NEEDED)).unchecked == NEED_TRUTH
     assert not codes(trace) & set(NEED_TRUTH)
+
+
+def test_a_model_runner_v2_trace_lists_the_v1_runner_codes_as_not_checked(reentry_traces):
+    import dataclasses
+
+    from specreplay.cli.render import unchecked_note
+
+    trace = reentry_traces["pr30796"]
+    v1_runner = [row.code for row in CATALOGUE if "v2" not in row.runners]
+    assert v1_runner == [
+        "X2-sched-worker-computed",
+        "X2-worker-position-mismatch",
+        "X3-output-length",
+        "S5-draft-provenance",
+        "X5-placeholder-drafts",
+    ]
+    mrv2 = {row.code for row in CATALOGUE if row.runners == ("v2",)}
+    assert {code.split("-")[0] for code in mrv2} == {"M1", "M2", "M3", "M4", "M5"}
+    # the same rows under an MRV2 header: the V1 runner codes do not run and are listed, with ground truth or not
+    as_v2 = dataclasses.replace(trace, impl=dataclasses.replace(trace.impl, runner_family="v2"))
+    assert codes(trace) & set(v1_runner) and not codes(as_v2) & set(v1_runner)
+    assert unchecked_codes(as_v2) == v1_runner
+    assert check_report(as_v2, as_v2.batches(NEEDED)).unchecked == v1_runner
+    bare = without_ground_truth(as_v2)
+    assert unchecked_codes(bare) == [row.code for row in CATALOGUE if row.code in NEED_TRUTH or row.code in v1_runner]
+    assert unchecked_note(unchecked_codes(bare)) == (
+        f"no ground truth: {', '.join(NEED_TRUTH)} not checked; "
+        f"V1 runner state, not Model Runner V2's: {', '.join(v1_runner)} not checked"
+    )
+    # a V1 trace runs the V1 codes and does not list MRV2's: they are not about its runner
+    assert unchecked_codes(trace) == [] and not codes(trace) & mrv2

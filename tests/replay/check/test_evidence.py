@@ -508,7 +508,8 @@ def build(case: Case, reentry_traces):
 
 
 def test_the_cases_cover_every_catalogue_code():
-    assert {case.code for case in CASES} == {row.code for row in CATALOGUE}
+    # Model Runner V2's codes run on MRV2 traces only: their evidence is held in test_mrv2_codes.py
+    assert {case.code for case in CASES} == {row.code for row in CATALOGUE if "v1" in row.runners}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.code}-{c.trace[0]}" for c in CASES])
