@@ -143,6 +143,11 @@ def test_streaming_chunks_reach_the_live_session(runs):
     prompts = sorted(set(s.sched_num_prompt_tokens))
     assert len(prompts) == 3 and prompts[0] == 6
     assert (s.sched_kind == "new").sum() == 3
+    # Each turn's prompt is what was computed plus its chunk, once: in one process the engine
+    # core's request shares no list with the front end's (else the chunk went in twice: prompts
+    # 6, 15, 26, and S2/X3 errors on the rows after it).
+    assert prompts == [6, 15, 22]
+    assert not [f for f in check_trace(live) if f.severity == "error"]
 
 
 def test_the_runners_correction_after_a_kept_pause_is_vllms_own():

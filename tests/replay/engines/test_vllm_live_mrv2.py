@@ -174,13 +174,6 @@ def test_a_v1_runner_form_is_refused_on_mrv2_before_anything_is_recorded(tmp_pat
 
 # ====================================================================== the control-event scenarios
 EVENT_SCENARIOS = ("pause-clear", "abort-inflight", "resubmit", "streaming-append")
-#: streaming-append's second turn stops the live MRV2 at step 6: the session's next request
-#: reaches MRV2's add_request with prompt_token_ids longer than the prefill tokens the scheduler
-#: sends (`prefill_len 15 < prompt_len 19`, vllm/v1/worker/gpu/states.py:106); V1's runner, which
-#: reads no prefill tokens, runs on. Open: vLLM's streaming-input session update or the driver.
-STREAMING_ON_MRV2 = pytest.mark.xfail(
-    strict=True, reason="the live MRV2 asserts in add_request on a streaming session's second turn (step 6)"
-)
 INPUT_EVENTS = {"abort", "resubmit", "reset_preempt", "stream_update"}
 
 
@@ -218,11 +211,7 @@ def request_events(trace) -> list[tuple[int, str, str]]:
     return sorted({(int(s), r, e) for s, r, e in zip(df.step, df.request_id, df.sched_event) if e in INPUT_EVENTS})
 
 
-def scenarios(*names: str) -> list:
-    return [pytest.param(n, marks=STREAMING_ON_MRV2) if n == "streaming-append" else n for n in names]
-
-
-@pytest.mark.parametrize("name", scenarios(*EVENT_SCENARIOS))
+@pytest.mark.parametrize("name", EVENT_SCENARIOS)
 def test_events_on_mrv2_land_on_the_same_rows_as_on_the_real_scheduler(events, name):
     live, real = events[name]
     assert live.impl.runner_family == "v2" and request_events(live), name
@@ -230,7 +219,7 @@ def test_events_on_mrv2_land_on_the_same_rows_as_on_the_real_scheduler(events, n
     assert request_events(live) == request_events(real)
 
 
-@pytest.mark.parametrize("name", scenarios(*[n for n in EVENT_SCENARIOS if n != "resubmit"]))
+@pytest.mark.parametrize("name", [n for n in EVENT_SCENARIOS if n != "resubmit"])
 def test_event_scenarios_on_mrv2_hold(events, name):
     live, _ = events[name]
     from specreplay.replay.workloads.workload import Workload
@@ -266,14 +255,18 @@ def test_same_id_resubmission_crashes_mrv2_as_the_real_scheduler(events):
     assert counts and applied_tokens(live) == counts
 
 
-def test_the_streaming_crash_on_mrv2_is_the_one_known(events):
-    """What STREAMING_ON_MRV2 expects, pinned so a different failure does not pass as it."""
-    live, real = events["streaming-append"]
-    assert real.outcome.status == "completed"
-    if live.outcome.status == "completed":
-        pytest.fail("streaming-append now completes on MRV2: drop STREAMING_ON_MRV2")
-    assert live.outcome.status == "crashed" and live.outcome.step == 6, live.outcome
-    assert "prefill_len 15 < prompt_len 19" in live.outcome.message
+def test_each_streaming_turn_reaches_mrv2_as_a_new_request_with_its_prompt(events):
+    """A session's next turn is a new request to MRV2 (scheduled_new_reqs), in the slot the
+    session held, with the whole prompt so far as its prefill and the computed tokens kept. (Its
+    prompt once reached MRV2 with the chunk twice and stopped it at step 6: `prefill_len 15 <
+    prompt_len 19`, states.py:106; the live driver now gives the engine core its own list.)"""
+    live, _ = events["streaming-append"]
+    df = live.table.to_pandas()
+    s = df[(df.request_id == "s") & (df.sched_num_scheduled_tokens > 0)].sort_values("step")
+    turns = s[s.worker_new_life.astype(bool)]
+    assert len(turns) == 3 and turns.worker_slot.nunique() == 1
+    assert list(turns.worker_prefill_len) == list(turns.sched_num_prompt_tokens) == [6, 15, 22]
+    assert list(turns.worker_device_computed_before) == list(turns.sched_num_computed_tokens)
 
 
 def test_aborts_in_flight_on_mrv2(events):
