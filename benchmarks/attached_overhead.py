@@ -1,8 +1,10 @@
 """One run of the attached-recorder overhead figure (benchmarks/run.py `attached`), in its own process.
 
-    python -m benchmarks.attached_overhead REQUESTS MAX_TOKENS
+    python -m benchmarks.attached_overhead REQUESTS MAX_TOKENS [v1|v2]
 
 Builds a tiny dummy-weight vLLM engine in this process (async scheduling, ngram_gpu, k = 3)
+on the runner asked for (v1: V1's GPUModelRunner, the default; v2: Model Runner V2, as a user
+asks for it on a CPU: VLLM_USE_V2_MODEL_RUNNER=1, with Triton's interpreter on from the start)
 with SPECREPLAY_RECORD set, so specreplay's plugin attaches the scheduler, input and worker
 observers as it would to a user's engine; runs REQUESTS requests of MAX_TOKENS tokens; and
 prints one JSON line: the thread CPU time spent inside the observers (every call the guard
@@ -21,6 +23,12 @@ import time
 
 def main() -> None:
     requests, max_tokens = int(sys.argv[1]), int(sys.argv[2])
+    runner = sys.argv[3] if len(sys.argv) > 3 else "v1"
+    if runner == "v2":
+        # What the user of an attached MRV2 recording sets: vLLM picks MRV2, and Triton's jit
+        # functions are built under the interpreter (it must be on before Triton is imported).
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+        os.environ["TRITON_INTERPRET"] = "1"
     folder = tempfile.mkdtemp(prefix="specreplay-bench-attached-")
     os.environ["SPECREPLAY_RECORD"] = folder
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -78,9 +86,24 @@ def main() -> None:
                 "scheduler_cpu_s": spent["scheduler"],
                 "recorder_cpu_s": spent["recorder"],
                 "request_steps": spent["request_steps"],
+                "runner": runner,
+                "runner_class": ran_runner(folder),
             }
         )
     )
+
+
+def ran_runner(folder: str) -> str | None:
+    """The runner class the plugin found at the worker (its `ran` line in the sink): the figure
+    is for the runner that ran, not the one asked for."""
+    import glob
+
+    for path in glob.glob(os.path.join(folder, "*.jsonl")):
+        with open(path) as fh:
+            for line in fh:
+                if '"e":"ran"' in line.replace(" ", "") and '"runner"' in line:
+                    return json.loads(line).get("runner")
+    return None
 
 
 if __name__ == "__main__":

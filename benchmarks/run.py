@@ -235,26 +235,37 @@ def fig_attached_overhead(args, out: dict) -> None:
     """The attached recorder (SPECREPLAY_RECORD) on a whole tiny in-process vLLM engine: the CPU
     time of every observer call against the CPU time of the scheduler's own schedule() and
     update_from_output(), in the same run (benchmarks/attached_overhead.py, in a process of its
-    own so the plugin is active there only); medians over --repeat runs."""
+    own so the plugin is active there only); medians over --repeat runs. Once per runner: V1's
+    GPUModelRunner (`attached_recorder_overhead`) and Model Runner V2, which the user of a CPU
+    machine asks for with VLLM_USE_V2_MODEL_RUNNER=1 (`attached_recorder_overhead_mrv2`; its
+    Triton kernels run in Triton's interpreter here, which is in neither figure)."""
+    for runner, key in (("v1", "attached_recorder_overhead"), ("v2", "attached_recorder_overhead_mrv2")):
+        out[key] = attached_overhead(args, runner)
+
+
+def attached_overhead(args, runner: str) -> dict[str, Any]:
+    """One runner's attached-recorder figure (see fig_attached_overhead)."""
     if not have_vllm():
-        out["attached_recorder_overhead"] = {"note": "n/a: vllm not installed"}
-        return
+        return {"note": "n/a: vllm not installed"}
     requests, tokens = (32, 48) if args.quick else (64, 128)
     runs = []
     for _ in range(args.repeat):
         done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.attached_overhead", str(requests), str(tokens)],
+            [sys.executable, "-m", "benchmarks.attached_overhead", str(requests), str(tokens), runner],
             capture_output=True,
             text=True,
-            timeout=900,
+            timeout=1800,
             env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"},
         )
         if done.returncode != 0:
-            out["attached_recorder_overhead"] = {"note": f"failed: {done.stderr.strip().splitlines()[-1:]}"}
-            return
+            return {"note": f"failed: {done.stderr.strip().splitlines()[-1:]}"}
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-    out["attached_recorder_overhead"] = {
+    med = {
+        key: statistics.median(r[key] for r in runs) for key in ("scheduler_cpu_s", "recorder_cpu_s", "request_steps")
+    }
+    return {
+        "runner": runner,
+        "runner_class": runs[0].get("runner_class"),
         "requests": requests,
         "max_tokens": tokens,
         "request_steps": med["request_steps"],

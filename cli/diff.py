@@ -110,11 +110,13 @@ def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
 
 def _story(out, trace, first) -> None:
     """The first finding's request over the steps up to it."""
-    from specreplay.cli.render import STORY_COLUMNS, story_table
+    from specreplay.cli.render import story_columns, story_table
+    from specreplay.replay.views.timeline import runner_family_of
 
-    columns = tuple(dict.fromkeys(("request_id",) + tuple(name for name, _ in STORY_COLUMNS)))
+    family = runner_family_of(trace)
+    columns = tuple(dict.fromkeys(("request_id",) + tuple(name for name, _ in story_columns(family))))
     rows = trace.rows_of(first.request_id, first.step - STORY_STEPS, first.step, columns)
-    out.print(story_table(rows, first.request_id, first.step))
+    out.print(story_table(rows, first.request_id, first.step, family=family))
 
 
 def _compare_two(loaded, paths: list[str], fmt: str, fail_on: str) -> int:

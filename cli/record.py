@@ -324,9 +324,9 @@ DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
 @click.option(
     "--impls",
     "impl_names",
-    default=",".join(DEFAULT_COMPARE),
-    show_default=True,
-    help="Comma-separated implementations to record side by side.",
+    default=None,
+    help=f"Comma-separated implementations to record side by side [default: {','.join(DEFAULT_COMPARE)}; "
+    "on a live Model Runner V2, those with a form for it].",
 )
 @engine_option
 @runner_option
@@ -356,9 +356,12 @@ def compare(
       specreplay compare --scenario reentry
       specreplay compare --scenario random --seed 7 --impls upstream,sched-clear
     """
-    from specreplay.replay.workflows.record import compare_to, pick_workload
+    from specreplay.replay.workflows.record import compare_to, pick_workload, runner_mismatch
 
-    names = [n.strip() for n in impl_names.split(",") if n.strip()]
+    live_runner = _runner_for(engine, runner)
+    names = [n.strip() for n in (impl_names or ",".join(DEFAULT_COMPARE)).split(",") if n.strip()]
+    left_out = [] if impl_names else runner_mismatch(names, engine or "reference", live_runner)
+    names = [n for n in names if n not in dict(left_out)]
     comparison = compare_to(
         output_dir,
         pick_workload(scenario, workload_file, seed, vllm_version=vllm_version),
@@ -366,17 +369,18 @@ def compare(
         engine=engine or "reference",
         device=device,
         progress=progress,
-        runner=_runner_for(engine, runner),
+        runner=live_runner,
         drafter=drafter,
     )
     if fmt == "json":
         import json
 
-        click.echo(
-            json.dumps({"workload": comparison.workload.name, "results": comparison.results}, indent=2, default=str)
-        )
+        doc = {"workload": comparison.workload.name, "results": comparison.results}
+        click.echo(json.dumps(doc | ({"left_out": dict(left_out)} if left_out else {}), indent=2, default=str))
         return
     _compare_table(comparison)
+    for name, family in left_out:
+        click.echo(f"left out: {name} (its real runner form is for --runner {family})")
 
 
 def _unchecked_why(codes: list[str]) -> str:

@@ -88,33 +88,69 @@ STORY_COLUMNS = (
 )
 
 
-def story_table(rows: pa.Table, request_id: str, upto_step: int, steps_before: int = 8) -> Table:
-    """The request's rows over the steps up to a finding: what each side did. `rows` holds at
-    least those rows (`TraceFile.rows_of`, or a whole trace's table)."""
+#: The story of a request on a Model Runner V2 trace: MRV2's slot view in place of V1's batch
+#: (traces/schema.py, "worker (MRV2)").
+STORY_COLUMNS_MRV2 = (
+    ("step", "m"),
+    ("sched_kind", "kind"),
+    ("sched_skip", "skip"),
+    ("sched_num_scheduled_tokens", "n"),
+    ("sched_num_draft_slots", "k"),
+    ("sched_num_computed_tokens", "C"),
+    ("sched_num_output_placeholders", "P"),
+    ("sched_num_tokens", "T"),
+    ("worker_slot", "slot"),
+    ("worker_query_len", "q"),
+    ("worker_device_computed_before", "dC"),
+    ("worker_device_computed_after", "dC'"),
+    ("worker_cpu_computed", "cpu"),
+    ("worker_draft_proposed_step", "from"),
+    ("worker_draft_base", "base"),
+    ("worker_num_accepted", "acc"),
+    ("worker_num_rejected", "rej"),
+)
+_STORY_TITLES = {
+    "v1": "C P T: scheduler before the step; pm: in the worker's prev map; dr: drafts cached for it; wn: tokens "
+    "the worker ran; wC: worker after correction; KV: valid in cache",
+    "v2": "C P T: scheduler before the step; slot: its slot in MRV2's req_states; q: query length run; dC dC': "
+    "device num_computed_tokens before / after post_update; cpu: the CPU mirror; from: the step that proposed "
+    "the drafts it verified; base: the device count they follow; acc rej: accepted, rejected",
+}
+
+
+def story_columns(family: str = "v1") -> tuple[tuple[str, str], ...]:
+    """The story's (column, label) pairs for a trace of runner family `family` ("v1", "v2")."""
+    return STORY_COLUMNS_MRV2 if family == "v2" else STORY_COLUMNS
+
+
+def story_table(rows: pa.Table, request_id: str, upto_step: int, steps_before: int = 8, family: str = "v1") -> Table:
+    """The request's rows over the steps up to a finding: what each side did, in the worker view
+    of the trace's runner family. `rows` holds at least those rows and `story_columns(family)`
+    (`TraceFile.rows_of`, or a whole trace's table)."""
     from rich import box
 
+    columns = story_columns(family)
+    runner = " on Model Runner V2" if family == "v2" else ""
     table = Table(
-        title=f"request {request_id!r} up to step {upto_step} (C P T: scheduler before the step; pm: in the "
-        "worker's prev map; dr: drafts cached for it; wn: tokens the worker ran; wC: worker after correction; "
-        "KV: valid in cache)",
+        title=f"request {request_id!r}{runner} up to step {upto_step} ({_STORY_TITLES[family]})",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         padding=(0, 1),
         pad_edge=False,
     )
-    for _, label in STORY_COLUMNS:
+    for _, label in columns:
         table.add_column(label, justify="right", no_wrap=True)
     steps = rows["step"].to_pylist()
     rids = rows["request_id"].to_pylist()
     shown = [i for i, (s, r) in enumerate(zip(steps, rids)) if r == request_id and s <= upto_step][-steps_before:]
-    cols = {name: rows[name].to_pylist() for name, _ in STORY_COLUMNS}
+    cols = {name: rows[name].to_pylist() for name, _ in columns}
     for i in shown:
         table.add_row(
             *[
                 _SHORT.get(cols[name][i], _cell(cols[name][i]))
                 if name in ("sched_kind", "sched_skip")
                 else _cell(cols[name][i])
-                for name, _ in STORY_COLUMNS
+                for name, _ in columns
             ]
         )
     return table

@@ -64,7 +64,8 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
 @handle_errors
 def show(trace_path, requests, steps_text, field_name, svg_file) -> None:
     """A timeline of the scheduler and the worker, step by step: per request a scheduler lane,
-    a worker lane and the findings where they fire.
+    a worker lane and the findings where they fire. A Model Runner V2 trace adds the slot each
+    request holds and the step its verified drafts were proposed at.
 
     \b
     Example:
@@ -91,7 +92,8 @@ def show(trace_path, requests, steps_text, field_name, svg_file) -> None:
         if steps or window is None
         else f" (steps {window[0]}:{window[1]} of {trace.num_steps}; --steps picks others)"
     )
-    title = f"{trace_path}: {trace.workload.name or '?'} via {trace.impl_name}, {len(findings)} findings{note}"
+    runner = "" if timeline.runner_family == "v1" else " on Model Runner V2"
+    title = f"{trace_path}: {trace.workload.name or '?'} via {trace.impl_name}{runner}, {len(findings)} findings{note}"
     shown = len({lane.request_id for lane in timeline.lanes})
     if not requests and shown < timeline.requests_in_range:
         title += f"; {shown} of {timeline.requests_in_range} requests (--request picks others)"
@@ -128,7 +130,7 @@ def _save_svg(svg_file: Path, title: str, timeline, width: int, name: str) -> No
 def render(out, timeline) -> None:
     from rich.text import Text
 
-    from specreplay.replay.views.timeline import CELL, LEGEND
+    from specreplay.replay.views.timeline import CELL, legend
 
     if not timeline.lanes:
         out.print("nothing to show (no rows in this range)")
@@ -158,7 +160,7 @@ def render(out, timeline) -> None:
     out.print(
         Text(
             "legend: "
-            + "; ".join(f"{glyph} {meaning}" for glyph, meaning in LEGEND)
+            + "; ".join(f"{glyph} {meaning}" for glyph, meaning in legend(timeline.runner_family))
             + "; findings lane: the code where it fires (* more than one); C P n k out T KV: the "
             "counter asked for with --field",
             style="dim",

@@ -362,6 +362,12 @@ class LiveInputs:
         )
         request.external_req_id = rid
         engine.output_processor.add_request(request, None, None, 0)
+        # The engine core's request gets its own prompt list: in one process nothing serialises
+        # it, and a streaming session's next turn extends both the front end's list
+        # (output_processor.py:217) and the scheduler's (scheduler.py _update_request_as_session),
+        # which must not be one list (its chunk would be appended twice).
+        if request.prompt_token_ids is not None:
+            request.prompt_token_ids = list(request.prompt_token_ids)
         engine.engine_core.add_request(request)
         self.quiet = False
 

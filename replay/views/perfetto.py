@@ -8,14 +8,23 @@ scheduled work to the step whose `update_from_output` applied it, counter tracks
 `num_computed_tokens` (both sides) and `num_output_placeholders`, and instant markers where findings
 fire. Exports are windowed by steps: at most `max_steps` steps and `max_rows` request-steps (about
 700 bytes of JSON each) per file, cut at a step boundary, so a long trace stays under the viewer's
-limits (`--steps` picks the next window).
+limits (`--steps` picks the next window). On a Model Runner V2 trace the worker slices carry
+MRV2's own state (the slot, the device count, where the verified drafts came from) and the
+worker's counter is the device `num_computed_tokens`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from specreplay.replay.views.timeline import amount, sched_cell, short_code
+from specreplay.replay.views.timeline import (
+    MRV2_COLUMNS,
+    amount,
+    draft_provenance,
+    runner_family_of,
+    sched_cell,
+    short_code,
+)
 
 STEP_US = 1000  # one engine step = 1 ms on the timeline
 SCHED_TID, WORKER_TID = 1, 2
@@ -72,7 +81,8 @@ def export_events(
     events: list[dict[str, Any]] = []
     pids: dict[str, int] = {}
     flows: list[tuple[int, int, int, str]] = []  # (pid, scheduled step, applied step, id)
-    batches = trace.batches(columns=_COLUMNS)
+    mrv2 = runner_family_of(trace) == "v2"
+    batches = trace.batches(columns=_COLUMNS + (MRV2_COLUMNS + _MRV2_SLICE if mrv2 else ()))
     import pyarrow.compute as pc
 
     slices: dict[int, set[int]] = {}  # pid -> steps with a scheduler slice (flow ends bind to them)
@@ -110,7 +120,7 @@ def export_events(
                     _meta(pid, SCHED_TID, "thread_name", "scheduler"),
                     _meta(pid, WORKER_TID, "thread_name", "worker"),
                 ]
-            events += _row_events(row, pid, (step - first) * STEP_US)
+            events += _row_events(row, pid, (step - first) * STEP_US, mrv2)
             slices.setdefault(pid, set()).add(step)
             # An arrow per output update_from_output used; one popped while the engine drained
             # (no schedule() since its own) has no later step to point at.
@@ -145,7 +155,11 @@ def export_events(
     }
 
 
-def _row_events(row: dict[str, Any], pid: int, ts: int) -> list[dict[str, Any]]:
+#: What an MRV2 worker slice shows beyond the lanes' columns.
+_MRV2_SLICE = ("worker_device_computed_after", "worker_cpu_computed", "worker_num_rejected")
+
+
+def _row_events(row: dict[str, Any], pid: int, ts: int, mrv2: bool = False) -> list[dict[str, Any]]:
     """One row's scheduler slice, worker slice (if it ran) and counters."""
     step = row["step"]
     events = [
@@ -173,6 +187,30 @@ def _row_events(row: dict[str, Any], pid: int, ts: int) -> list[dict[str, Any]]:
     if row["worker_row"] is not None:
         negative = any(t < 0 for t in row["worker_draft_ids"] or ())
         name = "ran " + amount(row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"])
+        args = {
+            "step": step,
+            "row": row["worker_row"],
+            "num_scheduled_tokens": row["worker_num_scheduled_tokens"],
+            "num_draft_slots": row["worker_num_draft_slots"],
+            "num_computed_tokens": row["worker_num_computed_tokens"],
+            "draft_ids": row["worker_draft_ids"],
+            "accepted": row["worker_num_accepted"],
+        }
+        computed = row["worker_num_computed_tokens"]
+        if mrv2:
+            computed = row["worker_device_computed_before"]
+            args |= {
+                "slot": row["worker_slot"],
+                "num_computed_tokens": computed,
+                "device_computed_after": row["worker_device_computed_after"],
+                "cpu_mirror": row["worker_cpu_computed"],
+                "drafts_proposed_at": row["worker_draft_proposed_step"],
+                "drafts_proposed_for": row["worker_draft_proposed_for"],
+                "drafts_base": row["worker_draft_base"],
+                "rejected": row["worker_num_rejected"],
+            }
+            mark = draft_provenance(row)[0] if row["worker_num_draft_slots"] else ""
+            name += {"?": " (nothing proposed)", "x": " (another's drafts)", "~": " (drafts elsewhere)"}.get(mark, "")
         events.append(
             {
                 "name": name + (" (-1 drafts)" if negative else ""),
@@ -182,18 +220,10 @@ def _row_events(row: dict[str, Any], pid: int, ts: int) -> list[dict[str, Any]]:
                 "pid": pid,
                 "tid": WORKER_TID,
                 "cat": "worker",
-                "args": {
-                    "step": step,
-                    "row": row["worker_row"],
-                    "num_scheduled_tokens": row["worker_num_scheduled_tokens"],
-                    "num_draft_slots": row["worker_num_draft_slots"],
-                    "num_computed_tokens": row["worker_num_computed_tokens"],
-                    "draft_ids": row["worker_draft_ids"],
-                    "accepted": row["worker_num_accepted"],
-                },
+                "args": args,
             }
         )
-        events.append(_counter(pid, ts, "num_computed_tokens (worker)", row["worker_num_computed_tokens"]))
+        events.append(_counter(pid, ts, "num_computed_tokens (worker)", computed))
     events.append(_counter(pid, ts, "num_computed_tokens (scheduler)", row["sched_num_computed_tokens"]))
     events.append(_counter(pid, ts, "num_output_placeholders", row["sched_num_output_placeholders"]))
     return events

@@ -5,7 +5,11 @@ workflows -> **views** -> cli, for people. `build_timeline` reads a trace's rows
 requests and steps asked for) and its findings, and returns lanes of short cells: the scheduler's
 state at each step (scheduled n tokens with k draft slots, new, re-entering, resumed, skipped by the
 budget or the max-tokens rule, waiting, preempted, finished), the worker's (in the batch with what
-it executed, or not), the findings that fire there and, on demand, a counter on both sides.
+it executed, or not), the findings that fire there and, on demand, a counter on both sides. A
+Model Runner V2 trace (`trace.impl.runner_family == "v2"`) has no persistent batch to show: its
+worker lane reads MRV2's own columns (traces/schema.py, "worker (MRV2)"), with two lanes more per
+request, the slot it holds in `req_states` and where the drafts it verified came from (the step
+whose propose wrote them, and whether they were written for it, at the position it is at).
 `cli/show.py` draws it with rich; `replay/perfetto.py` exports the same rows as trace events.
 Nothing here prints.
 """
@@ -34,6 +38,14 @@ LEGEND = (
     ("^", "a control event changed it just before the step (abort, cache reset, resubmission, streaming turn)"),
     ("Z S X", "engine lane: pause, resume (start), prefix-cache reset"),
 )
+#: What a Model Runner V2 trace's lanes add (its worker cells carry where their drafts came from).
+LEGEND_MRV2 = (
+    ("slot", "lane: the request's slot in MRV2's req_states; (5): slot 5 kept while out of the batch"),
+    ("from", "lane: @m, the step whose propose wrote the drafts it verified"),
+    ("?", "worker: verified draft slots nothing was proposed into since it took its slot"),
+    ("x", "worker: verified drafts proposed for another request (a reused slot)"),
+    ("~", "worker: verified drafts proposed at another position than the one it is at"),
+)
 
 _COLUMNS = (
     "step",
@@ -51,6 +63,15 @@ _COLUMNS = (
     "step_event",
     "sched_event",
 )
+#: The MRV2 worker columns its lanes read (null on V1 rows; absent from traces before schema v5).
+MRV2_COLUMNS = (
+    "worker_slot",
+    "worker_device_computed_before",
+    "worker_draft_proposed_step",
+    "worker_draft_proposed_for",
+    "worker_draft_base",
+    "worker_new_life",
+)
 MAX_DEFAULT_REQUESTS = (
     12  # without --request: the first requests with findings (else the first seen), at most this many
 )
@@ -66,6 +87,12 @@ FIELDS = {
     "num_output_tokens": ("sched_num_output_tokens", "worker_num_output_tokens"),
     "num_tokens": ("sched_num_tokens", None),
     "kv_valid": ("truth_num_computed_tokens", "truth_kv_after"),
+}
+#: On a Model Runner V2 trace: the worker's count is the device tensor's, read when the step ran
+#: (`worker_device_computed_before`); MRV2 keeps no per-request output count of its own.
+FIELDS_MRV2 = FIELDS | {
+    "num_computed_tokens": ("sched_num_computed_tokens", "worker_device_computed_before"),
+    "num_output_tokens": ("sched_num_output_tokens", None),
 }
 #: Lane labels for the fields (the story table's letters).
 FIELD_LABELS = {
@@ -99,6 +126,18 @@ class Timeline:
     lanes: list[Lane]
     findings: dict[tuple[int, str], list[Any]]  # (step, request) -> findings
     requests_in_range: int = 0  # requests with rows in the steps shown (lanes show at most MAX_DEFAULT_REQUESTS)
+    runner_family: str = "v1"  # the runner family whose worker view the lanes show
+
+
+def runner_family_of(trace) -> str:
+    """ "v1" or "v2": the runner family whose worker view a trace holds (traces before schema v5
+    name none: V1's)."""
+    return trace.impl.runner_family or "v1"
+
+
+def legend(family: str) -> tuple[tuple[str, str], ...]:
+    """The glyphs a timeline of that runner family's trace uses."""
+    return LEGEND + (LEGEND_MRV2 if family == "v2" else ())
 
 
 def amount(n: int, k: int) -> str:
@@ -155,6 +194,45 @@ def worker_cell(row: dict[str, Any]) -> Cell:
     return Cell(text[:CELL], "ok")
 
 
+def mrv2_worker_cell(row: dict[str, Any]) -> Cell:
+    """MRV2's worker cell: what it ran, and where the drafts it verified came from. MRV2 books no
+    placeholders: a slot it verifies holds whatever its last propose wrote there, so the mark is
+    the drafts' provenance (none since it took the slot, another request's, another position's)."""
+    cell = worker_cell(row)
+    if row["worker_row"] is None or not row["worker_num_draft_slots"] or cell.style == "bad":
+        return cell
+    mark, style = draft_provenance(row)
+    return Cell((cell.text + mark)[:CELL], style) if mark else cell
+
+
+def draft_provenance(row: dict[str, Any]) -> tuple[str, str]:
+    """('', 'ok') for drafts proposed for this request at the position it is at; else the mark."""
+    if row["worker_draft_proposed_step"] is None:
+        return "?", "warn"
+    if row["worker_draft_proposed_for"] != row["request_id"]:
+        return "x", "bad"
+    if row["worker_draft_base"] != row["worker_device_computed_before"]:
+        return "~", "warn"
+    return "", "ok"
+
+
+def slot_cell(row: dict[str, Any]) -> Cell:
+    """The request's MRV2 slot where it ran (a slot taken this step shows cyan)."""
+    if row["worker_slot"] is None:
+        return Cell(".", "dim")
+    return Cell(str(row["worker_slot"])[:CELL], "new" if row.get("worker_new_life") else "")
+
+
+def drafts_from_cell(row: dict[str, Any]) -> Cell:
+    """@m: the step whose propose wrote the drafts it verified; blank when it verified none."""
+    if row["worker_row"] is None or not row["worker_num_draft_slots"]:
+        return Cell("", "")
+    if row["worker_draft_proposed_step"] is None:
+        return Cell("?", "warn")
+    mark, style = draft_provenance(row)
+    return Cell((f"@{row['worker_draft_proposed_step']}" + mark)[:CELL], style if mark else "dim")
+
+
 def short_code(code: str) -> str:
     return code.split("-", 1)[0]
 
@@ -179,9 +257,11 @@ def build_timeline(
     with findings, else all (in order of first appearance); steps default to the whole trace."""
     import pyarrow.compute as pc
 
-    columns = list(_COLUMNS)
+    family = runner_family_of(trace)
+    fields = FIELDS_MRV2 if family == "v2" else FIELDS
+    columns = list(_COLUMNS) + (list(MRV2_COLUMNS) if family == "v2" else [])
     if field_name:
-        columns += [c for c in FIELDS[field_name] if c]
+        columns += [c for c in fields[field_name] if c and c not in columns]
     batches = trace.batches(columns=tuple(columns))
     if not requests:  # default: the requests with findings (a long trace has too many to show)
         requests = (
@@ -218,8 +298,8 @@ def build_timeline(
     if events:
         lanes.append(Lane("engine", "events", events))
     for rid in ids:
-        lanes += request_lanes(rid, rows, by_place, lo, hi, field_name)
-    return Timeline(lo, hi, lanes, by_place, len(order))
+        lanes += request_lanes(rid, rows, by_place, lo, hi, field_name, family)
+    return Timeline(lo, hi, lanes, by_place, len(order), family)
 
 
 def request_lanes(
@@ -229,13 +309,18 @@ def request_lanes(
     lo: int,
     hi: int,
     field_name: str | None,
+    family: str = "v1",
 ) -> list[Lane]:
-    """One request's lanes over steps lo..hi: scheduler, worker, the chosen field, findings."""
+    """One request's lanes over steps lo..hi: scheduler, worker (on MRV2 also its slot and its
+    drafts' origin), the chosen field, findings."""
     sched, worker, marks = Lane(rid, "sched"), Lane(rid, "worker"), Lane(rid, "findings")
+    mrv2 = family == "v2"
+    fields = FIELDS_MRV2 if mrv2 else FIELDS
+    slots, origins = Lane(rid, "worker slot"), Lane(rid, "worker from")
     extra = (
         [
             Lane(rid, f"{side} {FIELD_LABELS[field_name]}")
-            for side, col in zip(("sched", "worker"), FIELDS.get(field_name, ()))
+            for side, col in zip(("sched", "worker"), fields.get(field_name, ()))
             if col
         ]
         if field_name
@@ -246,8 +331,11 @@ def request_lanes(
         if row is None:
             continue
         sched.cells[step] = sched_cell(row)
-        worker.cells[step] = worker_cell(row)
-        for lane, col in zip(extra, [c for c in FIELDS.get(field_name, ()) if c]):
+        worker.cells[step] = mrv2_worker_cell(row) if mrv2 else worker_cell(row)
+        if mrv2:
+            slots.cells[step] = slot_cell(row)
+            origins.cells[step] = drafts_from_cell(row)
+        for lane, col in zip(extra, [c for c in fields.get(field_name, ()) if c]):
             value = row[col]
             lane.cells[step] = Cell("." if value is None else str(value)[:CELL], "dim" if value is None else "")
         here = by_place.get((step, rid))
@@ -261,7 +349,22 @@ def request_lanes(
             ]
             text = codes[0] + ("*" if len(codes) > 1 else "")
             marks.cells[step] = Cell(text[:CELL], "bad" if any(f.severity == "error" for f in here) else "warn")
-    return [sched, worker] + extra + ([marks] if marks.cells else [])
+    if mrv2:
+        kept_slots(slots, rows, rid)
+    return [sched, worker] + ([slots, origins] if mrv2 else []) + extra + ([marks] if marks.cells else [])
+
+
+def kept_slots(lane: Lane, rows: dict[tuple[str, int], dict[str, Any]], rid: str) -> None:
+    """Out of the batch, an MRV2 request still holds its slot (a slot is freed only when it
+    finishes or is preempted): a gap between two steps it ran in the same slot, coming back as no
+    new request, is drawn as that slot in brackets, the slot it kept."""
+    ran = sorted(step for step, cell in lane.cells.items() if cell.text != ".")
+    for before, after in zip(ran, ran[1:]):
+        slot, back = rows[(rid, before)]["worker_slot"], rows[(rid, after)]
+        if after - before > 1 and back["worker_slot"] == slot and not back["worker_new_life"]:
+            for step in range(before + 1, after):
+                if step in lane.cells:
+                    lane.cells[step] = Cell(f"({slot})"[:CELL], "dim")
 
 
 def _array(values: list[str]):

@@ -266,6 +266,15 @@ def compare_to(
             raise InputError(
                 f"{name} does not apply to workload {workload.name!r}: {impl.why_not(workload.config)}{hint}"
             )
+    other_runner = runner_mismatch(impls, engine, runner)
+    if other_runner:
+        name, family = other_runner[0]
+        fits = [n for n in impls if n not in dict(other_runner)]
+        hint = f" (--impls {','.join(fits)} run on it)" if fits else ""
+        raise InputError(
+            f"{name}'s real runner form subclasses the {family} runner; --runner "
+            f"{_live_runner(runner)} builds another: pass --runner {family}{hint}"
+        )
     if output_dir.exists() and not output_dir.is_dir():
         raise InputError(f"{output_dir}: exists and is not a folder")
     results = []
@@ -290,3 +299,26 @@ def compare_to(
             }
         )
     return Comparison(workload, results)
+
+
+def _live_runner(runner: str | None) -> str:
+    from specreplay.replay.engines.registry import DEFAULT_LIVE_RUNNER
+
+    return runner or DEFAULT_LIVE_RUNNER
+
+
+def runner_mismatch(impls: Sequence[str], engine: str, runner: str | None) -> list[tuple[str, str]]:
+    """(name, family) of each implementation whose real runner form is for another runner family
+    than the live vLLM of `engine` and `runner` builds (pr30796 edits V1's runner: MRV2 has no
+    such runner to subclass); none off --engine vllm (the loop engines drive v1's reference)."""
+    from specreplay.replay.impls.registry import resolve
+
+    if engine != "vllm":
+        return []
+    family = _live_runner(runner)
+    out = []
+    for name in impls:
+        impl = resolve(name, allow_import=True)
+        if impl.real_runner is not None and impl.real_runner_family != family:
+            out.append((name, impl.real_runner_family))
+    return out

@@ -24,3 +24,15 @@ def test_missed_targets_are_marked():
         "live_recording_overhead": {"off_s": 1.0, "on_s": 1.5, "overhead": 0.5},
     }
     assert rows(out)[0][3] == "MISSED"
+
+
+def test_the_attached_figure_has_a_row_per_runner():
+    figure = {"recorder_us_per_request_step": 40.0, "scheduler_us_per_request_step": 20.0, "ratio": 2.0}
+    out = {
+        "machine": {"quick": True, "cpus": 2, "repeat": 1},
+        "attached_recorder_overhead": figure,
+        "attached_recorder_overhead_mrv2": figure | {"ratio": 0.05},
+    }
+    labels = {r[0]: r[3] for r in rows(out)}
+    assert labels["attached recorder CPU vs the scheduler's own"] == "MISSED"
+    assert labels["attached recorder CPU vs the scheduler's own (Model Runner V2)"] == "met"

