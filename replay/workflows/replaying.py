@@ -125,6 +125,14 @@ def plan_replay(
             f"--engine {engine}: a live engine makes its own outcomes; replay a recording's through "
             f"{' or '.join(REPLAY_ENGINES)} (or --oracle synthetic to run its workload live again)"
         )
+    if trace.impl.runner_family not in (None, "v1"):
+        # The loop engines drive the V1 reference runner only: a Model Runner V2 recording rerun
+        # there would not be the run it recorded (every worker column and most counters differ).
+        raise InputError(
+            f"{where}: a recording of vLLM's Model Runner V2 ({trace.impl.runner}); its outcomes replay through a "
+            "reference model of its runner, and specreplay has one of the V1 runner only: --oracle synthetic "
+            "--engine vllm runs its workload on the real MRV2 again"
+        )
     outcomes = recorded_oracle(workload, trace)
     outcomes.source = where
     # Where the recording stopped: a live engine's left its last batches unapplied; a replay of it
