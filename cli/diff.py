@@ -72,7 +72,7 @@ def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
         out = console()
         out.print(trace_header(trace, path))
         # A trace without ground truth (a live engine's) says what it could not check.
-        note = f" ({unchecked_note(report.unchecked)})" if report.unchecked else ""
+        note = f" ({unchecked_note(report.unchecked, trace.impl.runner_family)})" if report.unchecked else ""
         if upto is not None:
             note = f" ({'' if word == 'partial' else 'partial, '}up to step {upto}){note}"
         stopped = f"; the recording stopped after step {upto}: nothing after it was checked" if upto else ""

@@ -58,7 +58,7 @@ def _summary(recorded) -> None:
         outcome += f" at step {trace.outcome.step}: {trace.outcome.message or ''}"
     word = verdict(findings, trace.num_steps)  # no step recorded: never ok
     line = f"wrote {output}: {trace.num_steps} steps, {trace.num_rows} rows, outcome {outcome}; check: {word}"
-    note = unchecked_note(recorded.unchecked)  # a live engine's trace: no ground truth
+    note = unchecked_note(recorded.unchecked, trace.impl.runner_family)  # a live engine's trace: no ground truth
     if not trace.num_steps:
         line += f" ({EMPTY_NOTE})"
     elif findings:

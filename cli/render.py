@@ -33,13 +33,14 @@ def findings_json(findings: list[Finding], extra: dict[str, Any] | None = None, 
     return json.dumps(doc, indent=2, default=str)
 
 
-def unchecked_note(unchecked: list[str]) -> str:
+def unchecked_note(unchecked: list[str], runner_family: str | None = None) -> str:
     """What a report says of the codes a trace gave no ground truth to check, or no requests'
     limits (its workload defines no request: S9 needs their max_tokens), or that are about V1's
-    runner on a Model Runner V2 trace; "" when all ran."""
+    runner on a Model Runner V2 trace, or a worker view that was not recorded (`runner_family`,
+    the trace's); "" when all ran."""
     from specreplay.replay.check.coverage import notes
 
-    return "; ".join(notes(unchecked))
+    return "; ".join(notes(unchecked, runner_family))
 
 
 def findings_lines(findings: list[Finding], trace_path: str | None = None) -> list[str]:

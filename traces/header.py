@@ -164,6 +164,11 @@ class OutcomesNote(_Json):
     filled: Any = _kind("any")
 
 
+#: `ImplHeader.runner_family` of a recording whose runner specreplay does not observe (a fork's,
+#: a future release's): its trace holds the scheduler view only, and the worker's codes do not run.
+UNOBSERVED_RUNNER = "unobserved"
+
+
 @dataclass(frozen=True)
 class ImplHeader(_Json):
     """The implementation asked and what ran (`specreplay.impl`, from `Implementation.describe`):

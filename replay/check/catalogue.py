@@ -720,3 +720,9 @@ RANK: dict[str, int] = {row.code: row.rank for row in CATALOGUE}
 def all_codes() -> list[tuple[str, str, str, str]]:
     """Every code as (code, severity, statement, source), sorted by code."""
     return sorted((row.code, row.severity, row.statement, row.source) for row in CATALOGUE)
+
+
+def about_the_worker_view(code: str) -> bool:
+    """A code that compares with the worker's view (the cross-view X codes, MRV2's M codes, K5):
+    not checked on a recording whose runner specreplay does not observe (UNOBSERVED_RUNNER)."""
+    return code[0] in "XM" or code == "K5-finished-state-kept"

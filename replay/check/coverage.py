@@ -26,8 +26,9 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 
-from specreplay.replay.check.catalogue import BY_CODE, CATALOGUE
+from specreplay.replay.check.catalogue import BY_CODE, CATALOGUE, about_the_worker_view
 from specreplay.traces import schema
+from specreplay.traces.header import UNOBSERVED_RUNNER
 
 #: The columns that hold ground truth, as the schema documents them ("truth: ...").
 GROUND_TRUTH: tuple[str, ...] = tuple(name for name, doc in schema.DESCRIPTIONS.items() if doc.startswith("truth:"))
@@ -68,8 +69,13 @@ def unchecked(
     Catalogue order."""
     wanted = set(codes)
     out = []
+    blind = runner_family == UNOBSERVED_RUNNER
+    runner_family = "v1" if blind else runner_family  # what needs no worker view is checked as on V1
     for row in CATALOGUE:
         if row.code not in wanted:
+            continue
+        if blind and (about_the_worker_view(row.code) or "v1" not in row.runners):
+            out.append(row.code)  # no worker view was recorded: every code that compares with it
             continue
         if runner_family not in row.runners:
             if runner_family != "v1" and "v1" in row.runners:
@@ -87,9 +93,16 @@ def not_for_mrv2(code: str) -> bool:
     return "v2" not in BY_CODE[code].runners if code in BY_CODE else False
 
 
-def notes(unchecked_codes: list[str]) -> list[str]:
+def notes(unchecked_codes: list[str], runner_family: str | None = None) -> list[str]:
     """What a report says of the codes it could not run, one note per reason (empty: all ran):
-    no ground truth, no requests' limits in the workload, about V1's runner on an MRV2 trace."""
+    no ground truth, no requests' limits in the workload, about V1's runner on an MRV2 trace, or
+    (`runner_family` UNOBSERVED_RUNNER) about a worker view that was not recorded."""
+    if runner_family == UNOBSERVED_RUNNER:
+        worker = [code for code in unchecked_codes if about_the_worker_view(code)]
+        rest = notes([code for code in unchecked_codes if code not in worker])
+        return [
+            f"worker view not recorded (a runner specreplay does not observe): {len(worker)} codes not checked"
+        ] + rest
     runner = [code for code in unchecked_codes if not_for_mrv2(code)]
     limits = [code for code in unchecked_codes if code in LIMIT_INPUTS and code not in runner]
     truth = [code for code in unchecked_codes if code not in LIMIT_INPUTS and code not in runner]

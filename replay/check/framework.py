@@ -42,7 +42,7 @@ from specreplay.replay.check.frames import (
     row_range,
 )
 from specreplay.replay.check.limits import Limits
-from specreplay.traces.header import Config, Outcome, coerce
+from specreplay.traces.header import UNOBSERVED_RUNNER, Config, Outcome, coerce
 
 
 class Checker:
@@ -71,8 +71,12 @@ class Checker:
         # old trace names none: v1). Codes about the other runner's state do not run on it.
         self.runner_family = runner_family or "v1"
         rows = catalogue.CATALOGUE if invariants is None else tuple(invariants)
-        self.not_for_runner = tuple(row.code for row in rows if self.runner_family not in row.runners)
-        rows = tuple(row for row in rows if self.runner_family in row.runners)
+        if self.runner_family == UNOBSERVED_RUNNER:  # the scheduler view only: what needs no worker runs
+            self.not_for_runner = tuple(row.code for row in rows if catalogue.about_the_worker_view(row.code))
+            rows = tuple(row for row in rows if not catalogue.about_the_worker_view(row.code) and "v1" in row.runners)
+        else:
+            self.not_for_runner = tuple(row.code for row in rows if self.runner_family not in row.runners)
+            rows = tuple(row for row in rows if self.runner_family in row.runners)
         self.rules_per_frame = catalogue.rules_of(rows, "rows")
         self.rules_at_end = catalogue.rules_of(rows, "run")
         self.codes = frozenset(row.code for row in rows)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from specreplay.traces.errors import InputError
-from specreplay.traces.header import Inputs
+from specreplay.traces.header import UNOBSERVED_RUNNER, Inputs
 from specreplay.traces.trace import Trace
 
 INPUT_KINDS = ("request", "stream", "abort", "event")
@@ -115,7 +115,7 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     rows = merge_rows(parts)
     unknown = unknown_runners(parts)
     if unknown:  # no worker rows will ever come: the scheduler view is all there is, nothing cut
-        cut_steps = []
+        cut_steps: list[int] = []
         dropped.append(unobserved_runner(unknown))
     else:
         rows, cut_steps = whole_steps(rows)
@@ -141,7 +141,7 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
         drafter=config_event.get("drafter", "none"),
         run=run,
         patches=sorted({patch for p in parts for patch in p.header.get("patches", [])}),
-        runner_family=ran.get("runner_family"),
+        runner_family=ran.get("runner_family") or (UNOBSERVED_RUNNER if unknown else None),
     )
     failures = observer_failures(parts)
     dropped += [f"recording stopped: {failure}" for failure in failures]
