@@ -43,7 +43,7 @@ def drafter_for(config: EngineConfig, drafter: str | None) -> str:
         return default_drafter(config)
     if drafter not in DRAFTERS:
         raise InputError(f"unknown drafter {drafter!r}; known: {', '.join(DRAFTERS)}")
-    if not config.num_spec_tokens:
+    if not config.num_spec_tokens and drafter != default_drafter(config):  # the default: named, drafts nothing
         raise InputError(f"--drafter {drafter}: the workload drafts nothing (num_spec_tokens 0); give it a k")
     if drafter == "ngram" and config.async_scheduling:
         # vLLM refuses it too (config/vllm.py:1563), but only once the engine is being built.

@@ -311,9 +311,10 @@ def runner_mismatch(impls: Sequence[str], engine: str, runner: str | None) -> li
     """(name, family) of each implementation whose real runner form is for another runner family
     than the live vLLM of `engine` and `runner` builds (pr30796 edits V1's runner: MRV2 has no
     such runner to subclass); none off --engine vllm (the loop engines drive v1's reference)."""
+    from specreplay.replay.engines.registry import engine as engine_entry
     from specreplay.replay.impls.registry import resolve
 
-    if engine != "vllm":
+    if not engine_entry(engine).drives_itself:
         return []
     family = _live_runner(runner)
     out = []

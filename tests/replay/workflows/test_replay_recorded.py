@@ -53,7 +53,9 @@ def vllm_takes(workload) -> bool:
 #: unit on the suite's critical path. Until then the first 30 seeds ran, and all but these two
 #: came back identical; the fidelity sweep (300 seeds, reference against the real scheduler)
 #: keeps the breadth of settings.
-LIVE_RANDOM_SEEDS = [s for s in range(200) if vllm_takes(pick_workload(scenario="random", seed=s))][:10] + [58, 72]
+#: Cut to the first 3 (issue 27): the MRV2 recordings took the time the other 7 had, and none of
+#: them ever parted from its replay.
+LIVE_RANDOM_SEEDS = [s for s in range(200) if vllm_takes(pick_workload(scenario="random", seed=s))][:3] + [58, 72]
 #: The scenarios a live vLLM takes.
 LIVE_SCENARIOS = [name for name in SCENARIO_NAMES if vllm_takes(pick_workload(scenario=name))]
 
@@ -238,15 +240,15 @@ def live_inproc(tmp_path_factory):
 
 
 #: Where a live recording is known to part from its replay (README, "Replay a recorded run"):
-#: (request, step, field) of the first difference. A streaming session on vLLM 0.32 in process:
-#: its worker discards a new turn's sampled tokens for four steps (streaming-append), and its
-#: scheduler's session prompt holds 8 tokens more than the turns add up to (random-72); neither
-#: happens multiprocess, neither is modelled. A request back in the batch as a new request with
-#: a draft slot (random-58, step 37): vLLM's worker verifies a real token id there (451), the
-#: reference runner the -1 placeholder.
+#: (request, step, field) of the first difference. A streaming session in process (random-72):
+#: at step 41 the live scheduler books request 3 four draft slots the replay does not; not
+#: modelled. (Until issue 27, streaming-append and random-72 parted earlier: specreplay's live
+#: driver shared one prompt list between the scheduler and vLLM's front end, so a turn's chunk
+#: went in twice; fixed, streaming-append now replays step for step.) A request back in the batch
+#: as a new request with a draft slot (random-58, step 37): vLLM's worker verifies a real token id
+#: there (451), the reference runner the -1 placeholder.
 KNOWN_DIFFERENCES = {
-    ("streaming-append-0", "inproc"): ("s", 6, "apply_num_tokens"),
-    ("random-72", "inproc"): ("3", 41, "sched_num_prompt_tokens"),
+    ("random-72", "inproc"): ("3", 41, "sched_spec_len"),
     ("random-58", "inproc"): ("10", 37, "worker_draft_ids"),
 }
 
@@ -284,7 +286,7 @@ def assert_live_replays(recordings: dict, tmp_path: Path, engine: str, executor:
 def test_live_recordings_replay_step_for_step(live_inproc, tmp_path, engine):
     assert "refused" not in live_inproc.values(), live_inproc
     assert len(LIVE_SCENARIOS) == len(SCENARIO_NAMES) - 1  # all but streaming-preempt (a KV cache of 4 blocks)
-    assert len(LIVE_RANDOM_SEEDS) == 12 and all(vllm_takes(pick_workload(scenario="random", seed=s)) for s in (58, 72))
+    assert len(LIVE_RANDOM_SEEDS) == 5 and all(vllm_takes(pick_workload(scenario="random", seed=s)) for s in (58, 72))
     assert_live_replays(live_inproc, tmp_path, engine)
 
 
