@@ -242,14 +242,13 @@ def live_inproc(tmp_path_factory):
 #: Where a live recording is known to part from its replay (README, "Replay a recorded run"):
 #: (request, step, field) of the first difference. A streaming session in process (random-72):
 #: at step 41 the live scheduler books request 3 four draft slots the replay does not; not
-#: modelled. (Until issue 27, streaming-append and random-72 parted earlier: specreplay's live
-#: driver shared one prompt list between the scheduler and vLLM's front end, so a turn's chunk
-#: went in twice; fixed, streaming-append now replays step for step.) A request back in the batch
-#: as a new request with a draft slot (random-58, step 37): vLLM's worker verifies a real token id
-#: there (451), the reference runner the -1 placeholder.
+#: modelled. (Until issue 27, streaming-append, random-58 and random-72 parted earlier:
+#: specreplay's live driver shared one prompt list between the scheduler and vLLM's front end, so
+#: a turn's chunk went in twice; fixed, the first two now replay step for step: random-58's new
+#: streaming turn at step 37 feeds the -1 placeholder live too, where the doubled chunk had put a
+#: real token id, 451.)
 KNOWN_DIFFERENCES = {
     ("random-72", "inproc"): ("3", 41, "sched_spec_len"),
-    ("random-58", "inproc"): ("10", 37, "worker_draft_ids"),
 }
 
 
