@@ -71,7 +71,8 @@ def _v(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-STORY_COLUMNS = (
+#: The scheduler's side of a request's story, the same on every runner.
+_SCHED_STORY = (
     ("step", "m"),
     ("sched_kind", "kind"),
     ("sched_skip", "skip"),
@@ -80,6 +81,8 @@ STORY_COLUMNS = (
     ("sched_num_computed_tokens", "C"),
     ("sched_num_output_placeholders", "P"),
     ("sched_num_tokens", "T"),
+)
+STORY_COLUMNS = _SCHED_STORY + (
     ("worker_in_prev_map", "pm"),
     ("worker_cached_drafts", "dr"),
     ("worker_num_scheduled_tokens", "wn"),
@@ -91,15 +94,7 @@ STORY_COLUMNS = (
 
 #: The story of a request on a Model Runner V2 trace: MRV2's slot view in place of V1's batch
 #: (traces/schema.py, "worker (MRV2)").
-STORY_COLUMNS_MRV2 = (
-    ("step", "m"),
-    ("sched_kind", "kind"),
-    ("sched_skip", "skip"),
-    ("sched_num_scheduled_tokens", "n"),
-    ("sched_num_draft_slots", "k"),
-    ("sched_num_computed_tokens", "C"),
-    ("sched_num_output_placeholders", "P"),
-    ("sched_num_tokens", "T"),
+STORY_COLUMNS_MRV2 = _SCHED_STORY + (
     ("worker_slot", "slot"),
     ("worker_query_len", "q"),
     ("worker_device_computed_before", "dC"),

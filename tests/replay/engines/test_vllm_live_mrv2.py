@@ -27,6 +27,7 @@ from specreplay.cli.main import main
 from specreplay.replay.check.checker import check_trace
 from specreplay.traces import schema
 from specreplay.traces.io import read_trace
+from tests.replay.engines.test_live_events import request_events, step_events
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("mrv2")]
 
@@ -174,7 +175,6 @@ def test_a_v1_runner_form_is_refused_on_mrv2_before_anything_is_recorded(tmp_pat
 
 # ====================================================================== the control-event scenarios
 EVENT_SCENARIOS = ("pause-clear", "abort-inflight", "resubmit", "streaming-append")
-INPUT_EVENTS = {"abort", "resubmit", "reset_preempt", "stream_update"}
 
 
 @pytest.fixture(scope="module")
@@ -196,19 +196,6 @@ def events():
             run_workload(w, inproc, engine="vllm-scheduler"),
         )
     return out
-
-
-def step_events(trace) -> list[tuple[int, str]]:
-    import re
-
-    df = trace.table.to_pandas()
-    marked = sorted({(int(s), e) for s, e in zip(df.step, df.step_event) if e})
-    return [(s, re.sub(r", clear_cache\)", ")", e)) for s, e in marked]
-
-
-def request_events(trace) -> list[tuple[int, str, str]]:
-    df = trace.table.to_pandas()
-    return sorted({(int(s), r, e) for s, r, e in zip(df.step, df.request_id, df.sched_event) if e in INPUT_EVENTS})
 
 
 @pytest.mark.parametrize("name", EVENT_SCENARIOS)
