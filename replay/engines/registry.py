@@ -17,8 +17,8 @@ Engines:
 Runner families (the vLLM runner a live engine runs and its worker observer; the reference
 runner a loop engine drives):
   v1              vLLM's V1 GPUModelRunner (replay/models/runner.py; observers/worker_observer.py)
-  v2              vLLM's Model Runner V2, vllm/v1/worker/gpu/ (observers/mrv2_observer.py; no
-                  reference model yet: the loop engines drive v1)
+  v2              vLLM's Model Runner V2, vllm/v1/worker/gpu/ (replay/models/mrv2_runner.py;
+                  observers/mrv2_observer.py records the real one and the reference alike)
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ class RunnerFamily:
     real: str  # module:attr of the vLLM runner class it models
     observe: str  # module:attr of `observe(runner, writer, external_id)`: its worker observer, attached
     env: str  # VLLM_USE_V2_MODEL_RUNNER's value that makes vLLM build this family's runner
+    # The reference is watched by the family's own worker observer (the one that records the real
+    # runner), not the V1 WorkerObserver: its trace has exactly a live trace's worker columns.
+    observed_like_live: bool = False
+    # vLLM's scheduler serves this runner with `use_v2_model_runner` (resumed requests sent as new).
+    scheduler_v2_mode: bool = False
 
     def reference_class(self) -> type:
         if self.reference is None:
@@ -73,9 +78,40 @@ class RunnerFamily:
         """This family's worker observer, on the live `runner`."""
         return _load(self.observe)(runner, writer, external_id)
 
+    def refuse(self, impl: Implementation) -> None:
+        """One InputError line for a variant whose reference runner form is another family's
+        (pr30796 edits V1's persistent batch and deferred correction: Model Runner V2 has neither)."""
+        if impl.runner is None:
+            return
+        base = self.reference_class()
+        if not issubclass(impl.runner, base):
+            other = next(
+                (f for f in RUNNERS.values() if f.reference and issubclass(impl.runner, f.reference_class())), None
+            )
+            what = f"the {other.name} reference runner ({other.summary})" if other else "another runner"
+            fix = f": pass --runner {other.name}" if other else ""
+            raise InputError(
+                f"{impl.name}'s runner subclasses {what}; --runner {self.name} builds {self.summary}, "
+                f"which has no such state to change{fix}"
+            )
+
+    def serve(self, scheduler: Any) -> None:
+        """Tell the vLLM-shaped scheduler (the reference or the real one) which runner it feeds."""
+        if self.scheduler_v2_mode:
+            scheduler.use_v2_model_runner = True
+
     def build(self, impl: Implementation, config: EngineConfig, oracle: Oracle, device: str) -> Any:
         """The runner of `impl` in this family: its variant's class, or the family's reference."""
+        self.refuse(impl)
         return impl.make_runner(config, oracle, device, default=self.reference_class())
+
+
+def family_of_reference(cls: type) -> RunnerFamily | None:
+    """The family whose reference model `cls` is or subclasses (a variant's runner); None: none."""
+    for family in RUNNERS.values():
+        if family.reference and issubclass(cls, family.reference_class()):
+            return family
+    return None
 
 
 RUNNERS: dict[str, RunnerFamily] = {
@@ -92,14 +128,16 @@ RUNNERS: dict[str, RunnerFamily] = {
         RunnerFamily(
             "v2",
             "vLLM's Model Runner V2 (vllm/v1/worker/gpu/)",
-            reference=None,
+            reference="specreplay.replay.models.mrv2_runner:ModelRunnerV2",
             real="vllm.v1.worker.gpu.model_runner:GPUModelRunner",
             observe="specreplay.replay.observers.mrv2_observer:observe_mrv2",
             env="1",
+            observed_like_live=True,
+            scheduler_v2_mode=True,
         ),
     )
 }
-#: The runner family a loop engine's reference runner models when not told.
+#: The runner family a loop engine's reference runner models when not told (README: why v1).
 DEFAULT_RUNNER = "v1"
 #: The runner a live vLLM builds when not told: what vLLM 0.32.0 / 0.33.0 pick wherever Triton
 #: counts as present (config/vllm.py use_v2_model_runner), as it does on a GPU and, with
@@ -193,7 +231,13 @@ class Engine:
         **more: Any,
     ) -> ImplHeader:
         """What ran on this engine, for the trace header (`Implementation.describe`: the objects
-        that ran, or the class names a vLLM process reported); `models` default: this engine's."""
+        that ran, or the class names a vLLM process reported); `models` default: this engine's.
+        A reference runner of another family than v1 names its family (`runner_family`; a trace
+        without one is v1's, as every trace recorded before families were named)."""
+        if runner is not None and not isinstance(runner, str) and "runner_family" not in more:
+            family = family_of_reference(type(runner))
+            if family is not None and family.name != DEFAULT_RUNNER:
+                more["runner_family"] = family.name
         return impl.describe(
             scheduler,
             self.name,
@@ -353,6 +397,7 @@ __all__ = [
     "choosable_engines",
     "engine",
     "engine_of",
+    "family_of_reference",
     "loop_engines",
     "replay_engines",
     "runner_family",

@@ -88,7 +88,7 @@ class KvTruth(RunnerObserver):
         bs = self.block_size
         owners = self.ledger.owner
         for x, rid in enumerate(inputs.rows):
-            blocks = runner.input_batch.block_table[x]
+            blocks = runner.kv_block_table(rid)
             start, n = inputs.starts[x], inputs.num_scheduled[x]
             if not (0 <= start // bs and (start + n - 1) // bs < len(blocks)):
                 self.ok[rid] = False
@@ -138,14 +138,12 @@ class KvTruth(RunnerObserver):
         expected token, written by it. The first that does not ends the valid prefix; one written
         by another request is K2. (A request's own writes were checked against its inputs.)"""
         bs = self.block_size
-        batch = runner.input_batch
         wanted: dict[str, set[int]] = {}  # request -> indexes into its block table to read
         for rid, valid in self.valid.items():
             st = runner.requests.get(rid)
             if st is None or valid <= 0 or rid in self.released:
                 continue
-            row = batch.req_id_to_index.get(rid)
-            table = batch.block_table[row] if row is not None else st.block_ids
+            table = runner.kv_block_table(rid)
             old = self.tables.get(rid)
             if old != table:
                 # Blocks appended (a request's table grows as it runs) are read; a replaced table whole.

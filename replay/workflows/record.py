@@ -271,9 +271,12 @@ def compare_to(
         name, family = other_runner[0]
         fits = [n for n in impls if n not in dict(other_runner)]
         hint = f" (--impls {','.join(fits)} run on it)" if fits else ""
+        from specreplay.replay.engines.registry import engine as engine_entry
+
+        asked = _live_runner(runner) if engine_entry(engine).drives_itself else runner
         raise InputError(
-            f"{name}'s real runner form subclasses the {family} runner; --runner "
-            f"{_live_runner(runner)} builds another: pass --runner {family}{hint}"
+            f"{name}'s runner form subclasses the {family} runner; --runner {asked} builds another: "
+            f"pass --runner {family}{hint}"
         )
     if output_dir.exists() and not output_dir.is_dir():
         raise InputError(f"{output_dir}: exists and is not a folder")
@@ -308,18 +311,22 @@ def _live_runner(runner: str | None) -> str:
 
 
 def runner_mismatch(impls: Sequence[str], engine: str, runner: str | None) -> list[tuple[str, str]]:
-    """(name, family) of each implementation whose real runner form is for another runner family
-    than the live vLLM of `engine` and `runner` builds (pr30796 edits V1's runner: MRV2 has no
-    such runner to subclass); none off --engine vllm (the loop engines drive v1's reference)."""
+    """(name, family) of each implementation whose runner form is for another runner family than
+    the one `engine` and `runner` run (pr30796 edits V1's runner: MRV2 has no such state to change):
+    on a live vLLM its real runner form, on a loop engine its reference runner form."""
+    from specreplay.replay.engines.registry import DEFAULT_RUNNER, family_of_reference
     from specreplay.replay.engines.registry import engine as engine_entry
     from specreplay.replay.impls.registry import resolve
 
-    if not engine_entry(engine).drives_itself:
-        return []
-    family = _live_runner(runner)
+    live = engine_entry(engine).drives_itself
+    family = _live_runner(runner) if live else (runner or DEFAULT_RUNNER)
     out = []
     for name in impls:
         impl = resolve(name, allow_import=True)
-        if impl.real_runner is not None and impl.real_runner_family != family:
+        if live and impl.real_runner is not None and impl.real_runner_family != family:
             out.append((name, impl.real_runner_family))
+        if not live and impl.runner is not None:
+            own = family_of_reference(impl.runner)
+            if own is not None and own.name != family:
+                out.append((name, own.name))
     return out
