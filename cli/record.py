@@ -237,15 +237,17 @@ def _vllm_on_cpu() -> bool:
 @output_option
 @flush_option
 @oracle_option("the replay runs")
+@runner_option
 @handle_errors
-def replay(trace_path, impl_name, engine, vllm_version, executor, device, output, flush_every, oracle) -> None:
+def replay(trace_path, impl_name, engine, vllm_version, executor, device, output, flush_every, oracle, runner) -> None:
     """Replay a recording: its workload, engine config and executor, driven by the tokens and
     drafts it recorded, through the same or another implementation (what-if).
 
     \b
     Replayed through the implementation it was recorded with, a recording comes back step for
     step; through another, `specreplay diff RECORDING REPLAY` says where they part. A live or
-    attached vLLM recording replays on --engine reference (default) or vllm-scheduler. Exit 1
+    attached vLLM recording replays on --engine reference (default) or vllm-scheduler, on the
+    reference of the runner it recorded (--runner: the other one, the cross-runner what-if). Exit 1
     when the engine dies (outcome crashed: an exception of the implementation, a vLLM assert).
 
     \b
@@ -266,6 +268,7 @@ def replay(trace_path, impl_name, engine, vllm_version, executor, device, output
         progress=progress,
         oracle=oracle,
         vllm_version=vllm_version,
+        runner=runner,
     )
     _summary(replayed)
     outcomes = replayed.trace.impl.outcomes

@@ -186,11 +186,13 @@ def replay_to(
     progress: ProgressBar | None = None,
     oracle: str | None = None,
     vllm_version: str | None = None,
+    runner: str | None = None,
 ) -> Recorded:
     """Run a trace again through `impl` (default: the trace's own, by registry name only), with
     the engine config and executor that ran it, on the oracle and engine `plan_replay` picks
     (workflows/replaying.py): a live or attached recording on its recorded outcomes.
-    `vllm_version`: run as this vLLM release (default: the one the trace ran as)."""
+    `vllm_version`: run as this vLLM release (default: the one the trace ran as); `runner`: the
+    runner family (default: the trace's own)."""
     from specreplay.replay.workflows.replaying import may_be_recording, plan_replay
     from specreplay.traces.io import TraceFile, open_trace
 
@@ -198,7 +200,7 @@ def replay_to(
     trace: Trace | TraceFile = opened
     if oracle == "recorded" or (oracle is None and may_be_recording(opened.impl)):
         trace = opened.read()  # the outcomes are in the rows; a synthetic replay needs the metadata only
-    plan = plan_replay(trace, str(source), engine=engine, oracle=oracle)
+    plan = plan_replay(trace, str(source), engine=engine, oracle=oracle, runner=runner)
     return record_to(
         output,
         plan.workload if vllm_version is None else plan.workload.at_version(vllm_version),
