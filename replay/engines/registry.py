@@ -60,6 +60,10 @@ class RunnerFamily:
     observed_like_live: bool = False
     # vLLM's scheduler serves this runner with `use_v2_model_runner` (resumed requests sent as new).
     scheduler_v2_mode: bool = False
+    # A row verifies whatever its slot holds (every draft fed is a proposal, an n-gram slot's
+    # padding included) and the worker view records every sampled token (`worker_sampled_ids`):
+    # what a replay on the recorded outcomes reads (workloads/recorded_oracle.py).
+    verifies_slot_drafts: bool = False
 
     def reference_class(self) -> type:
         if self.reference is None:
@@ -134,6 +138,7 @@ RUNNERS: dict[str, RunnerFamily] = {
             env="1",
             observed_like_live=True,
             scheduler_v2_mode=True,
+            verifies_slot_drafts=True,
         ),
     )
 }

@@ -111,7 +111,11 @@ class RecordedOracle(Oracle):
         super().__init__(workload)
         # Model Runner V2 (v2) verifies what its slot holds: every draft a row fed was proposed
         # (an n-gram slot without a match holds the last sampled token: padding, but proposed).
+        from specreplay.replay.engines.registry import RUNNERS
+
+        family = RUNNERS.get(runner_family)
         self.runner_family = runner_family
+        self.slot_drafts = family is not None and family.verifies_slot_drafts
         # An attached run's own prompts, chunks and stop tokens (recorded_inputs.py); None: the
         # workload's seeded ones, which specreplay fed the engines it drove. `announce_steps`
         # tell the input driver where the recorded engine stepped with nothing unfinished.
@@ -132,7 +136,7 @@ class RecordedOracle(Oracle):
     def _read(self, table: Any) -> None:
         cols = {name: table.column(name).to_pylist() for name in COLUMNS}
         # Model Runner V2's worker view has every token it sampled, those a stop cut off included.
-        v2 = self.runner_family == "v2" and "worker_sampled_ids" in table.column_names
+        v2 = self.slot_drafts and "worker_sampled_ids" in table.column_names
         full_sampled = table.column("worker_sampled_ids").to_pylist() if v2 else [None] * table.num_rows
         for i in range(table.num_rows):
             row = {name: cols[name][i] for name in COLUMNS}
@@ -146,9 +150,7 @@ class RecordedOracle(Oracle):
             drafts = list(row["worker_draft_ids"] or [])
             if self._drafts_are_proposals(row, drafts):
                 seen.drafts.setdefault(first_draft, drafts)
-                proposed = (
-                    row["sched_spec_len"] if self.drafter == "ngram" and self.runner_family != "v2" else len(drafts)
-                )
+                proposed = row["sched_spec_len"] if self.drafter == "ngram" and not self.slot_drafts else len(drafts)
                 seen.proposed.setdefault(first_draft, max(proposed, len(drafts)))
             sampled = row["apply_sampled_token_ids"]
             full = full_sampled[i]
@@ -179,7 +181,7 @@ class RecordedOracle(Oracle):
         they came from a cached row, in sync mode from the scheduler's spec tokens."""
         if any(t < 0 for t in drafts):
             return False
-        if self.runner_family == "v2":
+        if self.slot_drafts:
             return bool(drafts)
         if self.workload.config.async_scheduling:
             return bool(row["worker_cached_drafts"]) or row["sched_num_draft_slots"] == 0
