@@ -67,9 +67,12 @@ def test_a_v2_trace_names_its_runner_and_has_a_live_mrv2_traces_worker_columns(s
     from specreplay.traces.io import read_trace
 
     real = read_trace(live)
-    filled = lambda t: {
-        c for c in t.table.column_names if c.startswith("worker_") and t.table.column(c).null_count < t.num_rows
-    }  # noqa: E731
+
+    def filled(t):
+        return {
+            c for c in t.table.column_names if c.startswith("worker_") and t.table.column(c).null_count < t.num_rows
+        }
+
     assert filled(seed_trace) == filled(real)
 
 
