@@ -88,10 +88,10 @@ class RunnerFamily:
         if impl.runner is None:
             return
         base = self.reference_class()
-        if not issubclass(impl.runner, base):
-            other = next(
-                (f for f in RUNNERS.values() if f.reference and issubclass(impl.runner, f.reference_class())), None
-            )
+        other = family_of_reference(impl.runner)
+        # Refused only across lineages: a family whose reference builds on the variant's own
+        # family's (a V1 reference with more counters) runs its variants.
+        if not issubclass(impl.runner, base) and (other is None or not issubclass(base, other.reference_class())):
             what = f"the {other.name} reference runner ({other.summary})" if other else "another runner"
             fix = f": pass --runner {other.name}" if other else ""
             raise InputError(
@@ -201,11 +201,16 @@ class Engine:
         """vLLM's (Async)Scheduler class the variant's real form builds on; None: the reference's."""
         return None
 
-    def expected(self, impl: Implementation, config: EngineConfig) -> dict[str, str] | None:
+    def expected(self, impl: Implementation, config: EngineConfig, runner: str | None = None) -> dict[str, str] | None:
         """The classes and executor a run of `impl` here is asked to run, as its header names
-        them (the gate's check); None where the header cannot say (a live engine replaces its
-        classes inside vLLM's own processes)."""
-        return impl.expected(config, self.real_base(config))
+        them (the gate's check), on runner family `runner` (default v1); None where the header
+        cannot say (a live engine replaces its classes inside vLLM's own processes)."""
+        asked = impl.expected(config, self.real_base(config))
+        if impl.runner is None and runner not in (None, DEFAULT_RUNNER):
+            from specreplay.replay.impls.registry import qualified_name
+
+            asked["runner"] = qualified_name(runner_family(runner).reference_class())
+        return asked
 
     def inputs_at_workload_steps(self, executor: str | None) -> bool:
         """Did the recorded inputs land at the workload's steps (else: where the engine took them)?"""
@@ -287,7 +292,7 @@ class LiveEngine(Engine):
 
         return f"vllm {vllm.__version__}"
 
-    def expected(self, impl: Implementation, config: EngineConfig) -> dict[str, str] | None:
+    def expected(self, impl: Implementation, config: EngineConfig, runner: str | None = None) -> dict[str, str] | None:
         return None
 
     def inputs_at_workload_steps(self, executor: str | None) -> bool:

