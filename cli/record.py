@@ -373,8 +373,11 @@ def compare(
         click.echo(json.dumps(doc | ({"left_out": dict(left_out)} if left_out else {}), indent=2, default=str))
         return
     _compare_table(comparison)
+    from specreplay.replay.engines.registry import engine as engine_entry
+
+    form = "real runner form" if engine_entry(engine or "reference").drives_itself else "reference runner form"
     for name, family in left_out:
-        click.echo(f"left out: {name} (its real runner form is for --runner {family})")
+        click.echo(f"left out: {name} (its {form} is for --runner {family})")
 
 
 def _unchecked_why(codes: list[str]) -> str:

@@ -1,11 +1,12 @@
 """The KV ground truth: what each request's KV cache really holds, read back from the paged buffer.
 
 Where it sits: workloads -> models -> impls -> **observers** -> engines -> traces -> check ->
-workflows -> views -> cli. An observer of the reference runner (attached with the worker observer,
-observers/worker_observer.py). The runner keeps a paged KV buffer as vLLM's cache is laid out (slot
-= block * block_size + offset, through each row's block table), each slot marked with the token id
-written there and the request life that wrote it; a step's writes land when the GPU would commit
-them (`GPUModelRunner.commit_kv`). This observer follows which leading positions of each request the
+workflows -> views -> cli. An observer of either reference runner (V1's, attached with the worker
+observer, observers/worker_observer.py; the reference MRV2's, with the MRV2 observer). The runner
+keeps a paged KV buffer as vLLM's cache is laid out (models/paged_kv.py: slot = block * block_size
++ offset, through the block table the worker runs each request with, `kv_block_table`), each slot
+marked with the token id written there and the request life that wrote it; a step's writes land
+when the GPU would commit them (`commit_kv`). This observer follows which leading positions of each request the
 worker has computed, and reads them back from the blocks after each step's writes: a position is
 valid while its slot holds the request's expected token, written by that request life. It writes the
 truth_* columns:

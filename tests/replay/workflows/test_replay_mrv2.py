@@ -9,8 +9,9 @@ re-entry (async, k = 3), the same workload under the synchronous scheduler, a bu
 requests (async, a stop token, a late long prompt), and tight KV (five blocks of 32: preempted
 requests come back as new lives), the re-entry recorded multiprocess (engine core in its own
 process: inputs land where the core took them), and the `random` scenario's seed 12 (22
-requests, budget skips, chunked prefill, stop tokens, mixed acceptance). Replayed on the other runner, a recording is the cross-runner
-what-if, and `diff` names the first step where the runners part. The vllm-scheduler replays are
+requests, budget skips, chunked prefill, stop tokens, mixed acceptance). Replayed on the other
+runner, a recording is the cross-runner what-if, and `diff` names the first step where the
+runners part. The vllm-scheduler replays are
 marked `vllm` (they import vLLM's scheduler; no engine starts).
 """
 
