@@ -270,8 +270,10 @@ class ModelRunnerV2(PagedKV):
         d_t = torch.from_numpy(d.astype(np.int64)).to(dev)
         computed = states.num_computed_tokens.gpu[idx]
         prefill_len = states.prefill_len.gpu[idx]
-        row_of = torch.repeat_interleave(torch.arange(num_reqs, device=dev), n_t)
-        offset = torch.arange(total, device=dev) - qsl[:-1][row_of]
+        # Row of each token and its offset in the row: from the host counts (as vLLM's query_start_loc).
+        row_of_np = np.repeat(np.arange(num_reqs, dtype=np.int64), n_np)
+        row_of = torch.from_numpy(row_of_np).to(dev)
+        offset = torch.from_numpy(np.arange(total, dtype=np.int64) - qsl_np[:-1].astype(np.int64)[row_of_np]).to(dev)
         positions = computed[row_of] + offset
         ids = self.input_ids_buffer[:total]
         self.positions_buffer[:total] = positions
