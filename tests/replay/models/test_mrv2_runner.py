@@ -197,3 +197,16 @@ def test_a_v1_runner_variant_is_refused_on_v2_in_one_line(tmp_path):
     assert "pass --runner v1" in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "x.parquet").exists()
+
+
+def test_compare_on_the_reference_mrv2_leaves_out_the_v1_runner_variants(tmp_path):
+    result = CliRunner().invoke(
+        main, ["compare", "--scenario", "reentry", "--runner", "v2", "-o", str(tmp_path)], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 0, result.output
+    assert "left out: pr30796 (its reference runner form is for --runner v1)" in result.output
+    shown = CliRunner().invoke(
+        main, ["show", str(tmp_path / "reentry-upstream.parquet"), "--request", "10", "--steps", "1:5"]
+    )
+    # MRV2's lanes, as a live MRV2 trace shows them: request 10 keeps slot 5 through its skips.
+    assert "on Model Runner V2" in shown.output and "(5)" in shown.output and "@1" in shown.output, shown.output
