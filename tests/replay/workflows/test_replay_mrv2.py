@@ -9,7 +9,9 @@ re-entry (async, k = 3), the same workload under the synchronous scheduler, a bu
 requests (async, a stop token, a late long prompt), and tight KV (five blocks of 32: preempted
 requests come back as new lives), the re-entry recorded multiprocess (engine core in its own
 process: inputs land where the core took them), and the `random` scenario's seed 12 (22
-requests, budget skips, chunked prefill, stop tokens, mixed acceptance). Replayed on the other
+requests, budget skips, chunked prefill, stop tokens, mixed acceptance), and two event scenarios:
+a streaming-input session (a turn's slot freed and taken again by its next chunk) and aborts
+landing with steps in flight. Replayed on the other
 runner, a recording is the cross-runner what-if, and `diff` names the first step where the
 runners part. The vllm-scheduler replays are
 marked `vllm` (they import vLLM's scheduler; no engine starts).
@@ -36,6 +38,8 @@ RECORDINGS = {
     "preempt": HERE / "data" / "preempt-mrv2.parquet",
     "reentry-multiproc": HERE / "data" / "reentry-multiproc-mrv2.parquet",
     "random-12": HERE / "data" / "random-12-mrv2.parquet",
+    "streaming-append": HERE / "data" / "streaming-append-mrv2.parquet",
+    "abort-inflight": HERE / "data" / "abort-inflight-mrv2.parquet",
 }
 #: What a live recording has no values for (no oracle, no KV ground truth).
 NO_TRUTH = {
