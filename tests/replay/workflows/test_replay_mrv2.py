@@ -11,7 +11,9 @@ requests come back as new lives), the re-entry recorded multiprocess (engine cor
 process: inputs land where the core took them), and the `random` scenario's seed 12 (22
 requests, budget skips, chunked prefill, stop tokens, mixed acceptance), and two event scenarios:
 a streaming-input session (a turn's slot freed and taken again by its next chunk) and aborts
-landing with steps in flight. Replayed on the other
+landing with steps in flight; and an attached recording: a user's own in-process `vllm.LLM` program
+(tests/replay/engines/attached_llm.py: 12 requests over several steps, one abort) under `record
+--attach` with VLLM_USE_V2_MODEL_RUNNER=1, its prompts and stops from its recorded inputs. Replayed on the other
 runner, a recording is the cross-runner what-if, and `diff` names the first step where the
 runners part. The vllm-scheduler replays are
 marked `vllm` (they import vLLM's scheduler; no engine starts).
@@ -40,6 +42,7 @@ RECORDINGS = {
     "random-12": HERE / "data" / "random-12-mrv2.parquet",
     "streaming-append": HERE / "data" / "streaming-append-mrv2.parquet",
     "abort-inflight": HERE / "data" / "abort-inflight-mrv2.parquet",
+    "attached": HERE / "data" / "attached-mrv2.parquet",
 }
 #: What a live recording has no values for (no oracle, no KV ground truth).
 NO_TRUTH = {
@@ -85,6 +88,8 @@ def test_the_recordings_cover_what_they_are_named_for():
     assert any(r["sched_num_scheduled_tokens"] == 0 for r in rows["skip"])
     assert not read_trace(RECORDINGS["reentry-sync"]).config.to_dict()["async_scheduling"]
     assert read_trace(RECORDINGS["reentry-multiproc"]).impl.executor == "multiproc"
+    attached = read_trace(RECORDINGS["attached"])
+    assert attached.impl.engine == "vllm (attached)" and attached.inputs is not None
 
 
 @pytest.mark.vllm
