@@ -130,3 +130,20 @@ def test_the_plan_reruns_a_trace_on_its_runner_unless_told(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert plan_replay(read_trace(tmp_path / "ref.parquet"), "ref").runner == "v2"
+
+
+def test_the_gate_reruns_mrv2_goldens_on_the_reference_mrv2(tmp_path):
+    """A live MRV2 recording and a reference MRV2 trace as goldens: each reruns on its own runner
+    (held to the reference MRV2's class) and passes."""
+    import shutil
+
+    goldens = tmp_path / "goldens"
+    goldens.mkdir()
+    shutil.copy(RECORDINGS["preempt"], goldens / "preempt-mrv2.parquet")
+    made = CliRunner().invoke(
+        main, ["record", "--scenario", "reentry", "--runner", "v2", "-o", str(goldens / "reentry-ref-v2.parquet")]
+    )
+    assert made.exit_code == 0, made.output
+    result = CliRunner().invoke(main, ["gate", str(goldens)], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "2 traces, 2 pass" in result.output, result.output
