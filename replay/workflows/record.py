@@ -275,9 +275,10 @@ def compare_to(
         hint = f" (--impls {','.join(fits)} run on it)" if fits else ""
         from specreplay.replay.engines.registry import engine as engine_entry
 
-        asked = _live_runner(runner) if engine_entry(engine).drives_itself else runner
+        live = engine_entry(engine).drives_itself
+        asked, form = (_live_runner(runner), "real runner form") if live else (runner, "reference runner form")
         raise InputError(
-            f"{name}'s runner form subclasses the {family} runner; --runner {asked} builds another: "
+            f"{name}'s {form} subclasses the {family} runner; --runner {asked} builds another: "
             f"pass --runner {family}{hint}"
         )
     if output_dir.exists() and not output_dir.is_dir():
