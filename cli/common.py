@@ -108,10 +108,10 @@ runner_option = click.option(
     "--runner",
     type=click.Choice(list(RUNNERS)),
     default=None,
-    help="The model runner --engine vllm builds: v1 (vLLM's V1 GPUModelRunner) or v2 (Model Runner V2, "
-    "vllm/v1/worker/gpu/, what GPU deployments run). Default: v2, what vLLM picks wherever Triton counts as "
-    "present (on a CPU machine specreplay runs Triton's interpreter for it). The other engines drive the v1 "
-    "reference runner.",
+    help="The model runner: v1 (vLLM's V1 GPUModelRunner) or v2 (Model Runner V2, vllm/v1/worker/gpu/, what GPU "
+    "deployments run). --engine vllm builds the real one (default v2, what vLLM picks wherever Triton counts as "
+    "present; on a CPU machine specreplay runs Triton's interpreter for it); the other engines drive specreplay's "
+    "reference of it (default v1; replay: the trace's own).",
 )
 drafter_option = click.option(
     "--drafter",

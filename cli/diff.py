@@ -164,6 +164,8 @@ def _compare_two(loaded, paths: list[str], fmt: str, fail_on: str) -> int:
             out.print(
                 f"not compared: {', '.join(columns)} (no ground truth in {side}: a live engine's recording has none)"
             )
+        for side, columns in result.other_runner.items():
+            out.print(f"not compared: {', '.join(columns)} (only {side}'s runner records them)")
         if result.left_out:
             out.print(f"not compared: {', '.join(result.left_out)} (not in the older trace's schema)")
     return EXIT_FINDINGS if (not result.same and fail_on != "never") else EXIT_OK

@@ -25,6 +25,7 @@ from specreplay.cli.common import (
     handle_errors,
     impl_option,
     jobs_option,
+    runner_option,
     vllm_version_option,
 )
 from specreplay.traces.errors import InputError
@@ -53,6 +54,7 @@ from specreplay.traces.errors import InputError
     help="Run candidates on a Ray cluster at this address ('local': a one-machine cluster).",
 )
 @fail_on_option
+@runner_option
 @click.option(
     "-o",
     "--output-dir",
@@ -61,7 +63,9 @@ from specreplay.traces.errors import InputError
     help="Folder for one trace per distinct finding code and explore.json.",
 )
 @handle_errors
-def explore(impl_name, engine, vllm_version, budget, seconds, seed, jobs, ray_address, fail_on, output_dir) -> None:
+def explore(
+    impl_name, engine, vllm_version, budget, seconds, seed, jobs, ray_address, fail_on, runner, output_dir
+) -> None:
     """Search seeded workloads and perturbations for findings; save a trace of every distinct
     finding code in OUTPUT_DIR (its smallest reproduction) with the seed that reproduces it.
 
@@ -89,6 +93,7 @@ def explore(impl_name, engine, vllm_version, budget, seconds, seed, jobs, ray_ad
             ray_address=ray_address,
             progress=update,
             vllm_version=vllm_version or default_vllm_version(),
+            runner=runner,
         )
     _report(report)
     error = report.implementation_error()

@@ -173,17 +173,8 @@ def record(
 
 
 def _runner_for(engine: str | None, runner: str | None) -> str | None:
-    """--runner is the live engine's choice (the others drive the v1 reference runner): one line
-    for a runner the engine cannot run, rather than a run that ignores it."""
-    from specreplay.replay.engines.registry import DEFAULT_RUNNER
-    from specreplay.replay.engines.registry import engine as engine_entry
-    from specreplay.traces.errors import InputError
-
-    if runner not in (None, DEFAULT_RUNNER) and not engine_entry(engine or "reference").drives_itself:
-        raise InputError(
-            f"--runner {runner} is for --engine vllm (a live vLLM builds it); --engine {engine or 'reference'} "
-            "drives the v1 reference runner (a reference Model Runner V2 is not built yet)"
-        )
+    """--runner for every engine: the runner a live vLLM builds, the reference runner a loop
+    engine drives (engines/registry.py RUNNERS; each family has a reference model)."""
     return runner
 
 
@@ -246,15 +237,17 @@ def _vllm_on_cpu() -> bool:
 @output_option
 @flush_option
 @oracle_option("the replay runs")
+@runner_option
 @handle_errors
-def replay(trace_path, impl_name, engine, vllm_version, executor, device, output, flush_every, oracle) -> None:
+def replay(trace_path, impl_name, engine, vllm_version, executor, device, output, flush_every, oracle, runner) -> None:
     """Replay a recording: its workload, engine config and executor, driven by the tokens and
     drafts it recorded, through the same or another implementation (what-if).
 
     \b
     Replayed through the implementation it was recorded with, a recording comes back step for
     step; through another, `specreplay diff RECORDING REPLAY` says where they part. A live or
-    attached vLLM recording replays on --engine reference (default) or vllm-scheduler. Exit 1
+    attached vLLM recording replays on --engine reference (default) or vllm-scheduler, on the
+    reference of the runner it recorded (--runner: the other one, the cross-runner what-if). Exit 1
     when the engine dies (outcome crashed: an exception of the implementation, a vLLM assert).
 
     \b
@@ -275,6 +268,7 @@ def replay(trace_path, impl_name, engine, vllm_version, executor, device, output
         progress=progress,
         oracle=oracle,
         vllm_version=vllm_version,
+        runner=runner,
     )
     _summary(replayed)
     outcomes = replayed.trace.impl.outcomes
@@ -379,8 +373,11 @@ def compare(
         click.echo(json.dumps(doc | ({"left_out": dict(left_out)} if left_out else {}), indent=2, default=str))
         return
     _compare_table(comparison)
+    from specreplay.replay.engines.registry import engine as engine_entry
+
+    form = "real runner form" if engine_entry(engine or "reference").drives_itself else "reference runner form"
     for name, family in left_out:
-        click.echo(f"left out: {name} (its real runner form is for --runner {family})")
+        click.echo(f"left out: {name} (its {form} is for --runner {family})")
 
 
 def _unchecked_why(codes: list[str]) -> str:

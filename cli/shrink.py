@@ -16,6 +16,7 @@ from specreplay.cli.common import (
     engine_option,
     handle_errors,
     oracle_option,
+    runner_option,
     trace_argument,
     trace_impl_option,
     vllm_version_option,
@@ -44,8 +45,9 @@ from specreplay.cli.common import (
     default=None,
     help="Also write a self-contained pytest module that fails while the code fires.",
 )
+@runner_option
 @handle_errors
-def shrink(trace_path, code, impl_name, engine, vllm_version, oracle, max_runs, output, pytest_file) -> None:
+def shrink(trace_path, code, impl_name, engine, vllm_version, oracle, max_runs, output, pytest_file, runner) -> None:
     """Cut a failing trace's workload down while the same finding code still fires: fewer
     requests, steps and tokens, simpler config and acceptance. Deterministic.
 
@@ -70,6 +72,7 @@ def shrink(trace_path, code, impl_name, engine, vllm_version, oracle, max_runs, 
         max_runs=max_runs,
         pytest_file=pytest_file,
         vllm_version=vllm_version,
+        runner=runner,
     )
     before, after, shrunk = report.before, report.after, report.shrunk
     on = f" on its recorded outcomes ({report.engine} engine)" if report.oracle == "recorded" else ""

@@ -7,7 +7,10 @@ trace B's, life = the row's sched_life; scheduler and worker repeat A and B for 
 CLI renders them like any other finding.
 
 Ground truth is compared where both traces hold it: a trace with none at all (a live engine's
-recording) against one with it (its replay) leaves those columns out, named in `no_truth`.
+recording) against one with it (its replay) leaves those columns out, named in `no_truth`. Two
+traces of different runner families (the cross-runner what-if: an MRV2 recording replayed on V1's
+runner) compare the worker columns both runners record; a worker column only one of them fills is
+left out, named in `other_runner`.
 
 Both traces stream in step order (row groups from `TraceFile.batches()`, or an in-memory table in
 slices) and are compared a run of whole steps at a time, vectorised: when the two sides hold the
@@ -47,6 +50,8 @@ class TraceDiff:
     #: Ground-truth columns one trace holds no value in at all (a live engine's recording has
     #: none): not compared, by side ("A" or "B").
     no_truth: dict[str, list[str]] = field(default_factory=dict)
+    #: Worker columns only one of two traces of different runner families records (by side).
+    other_runner: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def same(self) -> bool:
@@ -73,10 +78,23 @@ def diff_batches(a, b, batches_a: Iterable, batches_b: Iterable) -> TraceDiff:
     columns = [c for c in schema.columns_of_version(older) if c not in _KEY]
     out.left_out = [c for c in _COLUMNS if c not in columns]
     truth: dict[str, set[str]] = {"A": set(), "B": set()}  # ground-truth columns with a value somewhere, per side
+    cross = _family(a) != _family(b)
+    worker = [c for c in columns if c.startswith("worker_")] if cross else []
+    recorded: dict[str, set[str]] = {"A": set(), "B": set()}  # worker columns with a value (cross-runner only)
     for chunk_a, chunk_b in _aligned(iter(batches_a), iter(batches_b)):
         truth["A"] |= columns_with_values(chunk_a)
         truth["B"] |= columns_with_values(chunk_b)
+        for side, chunk in (("A", chunk_a), ("B", chunk_b)):
+            recorded[side] |= {c for c in worker if chunk.column(c).null_count < chunk.num_rows}
         _compare(chunk_a, chunk_b, out, first_per_field, columns)
+    for side, other in (("A", "B"), ("B", "A")):
+        # The other runner's own worker view: nothing of it to compare against.
+        only = [c for c in worker if c in recorded[side] and c not in recorded[other]]
+        if only:
+            out.other_runner[side] = only
+            for name in only:
+                first_per_field.pop(name, None)
+                out.fields.pop(name, None)
     for side, other in (("A", "B"), ("B", "A")):
         # A trace without ground truth against one with it: the truth is the other's alone, not a difference.
         missing = [c for c in GROUND_TRUTH if c in columns and c in truth[other] and c not in truth[side]]
@@ -102,6 +120,12 @@ def diff_batches(a, b, batches_a: Iterable, batches_b: Iterable) -> TraceDiff:
         key=lambda f: (f.step, schema.COLUMN_NAMES.index(f.field) if f.field in schema.COLUMN_NAMES else 99),
     )
     return out
+
+
+def _family(trace) -> str:
+    """The runner family whose worker view a trace holds (v1 where none is named)."""
+    impl = getattr(trace, "impl", None)
+    return getattr(impl, "runner_family", None) or "v1"
 
 
 def _aligned(batches_a: Iterator, batches_b: Iterator) -> Iterator[tuple[pa.Table, pa.Table]]:

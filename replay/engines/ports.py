@@ -94,8 +94,11 @@ def wire(
     `RUNNERS`). The run decided before that `impl` runs there (`Engine.refuse`)."""
     config = workload.config
     oracle = oracle or Oracle(workload)
+    family = runner_family(runner)
+    family.refuse(impl)  # before anything is built
     scheduler, observed = engine_entry(engine).build_scheduler(impl, config)
-    built = runner_family(runner).build(impl, config, oracle, device)
+    family.serve(observed)
+    built = family.build(impl, config, oracle, device)
     recorder = Recorder()
     observer = SchedulerObserver(
         observed,
@@ -107,7 +110,11 @@ def wire(
     )
     attach(observer, step_of=lambda so: step_now(), apply_step=step_now)
     writer = RecorderWriter(recorder)
-    attach_runner(
-        built, [WorkerObserver(writer, ReferenceReader), KvTruth(oracle, writer, config.block_size)], ReferenceReader
-    )
+    truth = KvTruth(oracle, writer, config.block_size)
+    if family.observed_like_live:
+        # The observer that records the real runner of this family, reading device values at once.
+        family.attach(built, writer).reads.immediate = True
+        attach_runner(built, [truth], ReferenceReader)
+    else:
+        attach_runner(built, [WorkerObserver(writer, ReferenceReader), truth], ReferenceReader)
     return EngineParts(impl, oracle, scheduler, observed, built, recorder, observer)

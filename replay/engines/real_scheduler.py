@@ -200,7 +200,13 @@ def convert_output(so: Any, step: int) -> SchedulerOutput:
         all_token_ids={r: list(t) for r, t in c.all_token_ids.items()},
     )
     new = [
-        NewRequestData(d.req_id, list(d.prompt_token_ids or ()), list(d.block_ids[0]), d.num_computed_tokens)
+        NewRequestData(
+            d.req_id,
+            list(d.prompt_token_ids or ()),
+            list(d.block_ids[0]),
+            d.num_computed_tokens,
+            list(d.prefill_token_ids) if getattr(d, "prefill_token_ids", None) is not None else None,
+        )
         for d in so.scheduled_new_reqs
     ]
     return SchedulerOutput(

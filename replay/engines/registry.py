@@ -17,8 +17,8 @@ Engines:
 Runner families (the vLLM runner a live engine runs and its worker observer; the reference
 runner a loop engine drives):
   v1              vLLM's V1 GPUModelRunner (replay/models/runner.py; observers/worker_observer.py)
-  v2              vLLM's Model Runner V2, vllm/v1/worker/gpu/ (observers/mrv2_observer.py; no
-                  reference model yet: the loop engines drive v1)
+  v2              vLLM's Model Runner V2, vllm/v1/worker/gpu/ (replay/models/mrv2_runner.py;
+                  observers/mrv2_observer.py records the real one and the reference alike)
 """
 
 from __future__ import annotations
@@ -55,6 +55,15 @@ class RunnerFamily:
     real: str  # module:attr of the vLLM runner class it models
     observe: str  # module:attr of `observe(runner, writer, external_id)`: its worker observer, attached
     env: str  # VLLM_USE_V2_MODEL_RUNNER's value that makes vLLM build this family's runner
+    # The reference is watched by the family's own worker observer (the one that records the real
+    # runner), not the V1 WorkerObserver: its trace has exactly a live trace's worker columns.
+    observed_like_live: bool = False
+    # vLLM's scheduler serves this runner with `use_v2_model_runner` (resumed requests sent as new).
+    scheduler_v2_mode: bool = False
+    # A row verifies whatever its slot holds (every draft fed is a proposal, an n-gram slot's
+    # padding included) and the worker view records every sampled token (`worker_sampled_ids`):
+    # what a replay on the recorded outcomes reads (workloads/recorded_oracle.py).
+    verifies_slot_drafts: bool = False
 
     def reference_class(self) -> type:
         if self.reference is None:
@@ -73,9 +82,40 @@ class RunnerFamily:
         """This family's worker observer, on the live `runner`."""
         return _load(self.observe)(runner, writer, external_id)
 
+    def refuse(self, impl: Implementation) -> None:
+        """One InputError line for a variant whose reference runner form is another family's
+        (pr30796 edits V1's persistent batch and deferred correction: Model Runner V2 has neither)."""
+        if impl.runner is None:
+            return
+        base = self.reference_class()
+        other = family_of_reference(impl.runner)
+        # Refused only across lineages: a family whose reference builds on the variant's own
+        # family's (a V1 reference with more counters) runs its variants.
+        if not issubclass(impl.runner, base) and (other is None or not issubclass(base, other.reference_class())):
+            what = f"the {other.name} reference runner ({other.summary})" if other else "another runner"
+            fix = f": pass --runner {other.name}" if other else ""
+            raise InputError(
+                f"{impl.name}'s runner subclasses {what}; --runner {self.name} builds {self.summary}, "
+                f"which has no such state to change{fix}"
+            )
+
+    def serve(self, scheduler: Any) -> None:
+        """Tell the vLLM-shaped scheduler (the reference or the real one) which runner it feeds."""
+        if self.scheduler_v2_mode:
+            scheduler.use_v2_model_runner = True
+
     def build(self, impl: Implementation, config: EngineConfig, oracle: Oracle, device: str) -> Any:
         """The runner of `impl` in this family: its variant's class, or the family's reference."""
+        self.refuse(impl)
         return impl.make_runner(config, oracle, device, default=self.reference_class())
+
+
+def family_of_reference(cls: type) -> RunnerFamily | None:
+    """The family whose reference model `cls` is or subclasses (a variant's runner); None: none."""
+    for family in RUNNERS.values():
+        if family.reference and issubclass(cls, family.reference_class()):
+            return family
+    return None
 
 
 RUNNERS: dict[str, RunnerFamily] = {
@@ -92,14 +132,17 @@ RUNNERS: dict[str, RunnerFamily] = {
         RunnerFamily(
             "v2",
             "vLLM's Model Runner V2 (vllm/v1/worker/gpu/)",
-            reference=None,
+            reference="specreplay.replay.models.mrv2_runner:ModelRunnerV2",
             real="vllm.v1.worker.gpu.model_runner:GPUModelRunner",
             observe="specreplay.replay.observers.mrv2_observer:observe_mrv2",
             env="1",
+            observed_like_live=True,
+            scheduler_v2_mode=True,
+            verifies_slot_drafts=True,
         ),
     )
 }
-#: The runner family a loop engine's reference runner models when not told.
+#: The runner family a loop engine's reference runner models when not told (README: why v1).
 DEFAULT_RUNNER = "v1"
 #: The runner a live vLLM builds when not told: what vLLM 0.32.0 / 0.33.0 pick wherever Triton
 #: counts as present (config/vllm.py use_v2_model_runner), as it does on a GPU and, with
@@ -158,11 +201,16 @@ class Engine:
         """vLLM's (Async)Scheduler class the variant's real form builds on; None: the reference's."""
         return None
 
-    def expected(self, impl: Implementation, config: EngineConfig) -> dict[str, str] | None:
+    def expected(self, impl: Implementation, config: EngineConfig, runner: str | None = None) -> dict[str, str] | None:
         """The classes and executor a run of `impl` here is asked to run, as its header names
-        them (the gate's check); None where the header cannot say (a live engine replaces its
-        classes inside vLLM's own processes)."""
-        return impl.expected(config, self.real_base(config))
+        them (the gate's check), on runner family `runner` (default v1); None where the header
+        cannot say (a live engine replaces its classes inside vLLM's own processes)."""
+        asked = impl.expected(config, self.real_base(config))
+        if impl.runner is None and runner not in (None, DEFAULT_RUNNER):
+            from specreplay.replay.impls.registry import qualified_name
+
+            asked["runner"] = qualified_name(runner_family(runner).reference_class())
+        return asked
 
     def inputs_at_workload_steps(self, executor: str | None) -> bool:
         """Did the recorded inputs land at the workload's steps (else: where the engine took them)?"""
@@ -193,7 +241,13 @@ class Engine:
         **more: Any,
     ) -> ImplHeader:
         """What ran on this engine, for the trace header (`Implementation.describe`: the objects
-        that ran, or the class names a vLLM process reported); `models` default: this engine's."""
+        that ran, or the class names a vLLM process reported); `models` default: this engine's.
+        A reference runner of another family than v1 names its family (`runner_family`; a trace
+        without one is v1's, as every trace recorded before families were named)."""
+        if runner is not None and not isinstance(runner, str) and "runner_family" not in more:
+            family = family_of_reference(type(runner))
+            if family is not None and family.name != DEFAULT_RUNNER:
+                more["runner_family"] = family.name
         return impl.describe(
             scheduler,
             self.name,
@@ -238,7 +292,7 @@ class LiveEngine(Engine):
 
         return f"vllm {vllm.__version__}"
 
-    def expected(self, impl: Implementation, config: EngineConfig) -> dict[str, str] | None:
+    def expected(self, impl: Implementation, config: EngineConfig, runner: str | None = None) -> dict[str, str] | None:
         return None
 
     def inputs_at_workload_steps(self, executor: str | None) -> bool:
@@ -353,6 +407,7 @@ __all__ = [
     "choosable_engines",
     "engine",
     "engine_of",
+    "family_of_reference",
     "loop_engines",
     "replay_engines",
     "runner_family",

@@ -17,6 +17,9 @@ class NewRequestData:
     prompt_token_ids: list[int]
     block_ids: list[int]
     num_computed_tokens: int  # tokens computed before this step (prefix hits; 0 here)
+    # Model Runner V2 only (the scheduler serves it: `use_v2_model_runner`): every token the
+    # runner prefills, the outputs of a preempted request's earlier life included; None for V1.
+    prefill_token_ids: list[int] | None = None
 
 
 @dataclass

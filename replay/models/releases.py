@@ -1,4 +1,4 @@
-"""What changed in vLLM's scheduler between the releases the reference models follow.
+"""What changed in vLLM's scheduler and Model Runner V2 between the releases the reference models follow.
 
 Where it sits: workloads -> **models** -> impls -> observers -> engines -> traces -> check ->
 workflows -> views -> cli. The reference scheduler (models/scheduler.py) and the engine loop read a
@@ -26,6 +26,17 @@ line numbers are 0.33.0's vllm/v1/core/sched/scheduler.py and vllm/v1/engine/cor
   paused_rejects_new         core.py ~1796: under a pause in wait or abort mode the engine core
                              refuses a new request (an id the scheduler does not hold) with a
                              retryable `engine_paused` error; 0.32.0 queued it in every mode.
+
+Model Runner V2 (vllm/v1/worker/gpu/; the reference: models/mrv2_runner.py):
+
+  mrv2_skip_drafts           0.33.0's SchedulerOutput.skip_drafts: on a step whose drafts no later
+                             step can use, a lookahead drafter (EAGLE, MTP, draft model) proposes
+                             nothing (model_runner.py ~2118); n-gram drafters and the oracle's
+                             drafter propose as before.
+  mrv2_zero_drafts_needs_k   states.py ~117: a new request's draft row is zeroed only when k > 0;
+                             0.32.0 zeroed it always (an empty row when k = 0: no visible change).
+  mrv2_post_update_drafts    input_batch.py ~581: post_update can also scatter drafts, for non-last
+                             pipeline-parallel ranks only (not modelled: one rank).
 """
 
 from __future__ import annotations
@@ -43,6 +54,9 @@ class Release:
     continuing_requeued_after_cleanup: bool
     session_keeps_all_but_last: bool
     paused_rejects_new: bool
+    mrv2_skip_drafts: bool = False
+    mrv2_zero_drafts_needs_k: bool = False
+    mrv2_post_update_drafts: bool = False
 
 
 _V0_32 = Release(
@@ -60,6 +74,9 @@ _V0_33 = Release(
     continuing_requeued_after_cleanup=True,
     session_keeps_all_but_last=True,
     paused_rejects_new=True,
+    mrv2_skip_drafts=True,
+    mrv2_zero_drafts_needs_k=True,
+    mrv2_post_update_drafts=True,
 )
 RELEASES = {release.version: release for release in (_V0_32, _V0_33)}
 assert tuple(RELEASES) == MODELLED_VERSIONS, "every modelled version has its Release, in order"

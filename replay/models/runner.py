@@ -55,6 +55,7 @@ import torch
 
 from specreplay.replay.models.input_batch import CachedRequestState, InputBatch
 from specreplay.replay.models.messages import EngineCrash, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from specreplay.replay.models.paged_kv import PagedKV
 from specreplay.replay.models.target_model import RecordedTargetModel, TargetModel
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.oracle import Oracle
@@ -87,7 +88,7 @@ class PreparedInputs:
     seq_lens: list[int]  # optimistic: the CPU num_computed_tokens (before correction) + n
 
 
-class GPUModelRunner:
+class GPUModelRunner(PagedKV):
     """vLLM 0.32.0 V1 runner, design B (deferred correction, optimistic output length)."""
 
     #: vLLM >= 0.25 clamps input ids to >= 0 before the embedding when spec decode is on.
@@ -114,17 +115,7 @@ class GPUModelRunner:
         self.prev_starts: list[int] = []
         self.prev_num_draft_tokens: list[int] = []
         self.sync_drafts: tuple[list[str], list[list[int]]] = ([], [])
-        # The paged KV cache (vLLM's layout: slot = block * block_size + offset, addressed through
-        # each row's block table). Per slot: the token id whose KV was written there, and which
-        # request life wrote it (a handle, `kv_writers[handle]` its request id); -1: never written.
-        slots = config.num_blocks * config.block_size
-        self.kv_tokens = torch.full((slots,), -1, dtype=torch.int64, device=self.device)
-        self.kv_writer = torch.full((slots,), -1, dtype=torch.int64, device=self.device)
-        self.kv_writers: list[str] = []
-        # Writes issued by forwards the GPU has not finished (slots, tokens, writer handles), oldest
-        # first: `commit_kv` lands them, in stream order, before the next forward.
-        self.kv_in_flight: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self.kv_last_blocks: dict[int, set[int]] = {}  # block -> handles the last forward wrote it with
+        self.init_kv(config, self.device)
         self._pending: tuple[PreparedInputs, torch.Tensor] | None = None  # between the two halves
 
     @property
@@ -463,78 +454,11 @@ class GPUModelRunner:
         per_row = np.array([self.oracle.hash(rid) for rid in inputs.rows], dtype=np.int64)
         return torch.from_numpy(np.repeat(per_row, inputs.num_scheduled)).to(self.device)
 
-    def write_kv(self, inputs: PreparedInputs) -> None:
-        """Issue the KV writes of every scheduled token: its id (what the model read) into the
-        slot its position maps to through the row's block table, marked with the writing request
-        life. A position outside the row's blocks has no slot and is dropped (the KV ground
-        truth marks it broken). The writes land when the forward is done (`commit_kv`)."""
-        slots, keep, writers = self._kv_slots(inputs)
-        if slots.numel():
-            self.kv_in_flight.append((slots, inputs.input_ids[keep], writers))
-
-    def _kv_slots(self, inputs: PreparedInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The KV slot of every scheduled token that has one, its index in the flat inputs and
-        the handle of the request life writing it, for the whole batch at once (vLLM's slot
-        mapping: the block table flattened, each position's block looked up in its row's part).
-        Notes which handles wrote each block (`kv_last_blocks`)."""
-        bs = self.config.block_size
-        num_rows = len(inputs.rows)
-        tables = self.input_batch.block_table[:num_rows]
-        lengths = np.array([len(t) for t in tables], dtype=np.int64)
-        flat_blocks = np.fromiter(chain.from_iterable(tables), dtype=np.int64)
-        counts = np.array(inputs.num_scheduled, dtype=np.int64)
-        row_of = np.repeat(np.arange(num_rows), counts)
-        begin = np.cumsum(counts) - counts
-        pos = np.repeat(np.array(inputs.starts, dtype=np.int64) - begin, counts) + np.arange(len(row_of))
-        block_index = pos // bs
-        keep = np.flatnonzero((block_index >= 0) & (block_index < lengths[row_of]))
-        row_kept = row_of[keep]
-        blocks = flat_blocks[(np.cumsum(lengths) - lengths)[row_kept] + block_index[keep]]
-        slots = blocks * bs + pos[keep] % bs
-        handles = np.array([self.kv_handle(rid) for rid in inputs.rows], dtype=np.int64)
-        writers = handles[row_kept]
-        touched: dict[int, set[int]] = {}
-        if len(keep):
-            span = len(self.kv_writers) + 1
-            for key in np.unique(blocks * span + writers).tolist():
-                touched.setdefault(key // span, set()).add(key % span)
-        self.kv_last_blocks = touched
-        dev = self.device
-        return torch.from_numpy(slots).to(dev), torch.from_numpy(keep).to(dev), torch.from_numpy(writers).to(dev)
-
-    def kv_handle(self, rid: str) -> int:
-        """The handle request `rid`'s current life marks its KV writes with (given on first use
-        to a state a variant built itself)."""
-        st = self.requests[rid]
-        if st.kv_handle < 0:
-            st.kv_handle = len(self.kv_writers)
-            self.kv_writers.append(rid)
-        return st.kv_handle
-
-    def commit_kv(self) -> None:
-        """The KV writes of the forwards issued so far land in the cache, oldest first: a later
-        write to a slot wins, as on one CUDA stream. Called before the next forward (async: step
-        m's writes land after schedule(m+1) ran, while the scheduler may have freed and reused
-        their blocks) and, in sync mode, when the step's output is taken."""
-        for at, tokens, writers in self.kv_in_flight:
-            self.kv_tokens[at] = tokens
-            self.kv_writer[at] = writers
-        self.kv_in_flight = []
-
-    def read_kv(self, slots: list[int], landed: bool = False) -> tuple[list[int], list[int]]:
-        """Token ids and writer handles in `slots`: the cache as it is, or (`landed`) as it will be
-        once the writes in flight land (nothing else writes in between)."""
-        at = torch.tensor(slots, dtype=torch.int64, device=self.device)
-        tokens, writers = self.kv_tokens[at].tolist(), self.kv_writer[at].tolist()
-        if landed and self.kv_in_flight:
-            later: dict[int, tuple[int, int]] = {}
-            for where, new_tokens, new_writers in self.kv_in_flight:
-                later.update(zip(where.tolist(), zip(new_tokens.tolist(), new_writers.tolist())))
-            for i, slot in enumerate(slots):
-                hit = later.get(slot)
-                if hit is not None:
-                    tokens[i], writers[i] = hit
-        return tokens, writers
+    def kv_block_table(self, rid: str) -> list[int]:
+        """The block table the worker runs `rid` with: its batch row's, else its cached state's
+        (what the KV writes and the KV ground truth address, models/paged_kv.py)."""
+        row = self.input_batch.req_id_to_index.get(rid)
+        return self.input_batch.block_table[row] if row is not None else self.requests[rid].block_ids
 
     # ================================================================ sample_tokens
     def rejection_sample(

@@ -23,6 +23,11 @@ Hooks, in the order a step uses them:
       account_placeholders(req, tokens, stale)          (async) P -= appended tokens, its assert
   update_draft_token_ids(req_ids, drafts)               sync mode: real drafts from the worker
 
+Serving Model Runner V2 (`use_v2_model_runner`, set by the runner family the run builds,
+engines/registry.py; vLLM reads it from its config), a resumed request is sent as a new one with
+all its tokens as prefill (`NewRequestData.prefill_token_ids`) and the MRV1-only re-entry list
+(`all_token_ids`) is not kept: vLLM's scheduler.py ~1418 and ~1731.
+
 The release modelled is the config's `vllm_version`; where 0.33.0 differs from 0.32.0 is one
 field of `self.release` (models/releases.py) and one branch here.
 
@@ -91,6 +96,8 @@ class Scheduler:
     """vLLM's `Scheduler` (one batch in flight): FCFS, chunked prefill, no prefix caching."""
 
     is_async = False
+    #: True when the runner is Model Runner V2 (resumed requests go out as new ones).
+    use_v2_model_runner = False
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -409,10 +416,13 @@ class Scheduler:
     def _make_output(self, plan: StepPlan) -> SchedulerOutput:
         cached = CachedRequestData()
         prev, new_blocks, all_token_ids = self.prev_step_scheduled_req_ids, plan.new_blocks, cached.all_token_ids
-        cached_reqs = plan.running + plan.resumed
-        for req in cached_reqs:
-            if req.request_id not in prev:
-                all_token_ids[req.request_id] = list(req.all_token_ids)
+        v2 = self.use_v2_model_runner
+        # MRV2: resumed requests are new ones to its runner (it freed their slots at preemption).
+        cached_reqs = plan.running if v2 else plan.running + plan.resumed
+        if not v2:
+            for req in cached_reqs:
+                if req.request_id not in prev:
+                    all_token_ids[req.request_id] = list(req.all_token_ids)
         # Column by column (this runs per scheduled request per step); num_output_tokens read
         # without the property.
         cached.req_ids.extend([req.request_id for req in cached_reqs])
@@ -421,12 +431,16 @@ class Scheduler:
         cached.num_output_tokens.extend(
             [len(req.all_token_ids) - req.output_start + req.num_output_placeholders for req in cached_reqs]
         )
-        cached.resumed_req_ids = {req.request_id for req in plan.resumed}
+        cached.resumed_req_ids = set() if v2 else {req.request_id for req in plan.resumed}
         new = [
             NewRequestData(
-                req.request_id, list(req.prompt_token_ids), self.kv.block_ids(req.request_id), req.num_computed_tokens
+                req.request_id,
+                list(req.prompt_token_ids),
+                self.kv.block_ids(req.request_id),
+                req.num_computed_tokens,
+                list(req.all_token_ids) if v2 else None,
             )
-            for req in plan.new
+            for req in (plan.new + plan.resumed if v2 else plan.new)
         ]
         out = SchedulerOutput(
             step=self.step,
@@ -439,7 +453,8 @@ class Scheduler:
             preempted_req_ids=self.preempted_req_ids,
             num_spec_tokens_to_schedule=self.k,
         )
-        self.prev_step_scheduled_req_ids = set(plan.num_scheduled)
+        if not v2:  # MRV1 only (scheduler.py ~1450)
+            self.prev_step_scheduled_req_ids = set(plan.num_scheduled)
         return out
 
     def update_after_schedule(self, out: SchedulerOutput) -> None:

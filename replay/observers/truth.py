@@ -1,11 +1,12 @@
 """The KV ground truth: what each request's KV cache really holds, read back from the paged buffer.
 
 Where it sits: workloads -> models -> impls -> **observers** -> engines -> traces -> check ->
-workflows -> views -> cli. An observer of the reference runner (attached with the worker observer,
-observers/worker_observer.py). The runner keeps a paged KV buffer as vLLM's cache is laid out (slot
-= block * block_size + offset, through each row's block table), each slot marked with the token id
-written there and the request life that wrote it; a step's writes land when the GPU would commit
-them (`GPUModelRunner.commit_kv`). This observer follows which leading positions of each request the
+workflows -> views -> cli. An observer of either reference runner (V1's, attached with the worker
+observer, observers/worker_observer.py; the reference MRV2's, with the MRV2 observer). The runner
+keeps a paged KV buffer as vLLM's cache is laid out (models/paged_kv.py: slot = block * block_size
++ offset, through the block table the worker runs each request with, `kv_block_table`), each slot
+marked with the token id written there and the request life that wrote it; a step's writes land
+when the GPU would commit them (`commit_kv`). This observer follows which leading positions of each request the
 worker has computed, and reads them back from the blocks after each step's writes: a position is
 valid while its slot holds the request's expected token, written by that request life. It writes the
 truth_* columns:
@@ -88,7 +89,7 @@ class KvTruth(RunnerObserver):
         bs = self.block_size
         owners = self.ledger.owner
         for x, rid in enumerate(inputs.rows):
-            blocks = runner.input_batch.block_table[x]
+            blocks = runner.kv_block_table(rid)
             start, n = inputs.starts[x], inputs.num_scheduled[x]
             if not (0 <= start // bs and (start + n - 1) // bs < len(blocks)):
                 self.ok[rid] = False
@@ -138,14 +139,12 @@ class KvTruth(RunnerObserver):
         expected token, written by it. The first that does not ends the valid prefix; one written
         by another request is K2. (A request's own writes were checked against its inputs.)"""
         bs = self.block_size
-        batch = runner.input_batch
         wanted: dict[str, set[int]] = {}  # request -> indexes into its block table to read
         for rid, valid in self.valid.items():
             st = runner.requests.get(rid)
             if st is None or valid <= 0 or rid in self.released:
                 continue
-            row = batch.req_id_to_index.get(rid)
-            table = batch.block_table[row] if row is not None else st.block_ids
+            table = runner.kv_block_table(rid)
             old = self.tables.get(rid)
             if old != table:
                 # Blocks appended (a request's table grows as it runs) are read; a replaced table whole.

@@ -63,6 +63,7 @@ class Candidate:
     seed: int
     profiles: tuple[str, ...]
     vllm_version: str | None = None  # the release it runs as; None: the workload's default
+    runner: str | None = None  # the runner family it runs on (engines/registry.py); None: v1
 
     def workload(self, impl: Implementation | None = None) -> Workload:
         """Its workload; with `impl`, one that implementation applies to (`candidate_workload`)."""
@@ -116,7 +117,7 @@ def run_candidate(impl_name: str, engine: str, candidate: Candidate) -> CaseResu
     try:
         impl = resolve(impl_name, allow_import=True)
         workload = candidate.workload(impl)
-        trace = run_workload(workload, impl, engine=engine)
+        trace = run_workload(workload, impl, engine=engine, runner=candidate.runner)
     except InputError as exc:
         return CaseResult(candidate.index, candidate.seed, candidate.profiles, {}, frozenset(), 0, 0, str(exc))
     findings: dict[str, dict[str, Any]] = {}
@@ -150,6 +151,7 @@ class Exploration:
     engine: str
     seed: int
     vllm_version: str | None = None
+    runner: str | None = None
     results: list[CaseResult] = field(default_factory=list)
     coverage: dict[str, int] = field(default_factory=dict)  # situation -> candidates reaching it
     settings: dict[str, int] = field(default_factory=dict)  # engine setting -> candidates drawing it
@@ -166,7 +168,13 @@ class Exploration:
 
 
 def candidates_for(
-    seed: int, generation: int, weights: dict[str, float], start: int, count: int, vllm_version: str | None = None
+    seed: int,
+    generation: int,
+    weights: dict[str, float],
+    start: int,
+    count: int,
+    vllm_version: str | None = None,
+    runner: str | None = None,
 ) -> list[Candidate]:
     rng = random.Random(f"explore:{seed}:{generation}")
     names = list(PROFILES)
@@ -186,7 +194,7 @@ def candidates_for(
                     del pool[n]
                     break
         seed_of_workload = rng.randrange(1 << 30)  # a valid workload seed
-        out.append(Candidate(start + i, seed_of_workload, tuple(sorted(picked)), vllm_version))
+        out.append(Candidate(start + i, seed_of_workload, tuple(sorted(picked)), vllm_version, runner))
     return out
 
 
@@ -199,13 +207,15 @@ def explore(
     backend: Backend | None = None,
     progress: Callable[[int, Exploration], None] | None = None,
     vllm_version: str | None = None,
+    runner: str | None = None,
 ) -> Exploration:
     """Run generations of candidates until `budget` candidates ran or `seconds` passed, on
-    `backend` (default: inline; the caller closes it), as the vLLM release `vllm_version`."""
+    `backend` (default: inline; the caller closes it), as the vLLM release `vllm_version`, on
+    runner family `runner` (default v1)."""
     from specreplay.replay.workflows.backends import InlineBackend
 
     backend = backend or InlineBackend()
-    result = Exploration(impl, engine, seed, vllm_version)
+    result = Exploration(impl, engine, seed, vllm_version, runner)
     weights = {p: 1.0 for p in PROFILES}
     if not _applies_to_sync(impl):
         weights["sync"] = 0.0  # an AsyncScheduler: its workloads are all async, the profile is moot
@@ -215,7 +225,7 @@ def explore(
         left = GENERATION if budget is None else min(GENERATION, budget - len(result.results))
         if left <= 0 or (seconds is not None and time.monotonic() - started >= seconds):
             break
-        batch = candidates_for(seed, generation, weights, len(result.results), left, vllm_version)
+        batch = candidates_for(seed, generation, weights, len(result.results), left, vllm_version, runner)
         for case in backend.run(impl, engine, batch):
             new = [s for s in case.features if s not in result.coverage]
             for s in case.features:
@@ -293,6 +303,7 @@ def explore_to(
     ray_address: str | None = None,
     progress: Callable[[int, Exploration], None] | None = None,
     vllm_version: str | None = None,
+    runner: str | None = None,
 ) -> ExploreReport:
     """Search (`explore`; DEFAULT_BUDGET workloads unless `budget` or `seconds`), then write into
     `output_dir` one trace per distinct finding code, its smallest reproduction, and explore.json.
@@ -314,6 +325,7 @@ def explore_to(
             backend=backend,
             progress=progress,
             vllm_version=vllm_version,
+            runner=runner,
         )
     finally:
         backend.close()
@@ -338,6 +350,7 @@ def _summary(result: Exploration) -> dict[str, Any]:
     return {
         "impl": result.impl,
         "engine": result.engine,
+        **({"runner": result.runner} if result.runner else {}),
         "vllm_version": result.vllm_version,
         "seed": result.seed,
         "workloads": len(result.results),
@@ -367,7 +380,7 @@ def _write_findings(output_dir: Path, result: Exploration, impl) -> dict[str, di
         first = hits[0]
         finding = first.findings[code]
         workload = Candidate(first.index, first.seed, first.profiles).workload(impl)
-        trace = run_workload(workload, impl, engine=result.engine)
+        trace = run_workload(workload, impl, engine=result.engine, runner=result.runner)
         path = output_dir / f"{code}.parquet"
         write_trace(trace, path)
         findings[code] = {

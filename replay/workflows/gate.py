@@ -109,12 +109,12 @@ class RanOtherThanAsked(RuntimeError):
     something in place of the code under test. A bug of specreplay's, never a verdict on that code."""
 
 
-def check_ran_as_asked(path: str, impl, trace, config, engine: str) -> None:
+def check_ran_as_asked(path: str, impl, trace, config, engine: str, runner: str | None = None) -> None:
     """Hold the classes a rerun's header says ran to those `impl` asks for on `engine` (a live
     engine replaces its classes inside vLLM's own processes; its header does not name them)."""
     from specreplay.replay.engines.registry import engine as engine_entry
 
-    asked = engine_entry(engine).expected(impl, config)
+    asked = engine_entry(engine).expected(impl, config, runner)
     if asked is None:
         return
     ran = {key: getattr(trace.impl, key) for key in asked}  # the header's fields that describe names
@@ -154,6 +154,7 @@ def _golden_plan(golden, where: str, options: GateOptions):
         live_runner_of,
         may_be_recording,
         plan_replay,
+        runner_of,
     )
     from specreplay.replay.workloads.workload import Workload
 
@@ -169,8 +170,9 @@ def _golden_plan(golden, where: str, options: GateOptions):
     if oracle == "synthetic":
         workload = Workload.from_dict(golden.workload.to_dict(), f"{where}: workload metadata")
         engine_name = options.engine or golden.impl.engine_or_reference()
-        return ReplayPlan(workload, engine_name, golden.impl.executor, None, options.runner or live_runner_of(golden))
-    return plan_replay(recording or golden.read(), where, engine=options.engine, oracle=oracle)
+        own = live_runner_of(golden) if may_be_recording(golden.impl) else runner_of(golden)
+        return ReplayPlan(workload, engine_name, golden.impl.executor, None, options.runner or own)
+    return plan_replay(recording or golden.read(), where, engine=options.engine, oracle=oracle, runner=options.runner)
 
 
 def replay_golden(golden, plan, options: GateOptions):
@@ -210,7 +212,7 @@ def gate_one(path: str, options: GateOptions) -> GateResult:
         return GateResult(path, "n/a", impl=exc.impl, golden_impl=golden.impl_name, message=exc.reason)
     except InputError as exc:
         return GateResult(path, "error", impl=options.impl or "", message=str(exc))
-    check_ran_as_asked(path, impl, trace, plan.workload.config, plan.engine)
+    check_ran_as_asked(path, impl, trace, plan.workload.config, plan.engine, plan.runner)
     result = GateResult(path, "pass", impl=impl.name, golden_impl=golden.impl_name)
     made_by = fingerprint(golden)
     if made_by["impl"] != impl.name:

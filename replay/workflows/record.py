@@ -186,11 +186,13 @@ def replay_to(
     progress: ProgressBar | None = None,
     oracle: str | None = None,
     vllm_version: str | None = None,
+    runner: str | None = None,
 ) -> Recorded:
     """Run a trace again through `impl` (default: the trace's own, by registry name only), with
     the engine config and executor that ran it, on the oracle and engine `plan_replay` picks
     (workflows/replaying.py): a live or attached recording on its recorded outcomes.
-    `vllm_version`: run as this vLLM release (default: the one the trace ran as)."""
+    `vllm_version`: run as this vLLM release (default: the one the trace ran as); `runner`: the
+    runner family (default: the trace's own)."""
     from specreplay.replay.workflows.replaying import may_be_recording, plan_replay
     from specreplay.traces.io import TraceFile, open_trace
 
@@ -198,7 +200,7 @@ def replay_to(
     trace: Trace | TraceFile = opened
     if oracle == "recorded" or (oracle is None and may_be_recording(opened.impl)):
         trace = opened.read()  # the outcomes are in the rows; a synthetic replay needs the metadata only
-    plan = plan_replay(trace, str(source), engine=engine, oracle=oracle)
+    plan = plan_replay(trace, str(source), engine=engine, oracle=oracle, runner=runner)
     return record_to(
         output,
         plan.workload if vllm_version is None else plan.workload.at_version(vllm_version),
@@ -271,9 +273,13 @@ def compare_to(
         name, family = other_runner[0]
         fits = [n for n in impls if n not in dict(other_runner)]
         hint = f" (--impls {','.join(fits)} run on it)" if fits else ""
+        from specreplay.replay.engines.registry import engine as engine_entry
+
+        live = engine_entry(engine).drives_itself
+        asked, form = (_live_runner(runner), "real runner form") if live else (runner, "reference runner form")
         raise InputError(
-            f"{name}'s real runner form subclasses the {family} runner; --runner "
-            f"{_live_runner(runner)} builds another: pass --runner {family}{hint}"
+            f"{name}'s {form} subclasses the {family} runner; --runner {asked} builds another: "
+            f"pass --runner {family}{hint}"
         )
     if output_dir.exists() and not output_dir.is_dir():
         raise InputError(f"{output_dir}: exists and is not a folder")
@@ -308,18 +314,22 @@ def _live_runner(runner: str | None) -> str:
 
 
 def runner_mismatch(impls: Sequence[str], engine: str, runner: str | None) -> list[tuple[str, str]]:
-    """(name, family) of each implementation whose real runner form is for another runner family
-    than the live vLLM of `engine` and `runner` builds (pr30796 edits V1's runner: MRV2 has no
-    such runner to subclass); none off --engine vllm (the loop engines drive v1's reference)."""
+    """(name, family) of each implementation whose runner form is for another runner family than
+    the one `engine` and `runner` run (pr30796 edits V1's runner: MRV2 has no such state to change):
+    on a live vLLM its real runner form, on a loop engine its reference runner form."""
+    from specreplay.replay.engines.registry import DEFAULT_RUNNER, family_of_reference
     from specreplay.replay.engines.registry import engine as engine_entry
     from specreplay.replay.impls.registry import resolve
 
-    if not engine_entry(engine).drives_itself:
-        return []
-    family = _live_runner(runner)
+    live = engine_entry(engine).drives_itself
+    family = _live_runner(runner) if live else (runner or DEFAULT_RUNNER)
     out = []
     for name in impls:
         impl = resolve(name, allow_import=True)
-        if impl.real_runner is not None and impl.real_runner_family != family:
+        if live and impl.real_runner is not None and impl.real_runner_family != family:
             out.append((name, impl.real_runner_family))
+        if not live and impl.runner is not None:
+            own = family_of_reference(impl.runner)
+            if own is not None and own.name != family:
+                out.append((name, own.name))
     return out

@@ -37,7 +37,16 @@ class ReplayPlan:
     engine: str
     executor: str | None  # the trace's own (how the SchedulerOutput reached the worker)
     oracle: Any  # a RecordedOracle, or None: the workload's synthetic one
-    runner: str | None = None  # the runner family a live rerun builds: the trace's own (None: the default)
+    runner: str | None = None  # the runner family the rerun builds or drives: the trace's own (None: the default)
+
+
+def runner_of(trace: Any) -> str | None:
+    """The runner family `trace` ran (v1 for one from before runners were named); None for a
+    runner specreplay did not observe (the rerun takes the default)."""
+    from specreplay.replay.engines.registry import RUNNERS
+
+    family = trace.impl.runner_family or "v1"
+    return family if family in RUNNERS else None
 
 
 def live_runner_of(trace: Any) -> str | None:
@@ -100,10 +109,12 @@ def plan_replay(
     engine: str | None = None,
     oracle: str | None = None,
     workload: Workload | None = None,
+    runner: str | None = None,
 ) -> ReplayPlan:
     """How to run `trace` again (a `Trace`; a `TraceFile` will do where the plan is synthetic and
     the trace no recording: `may_be_recording`). `workload`: a part of the trace's (shrink),
-    default the whole; the recorded outcomes of what remains drive it."""
+    default the whole; the recorded outcomes of what remains drive it. `runner`: the runner
+    family to rerun it on (default: its own; the other one is the cross-runner what-if)."""
     from specreplay.replay.workloads.recorded_oracle import recorded_oracle
 
     if not isinstance(trace, Trace):  # a TraceFile: its header, a Trace without rows
@@ -118,20 +129,13 @@ def plan_replay(
     recorded_engine = trace.impl.engine or DEFAULT_ENGINE
     executor = trace.impl.executor
     if mode == "synthetic":
-        return ReplayPlan(workload, engine or recorded_engine, executor, None, live_runner_of(trace))
+        own = live_runner_of(trace) if may_be_recording(trace.impl) else runner_of(trace)
+        return ReplayPlan(workload, engine or recorded_engine, executor, None, runner or own)
     engine = engine or (recorded_engine if recorded_engine in REPLAY_ENGINES else DEFAULT_ENGINE)
     if engine not in REPLAY_ENGINES:
         raise InputError(
             f"--engine {engine}: a live engine makes its own outcomes; replay a recording's through "
             f"{' or '.join(REPLAY_ENGINES)} (or --oracle synthetic to run its workload live again)"
-        )
-    if trace.impl.runner_family not in (None, "v1"):
-        # The loop engines drive the V1 reference runner only: a Model Runner V2 recording rerun
-        # there would not be the run it recorded (every worker column and most counters differ).
-        raise InputError(
-            f"{where}: a recording of vLLM's Model Runner V2 ({trace.impl.runner}); its outcomes replay through a "
-            "reference model of its runner, and specreplay has one of the V1 runner only: --oracle synthetic "
-            "--engine vllm runs its workload on the real MRV2 again"
         )
     outcomes = recorded_oracle(workload, trace)
     outcomes.source = where
@@ -141,4 +145,4 @@ def plan_replay(
     drains = ran_on.drains_at_end if ran_on is not None else None
     outcomes.drains_at_end = drains if drains is not None else recorded_engine in REPLAY_ENGINES
     outcomes.trace_inputs = trace.inputs
-    return ReplayPlan(workload, engine, executor, outcomes)
+    return ReplayPlan(workload, engine, executor, outcomes, runner or runner_of(trace))

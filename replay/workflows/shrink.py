@@ -74,10 +74,12 @@ def shrink(
     max_runs: int = 3000,
     progress: Callable[[Shrunk], None] | None = None,
     outcomes: Callable[[Workload], Any] | None = None,
+    runner: str | None = None,
 ) -> Shrunk:
     """The smallest workload (greedy) whose run through `impl` still fires `code`. `outcomes`:
     the oracle a candidate runs on, given the candidate (a recording's outcomes over its
-    requests); None: each candidate's own synthetic model."""
+    requests); None: each candidate's own synthetic model. `runner`: the runner family every
+    candidate runs on (engines/registry.py; default v1)."""
     from specreplay.replay.engines.run import run_workload
 
     def fires(w: Workload) -> tuple[Trace, Any] | None:
@@ -86,7 +88,7 @@ def shrink(
         try:
             w = Workload.from_dict(w.to_dict())  # a reduction must still be a valid workload
             oracle = outcomes(w) if outcomes is not None else None  # refuses rows the candidate contradicts
-            trace = run_workload(w, impl, engine=engine, oracle=oracle)
+            trace = run_workload(w, impl, engine=engine, oracle=oracle, runner=runner)
         except InputError:
             return None
         if not any(f.code == code for f in check_trace(trace)):
@@ -278,7 +280,9 @@ def _simpler_config(w: Workload) -> Iterator[tuple[str, Workload]]:
         )
 
 
-def emit_pytest(shrunk: Shrunk, source: str, impl_name: str, engine: str, trace_path: str | None = None) -> str:
+def emit_pytest(
+    shrunk: Shrunk, source: str, impl_name: str, engine: str, trace_path: str | None = None, runner: str | None = None
+) -> str:
     """A self-contained pytest module: the minimal workload inline, run through the implementation
     under test (SPECREPLAY_IMPL, default `impl_name`), failing while `code` fires. A shrunk
     recording's outcomes are rows, not a seed: its test replays the minimal trace at `trace_path`
@@ -320,7 +324,7 @@ TRACE = Path(__file__).parent / {trace_path!r}
 def test_{slug}_does_not_fire():
     plan = plan_replay(read_trace(TRACE), str(TRACE), engine=ENGINE, oracle="recorded")
     impl = resolve(os.environ.get("SPECREPLAY_IMPL", {impl_name!r}), allow_import=True, executor=plan.executor)
-    trace = run_workload(plan.workload, impl, engine=plan.engine, oracle=plan.oracle)
+    trace = run_workload(plan.workload, impl, engine=plan.engine, oracle=plan.oracle, runner=plan.runner)
 {check}'''
     workload = pprint.pformat(shrunk.workload.to_dict(), width=100, sort_dicts=True)  # Python literals
     return f'''"""{doc}
@@ -335,12 +339,13 @@ from specreplay.replay.workloads.workload import Workload
 
 CODE = {shrunk.code!r}
 ENGINE = {engine!r}
+RUNNER = {runner!r}
 WORKLOAD = {workload}
 
 
 def test_{slug}_does_not_fire():
     impl = resolve(os.environ.get("SPECREPLAY_IMPL", {impl_name!r}), allow_import=True)
-    trace = run_workload(Workload.from_dict(WORKLOAD), impl, engine=ENGINE)
+    trace = run_workload(Workload.from_dict(WORKLOAD), impl, engine=ENGINE, runner=RUNNER)
 {check}'''
 
 
@@ -377,6 +382,7 @@ def shrink_to(
     max_runs: int = 3000,
     pytest_file: Path | None = None,
     vllm_version: str | None = None,
+    runner: str | None = None,
 ) -> ShrinkReport:
     """Shrink the workload of the trace at `source` while `code` (default: its first error, else
     its first finding) still fires through `impl` (default: the trace's own, by registry name
@@ -384,9 +390,10 @@ def shrink_to(
     `pytest_file`, a regression test there. `oracle` (default: `replaying.default_oracle`):
     recorded runs every candidate on the trace's recorded outcomes, on the engine and executor
     `plan_replay` picks; synthetic on each candidate's own seeded model. `vllm_version`: run as
-    this vLLM release (default: the one the trace ran as)."""
+    this vLLM release (default: the one the trace ran as). `runner`: the runner family the
+    candidates run on (default: the trace's own)."""
     from specreplay.replay.impls.registry import resolve
-    from specreplay.replay.workflows.replaying import ORACLES, default_oracle, plan_replay
+    from specreplay.replay.workflows.replaying import ORACLES, default_oracle, plan_replay, runner_of
     from specreplay.traces.io import read_trace, write_trace
 
     trace = read_trace(source)
@@ -398,23 +405,26 @@ def shrink_to(
         workload = Workload.from_dict(trace.workload.to_dict(), f"{source}: workload metadata")
         implementation = resolve(impl or trace.impl_name, allow_import=impl is not None)
         engine = engine or trace.impl.engine_or_reference()
+        runner = runner or runner_of(trace)
     else:
-        plan = plan_replay(trace, str(source), engine=engine, oracle="recorded")
-        workload, engine = plan.workload, plan.engine
+        plan = plan_replay(trace, str(source), engine=engine, oracle="recorded", runner=runner)
+        workload, engine, runner = plan.workload, plan.engine, plan.runner
         implementation = resolve(impl or trace.impl_name, allow_import=impl is not None, executor=plan.executor)
 
         def outcomes(candidate: Workload) -> Any:
             # The original rows, read for the candidate's requests: what remains keeps its outcomes.
-            return plan_replay(trace, str(source), engine=engine, oracle="recorded", workload=candidate).oracle
+            return plan_replay(
+                trace, str(source), engine=engine, oracle="recorded", workload=candidate, runner=runner
+            ).oracle
 
     code = _target_code(trace, source, code)
     if vllm_version is not None:
         workload = workload.at_version(vllm_version)
-    result = shrink(workload, implementation, code, engine=engine, max_runs=max_runs, outcomes=outcomes)
+    result = shrink(workload, implementation, code, engine=engine, max_runs=max_runs, outcomes=outcomes, runner=runner)
     write_trace(result.trace if result.oracle is None else as_recording(result, trace), output)
     if pytest_file is not None:
         relative = os.path.relpath(output.resolve(), pytest_file.resolve().parent)
-        pytest_file.write_text(emit_pytest(result, str(source), implementation.name, engine, relative))
+        pytest_file.write_text(emit_pytest(result, str(source), implementation.name, engine, relative, runner))
     return ShrinkReport(
         source,
         output,

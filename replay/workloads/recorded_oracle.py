@@ -22,7 +22,11 @@ one is. One rule each for what the recording never observed:
   synthetic model's token for that input, moved on by one when it would equal the recorded
   token (a wrong input never yields the right token by chance);
 - **a proposal the recording never verified**: a fixed-k drafter proposes tokens that are
-  rejected (the expected token + 1); an n-gram drafter proposes nothing (no valid draft).
+  rejected (the expected token + 1); an n-gram drafter proposes nothing (no valid draft; the
+  reference Model Runner V2 then pads the slot with the last sampled token, as vLLM's does).
+
+A Model Runner V2 recording (`runner_family` v2) verifies whatever its slot holds: every draft a
+row fed, the n-gram speculator's padding included, is that slot's proposal for that position.
 
 `unobserved(table)` counts, on a replay's rows, the emitted tokens and verified drafts that
 came from these rules: `info` shows it, and a replay that reproduces its recording has none.
@@ -97,9 +101,21 @@ class RecordedOracle(Oracle):
     recorded = True
 
     def __init__(
-        self, workload: Workload, table: Any, drafter: str = "fixed", inputs: RecordedInputs | None = None
+        self,
+        workload: Workload,
+        table: Any,
+        drafter: str = "fixed",
+        inputs: RecordedInputs | None = None,
+        runner_family: str = "v1",
     ) -> None:
         super().__init__(workload)
+        # Model Runner V2 (v2) verifies what its slot holds: every draft a row fed was proposed
+        # (an n-gram slot without a match holds the last sampled token: padding, but proposed).
+        from specreplay.replay.engines.registry import RUNNERS
+
+        family = RUNNERS.get(runner_family)
+        self.runner_family = runner_family
+        self.slot_drafts = family is not None and family.verifies_slot_drafts
         # An attached run's own prompts, chunks and stop tokens (recorded_inputs.py); None: the
         # workload's seeded ones, which specreplay fed the engines it drove. `announce_steps`
         # tell the input driver where the recorded engine stepped with nothing unfinished.
@@ -119,6 +135,9 @@ class RecordedOracle(Oracle):
     # ------------------------------------------------------------------ reading the recording
     def _read(self, table: Any) -> None:
         cols = {name: table.column(name).to_pylist() for name in COLUMNS}
+        # Model Runner V2's worker view has every token it sampled, those a stop cut off included.
+        v2 = self.slot_drafts and "worker_sampled_ids" in table.column_names
+        full_sampled = table.column("worker_sampled_ids").to_pylist() if v2 else [None] * table.num_rows
         for i in range(table.num_rows):
             row = {name: cols[name][i] for name in COLUMNS}
             rid = row["request_id"]
@@ -131,9 +150,13 @@ class RecordedOracle(Oracle):
             drafts = list(row["worker_draft_ids"] or [])
             if self._drafts_are_proposals(row, drafts):
                 seen.drafts.setdefault(first_draft, drafts)
-                proposed = row["sched_spec_len"] if self.drafter == "ngram" else len(drafts)
+                proposed = row["sched_spec_len"] if self.drafter == "ngram" and not self.slot_drafts else len(drafts)
                 seen.proposed.setdefault(first_draft, max(proposed, len(drafts)))
             sampled = row["apply_sampled_token_ids"]
+            full = full_sampled[i]
+            if full and full[: len(sampled or ())] == list(sampled or ()):
+                for j, token in enumerate(full):  # MRV2 clamps nothing: the first answers q0's right input
+                    self._note(seen, first_draft + j, token)
             if not sampled:
                 # An output never applied (its request had finished) still shows its accepted
                 # drafts: each is the token at its own position.
@@ -158,6 +181,8 @@ class RecordedOracle(Oracle):
         they came from a cached row, in sync mode from the scheduler's spec tokens."""
         if any(t < 0 for t in drafts):
             return False
+        if self.slot_drafts:
+            return bool(drafts)
         if self.workload.config.async_scheduling:
             return bool(row["worker_cached_drafts"]) or row["sched_num_draft_slots"] == 0
         return True
@@ -341,4 +366,5 @@ def recorded_oracle(workload: Workload, trace: Any) -> RecordedOracle:
         )
     recorded = trace.inputs.to_dict() if trace.inputs is not None else None
     inputs = RecordedInputs.of(recorded, trace.table, "trace inputs metadata") if recorded else None
-    return RecordedOracle(workload, trace.table, drafter_of(trace.impl), inputs)
+    family = trace.impl.runner_family or "v1"
+    return RecordedOracle(workload, trace.table, drafter_of(trace.impl), inputs, family)

@@ -169,5 +169,7 @@ def test_a_runner_class_finds_its_family_by_name_without_importing_vllm():
     assert registry.family_of_runner(cpu_v2).name == "v2"
     assert registry.family_of_runner(named("fork.runner", "GPUModelRunner")) is None
     assert "v2: vllm.v1.worker.gpu.model_runner:GPUModelRunner" in registry.known_runners()
-    with pytest.raises(InputError, match="--runner v2 .* has no reference model yet"):
-        runner_family("v2").reference_class()
+    assert runner_family("v2").reference_class().__name__ == "ModelRunnerV2"  # models/mrv2_runner.py
+    bare = RunnerFamily("v9", "a runner not modelled", reference=None, real="x:Y", observe="x:observe", env="9")
+    with pytest.raises(InputError, match="--runner v9 .* has no reference model yet"):
+        bare.reference_class()
