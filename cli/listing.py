@@ -87,10 +87,19 @@ def _event_counts(workload: WorkloadHeader) -> dict[str, int]:
 @click.option(
     "--matrix",
     is_flag=True,
-    help="Run every vLLM failure specreplay knows on every modelled vLLM release and say which reproduce "
-    "(on the installed release's real scheduler, on the reference models for the others).",
+    help="Run every vLLM failure specreplay knows on every modelled vLLM release and runner family and say "
+    "which reproduce (on the installed release's real scheduler, on the reference models for the others; "
+    "each runner family on its reference runner).",
 )
 @click.option("--reference-only", is_flag=True, help="With --matrix: measure every release on the reference models.")
+@click.option(
+    "--runner",
+    "runners",
+    multiple=True,
+    type=click.Choice(["v1", "v2"]),
+    help="With --matrix: only this runner family (repeatable; default: v1 and v2, V1 GPUModelRunner and Model "
+    "Runner V2).",
+)
 @click.option(
     "--format",
     "fmt",
@@ -100,8 +109,8 @@ def _event_counts(workload: WorkloadHeader) -> dict[str, int]:
     help="With --matrix: the output format (markdown: the table in docs/vllm-releases.md).",
 )
 @handle_errors
-def scenarios(matrix: bool, reference_only: bool, fmt: str) -> None:
-    """List the built-in scenarios; with --matrix, the known vLLM bugs x vLLM release.
+def scenarios(matrix: bool, reference_only: bool, runners: tuple[str, ...], fmt: str) -> None:
+    """List the built-in scenarios; with --matrix, the known vLLM bugs x vLLM release x runner.
 
     \b
     Example:
@@ -109,8 +118,8 @@ def scenarios(matrix: bool, reference_only: bool, fmt: str) -> None:
       specreplay scenarios --matrix
     """
     if not matrix:
-        if reference_only or fmt != "table":
-            raise InputError("--reference-only and --format go with --matrix")
+        if reference_only or runners or fmt != "table":
+            raise InputError("--reference-only, --runner and --format go with --matrix")
         from specreplay.replay.workloads.scenarios import SCENARIOS
 
         width = max(len(name) for name in SCENARIOS)
@@ -118,9 +127,9 @@ def scenarios(matrix: bool, reference_only: bool, fmt: str) -> None:
             click.echo(f"{s.name:{width}} {s.summary}")
         return
     from specreplay.cli.render import bug_matrix_markdown, bug_matrix_table
-    from specreplay.replay.workflows.bug_matrix import bug_matrix
+    from specreplay.replay.workflows.bug_matrix import MATRIX_RUNNERS, bug_matrix
 
-    cells = bug_matrix(use_real=not reference_only)
+    cells = bug_matrix(use_real=not reference_only, runners=runners or MATRIX_RUNNERS)
     if fmt == "json":
         import json
 

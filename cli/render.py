@@ -192,46 +192,50 @@ def trace_header(trace: Trace | TraceFile, path: str) -> str:
     )
 
 
-def _matrix_rows(cells: list[Any]) -> tuple[list[str], list[tuple[Any, dict[str, Any]]]]:
-    """The releases, oldest first, and per known bug (in order) its cells by release."""
+def _matrix_rows(cells: list[Any]) -> tuple[list[tuple[str, str]], list[tuple[Any, dict[tuple[str, str], Any]]]]:
+    """The columns, (release, runner) with releases oldest first and each release's runners in
+    registry order, and per known bug (in order) its cells by column."""
     from specreplay.replay.workloads.known_bugs import KNOWN_BUGS
 
     versions = list(dict.fromkeys(c.version for c in cells))
-    by_bug: dict[str, dict[str, Any]] = defaultdict(dict)
+    runners = list(dict.fromkeys(c.runner for c in cells))
+    columns = [(v, r) for v in versions for r in runners]
+    by_bug: dict[str, dict[tuple[str, str], Any]] = defaultdict(dict)
     for c in cells:
-        by_bug[c.bug][c.version] = c
-    return versions, [(bug, by_bug[bug.key]) for bug in KNOWN_BUGS if bug.key in by_bug]
+        by_bug[c.bug][(c.version, c.runner)] = c
+    return columns, [(bug, by_bug[bug.key]) for bug in KNOWN_BUGS if bug.key in by_bug]
 
 
 def _measured_on(cells: list[Any]) -> str:
-    seen = dict.fromkeys(f"{c.version}: {c.measured_on}" for c in cells)
+    seen = dict.fromkeys(f"{c.version} {c.runner}: {c.measured_on}" for c in cells if c.verdict != "does not apply")
     return "measured on " + "; ".join(seen)
 
 
 def bug_matrix_markdown(cells: list[Any]) -> str:
-    """The bug matrix (docs/vllm-releases.md): one row per known vLLM bug, one verdict column per release."""
-    versions, rows = _matrix_rows(cells)
+    """The bug matrix (docs/vllm-releases.md, README): one row per known vLLM bug, one verdict
+    column per release and runner family (v1: the V1 GPUModelRunner; v2: Model Runner V2)."""
+    columns, rows = _matrix_rows(cells)
     lines = [
-        "| vLLM failure | workload | decided by | " + " | ".join(versions) + " |",
-        "| --- | --- | --- | " + " | ".join("---" for _ in versions) + " |",
+        "| vLLM failure | workload | decided by | " + " | ".join(f"{v} {r}" for v, r in columns) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in columns) + " |",
     ]
-    for bug, by_version in rows:
-        verdicts = " | ".join(by_version[v].verdict if v in by_version else "" for v in versions)
+    for bug, by_column in rows:
+        verdicts = " | ".join(by_column[c].verdict if c in by_column else "" for c in columns)
         lines.append(f"| {bug.title} | `{bug.key}` | {bug.decided_by} | {verdicts} |")
     return "\n".join(lines) + "\n\n" + _measured_on(cells)
 
 
 def bug_matrix_table(cells: list[Any]) -> Table:
-    versions, rows = _matrix_rows(cells)
-    table = Table(title="known vLLM failures x release", caption=_measured_on(cells), show_lines=True)
+    columns, rows = _matrix_rows(cells)
+    table = Table(title="known vLLM failures x release x runner", caption=_measured_on(cells), show_lines=True)
     table.add_column("vLLM failure (workload)")
     table.add_column("decided by")
-    for v in versions:
-        table.add_column(v)
-    for bug, by_version in rows:
+    for v, r in columns:
+        table.add_column(f"{v} {r}")
+    for bug, by_column in rows:
         verdicts = []
-        for v in versions:
-            cell = by_version.get(v)
+        for column in columns:
+            cell = by_column.get(column)
             verdicts.append(f"{cell.verdict}\n{cell.evidence}" if cell else "")
         table.add_row(f"{bug.title} ({bug.key})", bug.decided_by, *verdicts)
     return table

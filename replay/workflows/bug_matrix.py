@@ -1,25 +1,32 @@
-"""The bug matrix: every vLLM failure specreplay knows, on every modelled vLLM release.
+"""The bug matrix: every vLLM failure specreplay knows, on every modelled vLLM release and runner.
 
 Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
 **workflows** -> views -> cli. `specreplay scenarios --matrix` prints it; docs/vllm-releases.md
 carries it and a test holds the two equal. Each known bug (workloads/known_bugs.py) runs through `upstream` once
-per release:
+per release and runner family (v1: vLLM's V1 GPUModelRunner; v2: Model Runner V2, what GPU
+deployments run), on that family's reference runner:
 
 - on the installed vLLM's real scheduler (`--engine vllm-scheduler`, with the reference runner)
   when that release is the installed one: measured on the real code;
 - otherwise on the reference models of that release, and the cell says so.
 
-A cell that does not reproduce is `fixed` when an earlier release in the matrix has the bug,
-and `absent` when none does (a failure new in a later release). A bug the runner decides (the
-scheduler's part is the same either way) is measured on the reference runner, which models
-vLLM's V1 GPUModelRunner; `measured_on` says which.
+A cell that does not reproduce is `fixed` when an earlier release in the matrix has the bug on
+that runner, and `absent` when none does (a failure new in a later release, or one the runner
+never has). A cell is `does not apply` when the finding that shows the failure compares state the
+runner family does not have (the V1 runner's persistent batch and deferred correction on Model
+Runner V2) and the bug names no form of it for that family (`KnownBug.runner_codes`): nothing runs.
+A bug the runner decides is measured on the reference runner of its family (the reference MRV2
+replays the real one's recordings row for row: tests/replay/workflows/test_replay_mrv2*.py);
+`measured_on` says which.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from specreplay.replay.check.catalogue import BY_CODE
 from specreplay.replay.check.checker import check_trace
+from specreplay.replay.engines.registry import RUNNERS, runner_family
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.engines.vllm_setup import installed_vllm_version, load_vllm
 from specreplay.replay.impls.registry import resolve
@@ -32,10 +39,12 @@ from specreplay.traces.errors import InputError
 class Cell:
     bug: str
     version: str
+    runner: str  # the runner family (engines/registry.py RUNNERS)
     reproduces: bool
     evidence: str  # the finding and, for a crash, the engine's message; or what did not happen
     measured_on: str
-    # reproduces; fixed (an earlier release in the matrix has it); absent (none earlier has it)
+    # reproduces; fixed (an earlier release in the matrix has it on this runner); absent (none
+    # earlier has it); does not apply (the runner has no such state: nothing ran)
     verdict: str = ""
 
     def to_dict(self) -> dict[str, object]:
@@ -53,38 +62,58 @@ def real_scheduler_for(version: str) -> bool:
     return True
 
 
-def measure(bug: KnownBug, version: str, real: bool) -> Cell:
-    """Run `bug`'s workload as `version`, on its real scheduler when `real`."""
+#: The runner families a matrix measures: those with a reference runner.
+MATRIX_RUNNERS = tuple(name for name, family in RUNNERS.items() if family.reference)
+NOT_APPLICABLE = "does not apply"
+
+
+def measure(bug: KnownBug, version: str, real: bool, runner: str = "v1") -> Cell:
+    """Run `bug`'s workload as `version` on runner family `runner`, on its real scheduler when `real`."""
+    code = bug.code_on(runner)
+    family = runner_family(runner)
+    if runner not in BY_CODE[code].runners:
+        evidence = f"{code} compares state {family.summary} does not have"
+        return Cell(bug.key, version, runner, False, evidence, f"{family.summary}: nothing to run", NOT_APPLICABLE)
     engine = "vllm-scheduler" if real else "reference"
-    trace = run_workload(bug.build().at_version(version), resolve("upstream", allow_import=False), engine=engine)
+    workload = bug.build().at_version(version)
+    trace = run_workload(workload, resolve("upstream", allow_import=False), engine=engine, runner=runner)
     message = trace.outcome.message or ""
-    hits = [f for f in check_trace(trace) if f.code == bug.code and (bug.step is None or f.step == bug.step)]
+    hits = [f for f in check_trace(trace) if f.code == code and (bug.step is None or f.step == bug.step)]
     reproduces = bool(hits) and (not bug.asserts or any(a in message for a in bug.asserts))
     if reproduces:
-        evidence = f"{bug.code} at step {hits[0].step}" + (f": {message}" if bug.asserts else "")
+        evidence = f"{code} at step {hits[0].step}" + (f": {message}" if bug.asserts else "")
     else:
-        evidence = f"no {bug.code}" + (f" at step {bug.step}" if bug.step is not None else "")
+        evidence = f"no {code}" + (f" at step {bug.step}" if bug.step is not None else "")
         evidence += f"; outcome {trace.outcome.status}"
+    models = f"reference {runner} runner"
     if real:
-        measured_on = f"vllm {version} scheduler + reference runner"
+        measured_on = f"vllm {version} scheduler + {models}"
     else:
-        measured_on = f"reference models of vllm {version}"
-    return Cell(bug.key, version, reproduces, evidence, measured_on)
+        measured_on = f"reference models of vllm {version}, {models}"
+    return Cell(bug.key, version, runner, reproduces, evidence, measured_on)
 
 
-def bug_matrix(versions: tuple[str, ...] = MODELLED_VERSIONS, use_real: bool = True) -> list[Cell]:
-    """One cell per known bug and release, in KNOWN_BUGS order, releases oldest first.
-    `use_real`: measure a release on its real scheduler when it is the installed one."""
+def bug_matrix(
+    versions: tuple[str, ...] = MODELLED_VERSIONS, use_real: bool = True, runners: tuple[str, ...] = MATRIX_RUNNERS
+) -> list[Cell]:
+    """One cell per known bug, runner family and release, in KNOWN_BUGS order, runners in
+    registry order, releases oldest first. `use_real`: measure a release on its real scheduler
+    when it is the installed one."""
     unknown = [v for v in versions if v not in MODELLED_VERSIONS]
     if unknown:
         raise InputError(f"vLLM {unknown[0]} is not modelled; modelled: {', '.join(MODELLED_VERSIONS)}")
+    for runner in runners:
+        runner_family(runner).reference_class()  # a family with no reference model: one line
     real = {v: use_real and real_scheduler_for(v) for v in sorted(versions, key=MODELLED_VERSIONS.index)}
     cells = []
     for bug in KNOWN_BUGS:
-        seen_before = False
-        for version, on_real in real.items():
-            cell = measure(bug, version, on_real)
-            verdict = "reproduces" if cell.reproduces else "fixed" if seen_before else "absent"
-            cells.append(replace(cell, verdict=verdict))
-            seen_before |= cell.reproduces
+        for runner in runners:
+            seen_before = False
+            for version, on_real in real.items():
+                cell = measure(bug, version, on_real, runner)
+                if cell.verdict != NOT_APPLICABLE:
+                    verdict = "reproduces" if cell.reproduces else "fixed" if seen_before else "absent"
+                    cell = replace(cell, verdict=verdict)
+                cells.append(cell)
+                seen_before |= cell.reproduces
     return cells

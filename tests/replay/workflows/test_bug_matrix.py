@@ -20,7 +20,10 @@ from specreplay.replay.workflows.bug_matrix import bug_matrix
 from specreplay.replay.workloads.config import MODELLED_VERSIONS
 from specreplay.replay.workloads.known_bugs import KNOWN_BUGS
 
-PAGE = Path(__file__).resolve().parents[3] / "docs" / "vllm-releases.md"
+ROOT = Path(__file__).resolve().parents[3]
+PAGE = ROOT / "docs" / "vllm-releases.md"
+README = ROOT / "README.md"
+RUNNERS = ("v1", "v2")
 
 
 @pytest.fixture(scope="module")
@@ -28,17 +31,21 @@ def reference_cells():
     return bug_matrix(use_real=False)
 
 
-def verdicts(cells):
-    return {(c.bug, c.version): c.verdict for c in cells}
+def verdicts(cells, runner="v1"):
+    return {(c.bug, c.version): c.verdict for c in cells if c.runner == runner}
 
 
-def test_every_known_bug_is_measured_on_every_modelled_release(reference_cells):
-    assert [(c.bug, c.version) for c in reference_cells] == [(b.key, v) for b in KNOWN_BUGS for v in MODELLED_VERSIONS]
-    assert all(c.measured_on == f"reference models of vllm {c.version}" for c in reference_cells)
+def test_every_known_bug_is_measured_on_every_modelled_release_and_runner(reference_cells):
+    assert [(c.bug, c.runner, c.version) for c in reference_cells] == [
+        (b.key, r, v) for b in KNOWN_BUGS for r in RUNNERS for v in MODELLED_VERSIONS
+    ]
+    ran = [c for c in reference_cells if c.verdict != "does not apply"]
+    assert all(c.measured_on == f"reference models of vllm {c.version}, reference {c.runner} runner" for c in ran)
 
 
 def test_what_0_33_fixes_and_what_it_does_not(reference_cells):
-    """The release notes' two fixes, and the failures 0.33.0 still has, as the models measure them."""
+    """The release notes' two fixes, and the failures 0.33.0 still has, as the models measure them
+    on the V1 runner."""
     got = verdicts(reference_cells)
     new = {b.key for b in KNOWN_BUGS if got[(b.key, "0.32.0")] == "absent"}
     assert new == {"resubmit-onto-waiting"}  # 0.32.0 asserts on it (the `resubmit` row) instead
@@ -50,11 +57,27 @@ def test_what_0_33_fixes_and_what_it_does_not(reference_cells):
     assert cell.evidence.startswith("E1-engine-crash at step 12") and "num_output_placeholders" in cell.evidence
 
 
-def test_the_docs_carry_the_matrix(reference_cells):
+def test_the_runners_part_where_the_runner_decides(reference_cells):
+    """A scheduler-decided failure is the scheduler's on either runner; the seed's re-entry wastes
+    slots on V1 only (MRV2 verifies the drafts its slot kept); V1's deferred correction has no
+    MRV2 form, so that row does not apply there and nothing ran for it."""
+    v1, v2 = verdicts(reference_cells, "v1"), verdicts(reference_cells, "v2")
+    for bug in KNOWN_BUGS:
+        if bug.decided_by == "scheduler":
+            assert all(v1[(bug.key, v)] == v2[(bug.key, v)] for v in MODELLED_VERSIONS), bug.key
+    assert all(v1[("reentry", v)] == "reproduces" and v2[("reentry", v)] == "absent" for v in MODELLED_VERSIONS)
+    assert all(v2[("pause-kept-batch", v)] == "does not apply" for v in MODELLED_VERSIONS)
+    seed_v2 = [c for c in reference_cells if (c.bug, c.runner) == ("reentry", "v2")]
+    assert all(c.evidence == "no M3-draft-origin; outcome completed" for c in seed_v2)
+    pause_v2 = next(c for c in reference_cells if (c.bug, c.runner) == ("pause-kept-batch", "v2"))
+    assert "X2-sched-worker-computed" in pause_v2.evidence and not pause_v2.reproduces
+
+
+@pytest.mark.parametrize("page", [PAGE, README], ids=["vllm-releases.md", "README.md"])
+def test_the_docs_carry_the_matrix(reference_cells, page):
     table = bug_matrix_markdown(reference_cells).split("\n\n")[0]
-    assert table in PAGE.read_text(), (
-        "stale matrix in docs/vllm-releases.md: paste"
-        " `specreplay scenarios --matrix --reference-only --format markdown`"
+    assert table in page.read_text(), (
+        f"stale matrix in {page.name}: paste `specreplay scenarios --matrix --reference-only --format markdown`"
     )
 
 
@@ -64,9 +87,10 @@ def test_the_installed_release_agrees_on_its_real_scheduler(reference_cells):
     version = installed_vllm_version()
     assert version in MODELLED_VERSIONS
     real = bug_matrix(versions=(version,))
-    assert all(c.measured_on == f"vllm {version} scheduler + reference runner" for c in real)
-    expected = {(c.bug, c.reproduces) for c in reference_cells if c.version == version}
-    assert {(c.bug, c.reproduces) for c in real} == expected
+    ran = [c for c in real if c.verdict != "does not apply"]
+    assert all(c.measured_on == f"vllm {version} scheduler + reference {c.runner} runner" for c in ran)
+    expected = {(c.bug, c.runner, c.reproduces) for c in reference_cells if c.version == version}
+    assert {(c.bug, c.runner, c.reproduces) for c in real} == expected
 
 
 def test_the_command_prints_it_and_refuses_stray_options():
@@ -74,8 +98,13 @@ def test_the_command_prints_it_and_refuses_stray_options():
     result = runner.invoke(main, ["scenarios", "--matrix", "--reference-only", "--format", "json"])
     assert result.exit_code == 0, result.output
     cells = json.loads(result.output)
-    assert len(cells) == len(KNOWN_BUGS) * len(MODELLED_VERSIONS)
-    assert {c["verdict"] for c in cells} == {"reproduces", "fixed", "absent"}
+    assert len(cells) == len(KNOWN_BUGS) * len(MODELLED_VERSIONS) * len(RUNNERS)
+    assert {c["verdict"] for c in cells} == {"reproduces", "fixed", "absent", "does not apply"}
+    one = runner.invoke(main, ["scenarios", "--matrix", "--reference-only", "--runner", "v2", "--format", "json"])
+    assert one.exit_code == 0, one.output
+    assert {c["runner"] for c in json.loads(one.output)} == {"v2"}
+    stray = runner.invoke(main, ["scenarios", "--runner", "v2"])
+    assert stray.exit_code == 2 and "--runner" in stray.output
     table = runner.invoke(main, ["scenarios", "--matrix", "--reference-only"], env={"COLUMNS": "160"})
     assert table.exit_code == 0 and "streaming-preempt" in table.output and "measured on" in table.output
     stray = runner.invoke(main, ["scenarios", "--format", "json"])
