@@ -97,7 +97,7 @@ def run_live(
     llm = None
     try:
         plugin.register()  # this process; vLLM loads the same entry point in the ones it starts
-        llm = build_llm(vllm, config, model, workload.seed, drafter)
+        llm = build_llm(vllm, config, model, workload.seed, drafter, forced)
         counts, outcome = drive(llm, workload, progress, in_process)
         outcome = replace(outcome, engine_output_tokens=counts)
     finally:
@@ -129,21 +129,22 @@ def run_live(
         config,
         model=model or "tiny dummy-weight llama (written on the fly)",
         drafter=drafter,
-        patches=(plugin.cpu_patches(family.name == "v2") if on_cpu else []) + forced_patches(parts),
+        patches=(plugin.cpu_patches(family.name == "v2") if on_cpu else []) + forced_patches(parts, forced, drafter),
         runner_family=ran.get("runner_family", family.name),
     )
     header = trace_header(workload, impl_doc, "cpu" if on_cpu else device, outcome, config)
     return replace(header, table=sink_files.rows_to_table(rows), inputs=Inputs.from_dict(inputs) if inputs else None)
 
 
-def forced_patches(parts: list[Any]) -> list[str]:
-    """The forced-logits patches the runner's process reported (its `forced` line); none when
-    the run was not forced."""
-    for part in parts:
-        for event in part.events:
-            if event.get("e") == "forced":
-                return [str(p) for p in event.get("patches", ())]
-    return []
+def forced_patches(parts: list[Any], forced: bool, drafter: str) -> list[str]:
+    """The forced-logits patches the runner's process reported (its `forced` line), and a draft
+    model's budget (vllm_setup.drafting_slot_outside_budget); none when the run was not forced."""
+    from specreplay.replay.engines.vllm_setup import DRAFT_BUDGET_PATCH
+
+    reported = [
+        str(p) for part in parts for event in part.events if event.get("e") == "forced" for p in event["patches"]
+    ]
+    return reported + ([DRAFT_BUDGET_PATCH] if forced and drafter == "draft_model" and reported else [])
 
 
 def live_environment(
@@ -195,12 +196,14 @@ def run_live_in_child(
         return pool.submit(run_live, workload, impl, device, model, None, runner, drafter, forced).result()
 
 
-def build_llm(vllm: Any, config: EngineConfig, model: str | None, seed: int, drafter: str | None = None) -> Any:
+def build_llm(
+    vllm: Any, config: EngineConfig, model: str | None, seed: int, drafter: str | None = None, forced: bool = False
+) -> Any:
     """`vllm.LLM` on the workload's engine config: the tiny dummy-weight model unless `model`."""
     from specreplay.replay.engines.vllm_setup import engine_args
 
     try:
-        return vllm.LLM(**engine_args(config, model=model, seed=seed, drafter=drafter))
+        return vllm.LLM(**engine_args(config, model=model, seed=seed, drafter=drafter, forced=forced))
     except (ValueError, TypeError) as exc:
         raise InputError(f"vllm rejects this engine config: {' '.join(str(exc).split())[:200]}") from None
 
