@@ -42,6 +42,9 @@ from typing import Any
 from specreplay.replay.workloads import tokens
 
 FORCED_ENV = "SPECREPLAY_LIVE_FORCED"
+#: "1": specreplay's live runs in this process are not forced (the dummy model's own tokens and
+#: the unforced default drafters, as before forced logits; tests recorded against those).
+UNFORCED_ENV = "SPECREPLAY_LIVE_UNFORCED"
 #: How far the forced token's logit stands above every other id's.
 MARGIN = 100.0
 TARGET_PATCH = (

@@ -59,12 +59,13 @@ def run_live(
     where Triton counts as present, Model Runner V2). `drafter`: engines/drafters.py's (default:
     a forced run's draft_model, else ngram_gpu async, ngram sync). `forced`: the engine samples
     the oracle's tokens (engines/forced_logits.py); default: with the tiny dummy-weight model
-    (real weights sample their own)."""
+    (real weights sample their own) unless SPECREPLAY_LIVE_UNFORCED=1."""
     from specreplay.replay.engines.run import trace_header
     from specreplay.replay.engines.vllm_setup import refuse_engine_without_kernels, require_version
 
     family = runner_family(runner or DEFAULT_LIVE_RUNNER)
-    forced = model is None if forced is None else forced
+    if forced is None:
+        forced = model is None and os.environ.get(forced_logits.UNFORCED_ENV) != "1"
     drafter = drafters.drafter_for(workload.config, drafter, forced)
     in_process = impl.executor != "multiproc"
     refuse_undrivable(workload, in_process)
