@@ -13,7 +13,10 @@ workload's steps; `multiproc` runs it, and on a CPU the worker too, in processes
 the engine core steps on its own and inputs land when it takes them.
 
 On a CPU machine the recipe's two patches are applied inside specreplay's run only (no pinned
-memory; keep async scheduling on), and stamped into the trace metadata.
+memory; keep async scheduling on), and stamped into the trace metadata. A run of the tiny model is
+forced by default (engines/forced_logits.py): the engine samples the workload oracle's tokens for
+what it fed and drafts the workload's drafts with the draft model, so the trace has token ground
+truth (T1); the patches are stamped too.
 """
 
 from __future__ import annotations
