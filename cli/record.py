@@ -382,11 +382,14 @@ def compare(
 
 def _unchecked_why(codes: list[str]) -> str:
     """The reasons the compare table gives for its row's codes not checked."""
-    from specreplay.replay.check.coverage import not_for_mrv2
+    from specreplay.replay.check.coverage import KV_TRUTH, not_for_mrv2
 
     runner = any(not_for_mrv2(code) for code in codes)
-    truth = any(not not_for_mrv2(code) for code in codes)
-    return ", ".join(["no ground truth"] * truth + ["V1 runner codes on MRV2"] * runner)
+    truth = [code for code in codes if not not_for_mrv2(code)]
+    kv_only = bool(truth) and all(code in KV_TRUTH for code in truth)  # a forced live run: T1 ran
+    return ", ".join(
+        ["no KV ground truth" if kv_only else "no ground truth"] * bool(truth) + ["V1 runner codes on MRV2"] * runner
+    )
 
 
 def _compare_table(comparison) -> None:

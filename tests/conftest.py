@@ -193,9 +193,23 @@ def reentry_traces():
 
 @pytest.fixture(scope="session")
 def live_reentry_trace():
-    """The reentry scenario on a live tiny vLLM engine (upstream, engine core in this process): a
-    trace without ground truth, recorded once. Only tests marked `vllm` may use it."""
+    """The reentry scenario on a live tiny vLLM engine (upstream, engine core in this process),
+    forced (engines/forced_logits.py: the oracle's tokens, draft_model drafting the scenario's):
+    a trace with token ground truth and none for the KV cache, recorded once. Only tests marked
+    `vllm` may use it."""
     return run_workload(build_scenario("reentry"), resolve("upstream", allow_import=False), engine="vllm", runner="v1")
+
+
+@pytest.fixture(scope="session")
+def live_ngram_reentry_trace():
+    """The same on V1 drafted by ngram_gpu, whose misses V1 trims (tests of that trim)."""
+    return run_workload(
+        build_scenario("reentry"),
+        resolve("upstream", allow_import=False),
+        engine="vllm",
+        runner="v1",
+        drafter="ngram_gpu",
+    )
 
 
 def padded_admission_cut_by_threshold():

@@ -2,11 +2,14 @@
 
 Where it sits: inside check, beside the catalogue. A few rules compare a view against ground
 truth: the reference runner's KV cache and the workload's expected tokens, kept in the columns the
-schema documents as "truth: ..." (`GROUND_TRUTH`). A live vLLM engine has no oracle, so its trace
-holds those columns null in every row (and so may a trace recorded from any other engine). On such
-a trace those rules find nothing, not because the views agree with the truth but because there is
-none to compare with; `unchecked` names their codes, so that every report says what it did not
-check instead of a bare "ok".
+schema documents as "truth: ..." (`GROUND_TRUTH`). A live vLLM engine's KV cache is not read, so
+its trace holds the KV columns null in every row (`KV_TRUTH`'s codes: S3, X2-worker-kv-position,
+K1-K4); its tokens have ground truth when the run was forced (engines/forced_logits.py: the
+engine samples the oracle's tokens and the scheduler observer counts wrong ones, T1), not when it
+was not (real weights, an attached user's engine). On such a trace those rules find nothing, not
+because the views agree with the truth but because there is none to compare with; `unchecked`
+names their codes, so that every report says what it did not check instead of a bare "ok" (and
+on a forced live trace, that T1 ran).
 
 A code is unchecked when every ground-truth column its rule reads (`TRUTH_INPUTS`) is null in
 every row of the trace. A trace whose rows carry truth only in part is checked where they do.
@@ -45,6 +48,10 @@ TRUTH_INPUTS: dict[str, tuple[str, ...]] = {
     "K3-kv-unowned-block": ("truth_kv_unowned_blocks",),
     "K4-kv-write-unowned": ("truth_kv_unowned_writes",),
 }
+#: The codes whose ground truth is the KV cache's (the reference runner's record of every slot):
+#: a live engine's trace never has it, forced or not (its KV cache is not read). T1's truth is the
+#: oracle's tokens, which a forced live run has (engines/forced_logits.py).
+KV_TRUTH: tuple[str, ...] = tuple(code for code in TRUTH_INPUTS if code != "T1-wrong-token")
 #: The codes whose rule needs the requests' max_tokens (limits.py): unchecked without them.
 LIMIT_INPUTS: tuple[str, ...] = ("S9-step-past-max-tokens",)
 assert set(TRUTH_INPUTS) <= set(BY_CODE), "TRUTH_INPUTS names a code the catalogue lacks"
@@ -106,7 +113,11 @@ def notes(unchecked_codes: list[str], runner_family: str | None = None) -> list[
     runner = [code for code in unchecked_codes if not_for_mrv2(code)]
     limits = [code for code in unchecked_codes if code in LIMIT_INPUTS and code not in runner]
     truth = [code for code in unchecked_codes if code not in LIMIT_INPUTS and code not in runner]
-    out = [f"no ground truth: {', '.join(truth)} not checked"] if truth else []
+    if truth and all(code in KV_TRUTH for code in truth):
+        # A forced live trace: its tokens have the oracle's ground truth, its KV cache none.
+        out = [f"no KV ground truth (tokens checked against the oracle, T1): {', '.join(truth)} not checked"]
+    else:
+        out = [f"no ground truth: {', '.join(truth)} not checked"] if truth else []
     out += [f"no max_tokens in the workload: {', '.join(limits)} not checked"] if limits else []
     out += [f"V1 runner state, not Model Runner V2's: {', '.join(runner)} not checked"] if runner else []
     return out
@@ -116,4 +127,6 @@ def why(code: str) -> str:
     """Why one code was not checked, in a few words."""
     if not_for_mrv2(code):
         return "the trace recorded Model Runner V2; the code is about V1's runner state"
+    if code in KV_TRUTH:
+        return "the trace holds no ground truth for the KV cache (a live engine's is not read)"
     return "the workload gives no max_tokens" if code in LIMIT_INPUTS else "the trace holds no ground truth"

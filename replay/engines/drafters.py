@@ -10,7 +10,9 @@ lookahead the drafter's vLLM scheduler reserves. No vLLM import: the CLI's choic
               ngram_gpu); synchronous scheduling only in vLLM 0.32 / 0.33
   ngram_gpu   the n-gram lookup on the device; the default under async scheduling
   eagle       an EAGLE head: a 1-layer llama-style draft config written on the fly, dummy weights
-  draft_model a separate draft model: the tiny target model drafting for itself (dummy weights)
+  draft_model a separate draft model: the tiny target model drafting for itself (dummy weights);
+              the default of a forced live run (FORCED_DRAFTER), whose draft logits follow the
+              workload's drafter rule
 
 EAGLE and draft_model draft from KV of positions past the scheduled range, so vLLM reserves k
 lookahead slots for them (`VllmConfig.num_lookahead_tokens`, config/vllm.py:615); ngram and
@@ -37,10 +39,18 @@ def default_drafter(config: EngineConfig) -> str:
     return "ngram_gpu" if config.async_scheduling else "ngram"
 
 
-def drafter_for(config: EngineConfig, drafter: str | None) -> str:
-    """The drafter a live run of `config` runs: `drafter` (a `--drafter` value) or the default."""
+#: What a forced live run (engines/forced_logits.py) drafts with when not told: the tiny model
+#: drafting for itself, its draft logits forced to the workload's drafter rule, so that the real
+#: engine's drafts and accepted counts are the workload's (an n-gram drafter rarely matches the
+#: oracle's pseudo-random tokens: acceptance would collapse to about 0).
+FORCED_DRAFTER = "draft_model"
+
+
+def drafter_for(config: EngineConfig, drafter: str | None, forced: bool = False) -> str:
+    """The drafter a live run of `config` runs: `drafter` (a `--drafter` value) or the default
+    (`forced`: a forced live run's, FORCED_DRAFTER, when the workload drafts)."""
     if drafter is None:
-        return default_drafter(config)
+        return FORCED_DRAFTER if forced and config.num_spec_tokens else default_drafter(config)
     if drafter not in DRAFTERS:
         raise InputError(f"unknown drafter {drafter!r}; known: {', '.join(DRAFTERS)}")
     if not config.num_spec_tokens and drafter != default_drafter(config):  # the default: named, drafts nothing

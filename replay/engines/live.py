@@ -13,7 +13,10 @@ workload's steps; `multiproc` runs it, and on a CPU the worker too, in processes
 the engine core steps on its own and inputs land when it takes them.
 
 On a CPU machine the recipe's two patches are applied inside specreplay's run only (no pinned
-memory; keep async scheduling on), and stamped into the trace metadata.
+memory; keep async scheduling on), and stamped into the trace metadata. A run of the tiny model is
+forced by default (engines/forced_logits.py): the engine samples the workload oracle's tokens for
+what it fed and drafts the workload's drafts with the draft model, so the trace has token ground
+truth (T1); the patches are stamped too.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from specreplay.replay.engines import cpu_triton, drafters, plugin
+from specreplay.replay.engines import cpu_triton, drafters, forced_logits, plugin
 from specreplay.replay.engines import sink as sink_files
 from specreplay.replay.engines.events import Pause, apply_control, control_event
 from specreplay.replay.engines.inputs import InputDriver
@@ -50,16 +55,21 @@ def run_live(
     progress: Callable[[int, int], None] | None = None,
     runner: str | None = None,
     drafter: str | None = None,
+    forced: bool | None = None,
 ) -> Trace:
     """`model`: a model folder or hub name with real weights; None: the tiny dummy-weight model.
     `runner`: the runner family vLLM builds (engines/registry.py; default: what vLLM itself picks
     where Triton counts as present, Model Runner V2). `drafter`: engines/drafters.py's (default:
-    ngram_gpu async, ngram sync)."""
+    a forced run's draft_model, else ngram_gpu async, ngram sync). `forced`: the engine samples
+    the oracle's tokens (engines/forced_logits.py); default: with the tiny dummy-weight model
+    (real weights sample their own) unless SPECREPLAY_LIVE_UNFORCED=1."""
     from specreplay.replay.engines.run import trace_header
     from specreplay.replay.engines.vllm_setup import refuse_engine_without_kernels, require_version
 
     family = runner_family(runner or DEFAULT_LIVE_RUNNER)
-    drafter = drafters.drafter_for(workload.config, drafter)
+    if forced is None:
+        forced = model is None and os.environ.get(forced_logits.UNFORCED_ENV) != "1"
+    drafter = drafters.drafter_for(workload.config, drafter, forced)
     in_process = impl.executor != "multiproc"
     refuse_undrivable(workload, in_process)
     if impl.real_runner is not None and impl.real_runner_family != family.name:
@@ -71,7 +81,7 @@ def run_live(
     if not cpu_triton.compatible(mrv2_on_cpu):
         # This process imported vLLM with Triton decided the other way (vLLM decides once, at
         # import): the run goes to a fresh process of its own.
-        return run_live_in_child(workload, impl, device, model, family.name, drafter)
+        return run_live_in_child(workload, impl, device, model, family.name, drafter, forced)
     if mrv2_on_cpu:
         cpu_triton.apply()  # before vLLM is imported: it decides once whether Triton is present
     vllm = require_version(workload.config, "--engine vllm")
@@ -81,14 +91,17 @@ def run_live(
     on_cpu = current_platform.is_cpu()
     config = drafters.live_config(cpu_attention_config(workload.config) if on_cpu else workload.config, drafter)
     sink = sink_files.new_sink()
+    forced_dir = tempfile.mkdtemp(prefix="specreplay-forced-") if forced else None
     env = live_environment(impl, config, sink, on_cpu, family)
+    if forced_dir is not None:
+        env[forced_logits.FORCED_ENV] = forced_logits.write_workload(workload, forced_dir)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     outcome = run_outcome(0)
     llm = None
     try:
         plugin.register()  # this process; vLLM loads the same entry point in the ones it starts
-        llm = build_llm(vllm, config, model, workload.seed, drafter)
+        llm = build_llm(vllm, config, model, workload.seed, drafter, forced)
         counts, outcome = drive(llm, workload, progress, in_process)
         outcome = replace(outcome, engine_output_tokens=counts)
     finally:
@@ -101,6 +114,8 @@ def run_live(
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        if forced_dir is not None:
+            shutil.rmtree(forced_dir, ignore_errors=True)
     parts = read_parts(sink)
     sink_files.clean_sink(sink)
     failures = observer_failures(parts)
@@ -118,11 +133,22 @@ def run_live(
         config,
         model=model or "tiny dummy-weight llama (written on the fly)",
         drafter=drafter,
-        patches=plugin.cpu_patches(family.name == "v2") if on_cpu else [],
+        patches=(plugin.cpu_patches(family.name == "v2") if on_cpu else []) + forced_patches(parts, forced, drafter),
         runner_family=ran.get("runner_family", family.name),
     )
     header = trace_header(workload, impl_doc, "cpu" if on_cpu else device, outcome, config)
     return replace(header, table=sink_files.rows_to_table(rows), inputs=Inputs.from_dict(inputs) if inputs else None)
+
+
+def forced_patches(parts: list[Any], forced: bool, drafter: str) -> list[str]:
+    """The forced-logits patches the runner's process reported (its `forced` line), and a draft
+    model's budget (vllm_setup.drafting_slot_outside_budget); none when the run was not forced."""
+    from specreplay.replay.engines.vllm_setup import DRAFT_BUDGET_PATCH
+
+    reported = [
+        str(p) for part in parts for event in part.events if event.get("e") == "forced" for p in event["patches"]
+    ]
+    return reported + ([DRAFT_BUDGET_PATCH] if forced and drafter == "draft_model" and reported else [])
 
 
 def live_environment(
@@ -157,7 +183,13 @@ def _has_cuda() -> bool:
 
 
 def run_live_in_child(
-    workload: Workload, impl: Implementation, device: str, model: str | None, runner: str, drafter: str
+    workload: Workload,
+    impl: Implementation,
+    device: str,
+    model: str | None,
+    runner: str,
+    drafter: str,
+    forced: bool | None = None,
 ) -> Trace:
     """`run_live` in a fresh process (spawned: nothing of this one's vLLM or Triton carried
     over); its exceptions (a one-line InputError, an observer's failure) come back as raised."""
@@ -165,15 +197,17 @@ def run_live_in_child(
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(run_live, workload, impl, device, model, None, runner, drafter).result()
+        return pool.submit(run_live, workload, impl, device, model, None, runner, drafter, forced).result()
 
 
-def build_llm(vllm: Any, config: EngineConfig, model: str | None, seed: int, drafter: str | None = None) -> Any:
+def build_llm(
+    vllm: Any, config: EngineConfig, model: str | None, seed: int, drafter: str | None = None, forced: bool = False
+) -> Any:
     """`vllm.LLM` on the workload's engine config: the tiny dummy-weight model unless `model`."""
     from specreplay.replay.engines.vllm_setup import engine_args
 
     try:
-        return vllm.LLM(**engine_args(config, model=model, seed=seed, drafter=drafter))
+        return vllm.LLM(**engine_args(config, model=model, seed=seed, drafter=drafter, forced=forced))
     except (ValueError, TypeError) as exc:
         raise InputError(f"vllm rejects this engine config: {' '.join(str(exc).split())[:200]}") from None
 

@@ -13,8 +13,11 @@ processes):
 
 The implementation's real forms (impls/) replace the scheduler's and the runner's classes. Each
 observer appends one JSON line per event to its own file under the sink folder (a process that
-dies loses nothing it wrote); `merge_parts` joins the parts into rows. Ground-truth columns stay
-null: a live engine has no oracle.
+dies loses nothing it wrote); `merge_parts` joins the parts into rows. A forced live run
+(engines/forced_logits.py, SPECREPLAY_LIVE_FORCED) also forces the runner's logits to the
+oracle's tokens and gives the scheduler observer the oracle's token ground truth (T1); the KV
+ground-truth columns stay null (a live engine's KV cache is not read). An attached user's engine
+is never forced.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ def attach_to_core(scheduler: Any, sink: Sink, config: Any, impl: Any) -> None:
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=config.max_model_len,
         external_id=external_id,
+        mismatches=forced_mismatches(),
     )
     in_process = impl.executor != "multiproc"
     # step: the last schedule()'s; iterations: engine iterations begun (in-process only);
@@ -131,6 +135,27 @@ def attach_to_runner(runner: Any, sink: Sink, impl: Any) -> None:
     runner.__class__ = impl.real_runner_class(type(runner), family.name)
     sink.write({"e": "ran", "runner": qualified_name(type(runner)), "runner_family": family.name})
     family.attach(runner, SinkWriter(sink), external_id)
+    force_logits(runner, family.name, sink)
+
+
+def forced_mismatches() -> Any:
+    """A forced live run's ground truth for the scheduler observer: the oracle's count of wrong
+    tokens in each output (T1), as the other engines give it; None when the run is not forced."""
+    from specreplay.replay.engines.forced_logits import forced_workload
+    from specreplay.replay.workloads.oracle import Oracle
+
+    workload = forced_workload()
+    return None if workload is None else Oracle(workload).mismatches
+
+
+def force_logits(runner: Any, family: str, sink: Sink) -> None:
+    """A forced live run (engines/forced_logits.py): the runner's model samples the oracle's
+    tokens; the patches applied go to the sink (`forced` line) for the trace header."""
+    from specreplay.replay.engines.forced_logits import ForcedRule, force_runner, forced_workload
+
+    workload = forced_workload()
+    if workload is not None:
+        sink.write({"e": "forced", "patches": force_runner(runner, family, ForcedRule.of_workload(workload))})
 
 
 def _family_or_report(runner: Any, sink: Sink) -> Any:

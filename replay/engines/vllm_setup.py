@@ -121,13 +121,20 @@ def real_scheduler_class(is_async: bool) -> type:
 
 
 def engine_args(
-    config: EngineConfig, *, model: str | None = None, seed: int = 0, drafter: str | None = None
+    config: EngineConfig,
+    *,
+    model: str | None = None,
+    seed: int = 0,
+    drafter: str | None = None,
+    forced: bool = False,
 ) -> dict[str, Any]:
     """`vllm.LLM`'s keyword arguments for the engine config `config`, the one place they are
     built (the live engine, the attached-overhead benchmark, the attached-recording tests): the
     tiny dummy-weight model unless `model` (a folder or hub name with real weights), no
     tokenizer, no prefix caching, eager, the config's budget, cache, chunking threshold, mode
-    and k, drafted by `drafter` (engines/drafters.py; default: ngram_gpu async, ngram sync)."""
+    and k, drafted by `drafter` (engines/drafters.py; default: ngram_gpu async, ngram sync).
+    `forced` (a forced live run, engines/forced_logits.py) with a draft model: its drafting
+    input slot is kept out of the token budget (`drafting_slot_outside_budget`)."""
     from specreplay.replay.engines import drafters
 
     weights = (
@@ -136,8 +143,9 @@ def engine_args(
         else {"model": model, "dtype": "auto"}
     )
     draft_folder = (lambda overrides: tiny_model_dir(config, **overrides)) if model is None else None
-    spec = drafters.speculative_config(config, drafters.drafter_for(config, drafter), weights["model"], draft_folder)
-    return {
+    drafter = drafters.drafter_for(config, drafter)
+    spec = drafters.speculative_config(config, drafter, weights["model"], draft_folder)
+    args = {
         **weights,
         "skip_tokenizer_init": True,
         "max_model_len": config.max_model_len,
@@ -153,6 +161,28 @@ def engine_args(
         "speculative_config": spec,
         "disable_log_stats": True,
     }
+    if forced and spec is not None and drafter == "draft_model":
+        args.update(drafting_slot_outside_budget(config))
+    return args
+
+
+#: What a forced live run with a draft model changes in vLLM's budget (stamped into the trace).
+DRAFT_BUDGET_PATCH = (
+    "draft_model's drafting input slot outside the token budget: max_num_scheduled_tokens = the workload's "
+    "budget, max_num_batched_tokens = budget + max_num_seqs"
+)
+
+
+def drafting_slot_outside_budget(config: EngineConfig) -> dict[str, int]:
+    """vLLM's scheduler books a draft model one input slot per scheduled request beyond its
+    tokens (`SpeculativeConfig.max_num_new_slots_for_drafting`: the draft model's first pass reads
+    the step's tokens and the bonus token), from `max_num_batched_tokens` (scheduler.py `input_budget`),
+    while the token budget is `max_num_scheduled_tokens`. The n-gram drafters book none, and the
+    reference scheduler models those: with the token budget the workload's and room for one slot
+    per request beyond it, the input budget never binds first, so a forced live run with the
+    draft model schedules as the workload's drafter would (its drafts are the workload's)."""
+    budget = config.max_num_batched_tokens
+    return {"max_num_scheduled_tokens": budget, "max_num_batched_tokens": budget + config.max_num_seqs}
 
 
 def tiny_model_dir(config: EngineConfig, **overrides: Any) -> str:

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from specreplay.cli.main import main
-from tests.replay.check.truthless import NEED_TRUTH, NOT_CHECKED
+from tests.replay.check.truthless import FORCED_NOT_CHECKED, NEED_KV_TRUTH, NEED_TRUTH, NOT_CHECKED
 
 
 @pytest.fixture(scope="module")
@@ -311,9 +311,10 @@ def test_a_live_trace_says_which_checks_did_not_run(live_reentry_trace, tmp_path
     path = write_trace(live_reentry_trace, tmp_path / "live.parquet")
     table = run("diff", path)
     assert table.exit_code == 0, table.output
-    assert f"verdict: ok ({NOT_CHECKED}) - " in table.output or (
-        f"verdict: wasteful ({NOT_CHECKED}) - " in table.output
+    # A forced live trace (the default): its tokens are checked (T1), its KV cache is not.
+    assert f"verdict: ok ({FORCED_NOT_CHECKED}) - " in table.output or (
+        f"verdict: wasteful ({FORCED_NOT_CHECKED}) - " in table.output
     )
     assert "the scheduler view, the worker view and the KV cache agree" not in table.output
     doc = json.loads(run("diff", path, "--format", "json").output)
-    assert doc["unchecked"] == NEED_TRUTH
+    assert doc["unchecked"] == NEED_KV_TRUTH

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from specreplay.cli.main import main
 from specreplay.replay.workflows.gate import corpus_dir
-from tests.replay.check.truthless import NEED_TRUTH, NOT_CHECKED
+from tests.replay.check.truthless import FORCED_NOT_CHECKED, NEED_KV_TRUTH, NEED_TRUTH, NOT_CHECKED
 
 
 def gate(*args, env=None):
@@ -163,24 +163,27 @@ def test_pytest_plugin_fixture(specreplay_gate, impl, should_pass):
             specreplay_gate(impl=impl)
 
 
-def assert_outputs_name_the_unchecked(result, junit, summary, name: str) -> None:
+def assert_outputs_name_the_unchecked(
+    result, junit, summary, name: str, not_checked: str = NOT_CHECKED, need_truth: list[str] = NEED_TRUTH
+) -> None:
     """The table, the GitHub annotations, the step summary and the JUnit XML of a gate over one
-    trace without ground truth all say which codes were not checked."""
-    assert f"[{NOT_CHECKED}]" in result.output  # the table (wide: one line per row)
+    trace without ground truth (or, forced live, without KV ground truth: `not_checked`,
+    `need_truth`) all say which codes were not checked."""
+    assert f"[{not_checked}]" in result.output  # the table (wide: one line per row)
     assert any(
-        line.startswith("::notice file=") and name in line and line.endswith(f"::{NOT_CHECKED}")
+        line.startswith("::notice file=") and name in line and line.endswith(f"::{not_checked}")
         for line in result.output.splitlines()
     )
-    assert NOT_CHECKED in summary.read_text()
+    assert not_checked in summary.read_text()
     suite = ET.parse(junit).getroot()
     skipped = {
         c.get("name")
         for c in suite.findall("testcase")
         if c.get("classname") == f"specreplay.gate.{name}" and c.find("skipped") is not None
     }
-    assert set(NEED_TRUTH) <= skipped
+    assert set(need_truth) <= skipped
     for case in suite.findall("testcase"):
-        if case.get("name") in NEED_TRUTH:
+        if case.get("name") in need_truth:
             assert "no ground truth" in case.find("skipped").get("message")
     assert int(suite.get("skipped")) == len(list(suite.iter("skipped")))
 
@@ -227,7 +230,8 @@ def test_a_gate_on_the_live_engine_says_which_checks_did_not_run(live_reentry_tr
     golden = write_trace(live_reentry_trace, tmp_path / "live.parquet")
     junit, summary = tmp_path / "gate.xml", tmp_path / "summary.md"
     # --engine vllm reruns the golden's workload live (a recording golden otherwise reruns on its
-    # recorded outcomes on the reference, with ground truth): the new trace has none.
+    # recorded outcomes on the reference, with ground truth): the new trace, forced, has the
+    # oracle's token ground truth and none for the KV cache.
     result = gate(
         golden,
         "--engine",
@@ -238,4 +242,4 @@ def test_a_gate_on_the_live_engine_says_which_checks_did_not_run(live_reentry_tr
         env={"GITHUB_STEP_SUMMARY": str(summary), "COLUMNS": "400"},
     )
     assert result.exit_code in (0, 1), result.output  # pass, or changed if the live engine's timing moved
-    assert_outputs_name_the_unchecked(result, junit, summary, "live.parquet")
+    assert_outputs_name_the_unchecked(result, junit, summary, "live.parquet", FORCED_NOT_CHECKED, NEED_KV_TRUTH)

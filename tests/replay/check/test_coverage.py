@@ -82,12 +82,13 @@ def test_a_checker_of_some_codes_names_only_its_own_unchecked(reentry_traces, ch
 
 
 @pytest.mark.vllm
-def test_a_live_engine_trace_has_no_ground_truth(live_reentry_trace):
+def test_a_forced_live_engine_trace_has_token_ground_truth_and_none_for_the_kv_cache(live_reentry_trace):
     trace = live_reentry_trace
     assert trace.impl.engine == "vllm"
-    assert unchecked_codes(trace) == NEED_TRUTH
-    assert check_report(trace, trace.batches(NEEDED)).unchecked == NEED_TRUTH
-    assert not codes(trace) & set(NEED_TRUTH)
+    kv = [code for code in NEED_TRUTH if code != "T1-wrong-token"]
+    assert unchecked_codes(trace) == kv
+    assert check_report(trace, trace.batches(NEEDED)).unchecked == kv
+    assert not codes(trace) & set(NEED_TRUTH)  # T1 ran: the engine sampled the oracle's tokens
 
 
 def test_a_model_runner_v2_trace_lists_the_v1_runner_codes_as_not_checked(reentry_traces):
@@ -119,3 +120,23 @@ def test_a_model_runner_v2_trace_lists_the_v1_runner_codes_as_not_checked(reentr
     )
     # a V1 trace runs the V1 codes and does not list MRV2's: they are not about its runner
     assert unchecked_codes(trace) == [] and not codes(trace) & mrv2
+
+
+def test_a_forced_live_trace_checks_its_tokens_and_names_the_kv_codes_it_cannot(reentry_traces):
+    """A forced live trace (engines/forced_logits.py) has the oracle's token ground truth but none
+    for the KV cache: T1 runs, the KV codes are listed, and the note and each code's reason say which."""
+    from specreplay.cli.render import unchecked_note
+    from specreplay.replay.check.coverage import KV_TRUTH, why
+
+    trace = reentry_traces["pr30796"]
+    kv_only = without_ground_truth(trace, tuple(c for c in GROUND_TRUTH if c != "apply_token_mismatches"))
+    kv_codes = [code for code in NEED_TRUTH if code != "T1-wrong-token"]
+    assert list(KV_TRUTH) == kv_codes
+    assert unchecked_codes(kv_only) == kv_codes
+    assert unchecked_note(unchecked_codes(kv_only)) == (
+        f"no KV ground truth (tokens checked against the oracle, T1): {', '.join(kv_codes)} not checked"
+    )
+    # Without token truth either (an unforced live trace) the note is the old one, T1 included.
+    assert unchecked_note(unchecked_codes(without_ground_truth(trace))).startswith("no ground truth: ")
+    assert why("K1-kv-content") == "the trace holds no ground truth for the KV cache (a live engine's is not read)"
+    assert why("T1-wrong-token") == "the trace holds no ground truth"

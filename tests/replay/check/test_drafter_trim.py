@@ -162,31 +162,31 @@ def test_both_checkers_agree_on_random_cuts(reentry_traces):
 
 
 @pytest.mark.vllm
-def test_a_live_engine_trace_has_trimmed_rows_and_no_x11(live_reentry_trace):
-    df = live_reentry_trace.table.to_pandas()
+def test_a_live_engine_trace_has_trimmed_rows_and_no_x11(live_ngram_reentry_trace):
+    df = live_ngram_reentry_trace.table.to_pandas()
     cut = df[df.worker_num_scheduled_tokens < df.sched_num_scheduled_tokens]
     assert len(cut) >= 10, "the live run should show ngram_gpu's trim"  # 42 rows when measured
     assert (
         cut.sched_num_scheduled_tokens - cut.worker_num_scheduled_tokens
         == cut.sched_num_draft_slots - cut.worker_num_draft_slots
     ).all()
-    assert x11(live_reentry_trace) == []
+    assert x11(live_ngram_reentry_trace) == []
 
 
 @pytest.mark.vllm
-def test_a_live_row_that_lost_more_than_the_trim_is_a_warning(live_reentry_trace):
-    df = live_reentry_trace.table.to_pandas()
+def test_a_live_row_that_lost_more_than_the_trim_is_a_warning(live_ngram_reentry_trace):
+    df = live_ngram_reentry_trace.table.to_pandas()
     cut = df[df.worker_num_scheduled_tokens < df.sched_num_scheduled_tokens].iloc[0]
     at = (int(cut.step), cut.request_id)
     # The trimmed row ran one token fewer than it kept draft slots for.
-    lost = edit(live_reentry_trace, at, worker_num_scheduled_tokens=int(cut.worker_num_scheduled_tokens) - 1)
+    lost = edit(live_ngram_reentry_trace, at, worker_num_scheduled_tokens=int(cut.worker_num_scheduled_tokens) - 1)
     (found,) = x11(lost)
     assert (found.step, found.request_id, found.facts()["reason"]) == (*at, "not_only_draft_slots")
     # A re-entering request's slots dropped, as pr30796 drops them: no drafter trims those.
     reentry = df[(df.sched_kind == "reentering") & (df.sched_num_draft_slots > 0)].iloc[0]
     at = (int(reentry.step), reentry.request_id)
     dropped = edit(
-        live_reentry_trace,
+        live_ngram_reentry_trace,
         at,
         worker_num_scheduled_tokens=int(reentry.sched_num_scheduled_tokens - reentry.sched_num_draft_slots),
         worker_num_draft_slots=0,

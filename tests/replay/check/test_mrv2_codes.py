@@ -10,8 +10,10 @@ Branches no variant reaches are held by mutating a recorded upstream trace.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import os
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -87,10 +89,27 @@ LATE = Workload(
 def _recorded(impl: str, workload: str):
     workloads = {w.name: w for w in (TWO, PREEMPTING, LATE, build_scenario("reentry"))}
     name = impl if impl == "upstream" else f"tests.replay.check.mrv2_variants:{impl}"
-    trace = run_workload(workloads[workload], resolve(name, allow_import=True), engine="vllm", runner="v2")
+    # Unforced (engines/forced_logits.py): the evidence below is the dummy model's and n-gram's.
+    with unforced():
+        trace = run_workload(workloads[workload], resolve(name, allow_import=True), engine="vllm", runner="v2")
     assert trace.impl.runner_family == "v2"
     assert trace.outcome.status == "completed", trace.outcome
     return trace
+
+
+@contextlib.contextmanager
+def unforced():
+    from specreplay.replay.engines.forced_logits import UNFORCED_ENV
+
+    saved = os.environ.get(UNFORCED_ENV)
+    os.environ[UNFORCED_ENV] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(UNFORCED_ENV)
+        else:
+            os.environ[UNFORCED_ENV] = saved
 
 
 def codes(trace) -> set[str]:

@@ -22,6 +22,12 @@ NEED_TRUTH = [
     "K4-kv-write-unowned",
 ]
 NOT_CHECKED = f"no ground truth: {', '.join(NEED_TRUTH)} not checked"
+#: A forced live trace (engines/forced_logits.py): the oracle's token ground truth, none for the KV
+#: cache. What it leaves unchecked, and the note every report gives.
+NEED_KV_TRUTH = [code for code in NEED_TRUTH if code != "T1-wrong-token"]
+FORCED_NOT_CHECKED = (
+    f"no KV ground truth (tokens checked against the oracle, T1): {', '.join(NEED_KV_TRUTH)} not checked"
+)
 
 
 def without_ground_truth(trace: Trace, columns: tuple[str, ...] = GROUND_TRUTH, keep_rows: int = 0) -> Trace:

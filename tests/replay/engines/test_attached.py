@@ -21,6 +21,13 @@ from click.testing import CliRunner
 
 from specreplay.cli.main import main
 
+
+def torch_tensor(values):
+    import torch
+
+    return torch.tensor(values)
+
+
 pytestmark = pytest.mark.vllm
 PROGRAM = Path(__file__).with_name("attached_llm.py")
 #: apply_token_mismatches compares outputs with an oracle's truth, which a live recording lacks.
@@ -39,10 +46,10 @@ def program_env(folder: Path | None, runner: str = "v1", **extra: str) -> dict[s
     return env
 
 
-def run_program(folder: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+def run_program(folder: Path, out: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(PROGRAM), str(out), *args],
-        env=program_env(folder),
+        env=program_env(folder, **extra),
         capture_output=True,
         text=True,
         timeout=600,
@@ -84,9 +91,16 @@ def steps_done(out: Path) -> int:
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
+    """The program under SPECREPLAY_RECORD, with a forced-logits workload file in its environment
+    too (SPECREPLAY_LIVE_FORCED, as a live run's children get it): an attached recording never
+    forces the user's engine, whatever its environment holds."""
+    from specreplay.replay.engines.forced_logits import FORCED_ENV, write_workload
+    from specreplay.replay.workloads.scenarios import build_scenario
+
     base = tmp_path_factory.mktemp("attached")
     folder, out = base / "rec", base / "client.json"
-    done = run_program(folder, out)
+    forced = write_workload(build_scenario("reentry"), str(base))
+    done = run_program(folder, out, **{FORCED_ENV: forced})
     assert done.returncode == 0, done.stderr[-2000:]
     return folder, json.loads(out.read_text()), base
 
@@ -102,6 +116,34 @@ def test_an_in_process_program_records_and_merges(recorded):
     assert trace.impl.runner_family == "v1" and trace.impl.runner == "vllm.v1.worker.cpu_model_runner.CPUModelRunner"
     assert any("pin_memory" in p for p in trace.impl.patches)  # the CPU recipe, applied by the plugin
     assert_records_the_program(trace, client)
+
+
+def test_an_attached_engine_is_never_forced(recorded):
+    """The recorder changes nothing the user's engine runs: no forced logits (engines/forced_logits.py)
+    though the fixture's environment names a forced workload, so the tokens are the user's model's
+    and the trace has no token ground truth (T1 unchecked)."""
+    from specreplay.replay.check.checker import unchecked_codes
+    from specreplay.replay.engines.forced_logits import DRAFT_PATCH, TARGET_PATCH
+    from specreplay.traces.io import read_trace
+
+    folder, client, base = recorded
+    result = CliRunner().invoke(main, ["merge", str(folder), "-o", str(base / "unforced.parquet")])
+    assert result.exit_code == 0, result.output
+    trace = read_trace(base / "unforced.parquet")
+    assert not {TARGET_PATCH, DRAFT_PATCH} & set(trace.impl.patches or ())
+    assert trace.table.column("apply_token_mismatches").null_count == trace.num_rows
+    assert "T1-wrong-token" in unchecked_codes(trace)
+    # What the program received is not what a forced engine samples: the oracle's next tokens.
+    from specreplay.replay.engines.forced_logits import ForcedRule
+
+    rule = ForcedRule(0, trace.config.vocab_size)  # the forced workload's seed
+    sent = {r["id"]: r for r in trace.inputs.requests}
+    forced_like = 0
+    for rid, tokens_ in client["received"].items():
+        prompt = list(sent[rid]["prompt"])
+        first = rule.next_tokens([rid], torch_tensor([len(prompt) - 1]), torch_tensor([prompt[-1]])).item()
+        forced_like += tokens_[:1] == [first]
+    assert forced_like < len(client["received"])
 
 
 def assert_records_the_program(trace, client) -> None:

@@ -81,3 +81,22 @@ def test_drafter_off_the_live_engine_is_one_line(command, tmp_path):
     last = result.output.strip().splitlines()[-1]
     assert last.endswith("--drafter is for --engine vllm (a live engine); --engine reference drafts with the oracle")
     assert not list(tmp_path.glob("*.parquet"))
+
+
+def test_a_forced_live_run_drafts_with_the_draft_model_and_keeps_its_slot_out_of_the_budget():
+    """Forced logits (engines/forced_logits.py): the default drafter is the draft model (its draft
+    logits follow the workload's rule), and vLLM's one drafting input slot per request is kept
+    out of the token budget, which stays the workload's; --drafter still picks, k = 0 drafts
+    nothing, and an unforced run's budget is vLLM's as asked."""
+    from specreplay.replay.engines.drafters import FORCED_DRAFTER, drafter_for
+
+    assert FORCED_DRAFTER == "draft_model"
+    assert drafter_for(ASYNC, None, forced=True) == drafter_for(SYNC, None, forced=True) == "draft_model"
+    assert drafter_for(ASYNC, "ngram_gpu", forced=True) == "ngram_gpu"
+    assert drafter_for(replace(ASYNC, num_spec_tokens=0), None, forced=True) == "ngram_gpu"  # named, drafts nothing
+    forced = engine_args(ASYNC, drafter="draft_model", forced=True)
+    budget, seqs = ASYNC.max_num_batched_tokens, ASYNC.max_num_seqs
+    assert (forced["max_num_scheduled_tokens"], forced["max_num_batched_tokens"]) == (budget, budget + seqs)
+    unforced = engine_args(ASYNC, drafter="draft_model")
+    assert "max_num_scheduled_tokens" not in unforced and unforced["max_num_batched_tokens"] == budget
+    assert "max_num_scheduled_tokens" not in engine_args(ASYNC, drafter="ngram_gpu", forced=True)

@@ -39,7 +39,17 @@ def workload(drafter: str, is_async: bool) -> Workload:
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
+    """Unforced (engines/forced_logits.py): the dummy model's own tokens, as docs/recording.md's
+    drafter table was measured (forced runs: test_forced_logits.py, test_vllm_live_mrv2.py)."""
+    from specreplay.replay.engines.forced_logits import UNFORCED_ENV
+
     folder = tmp_path_factory.mktemp("drafters")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(UNFORCED_ENV, "1")
+        return _record_all(folder)
+
+
+def _record_all(folder):
     return {
         drafter: record_to(
             folder / f"{drafter}.parquet",

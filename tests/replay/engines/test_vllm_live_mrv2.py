@@ -134,9 +134,35 @@ def test_request_10_keeps_its_slot_and_verifies_its_own_drafts(seed):
     drafts = list(back.worker_draft_ids)
     assert len(drafts) == 3 and all(t >= 0 for t in drafts) and not back.worker_negative_inputs
     assert back.worker_num_accepted + back.worker_num_rejected == 3
-    # n-gram found no match in 3 prompt tokens + 1: MRV2's speculator fills the slots with the
-    # last sampled token (the one its first step sampled), rather than trimming the booking
-    assert drafts == [first.worker_sampled_ids[-1]] * 3
+    # The forced draft model (engines/forced_logits.py) proposed, at its step 1, the scenario's
+    # drafts for the 3 positions after its device count; they still follow it (it has not moved),
+    # so all three are accepted: the slots were backed by the right drafts.
+    from specreplay.replay.workloads.oracle import Oracle
+    from specreplay.replay.workloads.scenarios import reentry
+
+    assert drafts == Oracle(reentry()).drafts("10", int(back.worker_draft_base) + 1, 3)
+    assert back.worker_num_accepted == 3
+
+
+@pytest.mark.parametrize("name", ["upstream", "sched-clear"])
+def test_the_seed_on_mrv2_has_token_ground_truth(seed, name):
+    """Forced (engines/forced_logits.py): MRV2 sampled the oracle's tokens for what it fed, every
+    applied output is counted against the oracle and none is wrong (T1 ran and found nothing);
+    the codes not checked are the KV cache's and V1's runner codes."""
+    from specreplay.replay.check.checker import unchecked_codes
+    from specreplay.replay.check.coverage import KV_TRUTH
+    from specreplay.replay.engines.forced_logits import DRAFT_PATCH, TARGET_PATCH
+
+    _, traces, _ = seed
+    trace = traces[name]
+    assert trace.impl.drafter == "draft_model" and {TARGET_PATCH, DRAFT_PATCH} <= set(trace.impl.patches)
+    df = trace.table.to_pandas()
+    applied = df[df.apply_outcome == "applied"]
+    assert len(applied) > 0 and applied.apply_token_mismatches.notna().all()
+    assert (applied.apply_token_mismatches == 0).all()
+    unchecked = unchecked_codes(trace)
+    assert set(KV_TRUTH) <= set(unchecked) and "T1-wrong-token" not in unchecked
+    assert "T1-wrong-token" not in {f.code for f in check_trace(trace)}
 
 
 def test_show_tells_request_10s_mrv2_story(seed):
