@@ -33,6 +33,8 @@ class PagedKV:
     """The KV half of a reference runner (mixed in; `init_kv` from the runner's __init__)."""
 
     requests: dict[str, Any]
+    device: torch.device  # the runner's
+    config: EngineConfig
 
     def init_kv(self, config: EngineConfig, device: torch.device) -> None:
         slots = config.num_blocks * config.block_size
