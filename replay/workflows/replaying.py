@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from specreplay.replay.engines.registry import DEFAULT_ENGINE, engine_of, replay_engines
+from specreplay.replay.engines.registry import DEFAULT_ENGINE, RUNNERS, engine_of, replay_engines
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
 from specreplay.traces.header import ImplHeader
@@ -137,7 +137,8 @@ def plan_replay(
             f"--engine {engine}: a live engine makes its own outcomes; replay a recording's through "
             f"{' or '.join(REPLAY_ENGINES)} (or --oracle synthetic to run its workload live again)"
         )
-    outcomes = recorded_oracle(workload, trace)
+    family = RUNNERS.get(trace.impl.runner_family or "v1")  # none for a runner specreplay did not observe
+    outcomes = recorded_oracle(workload, trace, slot_drafts=family is not None and family.verifies_slot_drafts)
     outcomes.source = where
     # Where the recording stopped: a live engine's left its last batches unapplied; a replay of it
     # stopped as the recording did (its note says so).

@@ -106,16 +106,13 @@ class RecordedOracle(Oracle):
         table: Any,
         drafter: str = "fixed",
         inputs: RecordedInputs | None = None,
-        runner_family: str = "v1",
+        slot_drafts: bool = False,
     ) -> None:
         super().__init__(workload)
-        # Model Runner V2 (v2) verifies what its slot holds: every draft a row fed was proposed
-        # (an n-gram slot without a match holds the last sampled token: padding, but proposed).
-        from specreplay.replay.engines.registry import RUNNERS
-
-        family = RUNNERS.get(runner_family)
-        self.runner_family = runner_family
-        self.slot_drafts = family is not None and family.verifies_slot_drafts
+        # `slot_drafts`: the recorded runner verifies what its slot holds (Model Runner V2: the
+        # registry's `verifies_slot_drafts`), so every draft a row fed was proposed (an n-gram
+        # slot without a match holds the last sampled token: padding, but proposed).
+        self.slot_drafts = slot_drafts
         # An attached run's own prompts, chunks and stop tokens (recorded_inputs.py); None: the
         # workload's seeded ones, which specreplay fed the engines it drove. `announce_steps`
         # tell the input driver where the recorded engine stepped with nothing unfinished.
@@ -356,8 +353,9 @@ class RecordedOracle(Oracle):
         }
 
 
-def recorded_oracle(workload: Workload, trace: Any) -> RecordedOracle:
-    """The oracle of `trace`'s recorded outcomes, refused in one line when it has none."""
+def recorded_oracle(workload: Workload, trace: Any, slot_drafts: bool = False) -> RecordedOracle:
+    """The oracle of `trace`'s recorded outcomes, refused in one line when it has none.
+    `slot_drafts`: its runner verifies what each slot holds (the caller asks the registry)."""
     if not has_outcomes(trace.table):
         name = trace.workload.name if trace.workload.name is not None else "the trace"
         raise InputError(
@@ -366,5 +364,4 @@ def recorded_oracle(workload: Workload, trace: Any) -> RecordedOracle:
         )
     recorded = trace.inputs.to_dict() if trace.inputs is not None else None
     inputs = RecordedInputs.of(recorded, trace.table, "trace inputs metadata") if recorded else None
-    family = trace.impl.runner_family or "v1"
-    return RecordedOracle(workload, trace.table, drafter_of(trace.impl), inputs, family)
+    return RecordedOracle(workload, trace.table, drafter_of(trace.impl), inputs, slot_drafts)

@@ -55,7 +55,7 @@ def vllm_takes(workload) -> bool:
 #: keeps the breadth of settings.
 #: Cut to the first 3 (issue 27): the MRV2 recordings took the time the other 7 had, and none of
 #: them ever parted from its replay.
-LIVE_RANDOM_SEEDS = [s for s in range(200) if vllm_takes(pick_workload(scenario="random", seed=s))][:3] + [58, 72]
+LIVE_RANDOM_SEEDS = [s for s in range(200) if vllm_takes(pick_workload(scenario="random", seed=s))][:2] + [72]
 #: The scenarios a live vLLM takes.
 LIVE_SCENARIOS = [name for name in SCENARIO_NAMES if vllm_takes(pick_workload(scenario=name))]
 
@@ -288,7 +288,7 @@ def assert_live_replays(recordings: dict, tmp_path: Path, engine: str, executor:
 def test_live_recordings_replay_step_for_step(live_inproc, tmp_path, engine):
     assert "refused" not in live_inproc.values(), live_inproc
     assert len(LIVE_SCENARIOS) == len(SCENARIO_NAMES) - 1  # all but streaming-preempt (a KV cache of 4 blocks)
-    assert len(LIVE_RANDOM_SEEDS) == 5 and all(vllm_takes(pick_workload(scenario="random", seed=s)) for s in (58, 72))
+    assert len(LIVE_RANDOM_SEEDS) == 3 and vllm_takes(pick_workload(scenario="random", seed=72))
     assert_live_replays(live_inproc, tmp_path, engine)
 
 
@@ -297,8 +297,7 @@ def test_live_recordings_replay_step_for_step(live_inproc, tmp_path, engine):
 def test_multiprocess_live_recordings_replay_step_for_step(tmp_path):
     """The engine core in its own process: the worker edits its own copy of the output, and the
     arrival steps are the ones observed."""
-    jobs = [("reentry", 0), ("reentry-sync", 0), ("abort-inflight", 0), ("streaming-append", 0)]
-    jobs += [("random", seed) for seed in LIVE_RANDOM_SEEDS[:2]]
+    jobs = [("reentry", 0), ("abort-inflight", 0), ("streaming-append", 0)]
     recordings = {f"{n}-{s}": record_live(tmp_path, n, s, "multiproc") for n, s in jobs}
     for tag, path in recordings.items():
         assert path != "refused", tag
