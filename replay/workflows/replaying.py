@@ -43,8 +43,6 @@ class ReplayPlan:
 def runner_of(trace: Any) -> str | None:
     """The runner family `trace` ran (v1 for one from before runners were named); None for a
     runner specreplay did not observe (the rerun takes the default)."""
-    from specreplay.replay.engines.registry import RUNNERS
-
     family = trace.impl.runner_family or "v1"
     return family if family in RUNNERS else None
 
@@ -137,8 +135,8 @@ def plan_replay(
             f"--engine {engine}: a live engine makes its own outcomes; replay a recording's through "
             f"{' or '.join(REPLAY_ENGINES)} (or --oracle synthetic to run its workload live again)"
         )
-    family = RUNNERS.get(trace.impl.runner_family or "v1")  # none for a runner specreplay did not observe
-    outcomes = recorded_oracle(workload, trace, slot_drafts=family is not None and family.verifies_slot_drafts)
+    own = runner_of(trace)
+    outcomes = recorded_oracle(workload, trace, slot_drafts=own is not None and RUNNERS[own].verifies_slot_drafts)
     outcomes.source = where
     # Where the recording stopped: a live engine's left its last batches unapplied; a replay of it
     # stopped as the recording did (its note says so).
@@ -146,4 +144,4 @@ def plan_replay(
     drains = ran_on.drains_at_end if ran_on is not None else None
     outcomes.drains_at_end = drains if drains is not None else recorded_engine in REPLAY_ENGINES
     outcomes.trace_inputs = trace.inputs
-    return ReplayPlan(workload, engine, executor, outcomes, runner or runner_of(trace))
+    return ReplayPlan(workload, engine, executor, outcomes, runner or own)
