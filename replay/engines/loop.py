@@ -67,14 +67,23 @@ class EngineLoop:
         # False for a replay of a live recording: stop, as the live engine did, once nothing is
         # left to feed or schedule, leaving the batches in flight unapplied.
         self.drains_at_end = getattr(oracle, "drains_at_end", True)
+        self.iteration = 0  # the engine iteration under way (1-based)
+        # True where the run mirrors specreplay's live driver on a live engine core
+        # (workloads/oracle.py `live_driven`): it also steps to announce requests that finished
+        # while nothing else is unfinished, is not idle (a pause's cache clear waits) until it
+        # has, numbers every iteration as a step, and names a crash by its iteration.
+        self.like_live = getattr(oracle, "like_live", False)
 
     def step(self) -> bool:
         """One engine iteration, as vLLM's step_with_batch_queue orders it. False when done."""
         # vLLM's _process_input_queue: idle callbacks (a pause's cache clear) while the engine
         # has nothing to do, then the input queue: aborts that arrived after an earlier
         # schedule() and were not applied yet (no batch was popped since), arrivals, events.
+        if not self.drains_at_end and self.live_driver_done():
+            return False
+        self.iteration = self.step_no + 1
         self.finish_pause_if_idle()
-        self.apply_aborts()
+        self.land_leftover_aborts()
         for spec in self.inputs.pop_arrivals(self.step_no + 1):
             self.submit(spec)
         for event in self.inputs.pop_events(self.step_no + 1):
@@ -83,14 +92,8 @@ class EngineLoop:
         # vLLM's has_requests() also counts finished requests not yet announced; the models'
         # counts unfinished ones only, so a replay of a recording steps where the recorded engine
         # announced them (InputDriver.steps_to_announce); a synthetic run numbers its steps as before.
-        busy = self.sched.has_requests() or self.inputs.steps_to_announce(self.step_no + 1)
-        if (
-            not self.drains_at_end
-            and not busy
-            and not self.clear_after_drain
-            and self.inputs.next_input_step(self.step_no) is None
-        ):
-            return False
+        unfinished = self.sched.has_requests() or self.inputs.steps_to_announce(self.step_no + 1)
+        busy = unfinished or self.has_unannounced()
         if not busy and not self.queue:
             # Idle: nothing to do until the next input.
             idle_until = self.inputs.next_input_step(self.step_no)
@@ -108,6 +111,11 @@ class EngineLoop:
         self.sched.update_from_output(done, result)
         if not self.sched.is_async and self.config.num_spec_tokens:
             self.sched.update_draft_token_ids(*self.runner.take_draft_token_ids())
+        if not busy and self.like_live:
+            # An iteration that only applied a batch (nothing to schedule, paused or finished)
+            # is an engine step too where the run mirrors a live engine core: the live driver
+            # steps it, and its observers number iterations (engines/plugin.py).
+            self.step_no += 1
         if self.step_no >= self.workload.max_steps:
             # A run whose last input and request end at its last step completed (a recording's
             # summary ends at its last step); one with work left was cut.
@@ -115,6 +123,28 @@ class EngineLoop:
                 self.outcome = run_outcome(self.step_no, cut=True)
             return False
         return True
+
+    def crash_step(self) -> int:
+        """The step a crash ends the run at: the last one scheduled, or where the run mirrors the
+        live driver, the iteration it died in (an input it could not take included)."""
+        return self.iteration if self.like_live else self.step_no
+
+    def live_driver_done(self) -> bool:
+        """What specreplay's live driver asks after each iteration (engines/live.py `done`):
+        nothing left to feed (this step's inputs are still to come) and its front end waits for
+        nothing. It then stops, leaving the batches in flight unapplied; an iteration in which
+        inputs landed always runs."""
+        return (
+            not self.sched.has_requests()
+            and not self.inputs.steps_to_announce(self.step_no + 1)
+            and not self.clear_after_drain
+            and self.inputs.next_input_step(self.step_no - 1) is None
+        )
+
+    def has_unannounced(self) -> bool:
+        """Where the run mirrors a live engine core: requests finished since the last schedule(),
+        which vLLM's has_requests() counts (EngineCore steps to announce them, and is not idle)."""
+        return self.like_live and self.sched.has_finished_requests()
 
     def work_left(self) -> bool:
         """Requests to schedule, inputs to come, a cache clear pending or (when the run drains)
@@ -153,6 +183,13 @@ class EngineLoop:
         # AsyncLLM's final request: a non-resumable one-token prompt under the same id.
         self.sched.add_request(Request(rid, [0], 1, None))
 
+    def land_leftover_aborts(self) -> None:
+        """Aborts due after the last schedule() that no batch was applied for (the queue was not
+        full): EngineCoreProc takes them from its input queue before the next schedule(), as
+        the client's abort (core.py: every abort goes to both its queues), marked on that step."""
+        for rid in self.inputs.pop_aborts(self.step_no):
+            self.abort([rid])
+
     def apply_aborts(self) -> None:
         """Aborts that arrived by this step land before the oldest batch is applied."""
         for rid in self.inputs.pop_aborts(self.step_no):
@@ -187,23 +224,28 @@ class EngineLoop:
     def pause(self, mode: str, clear_cache: bool, label: str) -> None:
         if mode == "abort":
             self.abort(list(self.sched.requests))
-        self.sched.set_pause_state("paused_all" if mode == "keep" else "paused_new")
+        state = "paused_all" if mode == "keep" else "paused_new"
+        changes = self.sched.pause_state != state  # a pause in the state it asks marks nothing, as live
+        self.sched.set_pause_state(state)
         self.rejecting_new = self.release.paused_rejects_new and mode != "keep"
-        self.observer.mark_step_event(label)
+        if changes:
+            self.observer.mark_step_event(label)
         self.clear_after_drain = clear_cache
         self.finish_pause_if_idle()  # pause_scheduler: _finish_pause at once if nothing is left
 
     def resume(self) -> None:
+        changes = self.sched.pause_state != "unpaused"
         self.sched.set_pause_state("unpaused")
         self.rejecting_new = False
         # A clear still pending stays registered, as vLLM's idle callback does: it runs
         # the next time the engine has nothing to do.
-        self.observer.mark_step_event("resume")
+        if changes:
+            self.observer.mark_step_event("resume")
 
     def finish_pause_if_idle(self) -> None:
         """vLLM's _finish_pause: a pause with clear_cache resets the cache as soon as nothing is
         in flight or schedulable (at once when the pause finds the engine idle)."""
-        if self.clear_after_drain and not self.sched.has_requests() and not self.queue:
+        if self.clear_after_drain and not self.sched.has_requests() and not self.has_unannounced() and not self.queue:
             self.clear_after_drain = False
             self.reset_prefix_cache(True, "pause: clear_cache")
 

@@ -127,6 +127,9 @@ class VllmSchedulerAdapter:
     def has_requests(self) -> bool:
         return self.real.get_num_unfinished_requests() > 0
 
+    def has_finished_requests(self) -> bool:
+        return self.real.has_finished_requests()
+
     @property
     def pause_state(self) -> str:
         return self.real.pause_state.name.lower()

@@ -165,7 +165,7 @@ def _run(
             if writer is not None:
                 writer.close()
             raise
-        loop.outcome = run_outcome(loop.step_no, crash=crash)
+        loop.outcome = run_outcome(loop.crash_step(), crash=crash)
     if loop.outcome.status == "completed":
         # Idle for good with requests it holds: requests lost by the scheduler.
         loop.outcome = run_outcome(loop.step_no, unfinished=loop.unfinished())

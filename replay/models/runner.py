@@ -508,8 +508,7 @@ class GPUModelRunner(PagedKV):
             if self.use_async_scheduling:
                 self._draft_token_ids = torch.from_numpy(table).to(self.device)
             else:
-                keep = [x for x in range(len(rows)) if not discarded[x]]
-                self.sync_drafts = ([rows[x] for x in keep], table[keep].tolist())
+                self.sync_drafts = (list(rows), sync_rows(table.tolist(), discarded))
             return
         proposals: list[list[int]] = [[] for _ in rows]
         for x, first, prompt_len in zip(live, firsts, prompt_lens):
@@ -523,8 +522,7 @@ class GPUModelRunner(PagedKV):
                 len(rows), self.k
             )
         else:
-            keep = [x for x in range(len(rows)) if not discarded[x]]
-            self.sync_drafts = ([rows[x] for x in keep], [proposals[x] for x in keep])
+            self.sync_drafts = (list(rows), sync_rows(proposals, discarded))
 
     def bookkeeping(
         self, inputs: PreparedInputs, emitted: list[list[int]], accepted: list[int], discarded: list[bool]
@@ -553,3 +551,11 @@ class GPUModelRunner(PagedKV):
             del tokens[end:]
             tokens.extend(new)
             self.input_batch.num_tokens_no_spec[x] = end + len(new)
+
+
+def sync_rows(proposals: list[list[int]], discarded: list[bool]) -> list[list[int]]:
+    """Sync mode's drafts for update_draft_token_ids: a row for every request in the batch, as
+    vLLM's take_draft_token_ids hands them (the batch's req_ids), none for a discarded one (a
+    partial prefill). The scheduler then clears a prefill chunk's spec list, stale drafts of a
+    streaming session's ended turn included; a request left out would keep them."""
+    return [[] if gone else p for p, gone in zip(proposals, discarded)]

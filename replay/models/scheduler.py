@@ -199,6 +199,10 @@ class Scheduler:
             self.num_waiting_for_streaming_input -= 1
         req.status = Status.WAITING
 
+    def has_finished_requests(self) -> bool:
+        """vLLM's: requests finished since the last schedule(), which announces them."""
+        return bool(self.finished_req_ids)
+
     def has_requests(self) -> bool:
         """vLLM's get_num_unfinished_requests() > 0, which a pause narrows: under PAUSED_ALL
         nothing counts, under PAUSED_NEW only running requests (queued ones stay queued)."""

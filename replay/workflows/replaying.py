@@ -143,5 +143,10 @@ def plan_replay(
     ran_on = trace.impl.outcomes
     drains = ran_on.drains_at_end if ran_on is not None else None
     outcomes.drains_at_end = drains if drains is not None else recorded_engine in REPLAY_ENGINES
+    # A live engine core in the recording's process (in process, attached to a program's LLM)
+    # was stepped an iteration at a time, as specreplay's live driver steps it: the replay steps
+    # as that driver does (workloads/oracle.py `live_driven`). A multiprocess core numbers its
+    # steps by schedule() calls, and its recording names the steps it announced on.
+    outcomes.like_live = not outcomes.drains_at_end and executor != "multiproc"
     outcomes.trace_inputs = trace.inputs
     return ReplayPlan(workload, engine, executor, outcomes, runner or own)

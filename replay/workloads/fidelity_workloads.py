@@ -24,6 +24,7 @@ What one seed draws (docs/fidelity.md has the table):
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from specreplay.replay.workloads.config import EngineConfig
@@ -76,8 +77,65 @@ def fidelity_workload(seed: int) -> Workload:
     )
 
 
-def _requests(rng: random.Random, k: int) -> list[RequestSpec]:
-    count = rng.choice((1, 2, rng.randint(3, 8), rng.randint(3, 8), rng.randint(8, 16)))
+def runner_workload(seed: int) -> Workload:
+    """The seed's workload for the runner differential (workflows/runner_differential.py): the
+    reference runner against vLLM's real one, live, where a step costs 10-100 ms and an engine
+    start a second (Model Runner V2's Triton kernels run in Triton's interpreter on a CPU), so
+    small: 1 to 6 requests of prompts up to 96 tokens and up to 14 outputs, k 0 to 5. Across
+    the settings where a runner's state can part from the reference's: async and sync, budgets
+    that skip requests and cut drafts, KV caches tight enough to preempt, max_model_len at the
+    longest request (drafts trimmed at the end), aborts, stops, control events (streaming
+    sessions, resubmissions, pauses, cache resets). Every config is one a live vLLM builds: its
+    KV cache holds a request of max_model_len (vLLM's startup check), and a pause waits in keep
+    or abort mode (an in-process engine core refuses wait)."""
+    rng = random.Random(f"runner:{seed}")
+    k = rng.choice((0, 1, 1, 2, 2, 3, 3, 4, 5))
+    lookahead = 0 if k == 0 else rng.choice((0, k))
+    block_size = rng.choice(BLOCK_SIZES)
+    requests = _requests(rng, k, small=True)
+    max_num_seqs = rng.choice((1, 2, 3, 4, 8))
+    budget = _budget(rng, k, max_num_seqs, len(requests))
+    longest = max(r.prompt_len + r.max_tokens for r in requests)
+    max_model_len = rng.choice((longest, longest, longest + rng.randint(1, max(1, k)), longest + 32, 128))
+    max_model_len = max(max_model_len, longest)
+    # One request of max_model_len, in blocks of a CPU's attention too (it rounds the block size
+    # up to a multiple of 32 and keeps the tokens, engines/live.py).
+    unit = max(block_size, 32)
+    one_request = -(-max_model_len // unit) * unit // block_size
+    # Tight for about half the seeds: room for one request of max_model_len and a block or two,
+    # so that requests together outgrow it and are preempted.
+    num_blocks = 1 + one_request + rng.choice((0, 0, 0, 1, 2, one_request, 8 * one_request))
+    config = EngineConfig(
+        max_num_batched_tokens=budget,
+        max_num_seqs=min(max_num_seqs, budget),
+        num_spec_tokens=k,
+        async_scheduling=rng.random() < 0.6,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=min(rng.choice(THRESHOLDS), max_model_len),
+        num_lookahead_tokens=lookahead,
+    )
+    events: tuple = ()
+    if rng.random() < 0.4:
+        requests, events = draw_events(rng, requests, config, last_step=16)
+        events = tuple(dataclasses.replace(e, mode="keep") if e.mode == "wait" else e for e in events)
+    return Workload(
+        tuple(requests),
+        config,
+        name=f"runner-{seed}",
+        seed=seed,
+        acceptance=rng.choice(ACCEPTANCES),
+        max_steps=400,
+        events=events,
+    )
+
+
+def _requests(rng: random.Random, k: int, small: bool = False) -> list[RequestSpec]:
+    if small:
+        count = rng.choice((1, 2, rng.randint(2, 4), rng.randint(3, 6), rng.randint(4, 6)))
+    else:
+        count = rng.choice((1, 2, rng.randint(3, 8), rng.randint(3, 8), rng.randint(8, 16)))
     arrivals = rng.choice(("together", "spread", "bursts"))
     requests, arrival = [], 1
     for i in range(count):
@@ -86,8 +144,12 @@ def _requests(rng: random.Random, k: int) -> list[RequestSpec]:
         elif arrivals == "bursts":
             arrival += rng.choice((0, 0, 0, rng.randint(5, 20)))
         short, medium, long = rng.randint(2, 12), rng.randint(2, 12), rng.randint(13, 40)
-        prompt_len = rng.choice((1, 1, short, medium, long, rng.randint(40, 160)))
-        max_tokens = rng.choice((1, rng.randint(1, k + 2), rng.randint(2, 40), rng.randint(2, 40)))
+        if small:
+            prompt_len = rng.choice((1, 1, short, medium, long, rng.randint(40, 96)))
+            max_tokens = rng.choice((1, rng.randint(1, k + 2), rng.randint(2, 14), rng.randint(2, 14)))
+        else:
+            prompt_len = rng.choice((1, 1, short, medium, long, rng.randint(40, 160)))
+            max_tokens = rng.choice((1, rng.randint(1, k + 2), rng.randint(2, 40), rng.randint(2, 40)))
         requests.append(
             RequestSpec(
                 str(i),
@@ -110,4 +172,4 @@ def _budget(rng: random.Random, k: int, max_num_seqs: int, num_requests: int) ->
     return rng.choice((1 + k, 2 + k, 8, 16, 32, 64, 128, 512))
 
 
-__all__ = ["fidelity_workload"]
+__all__ = ["fidelity_workload", "runner_workload"]

@@ -25,6 +25,12 @@ from specreplay.replay.workloads.workload import RequestSpec, Workload
 
 
 class Oracle:
+    #: How the run these outcomes drive steps (engines/loop.py). By default as the shipped goldens
+    #: were recorded: it steps while requests are unfinished and drains its batches at the end.
+    #: `live_driven` makes it step as specreplay's driver steps a live vLLM in process.
+    drains_at_end = True
+    like_live = False
+
     def __init__(self, workload: Workload) -> None:
         self.workload = workload
         self.vocab = workload.config.vocab_size
@@ -35,20 +41,19 @@ class Oracle:
         self._correct: dict[str, bytearray] = {}  # random acceptance: 1 where the draft is right, by position
         #: Per streaming request: each turn's input (tokens, max_tokens), in the order they arrive.
         self.inputs: dict[str, list[tuple[int, int]]] = {}
-        # Per streaming request: each turn's (prompt length, max_tokens); the turn by prompt length.
+        # Per streaming request: each turn's (prompt length, max_tokens) as the run reaches it, and
+        # the turn by prompt length. A turn's prompt length is the run's (an engine can give it
+        # one token more than it should hold: `kept_before`), so it is known only when the run
+        # gets there: a prompt length not seen before, longer than the last turn's, is the next
+        # turn's (before, such a turn read as the first turn, and drafted its tokens).
         self._turns: dict[str, list[tuple[int, int]]] = {}
         self._turn_of: dict[str, dict[int, int]] = {}
         for rid, spec in self.specs.items():
             if not spec.streaming:
                 continue
             self.inputs[rid] = workload.turns(spec)
-            lengths: list[tuple[int, int]] = []
-            prompt_len = 0
-            for t, (length, max_tokens) in enumerate(self.inputs[rid]):
-                prompt_len = length if t == 0 else prompt_len + lengths[-1][1] - 1 + length
-                lengths.append((prompt_len, max_tokens))
-            self._turns[rid] = lengths
-            self._turn_of[rid] = {length: t for t, (length, _) in enumerate(lengths)}
+            self._turns[rid] = [(spec.prompt_len, spec.max_tokens)]
+            self._turn_of[rid] = {spec.prompt_len: 0}
 
     def hash(self, rid: str) -> int:
         return self._hash[rid]
@@ -61,7 +66,24 @@ class Oracle:
         """The turn of a request whose current prompt has `prompt_len` tokens (None: the first)."""
         if prompt_len is None or rid not in self._turn_of:
             return 0
-        return self._turn_of[rid].get(prompt_len, 0)
+        known = self._turn_of[rid].get(prompt_len)
+        if known is not None:
+            return known
+        turns = self._turns[rid]
+        if prompt_len <= turns[-1][0] or len(turns) == len(self.inputs[rid]):
+            return 0
+        turns.append((prompt_len, self.inputs[rid][len(turns)][1]))
+        self._turn_of[rid][prompt_len] = len(turns) - 1
+        return len(turns) - 1
+
+    def kept_before(self, rid: str, turn: int) -> int:
+        """How many tokens of the turns before `turn` (>= 1, reached) its prompt should hold: the
+        turn before's prompt and outputs but its last sampled token, never computed (vLLM's
+        streaming contract, and 0.33.0's behaviour). vLLM 0.32.0 keeps that token too when a
+        verified draft computed it (a turn cut inside accepted drafts): the turn then runs from
+        the wrong position, and T1 says so (the `sync-streaming-turn-runs-on` known bug)."""
+        before_len, before_max = self._turns[rid][turn - 1]
+        return before_len + before_max - 1
 
     def chunk(self, rid: str, turn: int) -> list[int]:
         """The input tokens a streaming session's turn `turn` (>= 1) appends."""
@@ -78,10 +100,9 @@ class Oracle:
             if turn == 0:
                 seq = tokens.expected_tokens(self.workload.seed, self.specs[rid], self.vocab, extra)
             else:
-                before_len, before_max = self._turns[rid][turn - 1]
-                keep = before_len + before_max - 1
+                before_len = self._turns[rid][turn - 1][0]
                 seq = self.expected(rid, before_len)
-                seq = seq[:keep] + self.chunk(rid, turn)
+                seq = seq[: self.kept_before(rid, turn)] + self.chunk(rid, turn)
                 prompt_len, max_tokens = self._turns[rid][turn]
                 h = self._hash[rid]
                 while len(seq) < prompt_len + max_tokens + extra:
@@ -171,3 +192,16 @@ class Oracle:
         if len(seq) < base + len(tokens):
             self._extend(rid, seq, base + len(tokens))
         return sum(1 for t, e in zip(tokens, seq[base : base + len(tokens)]) if t != e)
+
+
+def live_driven(oracle: Oracle) -> Oracle:
+    """`oracle`, for a run stepped as specreplay drives a live vLLM in process (engines/live.py),
+    so that the two traces compare row for row (the runner differential). vLLM's engine core
+    counts requests finished since the last schedule() in has_requests(): it schedules to
+    announce them, and is not idle (a pause's cache clear waits) until it has. Every iteration
+    is a step, one that only applies a batch included, and a crash is named by the iteration it
+    happened in. The driver stops once its front end waits for nothing, leaving the batches in
+    flight unapplied."""
+    oracle.drains_at_end = False
+    oracle.like_live = True  # engines/loop.py: what else the loop then does as the live driver
+    return oracle

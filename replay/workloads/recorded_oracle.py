@@ -244,8 +244,8 @@ class RecordedOracle(Oracle):
             if turn == 0:
                 seq = self.prompt(rid)
             else:
-                before_len, before_max = self._turns[rid][turn - 1]
-                seq = self.expected(rid, before_len)[: before_len + before_max - 1] + self.chunk(rid, turn)
+                before_len = self._turns[rid][turn - 1][0]
+                seq = self.expected(rid, before_len)[: self.kept_before(rid, turn)] + self.chunk(rid, turn)
             self._chain[(rid, turn)] = seq
             length, max_tokens = (
                 (self.specs[rid].prompt_len, self.specs[rid].max_tokens) if turn == 0 else self._turns[rid][turn]

