@@ -66,8 +66,7 @@ class FidelityReport:
 
     def coverage(self) -> dict[str, int]:
         """Situation -> seeds that reached it, in a stable order."""
-        counts = Counter(f for c in self.cases for f in c.features)
-        return dict(sorted(counts.items(), key=_feature_order))
+        return coverage_of(self.cases)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -222,6 +221,12 @@ def fidelity_to(output_dir: Path | None, impl_name: str = "upstream", **sweep: A
     return report
 
 
+def coverage_of(cases: Any) -> dict[str, int]:
+    """Setting or situation -> the cases (each with `features`) that reached it, settings first."""
+    counts = Counter(f for c in cases for f in c.features)
+    return dict(sorted(counts.items(), key=_feature_order))
+
+
 #: Coverage lists settings first (in this order), then situations, then events, then outcomes.
 _SETTINGS = ("async", "sync", "k=", "lookahead", "block_size", "max_num_seqs", "long-prefill", "1-token", "arrivals")
 
@@ -234,4 +239,12 @@ def _feature_order(item: tuple[str, int]) -> tuple[int, list]:
     return rank, [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
-__all__ = ["FidelityCase", "FidelityReport", "compare_seed", "features_of", "fidelity_sweep", "fidelity_to"]
+__all__ = [
+    "FidelityCase",
+    "FidelityReport",
+    "compare_seed",
+    "coverage_of",
+    "features_of",
+    "fidelity_sweep",
+    "fidelity_to",
+]

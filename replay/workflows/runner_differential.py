@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -69,10 +68,9 @@ class RunnerReport:
         return [c for c in self.cases if c.differs]
 
     def coverage(self) -> dict[str, int]:
-        from specreplay.replay.workflows.fidelity_sweep import _feature_order
+        from specreplay.replay.workflows.fidelity_sweep import coverage_of
 
-        counts = Counter(f for c in self.cases for f in c.features)
-        return dict(sorted(counts.items(), key=_feature_order))
+        return coverage_of(self.cases)
 
     def summary(self) -> dict[str, Any]:
         return {
