@@ -294,9 +294,11 @@ class Server:
     def wait_idle(self, timeout: float = 60.0) -> bool:
         """Poll /metrics until the engine reports no running and no waiting request (True), or
         `timeout` passes (False). The gauges come with the engine core's step outputs, so once
-        they read 0 the worker has returned the last step that ran a request. Stopping before
-        that lets vLLM's SIGINT (which SIGKILLs the engine core and its worker at once, with the
-        default --shutdown-timeout 0) cut a step the worker is still running."""
+        they read 0 every request's last output is applied. Under async scheduling the core may
+        have scheduled one step more by then (its output goes to nobody), which the worker may
+        still be running: vLLM's SIGINT (which SIGKILLs the engine core and its worker at once,
+        with the default --shutdown-timeout 0) would cut it. A caller that needs that step too
+        waits for it by what it records."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):

@@ -125,6 +125,12 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
             f"step(s) {', '.join(map(str, cut_steps))}: step {cut_steps[0]} was scheduled, but its worker rows "
             "never arrived (the run stopped inside it)"
         )
+        unapplied = unapply_cut(rows, cut_steps[0])
+        if unapplied:
+            dropped.append(
+                f"step(s) {', '.join(map(str, unapplied))}: output applied in the cut iteration "
+                f"{cut_steps[0]}, left unapplied (the trace ends with iteration {cut_steps[0] - 1})"
+            )
     inputs = collect_inputs(parts)
     last_step = rows[-1]["step"] if rows else 0
     workload = workload_of(inputs, config, run, last_step, rows)
@@ -184,6 +190,24 @@ def whole_steps(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[
         return rows, []
     cut = [step for step in sorted(by_step) if step >= first_cut]
     return [r for r in rows if r["step"] < first_cut], cut
+
+
+def unapply_cut(rows: list[dict[str, Any]], first_cut: int) -> list[int]:
+    """An iteration is a schedule() and the update_from_output() of an earlier step (async: the
+    step before). When iteration `first_cut` is cut, its schedule's rows go (whole_steps), and so
+    must what its update wrote on the kept rows: the trace ends with a whole iteration, which is
+    what a replay of its `first_cut - 1` steps runs (else it would differ on the last output,
+    applied in an iteration it never reaches). Returns the steps whose apply was taken back."""
+    from specreplay.traces.schema import columns_written_by
+
+    apply_columns = columns_written_by("apply")
+    unapplied = set()
+    for row in rows:
+        applied_at = row.get("apply_step")
+        if applied_at is not None and applied_at >= first_cut:
+            unapplied.add(row["step"])
+            row.update(dict.fromkeys(apply_columns))
+    return sorted(unapplied)
 
 
 def workload_of(
@@ -268,4 +292,13 @@ def abort_event(abort: dict[str, Any], arrival: int, marked: set[tuple[int, str]
     return {"step": max(1, step), "kind": "abort", "request": rid, "when": "after"}
 
 
-__all__ = ["Merged", "abort_event", "merge_folder", "merge_to", "unobserved_runner", "whole_steps", "workload_of"]
+__all__ = [
+    "Merged",
+    "abort_event",
+    "merge_folder",
+    "merge_to",
+    "unapply_cut",
+    "unobserved_runner",
+    "whole_steps",
+    "workload_of",
+]

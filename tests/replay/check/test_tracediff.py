@@ -81,3 +81,21 @@ def test_same_result_as_row_by_row(pairs):
             assert [(f.expected, f.actual) for f in diff.findings] == [(f.scheduler, f.worker) for f in diff.findings]
             assert [f.life is None for f in diff.findings] == [f.request_id is None for f in diff.findings]
     assert parted >= 10  # most pairs differ, several with rows on one side only
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "agree"),
+    [
+        (("partial", 7), ("step_limit", 7), True),  # a recording that lost its tail, rerun to its last step
+        (("completed", 7), ("partial", 7), True),
+        (("partial", 7), ("step_limit", 8), False),  # not the same last step
+        (("partial", 7), ("crashed", 7), False),  # a crash is news, whatever the recording knew
+        (("step_limit", 7), ("completed", 7), False),  # both whole: work left or not is a difference
+    ],
+)
+def test_a_partial_recording_agrees_with_a_rerun_that_stopped_where_it_did(a, b, agree):
+    from specreplay.traces.header import Outcome
+
+    base = run_workload(build_scenario("reentry", 0), resolve("upstream", allow_import=False))
+    ta, tb = (type(base)(**{**base.__dict__, "outcome": Outcome(status=s, step=n)}) for s, n in (a, b))
+    assert ("(outcome)" not in diff_traces(ta, tb).fields) is agree

@@ -62,10 +62,11 @@ def applied_tokens(df, rid: str) -> list[int]:
     return [int(t) for ids, n in zip(rows.apply_sampled_token_ids, rows.apply_num_tokens) for t in list(ids)[: int(n)]]
 
 
-def replay_differences(recording: Path, out_dir: Path) -> dict[str, tuple[dict, dict]]:
+def replay_differences(recording: Path, out_dir: Path, why: dict | None = None) -> dict[str, tuple[dict, dict]]:
     """Replay `recording` (on its recorded inputs and outcomes) through each engine that can; per
     engine, the differing rows per column against the recording, as (scheduler: sched_*, step_*,
-    apply_*, a row or the outcome one side lacks; worker: the rest)."""
+    apply_*, a row or the outcome one side lacks; worker: the rest). `why`, when given, gets each
+    engine's first differences (step, request, field, why) for the assertion's message."""
     from specreplay.replay.check.tracediff import diff_traces
     from specreplay.replay.workflows.record import replay_to
     from specreplay.replay.workflows.replaying import REPLAY_ENGINES
@@ -74,7 +75,10 @@ def replay_differences(recording: Path, out_dir: Path) -> dict[str, tuple[dict, 
     found = {}
     for engine in REPLAY_ENGINES:
         replayed = replay_to(out_dir / f"replay-{engine}.parquet", recording, engine=engine)
-        fields = diff_traces(read_trace(recording), replayed.trace).fields
+        diff = diff_traces(read_trace(recording), replayed.trace)
+        fields = diff.fields
+        if why is not None and diff.findings:
+            why[engine] = [str(f) for f in diff.findings[:3]]
         fields = {c: n for c, n in fields.items() if c not in NOT_SCHEDULER}
         scheduler = {c: n for c, n in fields.items() if c.startswith(("sched_", "step_", "apply_", "("))}
         found[engine] = (scheduler, {c: n for c, n in fields.items() if c not in scheduler})

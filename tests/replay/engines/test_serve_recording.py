@@ -114,6 +114,10 @@ def test_a_served_vllm_under_real_clients_records_into_one_trace(tmp_path, runne
         # trace is partial, test_merge_unit.py). This test wants the whole run. Once idle, the
         # engine has aborted or finished every disconnected request.
         assert server.wait_idle(idle), "the engine did not go idle after the clients"
+        # Idle by the gauges is not yet idle on the worker: with async scheduling the core has
+        # scheduled one more step before the last output finished its last request, and an MRV2
+        # step (0.4 s here, more on a loaded machine) may still be running. Ctrl-C now would cut it.
+        assert whole_on_record(output, idle), "the worker never returned the last scheduled step"
         prefixes = {engine_id_prefix(rid): rid for rid in disconnected}
         logged = {prefixes[p] for p in server.wait_for_aborts(set(prefixes), timeout=10)}
         stopped = server.stop(signal.SIGINT, timeout=180)
@@ -159,8 +163,26 @@ def test_a_served_vllm_under_real_clients_records_into_one_trace(tmp_path, runne
     # and the real scheduler, on the runner it was recorded on (V1's reference runner, or the
     # reference MRV2 for a served MRV2): every column as recorded, the steps the engine core stepped only
     # to announce finished requests (after the warm-up, at the end) included.
-    found = replay_differences(output, tmp_path)
-    assert found == {"reference": ({}, {}), "vllm-scheduler": ({}, {})}
+    why: dict = {}
+    found = replay_differences(output, tmp_path, why)
+    assert found == {"reference": ({}, {}), "vllm-scheduler": ({}, {})}, why
+
+
+def whole_on_record(output, timeout: float) -> bool:
+    """Wait until every step the core scheduled has its worker rows in the parts (what merge
+    would cut: workflows/merge.py whole_steps): the run is whole, Ctrl-C cuts nothing."""
+    from specreplay.replay.workflows.attach import parts_folder
+    from specreplay.replay.workflows.merge import whole_steps
+    from specreplay.traces.parts import merge_rows, read_parts
+
+    folder = str(parts_folder(output))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = merge_rows(read_parts(folder))
+        if rows and not whole_steps(rows)[1]:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def worker_rows_recorded(folder, prefix: str) -> int:

@@ -3,7 +3,7 @@ folders with an unknown runner, a process that could not record, and no step at 
 
 import functools
 
-from specreplay.replay.workflows.merge import whole_steps
+from specreplay.replay.workflows.merge import unapply_cut, whole_steps
 
 
 def row(step, rid, scheduled, worker):
@@ -32,6 +32,20 @@ def test_the_scan_stops_at_the_last_whole_step():
     rows = [row(1, "a", 4, None), row(2, "a", 4, 4), row(3, "a", 0, None), row(4, "a", 4, None), row(5, "a", 4, None)]
     kept, cut = whole_steps(rows)
     assert kept == rows[:3] and cut == [4, 5]  # step 1's missing worker row is a finding, not a cut
+
+
+def test_what_the_cut_iteration_applied_is_taken_back():
+    """Async: iteration 3 schedules step 3 and applies step 2's output. Cut inside it, the trace
+    ends with iteration 2: step 2's output unapplied, as a replay of two steps leaves it (a served
+    MRV2 run stopped while the worker still ran the step after the last request finished)."""
+    rows = [row(1, "a", 4, 4), row(2, "a", 4, 4), row(3, "a", 4, None)]
+    rows[0].update(apply_step=2, apply_outcome="applied", apply_num_tokens=3)
+    rows[1].update(apply_step=3, apply_outcome="applied", apply_num_tokens=3, apply_finish_reason="length")
+    kept, cut = whole_steps(rows)
+    assert cut == [3] and unapply_cut(kept, cut[0]) == [2]
+    assert kept[0]["apply_outcome"] == "applied" and kept[0]["apply_num_tokens"] == 3
+    assert kept[1]["apply_step"] is kept[1]["apply_outcome"] is kept[1]["apply_finish_reason"] is None
+    assert kept[1]["sched_num_scheduled_tokens"] == 4  # what the schedule recorded stays
 
 
 # ---------------------------------------------------------------------- hand-made part folders
