@@ -9,7 +9,9 @@ with SPECREPLAY_RECORD set, so specreplay's plugin attaches the scheduler, input
 observers as it would to a user's engine; runs REQUESTS requests of MAX_TOKENS tokens; and
 prints one JSON line: the thread CPU time spent inside the observers (every call the guard
 makes: observers/guard.py) and inside the scheduler's own schedule() and update_from_output() (the
-class methods, beneath the observers' wrappers), and the request-steps scheduled.
+class methods, beneath the observers' wrappers), the CPU time of the part writer's background
+thread (traces/parts.py: the JSON encoding and the writes, off the engine's thread, the last
+flush at exit included), and the request-steps scheduled.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def main() -> None:
     from specreplay.replay.engines.vllm_setup import engine_args
     from specreplay.replay.observers.guard import GUARD
     from specreplay.replay.workloads.config import EngineConfig
+    from specreplay.traces.parts import flush_all
+    from specreplay.traces.parts import writer_cpu_s as writer_cpu_s_of
 
     clock = time.thread_time
     spent = {"scheduler": 0.0, "recorder": 0.0, "request_steps": 0}
@@ -80,11 +84,15 @@ def main() -> None:
     prompts = [{"prompt_token_ids": [(7 * i + j) % 400 + 3 for j in range(16)]} for i in range(requests)]
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, detokenize=False)
     llm.generate(prompts, params, use_tqdm=False)
+    t0 = clock()
+    flush_all()  # what is still queued, on this thread: the writer's cost too
+    writer_cpu_s = writer_cpu_s_of() + clock() - t0
     print(
         json.dumps(
             {
                 "scheduler_cpu_s": spent["scheduler"],
                 "recorder_cpu_s": spent["recorder"],
+                "writer_cpu_s": writer_cpu_s,
                 "request_steps": spent["request_steps"],
                 "runner": runner,
                 "runner_class": ran_runner(folder),

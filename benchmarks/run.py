@@ -240,14 +240,16 @@ def fig_attached_overhead(args, out: dict) -> None:
     machine asks for with VLLM_USE_V2_MODEL_RUNNER=1 (`attached_recorder_overhead_mrv2`; its
     Triton kernels run in Triton's interpreter here, which is in neither figure)."""
     for runner, key in (("v1", "attached_recorder_overhead"), ("v2", "attached_recorder_overhead_mrv2")):
-        out[key] = attached_overhead(args, runner)
+        out[key] = [attached_overhead(args, runner, requests) for requests in ((32,) if args.quick else (64, 256))]
 
 
-def attached_overhead(args, runner: str) -> dict[str, Any]:
-    """One runner's attached-recorder figure (see fig_attached_overhead)."""
+def attached_overhead(args, runner: str, requests: int) -> dict[str, Any]:
+    """One runner's attached-recorder figure at `requests` running requests (see
+    fig_attached_overhead): the observers' CPU on the engine's thread, and the part writer's on
+    its own thread (the encoding and the writes), each against the scheduler's own."""
     if not have_vllm():
         return {"note": "n/a: vllm not installed"}
-    requests, tokens = (32, 48) if args.quick else (64, 128)
+    tokens = 48 if args.quick else 128
     runs = []
     for _ in range(args.repeat):
         done = subprocess.run(
@@ -260,18 +262,20 @@ def attached_overhead(args, runner: str) -> dict[str, Any]:
         if done.returncode != 0:
             return {"note": f"failed: {done.stderr.strip().splitlines()[-1:]}"}
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    med = {
-        key: statistics.median(r[key] for r in runs) for key in ("scheduler_cpu_s", "recorder_cpu_s", "request_steps")
-    }
+    keys = ("scheduler_cpu_s", "recorder_cpu_s", "writer_cpu_s", "request_steps")
+    med = {key: statistics.median(r[key] for r in runs) for key in keys}
+    per_step = {key: med[key] / med["request_steps"] * 1e6 for key in keys[:3]}
     return {
         "runner": runner,
         "runner_class": runs[0].get("runner_class"),
         "requests": requests,
         "max_tokens": tokens,
         "request_steps": med["request_steps"],
-        "scheduler_us_per_request_step": med["scheduler_cpu_s"] / med["request_steps"] * 1e6,
-        "recorder_us_per_request_step": med["recorder_cpu_s"] / med["request_steps"] * 1e6,
+        "scheduler_us_per_request_step": per_step["scheduler_cpu_s"],
+        "recorder_us_per_request_step": per_step["recorder_cpu_s"],
+        "writer_thread_us_per_request_step": per_step["writer_cpu_s"],
         "ratio": statistics.median(r["recorder_cpu_s"] / r["scheduler_cpu_s"] for r in runs),
+        "writer_ratio": statistics.median(r["writer_cpu_s"] / r["scheduler_cpu_s"] for r in runs),
     }
 
 

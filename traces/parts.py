@@ -3,14 +3,20 @@
 Where it sits: workloads -> models -> impls -> observers -> engines -> **traces** -> check ->
 workflows -> views -> cli, beside the journal (traces/journal.py). The observers inside a live or
 attached vLLM's processes (replay/engines/sink.py, plugin.py, attached.py) each append to their own
-part file under one folder, one JSON object a line, flushed as written, so a process that dies loses
-at most the line it was writing. This module is the format, with no knowledge of vLLM: `PartWriter`
-writes a part, `read_parts` reads a folder back (counting lines cut mid-write), and the readers
+part file under one folder, one JSON object a line, queued on the engine's thread and written by a
+background thread every 20 ms, so a process killed outright loses at most its last 20 ms and the
+line it was writing, and its engine's thread never encodes JSON. This module is the format, with
+no knowledge of vLLM: `PartWriter` writes a part, `read_parts` reads a folder back (counting lines
+cut mid-write), and the readers
 below take what a merge needs from the parts.
 
 The lines, by their `e` key: `part` (the first line of an attached run's part: its run id,
 role, process, vLLM release, patches), `rows` (a step's scheduler rows: `names`, `rows`),
-`patch` (columns filled later, `[step, request_id, values]` each: the apply, the worker view),
+`patch` (columns filled later, `[step, request_id, values]` each: an abort's finish, a row the
+worker wrote alone), `cols` (columns filled later for many rows of one step at once: `step`, `ids`
+and `cols`, a list per column name, row `ids[i]` getting `cols[name][i]`: an output's apply
+columns, a step's worker view; one line per step and no key repeated per row, so it costs the
+writer a fraction of the `patch` lines it replaces, which merge still reads),
 `ran` (the scheduler or runner class that ran), `unknown_runner` (a runner class specreplay does
 not observe), `not_recorded` (what a process could not record, and why), `error` (the guard's report of specreplay's own
 failure), `config` and `step` (attached: the engine config read from vLLM, each schedule()),
@@ -19,25 +25,152 @@ and the recorded inputs `request`, `stream`, `abort`, `event` (replay/observers/
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import glob
 import json
 import os
+import threading
+import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+#: How often the background flusher writes what the writers of a process queued: the most a
+#: process killed outright (SIGKILL, vLLM's own shutdown of its engine core) loses.
+FLUSH_INTERVAL_S = 0.02
+
 
 class PartWriter:
-    """One process's part file under `folder`: one JSON line per event, flushed as written."""
+    """One process's part file under `folder`: one JSON line per event. `write` only queues the
+    event on the engine's thread; a background thread per process encodes and writes the queue
+    every FLUSH_INTERVAL_S, and at exit, before a fork and before `read_parts` reads a folder in
+    this process (`flush_all`). `write(event, now=True)` writes at once, after what is queued (a
+    failure report, a line that must be on disk before anything else can go wrong). The file is
+    the writer's alone (0600): a recording holds prompts. `columnar=False` writes many rows'
+    columns as the `patch` lines of earlier recordings (the same rows once merged:
+    tests/replay/engines/test_sink.py)."""
 
-    def __init__(self, folder: str, role: str, header: dict[str, Any] | None = None) -> None:
+    def __init__(self, folder: str, role: str, header: dict[str, Any] | None = None, *, columnar: bool = True) -> None:
         self.path = os.path.join(folder, f"{role}-{os.getpid()}-{id(self)}.jsonl")
-        self._file = open(self.path, "a", encoding="utf-8")
+        self.columnar = columnar
+        self._encode = json.JSONEncoder(separators=(",", ":")).encode
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(self._fd, 0o600)  # whatever the umask
+        self._queue: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        _FLUSHER.add(self)
         if header is not None:
-            self.write(header)
+            self.write(header, now=True)
 
-    def write(self, event: dict[str, Any]) -> None:
-        self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
-        self._file.flush()
+    def write(self, event: dict[str, Any], now: bool = False) -> None:
+        """Queue `event` (the caller hands it over: nothing in it may change afterwards)."""
+        self._queue.append(event)  # list.append is atomic under the GIL: no lock on the hot path
+        if now:
+            self.flush()
+        else:
+            _FLUSHER.wake()
+
+    def write_columns(self, step: int, ids: list[str], columns: dict[str, list[Any]]) -> None:
+        """Columns of many rows of `step`: row `ids[i]` gets `columns[name][i]`."""
+        if not ids:
+            return
+        if self.columnar:
+            self.write({"e": "cols", "step": step, "ids": ids, "cols": columns})
+            return
+        names, values = list(columns), list(columns.values())
+        rows = [[step, rid, {n: v[i] for n, v in zip(names, values)}] for i, rid in enumerate(ids)]
+        self.write({"e": "patch", "rows": rows})
+
+    def flush(self) -> None:
+        """Encode and write what is queued, in order, as one write."""
+        with self._lock:
+            if not self._queue or self._fd < 0:
+                return
+            queued = self._queue[:]
+            del self._queue[: len(queued)]  # what the engine thread appends meanwhile stays queued
+            data = "".join([self._encode(event) + "\n" for event in queued]).encode()
+            while data:
+                data = data[os.write(self._fd, data) :]
+
+    def __del__(self) -> None:  # dropped unclosed: what it queued still goes out, its fd is freed
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def close(self) -> None:
+        self.flush()
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+        _FLUSHER.discard(self)
+
+
+class _Flusher:
+    """The process's background writer thread and its writers. Started by the first write in a
+    process (a forked child starts its own: `_after_fork`); a daemon, drained at exit by atexit
+    and by multiprocessing's finalizers (a multiprocessing child skips atexit)."""
+
+    def __init__(self) -> None:
+        self.writers: weakref.WeakSet[PartWriter] = weakref.WeakSet()
+        self.thread: threading.Thread | None = None
+        self.pid = -1
+        self.cpu_s = 0.0  # the thread's own CPU time: what it took off the engine's thread
+        self.event = threading.Event()
+
+    def add(self, writer: PartWriter) -> None:
+        self.writers.add(writer)
+
+    def discard(self, writer: PartWriter) -> None:
+        self.writers.discard(writer)
+
+    def wake(self) -> None:
+        if self.pid != os.getpid():
+            self._start()
+
+    def _start(self) -> None:
+        self.pid = os.getpid()
+        self.event = threading.Event()
+        atexit.register(flush_all)
+        with contextlib.suppress(Exception):  # a process without multiprocessing's machinery
+            import multiprocessing.util
+
+            multiprocessing.util.Finalize(None, flush_all, exitpriority=100)
+        self.thread = threading.Thread(target=self._run, name="specreplay-part-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        clock = time.thread_time
+        while True:
+            self.event.wait(FLUSH_INTERVAL_S)
+            start = clock()
+            self.flush_all()
+            self.cpu_s += clock() - start
+
+    def flush_all(self) -> None:
+        for writer in list(self.writers):
+            with contextlib.suppress(OSError):  # a full disk: the engine runs on, the tail is lost
+                writer.flush()
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's thread is gone and a lock it held stays held."""
+        for writer in list(self.writers):
+            writer._lock = threading.Lock()
+        self.pid, self.thread = -1, None
+
+
+_FLUSHER = _Flusher()
+os.register_at_fork(before=lambda: _FLUSHER.flush_all(), after_in_child=_FLUSHER._after_fork)
+
+
+def flush_all() -> None:
+    """Write out every part writer's queue in this process."""
+    _FLUSHER.flush_all()
+
+
+def writer_cpu_s() -> float:
+    """CPU seconds this process's background writer thread has spent encoding and writing."""
+    return _FLUSHER.cpu_s
 
 
 # ---------------------------------------------------------------------- reading
@@ -63,6 +196,7 @@ class Part:
 def read_parts(folder: str) -> list[Part]:
     """Every part file (*.jsonl) under `folder`, in name order; a line that is not a whole JSON
     object (cut mid-write) is counted, not read."""
+    flush_all()  # this process's own writers first (a live in-process run merges its own parts)
     parts = []
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
         part = Part(path)
@@ -85,7 +219,7 @@ def merge_rows(parts: list[Part]) -> list[dict[str, Any]]:
     """Rows from every part, patched, in step order (within a step, the scheduler's row order)."""
     rows: dict[tuple[int, str], dict[str, Any]] = {}
     order: list[tuple[int, str]] = []
-    patches: list[list[Any]] = []
+    patches: list[dict[str, Any]] = []  # `patch` and `cols` lines, in the order written
     for part in parts:
         for event in part.events:
             kind = event.get("e")
@@ -95,12 +229,20 @@ def merge_rows(parts: list[Part]) -> list[dict[str, Any]]:
                     key = (row["step"], row["request_id"])
                     rows[key] = row
                     order.append(key)
-            elif kind == "patch":
-                patches.extend(event["rows"])
-    for step, rid, values in patches:
-        patched = rows.get((step, rid))
-        if patched is not None:
-            patched.update(values)
+            elif kind in ("patch", "cols"):
+                patches.append(event)
+    for event in patches:
+        if event["e"] == "patch":
+            for step, rid, values in event["rows"]:
+                patched = rows.get((step, rid))
+                if patched is not None:
+                    patched.update(values)
+            continue
+        step, columns = event["step"], event["cols"]
+        for i, rid in enumerate(event["ids"]):
+            patched = rows.get((step, rid))
+            if patched is not None:
+                patched.update({name: values[i] for name, values in columns.items()})
     order.sort(key=lambda k: k[0])  # stable
     return [rows[k] for k in order]
 
@@ -162,11 +304,14 @@ __all__ = [
     "INPUT_LINES",
     "Part",
     "PartWriter",
+    "FLUSH_INTERVAL_S",
     "collect_inputs",
+    "flush_all",
     "merge_rows",
     "not_recorded",
     "observer_failures",
     "ran_classes",
     "read_parts",
     "unknown_runners",
+    "writer_cpu_s",
 ]

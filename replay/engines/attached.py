@@ -139,7 +139,7 @@ def cpu_patches(folder: str) -> None:
         if str(exc) in _NOTED:  # vLLM may load its plugins more than once in a process
             return
         _NOTED.add(str(exc))
-        Sink(folder, "plugin", part_header("plugin")).write({"e": "not_recorded", "message": str(exc)})
+        Sink(folder, "plugin", part_header("plugin")).write({"e": "not_recorded", "message": str(exc)}, now=True)
         print(f"specreplay: not recording: {exc}", file=sys.stderr)
 
 

@@ -12,8 +12,8 @@ processes):
   with `VllmInputs`.
 
 The implementation's real forms (impls/) replace the scheduler's and the runner's classes. Each
-observer appends one JSON line per event to its own file under the sink folder (a process that
-dies loses nothing it wrote); `merge_parts` joins the parts into rows. A forced live run
+observer appends one JSON line per event to its own file under the sink folder (written off the
+engine's thread: traces/parts.py); `merge_parts` joins the parts into rows. A forced live run
 (engines/forced_logits.py, SPECREPLAY_LIVE_FORCED) also forces the runner's logits to the
 oracle's tokens and gives the scheduler observer the oracle's token ground truth (T1); the KV
 ground-truth columns stay null (a live engine's KV cache is not read). An attached user's engine
@@ -183,7 +183,7 @@ def register() -> None:
         return
     if attached and not live:
         run_id()  # drawn by the first process, inherited by the ones it starts
-        os.makedirs(attached, exist_ok=True)
+        os.makedirs(attached, mode=0o700, exist_ok=True)  # the parts hold prompts
     if os.environ.get(CPU_ENV) == "1":
         apply_cpu_patches(mrv2=wants_mrv2())
     elif attached and not live and _on_cpu():
@@ -272,7 +272,7 @@ def _report_failures_to(sink: Sink, role: str, stop: bool) -> None:
 
     GUARD.on_failure = "stop" if stop else "raise"
     GUARD.failed = None  # a new run
-    GUARD.reporters[role] = lambda message: sink.write({"e": "error", "message": message})
+    GUARD.reporters[role] = lambda message: sink.write({"e": "error", "message": message}, now=True)
 
 
 def _on_cpu() -> bool:

@@ -22,47 +22,95 @@ Sink = PartWriter
 
 
 def sink_recorder(sink: Sink):
-    """A Recorder that also streams its rows and patches to `sink` as they are written."""
+    """A Recorder whose rows go to `sink` as they are written, keeping in memory only what the
+    observers still read: the steps in flight (their row indices, request ids and scheduled
+    counts). A server that records for a day holds a few steps, not a day of rows."""
     from specreplay.replay.observers.recorder import SCHEDULE_COLUMNS, Recorder
 
     names = ["step", "step_total_scheduled_tokens", "step_event", *SCHEDULE_COLUMNS]
+    scheduled_at = SCHEDULE_COLUMNS.index("sched_num_scheduled_tokens")
 
     class SinkRecorder(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_row = 0
+            # step -> (its first row index, request ids, scheduled counts), for steps in flight
+            self.in_flight: dict[int, tuple[int, list[str], list[int]]] = {}
+
         def append_step(self, step, total_scheduled, step_event, rows):
-            index = super().append_step(step, total_scheduled, step_event, rows)
-            c = self.cols
-            sink.write({"e": "rows", "names": names, "rows": [[c[n][i] for n in names] for i in index.values()]})
+            first = self.next_row
+            self.next_row += len(rows)
+            self.step_start[step] = first
+            index = {row[0]: first + i for i, row in enumerate(rows)}
+            self.rows_of_step[step] = index
+            # Steps whose output is applied are done here: only the ones in flight are kept.
+            for done in [s for s in self.in_flight if s not in self.rows_of_step]:
+                del self.in_flight[done]
+                self.step_start.pop(done, None)
+            self.in_flight[step] = (first, [row[0] for row in rows], [row[scheduled_at] for row in rows])
+            sink.write({"e": "rows", "names": names, "rows": [[step, total_scheduled, step_event, *r] for r in rows]})
             return index
 
+        def _where(self, at: int) -> tuple[int, str, int]:
+            """Row `at` of a step in flight: (step, request id, its scheduled tokens)."""
+            for step, (first, ids, scheduled) in self.in_flight.items():
+                if first <= at < first + len(ids):
+                    return step, ids[at - first], scheduled[at - first]
+            raise KeyError(at)
+
+        def scheduled_tokens(self, at: int) -> int:
+            return self._where(at)[2]
+
         def fill(self, at, values):
-            self.fill_many([(at, values)])
+            step, rid, _ = self._where(at)
+            sink.write({"e": "patch", "rows": [[step, rid, values]]})
 
         def fill_many(self, fills):
-            c = self.cols
+            rows = []
             for at, values in fills:
-                Recorder.fill(self, at, values)
-            if fills:  # one line for the whole output: JSON encoding is most of a sink's cost
-                sink.write(
-                    {"e": "patch", "rows": [[c["step"][at], c["request_id"][at], values] for at, values in fills]}
-                )
+                step, rid, _ = self._where(at)
+                rows.append([step, rid, values])
+            if rows:
+                sink.write({"e": "patch", "rows": rows})
+
+        def fill_columns(self, at, columns):
+            # A step's rows (one output's): one `cols` line, no dict per row.
+            if at:
+                step = self._where(at[0])[0]
+                first, ids, _ = self.in_flight[step]
+                sink.write_columns(step, [ids[a - first] for a in at], columns)
+
+        def fill_column_groups(self, groups):
+            for rows, columns in groups:
+                self.fill_columns(rows, columns)
+
+        def table(self, start=0, stop=None):
+            raise RuntimeError("a sink recorder keeps no rows: merge its part files (traces/parts.py)")
 
     return SinkRecorder()
 
 
 class SinkWriter:
-    """The worker observer's rows of one step, as one patch line."""
+    """The worker observer's rows of one step: the rows written one by one as a `patch` line,
+    the ones written in bulk as a `cols` line."""
 
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
         self.rows: list[list[Any]] = []
+        self.columns: list[tuple[int, list[str], dict[str, list]]] = []
 
     def write(self, step: int, rid: str, values: dict[str, Any]) -> None:
         self.rows.append([step, rid, dict(values)])
 
+    def write_columns(self, step: int, rids: list[str], columns: dict[str, list]) -> None:
+        self.columns.append((step, rids, columns))
+
     def step_done(self, step: int) -> None:
         if self.rows:
             self.sink.write({"e": "patch", "rows": self.rows})
-        self.rows = []
+        for at_step, rids, columns in self.columns:
+            self.sink.write_columns(at_step, rids, columns)
+        self.rows, self.columns = [], []
 
 
 def merge_parts(folder: str) -> list[dict[str, Any]]:

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from specreplay.replay.observers.guard import GUARD
-from specreplay.replay.observers.worker_observer import RowWriter
+from specreplay.replay.observers.worker_observer import RowWriter, write_rows
 
 
 class DeviceReads:
@@ -229,9 +229,9 @@ class MRV2Observer:
         def write(_values: list[list[Any]]) -> None:
             for rid, values in announced.items():
                 self.writer.write(step, self.ext(rid), values)
-            for rid, row in rows.items():
+            for row in rows.values():
                 row.setdefault("worker_num_emitted", 0)
-                self.writer.write(step, self.ext(rid), row)
+            write_rows(self.writer, step, [(self.ext(rid), row) for rid, row in rows.items()])
             self.writer.step_done(step)
 
         if self.reads.pending:

@@ -63,6 +63,10 @@ class Recorder:
         self.rows_of_step[step] = index
         return index
 
+    def scheduled_tokens(self, at: int) -> int:
+        """Row `at`'s scheduled tokens (a step still in flight: what its output's apply reads)."""
+        return self.cols["sched_num_scheduled_tokens"][at]
+
     def fill(self, at: int, values: dict[str, object]) -> None:
         """Set columns of row `at` (an earlier step's row, patched in place)."""
         c = self.cols
@@ -84,18 +88,8 @@ class Recorder:
 
     def fill_column_groups(self, groups: list[tuple[list[int], dict[str, list]]]) -> None:
         """Groups of rows filled column by column, in order (an output's apply columns: the rows
-        it was given to, then the ignored ones). A subclass that overrides `fill_many` (a live
-        sink streams each output's fills as one patch) gets them as one `fill_many` call, a dict
-        per row in column order, exactly as if they had been written row by row."""
-        if type(self).fill_many is not Recorder.fill_many:
-            self.fill_many(
-                [
-                    (at, {name: values[i] for name, values in columns.items()})
-                    for rows, columns in groups
-                    for i, at in enumerate(rows)
-                ]
-            )
-            return
+        it was given to, then the ignored ones): the same as filling them row by row. A live
+        sink's recorder (engines/sink.py) writes each group as one `cols` line."""
         for rows, columns in groups:
             if rows:
                 self.fill_columns(rows, columns)

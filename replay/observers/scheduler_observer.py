@@ -19,6 +19,7 @@ What the scheduler does not say, the observer derives:
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -67,19 +68,11 @@ class Counters(NamedTuple):
 
     @classmethod
     def of(cls, r: Any) -> Counters:
-        return _new_tuple(
-            cls,
-            (
-                r.num_computed_tokens,
-                r.num_output_placeholders,
-                r.num_tokens,
-                r.num_output_tokens,
-                r.num_in_flight_tokens,
-                r.num_stale_output_tokens,
-                r.num_prompt_tokens,
-                r.max_tokens,
-            ),
-        )
+        return _new_tuple(cls, _read_counters(r))
+
+
+#: The counters read in one C-level call (`operator.attrgetter`), in Counters' order.
+_read_counters = operator.attrgetter(*Counters._fields)
 
 
 class Delivery(NamedTuple):
@@ -382,8 +375,8 @@ class SchedulerObserver:
             computed_col.append(r.num_computed_tokens)
             placeholders_col.append(r.num_output_placeholders)
             finish_col.append(finish)
-        scheduled = rec.cols["sched_num_scheduled_tokens"]
-        ignored = [at for rid, at in index.items() if rid not in given and scheduled[at]]
+        scheduled = rec.scheduled_tokens
+        ignored = [at for rid, at in index.items() if rid not in given and scheduled(at)]
         rec.fill_column_groups(
             [
                 (

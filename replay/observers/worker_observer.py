@@ -64,6 +64,23 @@ class RecorderWriter:
         self.rec.fill_columns(at, columns)
 
 
+def write_rows(writer: RowWriter, step: int, rows: list[tuple[str, dict[str, Any]]]) -> None:
+    """A step's worker rows (trace id, values), in bulk where the writer takes columns: one
+    write per set of names the rows carry (nearly always one), so a name a row lacks stays as
+    it was, as when each row is written alone."""
+    if not rows:
+        return
+    if not hasattr(writer, "write_columns"):
+        for rid, row in rows:
+            writer.write(step, rid, row)
+        return
+    groups: dict[tuple[str, ...], list[tuple[str, dict[str, Any]]]] = {}
+    for rid, row in rows:
+        groups.setdefault(tuple(row), []).append((rid, row))
+    for names, group in groups.items():
+        writer.write_columns(step, [rid for rid, _ in group], {n: [row[n] for _, row in group] for n in names})
+
+
 class RunnerReader(Protocol):
     """The readings of a runner that differ between the reference runner and vLLM's."""
 
@@ -239,16 +256,7 @@ class WorkerObserver(RunnerObserver):
         for _, row in ran:
             row.setdefault("worker_num_emitted", 0)
             row.setdefault("worker_num_accepted", None)
-        if ran and hasattr(self.writer, "write_columns"):
-            # In bulk: a column per name (a value missing from a row stays null, as unwritten).
-            names = list(ran[0][1])
-            if len({len(row) for _, row in ran}) > 1:
-                names = list(dict.fromkeys(name for _, row in ran for name in row))
-            columns = {name: [row.get(name) for _, row in ran] for name in names}
-            self.writer.write_columns(self.step, [self.ext(rid) for rid, _ in ran], columns)
-        else:
-            for rid, row in ran:
-                self.writer.write(self.step, self.ext(rid), row)
+        write_rows(self.writer, self.step, [(self.ext(rid), row) for rid, row in ran])
         self.writer.step_done(self.step)
         self.rows = {}
 

@@ -53,7 +53,7 @@ def attach_to(
             f"{folder} holds the parts of an earlier attached run; merge it (`specreplay merge {folder} -o "
             f"{output}`) or remove it"
         )
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # the parts hold prompts: the user's alone
     env = {k: v for k, v in os.environ.items() if k != RUN_ENV}
     env[RECORD_ENV] = str(folder.resolve())
     try:

@@ -8,13 +8,15 @@ The parts of one run are those whose first line names its run id; a folder holdi
 refused unless `run` picks one. The engine core's part gives the engine config (read from the
 real `VllmConfig`), the scheduler rows and the recorded inputs (arrivals with prompt ids and
 sampling parameters, aborts, pauses, cache resets, streaming chunks); the runners' parts give
-the worker view. A process killed at any moment loses at most the line it was writing: that
-line is dropped and counted, and trailing steps whose scheduled rows never got their worker rows
-(the step the kill cut) are dropped, each named with why. A runner specreplay does not observe (a
-fork's, a future release's: the plugin's `unknown_runner` line) never sends worker rows: the trace
-keeps the scheduler view, nothing cut, and says in one line that the worker view was not recorded,
-naming the class and the runners specreplay observes. Nothing is dropped silently: the trace's
-outcome is `partial` when anything was, with the last whole step.
+the worker view. A process killed at any moment loses at most its last 20 ms of events and the
+line it was writing (traces/parts.py): that line is dropped and counted, and trailing steps
+whose scheduled rows never got their worker rows (the step the kill cut) are dropped, each named
+with why, with what the cut iteration applied to the steps before it (`unapply_cut`). A runner
+specreplay does not observe (a fork's, a future release's: the plugin's `unknown_runner` line)
+never sends worker rows: the trace keeps the scheduler view, nothing cut, and says in one line
+that the worker view was not recorded, naming the class and the runners specreplay observes.
+Nothing is dropped silently: the trace's outcome is `partial` when anything was, with the last
+whole step.
 
 The trace's workload is a summary of the recorded inputs in specreplay's workload format
 (prompt lengths, max_tokens, arrival steps, events), so `info`, `show` and the checker read it

@@ -27,12 +27,21 @@ def test_missed_targets_are_marked():
 
 
 def test_the_attached_figure_has_a_row_per_runner():
-    figure = {"recorder_us_per_request_step": 40.0, "scheduler_us_per_request_step": 20.0, "ratio": 2.0}
+    """A row per runner and size; the target holds the engine's thread and the writer's together."""
+    figure = {
+        "requests": 64,
+        "recorder_us_per_request_step": 40.0,
+        "scheduler_us_per_request_step": 20.0,
+        "writer_thread_us_per_request_step": 1.0,
+        "ratio": 2.0,
+        "writer_ratio": 0.05,
+    }
     out = {
         "machine": {"quick": True, "cpus": 2, "repeat": 1},
-        "attached_recorder_overhead": figure,
-        "attached_recorder_overhead_mrv2": figure | {"ratio": 0.05},
+        "attached_recorder_overhead": [figure, figure | {"requests": 256, "ratio": 0.04}],
+        "attached_recorder_overhead_mrv2": [figure | {"ratio": 0.04, "writer_ratio": 0.07}],
     }
     labels = {r[0]: r[3] for r in rows(out)}
-    assert labels["attached recorder CPU vs the scheduler's own"] == "MISSED"
-    assert labels["attached recorder CPU vs the scheduler's own (Model Runner V2)"] == "met"
+    assert labels["attached recorder CPU vs the scheduler's own, 64 requests"] == "MISSED"
+    assert labels["attached recorder CPU vs the scheduler's own, 256 requests"] == "met"
+    assert labels["attached recorder CPU vs the scheduler's own (Model Runner V2), 64 requests"] == "MISSED"

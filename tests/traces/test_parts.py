@@ -8,7 +8,15 @@ import ast
 from pathlib import Path
 
 from specreplay.traces import parts as part_files
-from specreplay.traces.parts import PartWriter, collect_inputs, merge_rows, observer_failures, ran_classes, read_parts
+from specreplay.traces.parts import (
+    PartWriter,
+    collect_inputs,
+    flush_all,
+    merge_rows,
+    observer_failures,
+    ran_classes,
+    read_parts,
+)
 
 
 def test_parts_are_written_and_read_back_line_by_line(tmp_path):
@@ -24,6 +32,7 @@ def test_parts_are_written_and_read_back_line_by_line(tmp_path):
     runner.write({"e": "ran", "runner": "vllm.v1.worker.gpu_model_runner.GPUModelRunner"})
     runner.write({"e": "error", "message": "observer failed"})
     runner.write({"e": "error", "message": "observer failed"})
+    flush_all()  # what was queued is on disk: then the process dies writing a line
     with open(runner.path, "a") as fh:
         fh.write('{"e": "patch", "rows": [[1, "a"')  # the process died writing this line
 
@@ -64,3 +73,75 @@ def test_the_format_knows_nothing_of_vllm_or_the_engines():
         for alias in node.names
     }
     assert not {name for name in imported if name and (name.startswith("specreplay") or "vllm" in name)}
+
+
+def lines_of(path) -> list[str]:
+    with open(path) as fh:
+        return [line.rstrip("\n") for line in fh]
+
+
+def test_writes_are_queued_and_written_by_the_background_thread_in_order(tmp_path):
+    """`write` returns at once; the process's writer thread writes the queue within its interval,
+    in order; `now=True` writes what is queued first, then the line; the file is the user's alone."""
+    import os
+    import stat
+    import time
+
+    from specreplay.traces.parts import writer_cpu_s
+
+    writer = PartWriter(str(tmp_path), "core", {"e": "part", "run": "r"})
+    assert lines_of(writer.path) == ['{"e":"part","run":"r"}']  # the header: at once
+    for i in range(200):
+        writer.write({"e": "step", "step": i})
+    deadline = time.monotonic() + 30
+    while len(lines_of(writer.path)) < 201 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lines_of(writer.path)[1:] == [f'{{"e":"step","step":{i}}}' for i in range(200)]
+    writer.write({"e": "step", "step": 200})
+    writer.write({"e": "error", "message": "m"}, now=True)
+    assert lines_of(writer.path)[-2:] == ['{"e":"step","step":200}', '{"e":"error","message":"m"}']
+    assert stat.S_IMODE(os.stat(writer.path).st_mode) == 0o600
+    assert writer_cpu_s() >= 0.0
+
+
+def test_what_a_process_queued_is_on_disk_when_it_exits_or_forks(tmp_path):
+    """A process that exits normally (atexit), a multiprocessing child that returns
+    (multiprocessing's finalizers: it skips atexit) and a fork (the parent's queue is written
+    before it, so the child never writes it twice) lose nothing and duplicate nothing."""
+    import multiprocessing
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from specreplay.traces.parts import PartWriter
+        w = PartWriter({str(tmp_path)!r}, "exits")
+        for i in range(500):
+            w.write({{"e": "step", "step": i}})
+        sys.exit(0)
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    (exits,) = tmp_path.glob("exits-*.jsonl")
+    assert len(lines_of(exits)) == 500
+
+    writer = PartWriter(str(tmp_path), "parent")
+    writer.write({"e": "step", "step": 1})  # queued when the fork comes
+    child = multiprocessing.get_context("fork").Process(target=_child_writes, args=(str(tmp_path),))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+    writer.write({"e": "step", "step": 2}, now=True)
+    assert lines_of(writer.path) == ['{"e":"step","step":1}', '{"e":"step","step":2}']
+    (mine,) = tmp_path.glob("child-*.jsonl")
+    assert lines_of(mine) == [f'{{"e":"step","step":{i}}}' for i in range(300)]
+    assert os.getpid() != int(mine.name.split("-")[1])
+
+
+def _child_writes(folder: str) -> None:
+    child = PartWriter(folder, "child")
+    for i in range(300):
+        child.write({"e": "step", "step": i})

@@ -19,43 +19,30 @@ def test_fill_columns_is_fill_row_by_row():
     assert one.cols == bulk.cols
 
 
+APPLY_GROUPS = [
+    (
+        [3, 1],
+        {"apply_step": [2, 2], "apply_outcome": ["applied", "dropped"], "apply_sampled_token_ids": [(5,), ()]},
+    ),
+    ([4], {"apply_step": [2], "apply_outcome": ["ignored"]}),
+    ([], {"apply_step": [], "apply_outcome": []}),
+]
+APPLY_FILLS = [
+    (3, {"apply_step": 2, "apply_outcome": "applied", "apply_sampled_token_ids": (5,)}),
+    (1, {"apply_step": 2, "apply_outcome": "dropped", "apply_sampled_token_ids": ()}),
+    (4, {"apply_step": 2, "apply_outcome": "ignored"}),
+]
+
+
 def test_fill_column_groups_is_fill_many_row_by_row():
-    """The apply columns written column by column land as the old per-row fills did, and a
-    recorder that streams its fills (overrides fill_many, as the live sink's does) still gets
-    one fill_many call with a dict per row, in column order."""
-
-    class Streaming(Recorder):
-        def __init__(self):
-            super().__init__()
-            self.calls = []
-
-        def fill_many(self, fills):
-            self.calls.append(fills)
-            super().fill_many(fills)
-
-    one, bulk, streaming = Recorder(), Recorder(), Streaming()
+    """The apply columns written column by column land as the old per-row fills did."""
+    one, bulk = Recorder(), Recorder()
     rows = [(str(i),) + (None,) * 19 for i in range(5)]
-    for rec in (one, bulk, streaming):
+    for rec in (one, bulk):
         rec.append_step(1, 5, "", rows)
-    groups = [
-        (
-            [3, 1],
-            {"apply_step": [2, 2], "apply_outcome": ["applied", "dropped"], "apply_sampled_token_ids": [(5,), ()]},
-        ),
-        ([4], {"apply_step": [2], "apply_outcome": ["ignored"]}),
-        ([], {"apply_step": [], "apply_outcome": []}),
-    ]
-    fills = [
-        (3, {"apply_step": 2, "apply_outcome": "applied", "apply_sampled_token_ids": (5,)}),
-        (1, {"apply_step": 2, "apply_outcome": "dropped", "apply_sampled_token_ids": ()}),
-        (4, {"apply_step": 2, "apply_outcome": "ignored"}),
-    ]
-    one.fill_many(fills)
-    bulk.fill_column_groups(groups)
-    streaming.fill_column_groups(groups)
-    assert one.cols == bulk.cols == streaming.cols
-    assert streaming.calls == [fills]
-    assert [list(d) for _, d in streaming.calls[0]] == [list(d) for _, d in fills]
+    one.fill_many(APPLY_FILLS)
+    bulk.fill_column_groups(APPLY_GROUPS)
+    assert one.cols == bulk.cols
     assert one.table().equals(bulk.table())
 
 
