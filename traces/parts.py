@@ -69,7 +69,7 @@ class PartWriter:
         if now:
             self.flush()
         else:
-            _FLUSHER.wake()
+            _FLUSHER.ensure_started()
 
     def write_columns(self, step: int, ids: list[str], columns: dict[str, list[Any]]) -> None:
         """Columns of many rows of `step`: row `ids[i]` gets `columns[name][i]`."""
@@ -113,10 +113,8 @@ class _Flusher:
 
     def __init__(self) -> None:
         self.writers: weakref.WeakSet[PartWriter] = weakref.WeakSet()
-        self.thread: threading.Thread | None = None
-        self.pid = -1
+        self.thread: threading.Thread | None = None  # None in a forked child until its first write
         self.cpu_s = 0.0  # the thread's own CPU time: what it took off the engine's thread
-        self.event = threading.Event()
 
     def add(self, writer: PartWriter) -> None:
         self.writers.add(writer)
@@ -124,14 +122,11 @@ class _Flusher:
     def discard(self, writer: PartWriter) -> None:
         self.writers.discard(writer)
 
-    def wake(self) -> None:
-        if self.pid != os.getpid():
+    def ensure_started(self) -> None:
+        if self.thread is None:
             self._start()
 
     def _start(self) -> None:
-        self.pid = os.getpid()
-        self.event = threading.Event()
-        atexit.register(flush_all)
         with contextlib.suppress(Exception):  # a process without multiprocessing's machinery
             import multiprocessing.util
 
@@ -142,7 +137,7 @@ class _Flusher:
     def _run(self) -> None:
         clock = time.thread_time
         while True:
-            self.event.wait(FLUSH_INTERVAL_S)
+            time.sleep(FLUSH_INTERVAL_S)
             start = clock()
             self.flush_all()
             self.cpu_s += clock() - start
@@ -156,11 +151,12 @@ class _Flusher:
         """In a forked child: the parent's thread is gone and a lock it held stays held."""
         for writer in list(self.writers):
             writer._lock = threading.Lock()
-        self.pid, self.thread = -1, None
+        self.thread = None
 
 
 _FLUSHER = _Flusher()
 os.register_at_fork(before=lambda: _FLUSHER.flush_all(), after_in_child=_FLUSHER._after_fork)
+atexit.register(lambda: _FLUSHER.flush_all())  # a forked child inherits it
 
 
 def flush_all() -> None:

@@ -40,13 +40,11 @@ def sink_recorder(sink: Sink):
         def append_step(self, step, total_scheduled, step_event, rows):
             first = self.next_row
             self.next_row += len(rows)
-            self.step_start[step] = first
             index = {row[0]: first + i for i, row in enumerate(rows)}
             self.rows_of_step[step] = index
             # Steps whose output is applied are done here: only the ones in flight are kept.
             for done in [s for s in self.in_flight if s not in self.rows_of_step]:
                 del self.in_flight[done]
-                self.step_start.pop(done, None)
             self.in_flight[step] = (first, [row[0] for row in rows], [row[scheduled_at] for row in rows])
             sink.write({"e": "rows", "names": names, "rows": [[step, total_scheduled, step_event, *r] for r in rows]})
             return index
@@ -65,24 +63,12 @@ def sink_recorder(sink: Sink):
             step, rid, _ = self._where(at)
             sink.write({"e": "patch", "rows": [[step, rid, values]]})
 
-        def fill_many(self, fills):
-            rows = []
-            for at, values in fills:
-                step, rid, _ = self._where(at)
-                rows.append([step, rid, values])
-            if rows:
-                sink.write({"e": "patch", "rows": rows})
-
         def fill_columns(self, at, columns):
-            # A step's rows (one output's): one `cols` line, no dict per row.
+            # A step's rows (one output's, through fill_column_groups): one `cols` line, no dict per row.
             if at:
                 step = self._where(at[0])[0]
                 first, ids, _ = self.in_flight[step]
                 sink.write_columns(step, [ids[a - first] for a in at], columns)
-
-        def fill_column_groups(self, groups):
-            for rows, columns in groups:
-                self.fill_columns(rows, columns)
 
         def table(self, start=0, stop=None):
             raise RuntimeError("a sink recorder keeps no rows: merge its part files (traces/parts.py)")

@@ -81,11 +81,6 @@ class Recorder:
         for name, values in columns.items():
             deque(map(c[name].__setitem__, at, values), maxlen=0)
 
-    def fill_many(self, fills: list[tuple[int, dict[str, object]]]) -> None:
-        """Several rows' fills at once (an output's apply columns): one write for a sink."""
-        for at, values in fills:
-            self.fill(at, values)
-
     def fill_column_groups(self, groups: list[tuple[list[int], dict[str, list]]]) -> None:
         """Groups of rows filled column by column, in order (an output's apply columns: the rows
         it was given to, then the ignored ones): the same as filling them row by row. A live

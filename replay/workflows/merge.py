@@ -36,6 +36,7 @@ from typing import Any
 
 from specreplay.traces.errors import InputError
 from specreplay.traces.header import UNOBSERVED_RUNNER, Inputs
+from specreplay.traces.schema import columns_written_by
 from specreplay.traces.trace import Trace
 
 INPUT_KINDS = ("request", "stream", "abort", "event")
@@ -200,8 +201,6 @@ def unapply_cut(rows: list[dict[str, Any]], first_cut: int) -> list[int]:
     must what its update wrote on the kept rows: the trace ends with a whole iteration, which is
     what a replay of its `first_cut - 1` steps runs (else it would differ on the last output,
     applied in an iteration it never reaches). Returns the steps whose apply was taken back."""
-    from specreplay.traces.schema import columns_written_by
-
     apply_columns = columns_written_by("apply")
     unapplied = set()
     for row in rows:

@@ -34,13 +34,14 @@ APPLY_FILLS = [
 ]
 
 
-def test_fill_column_groups_is_fill_many_row_by_row():
+def test_fill_column_groups_is_fill_row_by_row():
     """The apply columns written column by column land as the old per-row fills did."""
     one, bulk = Recorder(), Recorder()
     rows = [(str(i),) + (None,) * 19 for i in range(5)]
     for rec in (one, bulk):
         rec.append_step(1, 5, "", rows)
-    one.fill_many(APPLY_FILLS)
+    for at, values in APPLY_FILLS:
+        one.fill(at, values)
     bulk.fill_column_groups(APPLY_GROUPS)
     assert one.cols == bulk.cols
     assert one.table().equals(bulk.table())
