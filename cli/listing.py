@@ -55,6 +55,8 @@ def info(trace_path, fmt) -> None:
     out = console()
     out.print(trace_header(trace, str(trace_path)))
     out.print(f"  ran: {ran_line(trace.impl)}")
+    if trace.impl.tokens:
+        out.print(f"  tokens: {TOKEN_MODES.get(trace.impl.tokens, trace.impl.tokens)}")
     for key in (
         "schema_version",
         "specreplay_version",
@@ -70,6 +72,14 @@ def info(trace_path, fmt) -> None:
     ):
         if key != "events" or doc[key]:
             out.print(f"  {key}: {doc[key]}")
+
+
+#: How an attached recording wrote its token ids (traces/pseudonym.py), as `info` says it.
+TOKEN_MODES = {
+    "plain": "plain (the engine's own token ids)",
+    "pseudonym": "pseudonym (every token id through the run's keyed permutation of the vocabulary; "
+    "the key stayed in the recording folder)",
+}
 
 
 def _event_counts(workload: WorkloadHeader) -> dict[str, int]:

@@ -104,6 +104,14 @@ def _exit_if_crashed(recorded) -> None:
     help="Run COMMAND (after `--`: a vLLM server or your script) with the recorder attached to the "
     "vLLM it starts, forward Ctrl-C / SIGTERM to it, and merge what it recorded into OUTPUT.",
 )
+@click.option(
+    "--tokens",
+    type=click.Choice(["plain", "pseudonym"]),
+    default=None,
+    help="With --attach: how the recording writes token ids (SPECREPLAY_TOKENS): the engine's own, or each "
+    "through a keyed permutation of the vocabulary drawn for the run (it replays the same; the key is kept "
+    "as OUTPUT.key, never in the trace). Default: the command's environment, else plain.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @handle_errors
 def record(
@@ -122,6 +130,7 @@ def record(
     max_steps,
     flush_every,
     attach,
+    tokens,
     command,
 ) -> None:
     """Run a workload through an implementation and record both views to a Parquet trace; or,
@@ -151,7 +160,9 @@ def record(
         asked = (scenario, workload_file, engine, runner, drafter, vllm_version, executor, model, max_steps)
         if any(asked) or impl_name != "upstream":
             raise InputError("--attach records the command's vLLM as it runs: no workload, engine or implementation")
-        return _record_attached(output, command)
+        return _record_attached(output, command, tokens)
+    if tokens is not None:
+        raise InputError("--tokens is how an attached recording writes token ids: give it with --attach")
     from specreplay.replay.workflows.record import pick_workload, record_to
 
     workload = pick_workload(scenario, workload_file, seed, max_steps, vllm_version)
@@ -178,7 +189,7 @@ def _runner_for(engine: str | None, runner: str | None) -> str | None:
     return runner
 
 
-def _record_attached(output: Path, command: tuple[str, ...]) -> None:
+def _record_attached(output: Path, command: tuple[str, ...], tokens: str | None) -> None:
     """The command under the recorder, then its parts merged. Exit 1 when nothing was recorded
     (0 steps: never ok), 3 on specreplay's own failure."""
     from specreplay.cli.merge import report
@@ -186,9 +197,11 @@ def _record_attached(output: Path, command: tuple[str, ...]) -> None:
     from specreplay.traces.errors import ObserverError
 
     with _mrv2_interpreter():
-        attached = attach_to(output, command)
+        attached = attach_to(output, command, tokens=tokens)
     click.echo(f"{command[0]} exited with status {attached.returncode}")
     report(attached.merged)
+    if attached.key is not None:
+        click.echo(f"token key: {attached.key} (maps the trace's ids back; it is not in the trace: keep it here)")
     if attached.merged.failures:  # the engine went on; specreplay's recorder did not: its bug, exit 3
         raise ObserverError(f"{attached.merged.failures[0]} (the trace holds what was recorded before it)")
     if not attached.merged.trace.num_steps:

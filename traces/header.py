@@ -174,8 +174,8 @@ class ImplHeader(_Json):
     """The implementation asked and what ran (`specreplay.impl`, from `Implementation.describe`):
     its name, the scheduler and runner classes (module:qualname), the executor (None: in-process),
     the engine, the models' release, and on a recording's outcomes the drafter and the note. An
-    attached vLLM's merged trace (replay.workflows.merge) adds its model, run id and the patches
-    its observers applied."""
+    attached vLLM's merged trace (replay.workflows.merge) adds its model, run id, the patches
+    its observers applied and how it wrote token ids (`tokens`)."""
 
     PART = "impl"
     NESTED = {"outcomes": OutcomesNote}
@@ -193,6 +193,7 @@ class ImplHeader(_Json):
     model: str | None = _kind("str")
     run: str | None = _kind("str")
     patches: Any = _kind("any")
+    tokens: str | None = _kind("str")  # an attached run's token ids: plain or pseudonym (traces/pseudonym.py)
 
     def engine_or_reference(self) -> str:
         """The engine that made the trace; traces from before engines were recorded are the reference's."""

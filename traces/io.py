@@ -36,7 +36,9 @@ _OUTCOMES = ("completed", "crashed", "step_limit", "partial")
 
 def write_trace(trace: Trace, path: str | os.PathLike[str], row_group_size: int = ROW_GROUP_SIZE) -> Path:
     """Write `trace` to `path` atomically (a temporary file renamed into place), so an existing
-    file at `path` is never left half-written."""
+    file at `path` is never left half-written. A trace that holds recorded inputs (an attached or
+    live vLLM's: its users' prompts and outputs as token ids) is its owner's alone (0600); any
+    other is an ordinary file."""
     path = Path(path)
     table = trace.table.cast(schema.SCHEMA).replace_schema_metadata(trace.metadata())
     # A trace read from an older version is written as that version (its newer columns null).
@@ -48,9 +50,10 @@ def write_trace(trace: Trace, path: str | os.PathLike[str], row_group_size: int 
         pq.write_table(
             table, tmp, compression="zstd", row_group_size=row_group_size, use_dictionary=True, write_statistics=True
         )
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a trace is an ordinary file
+        if trace.inputs is None:  # mkstemp made it 0600: the recorded ones stay so
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

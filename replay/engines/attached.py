@@ -33,6 +33,7 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 RECORD_ENV = "SPECREPLAY_RECORD"
@@ -105,8 +106,9 @@ def engine_config_of(vllm_config: Any, scheduler: Any = None) -> tuple[Any, dict
     return config, about
 
 
-def part_header(role: str) -> dict[str, Any]:
-    """The first line of every part file: which run, which process."""
+def part_header(role: str, tokens: str | None = "plain") -> dict[str, Any]:
+    """The first line of every part file: which run, which process, how its token ids are written
+    (traces/pseudonym.py MODES; None: a part that records none)."""
     import vllm
 
     from specreplay.replay.engines.plugin import applied_patches
@@ -119,7 +121,27 @@ def part_header(role: str) -> dict[str, Any]:
         "started": time.time(),
         "vllm": getattr(vllm, "__version__", "?"),
         "patches": applied_patches(),
+        "tokens": tokens,
     }
+
+
+def recording_sink(folder: str, role: str, vocab: Callable[[], int]) -> tuple[Any, bool]:
+    """This process's part, in the token mode the user asked for (SPECREPLAY_TOKENS,
+    traces/pseudonym.py), and whether to record into it. A mode that cannot be honoured (a
+    value it does not know, a key it cannot read) records nothing but a `not_recorded` line
+    and one line on stderr: never the plain ids of a user who asked for pseudonyms, and never
+    an exception in their engine."""
+    from specreplay.replay.engines.sink import Sink
+    from specreplay.traces.errors import InputError
+    from specreplay.traces.pseudonym import for_recording, token_mode
+
+    try:
+        mode = token_mode()
+        pseudonym = for_recording(folder, run_id(), vocab_of(vocab)) if mode == "pseudonym" else None
+    except InputError as exc:
+        return not_recording(folder, role, str(exc)), False
+    transform = pseudonym.event if pseudonym is not None else None
+    return Sink(folder, role, part_header(role, mode), transform=transform), True
 
 
 def cpu_patches(folder: str) -> None:
@@ -127,10 +149,7 @@ def cpu_patches(folder: str) -> None:
     they asked for it). One the process cannot apply (MRV2 without TRITON_INTERPRET=1 from its
     start) is one line in a part of its own and on stderr, never an exception in their engine:
     a plugin that raises stops vLLM where it loads it."""
-    import sys
-
     from specreplay.replay.engines.plugin import apply_cpu_patches, wants_mrv2
-    from specreplay.replay.engines.sink import Sink
     from specreplay.traces.errors import InputError
 
     try:
@@ -139,23 +158,47 @@ def cpu_patches(folder: str) -> None:
         if str(exc) in _NOTED:  # vLLM may load its plugins more than once in a process
             return
         _NOTED.add(str(exc))
-        Sink(folder, "plugin", part_header("plugin")).write({"e": "not_recorded", "message": str(exc)}, now=True)
-        print(f"specreplay: not recording: {exc}", file=sys.stderr)
+        not_recording(folder, "plugin", str(exc))
 
 
 _NOTED: set[str] = set()
 
 
+def not_recording(folder: str, role: str, message: str) -> Any:
+    """What this process could not record, and why: a `not_recorded` line in a part of its own
+    (the merge prints it) and one line on stderr."""
+    import sys
+
+    from specreplay.replay.engines.sink import Sink
+
+    sink = Sink(folder, role, part_header(role, tokens=None))
+    sink.write({"e": "not_recorded", "message": message}, now=True)
+    print(f"specreplay: not recording: {message}", file=sys.stderr)
+    return sink
+
+
+def vocab_of(read: Callable[[], int]) -> int:
+    from specreplay.traces.errors import InputError
+
+    try:
+        return int(read())
+    except Exception as exc:  # a runner of a fork that keeps its config elsewhere
+        message = f"pseudonymised tokens: cannot read the model's vocabulary size ({exc}); nothing was recorded"
+        raise InputError(message) from None
+
+
 def attach_recorder_to_core(core: Any, folder: str) -> Any:
     """The scheduler and input observers on an engine core's scheduler, unchanged otherwise."""
-    from specreplay.replay.engines.sink import Sink, sink_recorder
+    from specreplay.replay.engines.sink import sink_recorder
     from specreplay.replay.impls.registry import qualified_name
     from specreplay.replay.observers.input_observer import InputObserver, attach_inputs
     from specreplay.replay.observers.scheduler_observer import SchedulerObserver, attach
 
     scheduler = core.scheduler
-    sink = Sink(folder, "core", part_header("core"))
     config, about = engine_config_of(scheduler.vllm_config, scheduler)
+    sink, recording = recording_sink(folder, "core", lambda: config.vocab_size)
+    if not recording:
+        return sink
     sink.write({"e": "config", "config": config.to_dict(), **about})
     observer = SchedulerObserver(
         scheduler,
@@ -183,10 +226,12 @@ def attach_recorder_to_core(core: Any, folder: str) -> Any:
 
 def attach_recorder_to_runner(runner: Any, folder: str) -> Any:
     from specreplay.replay.engines.plugin import _family_or_report
-    from specreplay.replay.engines.sink import Sink, SinkWriter
+    from specreplay.replay.engines.sink import SinkWriter
     from specreplay.replay.impls.registry import qualified_name
 
-    sink = Sink(folder, "runner", part_header("runner"))
+    sink, recording = recording_sink(folder, "runner", lambda: runner.model_config.get_vocab_size())
+    if not recording:
+        return sink
     family = _family_or_report(runner, sink)  # never a variant here: the user's own runner, as built
     if family is not None:
         family.attach(runner, SinkWriter(sink), client_id)

@@ -104,7 +104,9 @@ def on_outcomes(trace: Trace, oracle: Any) -> Trace:
         "filled": oracle.unobserved(trace.table),
     }
     inputs = trace.inputs if trace.inputs is not None else getattr(oracle, "trace_inputs", None)
-    impl = dataclasses.replace(trace.impl, drafter=oracle.drafter, outcomes=OutcomesNote(**note))
+    # A pseudonymised recording's replay holds the same permuted ids: it says so too.
+    tokens = getattr(oracle, "tokens", None) or trace.impl.tokens
+    impl = dataclasses.replace(trace.impl, drafter=oracle.drafter, outcomes=OutcomesNote(**note), tokens=tokens)
     return dataclasses.replace(trace, impl=impl, inputs=inputs)
 
 

@@ -32,6 +32,7 @@ class Attached:
     merged: Merged
     returncode: int  # the command's exit status (negative: killed by that signal)
     command: list[str]
+    key: Path | None = None  # a pseudonymised run's token key, kept beside the trace (never in it)
 
 
 def parts_folder(output: Path) -> Path:
@@ -39,10 +40,15 @@ def parts_folder(output: Path) -> Path:
 
 
 def attach_to(
-    output: Path, command: Sequence[str], on_started: Callable[[subprocess.Popen], None] | None = None
+    output: Path,
+    command: Sequence[str],
+    on_started: Callable[[subprocess.Popen], None] | None = None,
+    tokens: str | None = None,
 ) -> Attached:
-    """Run `command` with the recorder attached and merge what it recorded into `output`."""
+    """Run `command` with the recorder attached and merge what it recorded into `output`.
+    `tokens`: the token mode (traces/pseudonym.py; None: the command's environment says)."""
     from specreplay.replay.engines.attached import RECORD_ENV, RUN_ENV
+    from specreplay.traces.pseudonym import TOKENS_ENV
 
     if not command:
         raise InputError("--attach needs a command after `--`, e.g. record --attach -o run.parquet -- python app.py")
@@ -56,6 +62,8 @@ def attach_to(
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # the parts hold prompts: the user's alone
     env = {k: v for k, v in os.environ.items() if k != RUN_ENV}
     env[RECORD_ENV] = str(folder.resolve())
+    if tokens is not None:
+        env[TOKENS_ENV] = tokens
     try:
         proc = subprocess.Popen(list(command), env=env, start_new_session=True)
     except OSError as exc:
@@ -83,8 +91,12 @@ def attach_to(
             "(is vllm 0.32 installed where it runs, with specreplay's plugin? see `pip show specreplay`)"
         )
     merged = merge_to(folder, output)
+    key = None
+    for drawn in folder.glob("tokens-*.key"):  # the parts go; the key that maps their ids back stays
+        key = output.with_name(output.name + ".key")
+        os.replace(drawn, key)
     shutil.rmtree(folder, ignore_errors=True)
-    return Attached(merged, returncode, list(command))
+    return Attached(merged, returncode, list(command), key)
 
 
 __all__ = ["Attached", "attach_to", "parts_folder"]

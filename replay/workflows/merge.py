@@ -98,7 +98,10 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     parts = runs[run]
     cores = [p for p in parts if p.role == "core"]
     unset = not_recorded(parts)
-    if not cores and unset:  # the plugin could not set up (MRV2 on a CPU without the interpreter)
+    recorded_cores = [p for p in cores if any(e.get("e") == "config" for e in p.events)]
+    # The plugin could not set up (MRV2 on a CPU without the interpreter), or would not record
+    # (a token mode it cannot honour): nothing but why.
+    if unset and not recorded_cores:
         raise InputError(f"{folder}: nothing recorded: {unset[0]}")
     if len(cores) != 1:
         raise InputError(
@@ -134,6 +137,7 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
                 f"step(s) {', '.join(map(str, unapplied))}: output applied in the cut iteration "
                 f"{cut_steps[0]}, left unapplied (the trace ends with iteration {cut_steps[0] - 1})"
             )
+    tokens = token_mode_of(folder, parts)
     inputs = collect_inputs(parts)
     last_step = rows[-1]["step"] if rows else 0
     workload = workload_of(inputs, config, run, last_step, rows)
@@ -151,6 +155,7 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
         run=run,
         patches=sorted({patch for p in parts for patch in p.header.get("patches", [])}),
         runner_family=ran.get("runner_family") or (UNOBSERVED_RUNNER if unknown else None),
+        tokens=tokens,
     )
     failures = observer_failures(parts)
     dropped += [f"recording stopped: {failure}" for failure in failures]
@@ -158,6 +163,19 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     header = trace_header(workload, impl_doc, "cpu", outcome, config)
     trace = replace(header, table=rows_to_table(rows), inputs=Inputs.from_dict(inputs) if inputs else None)
     return Merged(Path(), trace, str(run), len(parts), dropped, failures)
+
+
+def token_mode_of(folder: Path, parts: list[Any]) -> str:
+    """How the run's parts wrote token ids (traces/pseudonym.py): one mode for all, or the ids of
+    one part would not be the ids of another. Parts from before the mode was recorded: plain."""
+    written = [p.header.get("tokens", "plain") for p in parts if p.header]  # None: a part that holds no ids
+    modes = {mode for mode in written if mode is not None}
+    if len(modes) > 1:
+        raise InputError(
+            f"{folder}: the run's parts wrote token ids in different modes ({', '.join(sorted(modes))}): "
+            "their ids cannot be joined; was SPECREPLAY_TOKENS set for some of its processes only?"
+        )
+    return modes.pop() if modes else "plain"
 
 
 def unobserved_runner(unknown: list[dict[str, str]]) -> str:

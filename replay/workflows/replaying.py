@@ -149,4 +149,5 @@ def plan_replay(
     # steps by schedule() calls, and its recording names the steps it announced on.
     outcomes.like_live = not outcomes.drains_at_end and executor != "multiproc"
     outcomes.trace_inputs = trace.inputs
+    outcomes.tokens = trace.impl.tokens
     return ReplayPlan(workload, engine, executor, outcomes, runner or own)

@@ -124,6 +124,7 @@ class RecordedOracle(Oracle):
         # in flight then are never applied. A replay of its recording stops there too.
         self.drains_at_end = True
         self.trace_inputs: Inputs | None = None  # the recording's inputs metadata, kept by a replay of it
+        self.tokens: str | None = None  # how the recording wrote token ids (traces/pseudonym.py): so does its replay
         self.observed: dict[tuple[str, int], Observed] = defaultdict(Observed)
         self._chain: dict[tuple[str, int], list[int]] = {}
         self._synthetic: Oracle | None = None  # what specreplay fed the recorded engine (stop token ids)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -195,6 +196,83 @@ def test_the_recording_replays_step_for_step(recorded, tmp_path):
     assert found == {"reference": ({}, {}), "vllm-scheduler": ({}, {})}
 
 
+def as_ids(value) -> list[int] | None:
+    return None if value is None else [int(t) for t in value]
+
+
+def test_a_pseudonymised_recording_is_the_plain_one_through_its_key_and_replays(recorded, tmp_path):
+    """SPECREPLAY_TOKENS=pseudonym on the same program: every token id the trace holds (prompts,
+    stop ids, sampled ids, drafts) is the plain recording's through the run's permutation, every
+    other value is the plain recording's, the key stays in the folder (never in the trace), the
+    files are the owner's alone whatever the umask, `info` says the mode, and it replays step for
+    step as the plain one does: the equalities the engines depend on are kept."""
+    from specreplay.traces.io import read_trace
+    from specreplay.traces.pseudonym import TOKEN_COLUMNS, for_recording
+
+    plain_folder, _plain_client, base = recorded
+    folder, out, recording = tmp_path / "rec", tmp_path / "client.json", tmp_path / "run.parquet"
+    umask = os.umask(0)  # the program inherits it
+    try:
+        done = run_program(folder, out, SPECREPLAY_TOKENS="pseudonym")
+    finally:
+        os.umask(umask)
+    assert done.returncode == 0, done.stderr[-2000:]
+    client = json.loads(out.read_text())
+    for args in (
+        ["merge", str(folder), "-o", str(recording)],
+        ["merge", str(plain_folder), "-o", str(base / "p.parquet")],
+    ):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+    trace, plain = read_trace(recording), read_trace(base / "p.parquet")
+    assert (trace.impl.tokens, plain.impl.tokens) == ("pseudonym", "plain")
+    key = for_recording(str(folder), trace.impl.run, trace.config.vocab_size)
+    df, plain_df = trace.table.to_pandas(), plain.table.to_pandas()
+    # What the program sent and received, through the key; never as it was.
+    sent = {r["id"]: r for r in trace.inputs.requests}
+    for rid, request in client["sent"].items():
+        assert sent[rid]["prompt"] == key.ids(request["prompt"]) != request["prompt"], rid
+    for rid, tokens in client["received"].items():
+        assert applied_tokens(df, rid) == key.ids(tokens) and key.reveal(applied_tokens(df, rid)) == tokens, rid
+    # Row for row the plain recording of the same program, the ids through the key.
+    assert df.shape == plain_df.shape and (df.step == plain_df.step).all()
+    assert [r["prompt"] for r in trace.inputs.requests] == [key.ids(r["prompt"]) for r in plain.inputs.requests]
+    for name in df.columns:
+        if name in TOKEN_COLUMNS:
+            ours, theirs = [as_ids(v) for v in df[name]], [key.ids(as_ids(v)) for v in plain_df[name]]
+            assert ours == theirs, name
+        else:
+            assert df[name].equals(plain_df[name]), name
+    assert df.worker_draft_ids.notna().any()  # the drafts were there to permute
+    # The owner's alone: parts, key and folder, and the merged trace; the key is not in the trace.
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    (key_file,) = folder.glob("tokens-*.key")
+    for path in [*folder.glob("*.jsonl"), key_file, recording]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert json.loads(key_file.read_text())["key"].encode() not in recording.read_bytes()
+    result = CliRunner().invoke(main, ["info", str(recording)])
+    assert result.exit_code == 0 and "tokens: pseudonym" in result.output, result.output
+    assert replay_differences(recording, tmp_path) == {"reference": ({}, {}), "vllm-scheduler": ({}, {})}
+    for engine in ("reference", "vllm-scheduler"):  # a replay holds the same ids, and says so
+        replayed = tmp_path / f"replay-{engine}.parquet"
+        assert read_trace(replayed).impl.tokens == "pseudonym" and stat.S_IMODE(replayed.stat().st_mode) == 0o600
+
+
+def test_a_token_mode_it_cannot_honour_records_nothing_and_says_why(tmp_path, monkeypatch):
+    """SPECREPLAY_TOKENS set to a mode specreplay does not know: the process records no row (never
+    the plain ids of a user who asked for something else), one line says why, merge repeats it."""
+    from specreplay.replay.engines.attached import recording_sink
+
+    monkeypatch.setenv("SPECREPLAY_TOKENS", "hashed")
+    monkeypatch.setenv("SPECREPLAY_RUN_ID", "run-x")
+    _sink, recording = recording_sink(str(tmp_path), "core", lambda: 64)
+    assert not recording
+    result = CliRunner().invoke(main, ["merge", str(tmp_path), "-o", str(tmp_path / "t.parquet")])
+    assert result.exit_code == 2
+    assert "nothing recorded: SPECREPLAY_TOKENS='hashed': expected one of plain, pseudonym" in result.output
+    assert not (tmp_path / "t.parquet").exists()
+
+
 def test_unset_the_plugin_installs_nothing(tmp_path):
     script = (
         "from specreplay.replay.engines.plugin import register; register()\n"
@@ -272,12 +350,14 @@ def test_merge_bad_input_is_one_line(tmp_path):
 
 def test_record_attach_runs_the_command_and_merges(tmp_path):
     """`record --attach -o OUT -- COMMAND`: the command's vLLM records into OUT.parts, merged into
-    OUT when it exits; the parts folder goes once merged."""
+    OUT when it exits; the parts folder goes once merged. With --tokens pseudonym the key that
+    maps the ids back stays, as OUT.key."""
     from specreplay.traces.io import read_trace
+    from specreplay.traces.pseudonym import read_key
 
     out, client = tmp_path / "run.parquet", tmp_path / "client.json"
     done = subprocess.run(
-        [sys.executable, "-m", "specreplay.cli", "record", "--attach", "-o", str(out), "--"]
+        [sys.executable, "-m", "specreplay.cli", "record", "--attach", "--tokens", "pseudonym", "-o", str(out), "--"]
         + [sys.executable, str(PROGRAM), str(client)],
         env=program_env(None),
         capture_output=True,
@@ -286,11 +366,15 @@ def test_record_attach_runs_the_command_and_merges(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "exited with status 0" in done.stdout and "12 requests, 1 aborts" in done.stdout
+    assert f"token key: {out}.key" in done.stdout
     trace = read_trace(out)
+    assert trace.impl.tokens == "pseudonym"
+    key = read_key(f"{out}.key", trace.config.vocab_size)
     received = json.loads(client.read_text())["received"]
     df = trace.table.to_pandas()
-    assert {rid: applied_tokens(df, rid) for rid in received} == received
+    assert {rid: key.reveal(applied_tokens(df, rid)) for rid in received} == received
     assert not (tmp_path / "run.parquet.parts").exists()
+    assert stat.S_IMODE(out.stat().st_mode) == stat.S_IMODE(os.stat(f"{out}.key").st_mode) == 0o600
 
 
 def test_record_attach_records_both_views_on_mrv2(tmp_path):

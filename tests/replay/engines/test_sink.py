@@ -55,6 +55,7 @@ def test_a_run_recorded_to_parts_merges_into_the_rows_recorded_in_memory(tmp_pat
     columnar.mkdir(), legacy.mkdir()
     monkeypatch.setattr(ports, "Recorder", teeing_recorder({str(columnar): True, str(legacy): False}))
     trace = run_workload(build_scenario(scenario, 3), resolve("upstream", allow_import=False))
+    flush_all()  # what the writer thread has not written yet (merge_parts flushes too)
     lines = {f: (f / next(p.name for p in f.iterdir())).read_text() for f in (columnar, legacy)}
     assert '"e":"cols"' in lines[columnar] and '"e":"cols"' not in lines[legacy]  # both ways ran
     for folder in (columnar, legacy):

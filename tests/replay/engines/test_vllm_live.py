@@ -79,9 +79,15 @@ def test_stale_slots_are_always_fed_as_placeholders_and_views_agree(live, mode):
     df = completed(trace)
     assert (df.sched_num_draft_slots > 0).any()  # the run decoded with draft slots at all
     stale = df[(df.sched_num_draft_slots > 0) & df.worker_in_prev_map.eq(False)]
-    # Request 0 finishes early in either mode, so some request skipped by the budget re-enters
-    # with stale slots (request 10 at step 5 in every run so far, inproc and multiproc).
-    assert len(stale) > 0, df[["step", "request_id", "sched_kind", "sched_num_draft_slots"]].to_string()
+    # A request that re-enters with draft slots was not in the worker's previous batch: its slots
+    # are stale, whichever steps the timing put them at. In process the steps are the workload's
+    # own: request 0 finishes early, and a request skipped by the budget re-enters (request 10 at
+    # step 5). Across processes they may fall so that none re-enters with slots; all of it holds.
+    reentries = df[(df.sched_kind == "reentering") & (df.sched_num_draft_slots > 0)]
+    table = df[["step", "request_id", "sched_kind", "sched_num_draft_slots"]].to_string()
+    assert set(zip(reentries.step, reentries.request_id)) <= set(zip(stale.step, stale.request_id)), table
+    if mode == "inproc":
+        assert len(stale) > 0, table
     for row in stale.itertuples():
         assert len(row.worker_draft_ids) > 0  # fed something, and all of it placeholders
         assert all(t == -1 for t in row.worker_draft_ids) and row.worker_num_accepted == 0
