@@ -34,6 +34,7 @@ from specreplay.cli.common import (
     workload_options,
 )
 from specreplay.replay.workflows.record import FLUSH_EVERY  # light: the engines load when a command runs
+from specreplay.traces.pseudonym import MODES as TOKEN_MODES
 
 flush_option = click.option(
     "--flush-every",
@@ -106,7 +107,7 @@ def _exit_if_crashed(recorded) -> None:
 )
 @click.option(
     "--tokens",
-    type=click.Choice(["plain", "pseudonym"]),
+    type=click.Choice(TOKEN_MODES),
     default=None,
     help="With --attach: how the recording writes token ids (SPECREPLAY_TOKENS): the engine's own, or each "
     "through a keyed permutation of the vocabulary drawn for the run (it replays the same; the key is kept "

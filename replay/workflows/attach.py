@@ -48,7 +48,7 @@ def attach_to(
     """Run `command` with the recorder attached and merge what it recorded into `output`.
     `tokens`: the token mode (traces/pseudonym.py; None: the command's environment says)."""
     from specreplay.replay.engines.attached import RECORD_ENV, RUN_ENV
-    from specreplay.traces.pseudonym import TOKENS_ENV
+    from specreplay.traces.pseudonym import TOKENS_ENV, key_path
 
     if not command:
         raise InputError("--attach needs a command after `--`, e.g. record --attach -o run.parquet -- python app.py")
@@ -91,8 +91,8 @@ def attach_to(
             "(is vllm 0.32 installed where it runs, with specreplay's plugin? see `pip show specreplay`)"
         )
     merged = merge_to(folder, output)
-    key = None
-    for drawn in folder.glob("tokens-*.key"):  # the parts go; the key that maps their ids back stays
+    key, drawn = None, Path(key_path(str(folder), merged.run))
+    if drawn.exists():  # the parts go; the key that maps their ids back stays
         key = output.with_name(output.name + ".key")
         os.replace(drawn, key)
     shutil.rmtree(folder, ignore_errors=True)
