@@ -57,6 +57,8 @@ def info(trace_path, fmt) -> None:
     out.print(f"  ran: {ran_line(trace.impl)}")
     if trace.impl.tokens:
         out.print(f"  tokens: {TOKEN_MODES.get(trace.impl.tokens, trace.impl.tokens)}")
+    if trace.impl.window:
+        out.print(f"  window: {trace.impl.window}")
     for key in (
         "schema_version",
         "specreplay_version",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from specreplay.cli import diff, explore, fidelity, gate, listing, merge, record, show, shrink
+from specreplay.cli import diff, explore, fidelity, gate, listing, merge, record, show, shrink, snapshot
 from specreplay.cli.common import CONTEXT
 
 
@@ -32,6 +32,7 @@ for command in (
     record.replay,
     record.recover,
     merge.merge,
+    snapshot.snapshot,
     record.compare,
     diff.diff,
     gate.gate,

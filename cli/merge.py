@@ -50,6 +50,8 @@ def report(merged) -> None:
     click.echo(
         f"merged run {merged.run}: {merged.parts} part files, {requests} requests, {len(inputs.aborts or [])} aborts"
     )
+    if trace.impl.window:
+        click.echo(f"window: {trace.impl.window}")
     for line in merged.dropped:
         click.echo(f"dropped: {line}")
     _summary(Recorded(merged.path, trace))

@@ -194,6 +194,7 @@ class ImplHeader(_Json):
     run: str | None = _kind("str")
     patches: Any = _kind("any")
     tokens: str | None = _kind("str")  # an attached run's token ids: plain or pseudonym (traces/pseudonym.py)
+    window: str | None = _kind("str")  # a flight recorder's dump: which recorded steps (workflows/merge.py)
 
     def engine_or_reference(self) -> str:
         """The engine that made the trace; traces from before engines were recorded are the reference's."""

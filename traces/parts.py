@@ -20,6 +20,8 @@ writer a fraction of the `patch` lines it replaces, which merge still reads),
 `ran` (the scheduler or runner class that ran), `unknown_runner` (a runner class specreplay does
 not observe), `not_recorded` (what a process could not record, and why), `error` (the guard's report of specreplay's own
 failure), `config` and `step` (attached: the engine config read from vLLM, each schedule()),
+`crashed` (the engine died: the step, vLLM's kind and message: engines/flight.py), `window` (the
+second line of a flight recorder's dump: the steps it holds, traces/window.py),
 and the recorded inputs `request`, `stream`, `abort`, `event` (replay/observers/input_observer.py).
 """
 
@@ -33,9 +35,11 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from specreplay.traces.window import Window
 
 #: How often the background flusher writes what the writers of a process queued: the most a
 #: process killed outright (SIGKILL, vLLM's own shutdown of its engine core) loses.
@@ -61,13 +65,20 @@ class PartWriter:
         *,
         columnar: bool = True,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        window: int | None = None,
     ) -> None:
-        self.path = os.path.join(folder, f"{role}-{os.getpid()}-{id(self)}.jsonl")
+        self.folder, self.name = folder, f"{role}-{os.getpid()}-{id(self)}.jsonl"
+        self.path = os.path.join(folder, self.name)
         self.columnar = columnar
         self._transform = transform
         self._encode = json.JSONEncoder(separators=(",", ":")).encode
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        os.fchmod(self._fd, 0o600)  # whatever the umask
+        # A flight recorder's part (traces/window.py) keeps its lines in memory until a dump.
+        self.window = Window(window) if window is not None else None
+        self._fd = -1
+        if self.window is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.fchmod(self._fd, 0o600)  # whatever the umask
+        self._closed = False
         self._queue: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         _FLUSHER.add(self)
@@ -96,15 +107,45 @@ class PartWriter:
     def flush(self) -> None:
         """Encode and write what is queued, in order, as one write."""
         with self._lock:
-            if not self._queue or self._fd < 0:
+            if not self._queue or self._closed:
                 return
             queued = self._queue[:]
             del self._queue[: len(queued)]  # what the engine thread appends meanwhile stays queued
             if self._transform is not None:
                 queued = [self._transform(event) for event in queued]
+            if self.window is not None:
+                for event in queued:
+                    self.window.add(event, (self._encode(event) + "\n").encode())
+                return
             data = "".join([self._encode(event) + "\n" for event in queued]).encode()
             while data:
                 data = data[os.write(self._fd, data) :]
+
+    def dump(self, into: str, reason: str, extra: Sequence[dict[str, Any]] = ()) -> str | None:
+        """A flight recorder's window as a part file under `into` (created 0700): its header,
+        the `window` line, `extra` lines (a crash), then what the window holds. Written aside and
+        renamed, so a reader sees all of it or none. None: not a flight recorder's part."""
+        if self.window is None:
+            return None
+        self.flush()
+        with self._lock:
+            window = self.window
+            lines = [window.pinned[0]] if window.pinned else []
+            lines += [(self._encode(e) + "\n").encode() for e in (window.header(reason), *extra)]
+            lines += window.contents()
+        os.makedirs(into, mode=0o700, exist_ok=True)
+        path = os.path.join(into, self.name)
+        aside = path + ".part"
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            data = b"".join(lines)
+            while data:
+                data = data[os.write(fd, data) :]
+        finally:
+            os.close(fd)
+        os.replace(aside, path)
+        return path
 
     def __del__(self) -> None:  # dropped unclosed: what it queued still goes out, its fd is freed
         with contextlib.suppress(Exception):
@@ -113,6 +154,7 @@ class PartWriter:
     def close(self) -> None:
         self.flush()
         with self._lock:
+            self._closed = True
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1

@@ -134,14 +134,21 @@ def recording_sink(folder: str, role: str, vocab: Callable[[], int]) -> tuple[An
     from specreplay.replay.engines.sink import Sink
     from specreplay.traces.errors import InputError
     from specreplay.traces.pseudonym import for_recording, token_mode
+    from specreplay.traces.window import window_steps
 
     try:
         mode = token_mode()
+        window = window_steps()
         pseudonym = for_recording(folder, run_id(), vocab_of(vocab)) if mode == "pseudonym" else None
     except InputError as exc:
         return not_recording(folder, role, str(exc)), False
     transform = pseudonym.event if pseudonym is not None else None
-    return Sink(folder, role, part_header(role, mode), transform=transform), True
+    sink = Sink(folder, role, part_header(role, mode), transform=transform, window=window)
+    if window is not None:  # a flight recorder (engines/flight.py): it dumps on a crash or SIGUSR1
+        from specreplay.replay.engines.flight import flight_recorder_started
+
+        flight_recorder_started(folder)
+    return sink, True
 
 
 def cpu_patches(folder: str) -> None:
@@ -199,6 +206,9 @@ def attach_recorder_to_core(core: Any, folder: str) -> Any:
     sink, recording = recording_sink(folder, "core", lambda: config.vocab_size)
     if not recording:
         return sink
+    # in_schedule: a schedule() under way, the step an exception in it ends the run at (flight.py)
+    clock = {"step": 0, "in_schedule": False}
+    core._specreplay_clock = clock
     sink.write({"e": "config", "config": config.to_dict(), **about})
     observer = SchedulerObserver(
         scheduler,
@@ -207,7 +217,6 @@ def attach_recorder_to_core(core: Any, folder: str) -> Any:
         max_model_len=config.max_model_len,
         external_id=client_id,
     )
-    clock = {"step": 0}
 
     def next_step(_so: Any) -> int:
         clock["step"] += 1
@@ -220,6 +229,16 @@ def attach_recorder_to_core(core: Any, folder: str) -> Any:
         inputs.request_seen(scheduler.requests[rid], step=1)
     attach(observer, step_of=next_step, apply_step=lambda: clock["step"])
     attach_inputs(inputs)
+    observed = scheduler.schedule
+
+    @functools.wraps(observed)
+    def schedule(*a: Any, **kw: Any) -> Any:
+        clock["in_schedule"] = True
+        so = observed(*a, **kw)  # an exception leaves it set: the run died in this step's schedule()
+        clock["in_schedule"] = False
+        return so
+
+    scheduler.schedule = schedule
     sink.write({"e": "ran", "scheduler": qualified_name(type(scheduler))})
     return sink
 

@@ -193,6 +193,8 @@ def register() -> None:
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.worker.gpu_worker import Worker
 
+    from specreplay.replay.engines.flight import on_engine_death
+
     if getattr(EngineCore, "_specreplay_patched", False):
         return
     EngineCore._specreplay_patched = True
@@ -203,7 +205,13 @@ def register() -> None:
             if "_specreplay_attached" not in self.__dict__:
                 self._specreplay_attached = True
                 _attach_core(self)
-            return step_fn(self, *a, **kw)
+            try:
+                return step_fn(self, *a, **kw)
+            except Exception as exc:
+                clock = self.__dict__.get("_specreplay_clock")  # an attached recording's (attached.py)
+                if clock is not None:
+                    on_engine_death(exc, getattr(self, "scheduler", None), clock)
+                raise  # vLLM's own crash path, unchanged
 
         return step
 

@@ -52,6 +52,13 @@ def attach_to(
 
     if not command:
         raise InputError("--attach needs a command after `--`, e.g. record --attach -o run.parquet -- python app.py")
+    from specreplay.traces.window import WINDOW_ENV
+
+    if os.environ.get(WINDOW_ENV):
+        raise InputError(
+            f"record --attach records the whole run; {WINDOW_ENV} is for a flight recorder: start the "
+            f"command yourself with SPECREPLAY_RECORD=DIR and {WINDOW_ENV} set, then `specreplay merge DIR/<dump>`"
+        )
     output = Path(output)
     folder = parts_folder(output)
     if folder.exists() and any(folder.iterdir()):

@@ -109,6 +109,7 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
             "(data-parallel engines are not supported yet)"
         )
     core = cores[0]
+    window = flight_window(folder, parts, core)
     dropped = [
         f"{os.path.basename(p.path)}: {p.cut_lines} line(s) cut mid-write (the process died writing them)"
         for p in parts
@@ -140,7 +141,9 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     tokens = token_mode_of(folder, parts)
     inputs = collect_inputs(parts)
     last_step = rows[-1]["step"] if rows else 0
-    workload = workload_of(inputs, config, run, last_step, rows)
+    crash = crash_line(parts, window)
+    # A run that died at step s is replayed up to s, where a replay of the same code dies too.
+    workload = workload_of(inputs, config, run, max(last_step, crash["at"] if crash else 0), rows)
     ran = ran_classes(parts)
     # vLLM as it is (no variant: upstream), the classes its processes reported running.
     impl_doc = ATTACHED.describe(
@@ -157,12 +160,68 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
         runner_family=ran.get("runner_family") or (UNOBSERVED_RUNNER if unknown else None),
         tokens=tokens,
     )
+    if window is not None:
+        impl_doc = replace(impl_doc, window=window.note)
     failures = observer_failures(parts)
     dropped += [f"recording stopped: {failure}" for failure in failures]
-    outcome = run_outcome(last_step, partial="; ".join(dropped) if dropped else None)
+    if crash is not None:  # the engine died (engines/flight.py): how a replay that dies the same way ends
+        outcome = run_outcome(crash["at"], crash={"kind": crash["kind"], "message": crash["message"]})
+    else:
+        outcome = run_outcome(last_step, partial="; ".join(dropped) if dropped else None)
     header = trace_header(workload, impl_doc, "cpu", outcome, config)
     trace = replace(header, table=rows_to_table(rows), inputs=Inputs.from_dict(inputs) if inputs else None)
     return Merged(Path(), trace, str(run), len(parts), dropped, failures)
+
+
+@dataclass
+class FlightWindow:
+    """A flight recorder's dump (traces/window.py): the recorded steps it replays from on."""
+
+    start: int  # the recorded engine's step that is step 1 of the trace
+    last: int
+    reason: str
+
+    @property
+    def shift(self) -> int:
+        return self.start - 1
+
+    @property
+    def note(self) -> str:
+        return (
+            f"steps {self.start}..{self.last} of the recorded engine ({self.reason} dump); "
+            f"step 1 here is step {self.start}"
+        )
+
+
+def flight_window(folder: Path, parts: list[Any], core: Any) -> FlightWindow | None:
+    """For a dump: cut every part at the window's first replayable step and number its steps from
+    1 (traces/window.py); None for an ordinary parts folder. A window with no step at which the
+    engine held nothing older does not replay: refused, in one line, with what to do."""
+    from specreplay.traces.window import rebase, replayable_start, window_line
+
+    line = window_line(core.events)
+    if line is None:
+        return None
+    found = replayable_start(core.events, bool(line.get("dropped")))
+    if found is None:
+        raise InputError(
+            f"{folder}: this window (steps {line.get('first_step')}..{line.get('last_step')}, "
+            f"SPECREPLAY_WINDOW={line.get('steps')}) holds no step at which the engine held no request "
+            "from before it, so no replay can start inside it; record with a larger SPECREPLAY_WINDOW"
+        )
+    start, leftovers = found
+    for part in parts:
+        part.events = rebase(part.events, start, leftovers)
+    return FlightWindow(start, int(line.get("last_step") or start), str(line.get("reason") or "?"))
+
+
+def crash_line(parts: list[Any], window: FlightWindow | None) -> dict[str, Any] | None:
+    """The engine core's `crashed` line (engines/flight.py), its step in the trace's numbering."""
+    found = next((e for p in parts for e in p.events if e.get("e") == "crashed"), None)
+    if found is None:
+        return None
+    at = int(found.get("at") or 0) - (window.shift if window is not None else 0)
+    return {"at": max(1, at), "kind": str(found.get("kind") or "engine-crash"), "message": str(found.get("message"))}
 
 
 def token_mode_of(folder: Path, parts: list[Any]) -> str:

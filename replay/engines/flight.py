@@ -1,0 +1,248 @@
+"""The flight recorder inside a recorded vLLM: when a process writes its window out, and where.
+
+Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
+workflows -> views -> cli, for an attached recording (`SPECREPLAY_RECORD=DIR`) with a window
+(`SPECREPLAY_WINDOW=STEPS`: traces/window.py). Each process then keeps its parts' last steps in
+memory and writes them, as ordinary parts, under `DIR/<dump>/` (which `specreplay merge` reads
+like any parts folder) when:
+
+- the engine dies: an exception out of the engine core's step (vLLM's scheduler, its executor,
+  a runner in the same process or a worker's failure, which vLLM's executor raises there). The
+  dump is written on the dying thread; the run's other processes (the worker of vLLM's
+  multiprocess executor, which its CPU engine uses) are asked through SIGUSR1 to write theirs
+  into the same folder, and waited for up to OTHERS_TIMEOUT_S; then the same exception goes on
+  to vLLM's own crash path (its log line, its `EngineDeadError` to the front end): the dump
+  never hides or replaces it. The core's part gets a `crashed` line (step, kind, message) from
+  which merge says how the run ended, as a replay that dies the same way says it;
+- it is asked: SIGUSR1 (`specreplay snapshot DIR` sends it to every live recorder of DIR). The
+  handler only starts a thread that dumps; the engine goes on serving.
+
+A recording without a window writes its parts as it goes (traces/parts.py), and an engine that
+dies leaves its `crashed` line there too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+#: A live flight recorder's marker in DIR (its pid in the name), for `specreplay snapshot`.
+LIVE_SUFFIX = ".live"
+#: Where `specreplay snapshot` leaves the name of the dump it asks for (read by the handler).
+REQUEST_FILE = "snapshot.request"
+
+_state: dict[str, Any] = {"marker": None, "handler": False}
+# A forked child records into parts of its own: its own marker (the SIGUSR1 handler it inherits).
+os.register_at_fork(after_in_child=lambda: _state.update(marker=None))
+
+
+def windowed_writers() -> list[Any]:
+    from specreplay.traces.parts import _FLUSHER
+
+    return [w for w in list(_FLUSHER.writers) if w.window is not None]
+
+
+def flight_recorder_started(folder: str) -> None:
+    """A part of this process keeps a window: leave the marker `snapshot` finds, catch SIGUSR1."""
+    if not _state["handler"]:
+        _state["handler"] = _catch_sigusr1()
+    # The marker only where SIGUSR1 is caught: for any other process it would be a kill signal.
+    if _state["marker"] is None and _state["handler"]:
+        from specreplay.replay.engines.attached import run_id
+
+        marker = os.path.join(folder, f"window-{os.getpid()}{LIVE_SUFFIX}")
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:  # the run it records: a crash asks that run's processes only
+            fh.write(run_id())
+        _state["marker"] = marker
+        import atexit
+
+        atexit.register(_remove_marker)
+        with contextlib.suppress(Exception):
+            import multiprocessing.util
+
+            multiprocessing.util.Finalize(None, _remove_marker, exitpriority=99)
+
+
+def _remove_marker() -> None:
+    marker = _state["marker"]
+    if marker is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(marker)
+        _state["marker"] = None
+
+
+def _catch_sigusr1() -> bool:
+    """SIGUSR1 dumps the window, after any handler the process had for it (only the main thread
+    may set one: a process whose recorder starts elsewhere is dumped by its crash path only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        before = signal.getsignal(signal.SIGUSR1)
+
+        def on_sigusr1(signum: int, frame: Any) -> None:
+            # No lock may be taken here (the interrupted thread may hold it): a thread dumps.
+            threading.Thread(target=dump_requested, name="specreplay-snapshot", daemon=True).start()
+            if callable(before):
+                before(signum, frame)
+
+        signal.signal(signal.SIGUSR1, on_sigusr1)
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def dump_requested() -> None:
+    """The dump `specreplay snapshot` asked for, under the name it left in DIR."""
+    writers = windowed_writers()
+    if writers:
+        name = _requested_name(writers[0].folder) or dump_name("snapshot")
+        dump_all(name.split("-", 1)[0], name)  # a crash of the run's engine core asks under its own name
+
+
+def _requested_name(folder: str) -> str | None:
+    with contextlib.suppress(OSError):
+        with open(os.path.join(folder, REQUEST_FILE), encoding="utf-8") as fh:
+            name = fh.read().strip()
+        if name and os.sep not in name and not name.startswith("."):
+            return name
+    return None
+
+
+def dump_name(reason: str) -> str:
+    return f"{reason}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
+
+
+def dump_all(reason: str, name: str | None = None, extra: tuple[dict[str, Any], ...] = ()) -> list[str]:
+    """Every window of this process written under DIR/<name>/; one line on stderr saying where.
+    Never raises: a dump that fails (a full disk) says so and the engine's own fate goes on."""
+    name = name or dump_name(reason)
+    written = []
+    for writer in windowed_writers():
+        try:
+            path = writer.dump(os.path.join(writer.folder, name), reason, list(extra))
+        except Exception as exc:  # the engine's crash path must go on whatever this does
+            print(f"specreplay: flight recorder: could not write its window: {exc}", file=sys.stderr)
+            continue
+        if path is not None:
+            written.append(path)
+    if written:
+        steps = [w.window for w in windowed_writers()]
+        first = min((s.first_step for s in steps if s.first_step is not None), default=0)
+        last = max((s.last_step for s in steps), default=0)
+        folder = os.path.dirname(written[0])
+        print(
+            f"specreplay: flight recorder ({reason}): steps {first}..{last} written to {folder}; "
+            f"merge it: specreplay merge {folder} -o window.parquet",
+            file=sys.stderr,
+        )
+    return written
+
+
+def on_engine_death(exc: BaseException, scheduler: Any, clock: dict[str, Any]) -> None:
+    """The engine core is dying of `exc` (a worker's failure reaches it too, through vLLM's
+    executor): its `crashed` line in the core's part (`clock`: its step count), the window dump,
+    and the dumps of the run's other processes. The caller re-raises `exc` unchanged."""
+    if getattr(exc, "_specreplay_dumped", False) or not isinstance(exc, Exception):
+        return  # KeyboardInterrupt, SystemExit: a shutdown, not a death
+    with contextlib.suppress(Exception):
+        exc._specreplay_dumped = True  # type: ignore[attr-defined]
+    step = clock["step"] + (1 if clock.get("in_schedule") else 0)
+    crashed = {"e": "crashed", "at": step, "kind": crash_kind(exc, scheduler), "message": crash_text(exc)}
+    for writer in _core_writers():
+        if writer.window is None:  # a whole-run recording: the line goes out with its parts
+            writer.write(crashed, now=True)
+    with contextlib.suppress(Exception):
+        written = dump_all("crash", extra=(crashed,))
+        if written:
+            _dump_the_others(os.path.dirname(written[0]))
+
+
+#: How long a dying engine core waits for the run's other processes (its workers) to write
+#: their windows into its crash dump, before vLLM's crash path goes on (and shuts them down).
+OTHERS_TIMEOUT_S = 5.0
+
+
+def _dump_the_others(dump: str) -> None:
+    """The run's other flight recorders (a worker process: vLLM's multiprocess executor, which
+    its CPU and tensor-parallel engines use) write their windows into the same dump, through
+    the SIGUSR1 path `specreplay snapshot` takes; the engine core waits for them a little."""
+    from specreplay.replay.engines.attached import run_id
+
+    folder, name = os.path.split(dump)
+    others = [pid for pid in live_recorders(folder, run_id()) if pid != os.getpid()]
+    if not others:
+        return
+    request = os.path.join(folder, REQUEST_FILE)
+    fd = os.open(request + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(name + "\n")
+    os.replace(request + ".tmp", request)
+    for pid in others:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + OTHERS_TIMEOUT_S
+    while time.monotonic() < deadline:
+        written = {entry.split("-")[1] for entry in os.listdir(dump) if entry.endswith(".jsonl")}
+        if all(str(pid) in written for pid in others):
+            return
+        time.sleep(0.02)
+
+
+def _core_writers() -> list[Any]:
+    from specreplay.traces.parts import _FLUSHER
+
+    return [w for w in list(_FLUSHER.writers) if w.name.startswith("core-")]
+
+
+def crash_kind(exc: BaseException, scheduler: Any) -> str:
+    """`scheduler-assert` for an assert raised inside the scheduler's call (its object is `self`
+    in a frame), as a replay names a variant's assert (engines/crash.py); else `engine-crash`."""
+    if isinstance(exc, AssertionError) and scheduler is not None:
+        tb = exc.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_locals.get("self") is scheduler:
+                return "scheduler-assert"
+            tb = tb.tb_next
+    return "engine-crash"
+
+
+def crash_text(exc: BaseException) -> str:
+    from specreplay.replay.engines.live import crash_message
+
+    return crash_message(exc)  # type: ignore[arg-type]
+
+
+def live_recorders(folder: str, run: str | None = None) -> list[int]:
+    """The pids of the flight recorders running under `folder` (their markers; stale ones
+    skipped), of run `run` only when given."""
+    pids = []
+    for entry in sorted(os.listdir(folder)):
+        if entry.startswith("window-") and entry.endswith(LIVE_SUFFIX):
+            pid = entry[len("window-") : -len(LIVE_SUFFIX)]
+            if not pid.isdigit() or not _alive(int(pid)):
+                continue
+            if run is not None:
+                with contextlib.suppress(OSError), open(os.path.join(folder, entry), encoding="utf-8") as fh:
+                    if fh.read().strip() != run:
+                        continue
+            pids.append(int(pid))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+__all__ = ["dump_all", "flight_recorder_started", "live_recorders", "on_engine_death"]

@@ -1,0 +1,156 @@
+"""The flight recorder on a real `vllm serve` under real clients: a window in memory, written out on
+SIGUSR1 (`specreplay snapshot`) while the server serves on, and on the engine's death; each dump
+merges into a trace that replays step for step and, for the crash, shrinks to a pytest that fails
+on the variant and passes on upstream.
+
+The server runs a scheduler variant of its own (`--scheduler-cls`, tests/replay/engines/
+overrun_variant.py: an assert on a request's output length) on V1's runner; traffic comes in
+waves from the `openai` client, the last with one request long enough to trip the assert. The
+window is smaller than the run, so the crash dump has dropped the first waves' steps and starts
+where the engine went idle before the last one. Marked `vllm`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specreplay.cli.main import main
+from specreplay.replay.engines.attached import RECORD_ENV
+from specreplay.traces.window import WINDOW_ENV
+from tests.live_serve import plan_openai_requests, run_openai_clients, start_server
+from tests.replay.engines.overrun_variant import LIMIT
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[3]
+IMPL = "tests.replay.engines.overrun_variant:IMPL"
+SERVED = "tests.replay.engines.overrun_variant.ServedOverrun"
+WINDOW = 40  # steps: more than the last wave takes, less than the run
+
+
+def wave(prefix: str, n: int, seed: int) -> list:
+    """`n` openai requests, none long enough to trip the variant's assert, no disconnects."""
+    plans = plan_openai_requests(n, 0, seed=seed, prefix=prefix)
+    return [dataclasses.replace(p, max_tokens=min(p.max_tokens, LIMIT - 4)) for p in plans]
+
+
+def served(folder: Path, tmp_path: Path):
+    env = {
+        RECORD_ENV: str(folder),
+        WINDOW_ENV: str(WINDOW),
+        "VLLM_USE_V2_MODEL_RUNNER": "0",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    workdir = tmp_path / "serve"
+    workdir.mkdir()
+    extra = ("--scheduler-cls", SERVED)
+    return start_server(cpu_patches=False, env=env, extra_args=extra, workdir=str(workdir))
+
+
+def merged(dump: Path, out: Path):
+    from specreplay.traces.io import read_trace
+
+    result = CliRunner().invoke(main, ["merge", str(dump), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return read_trace(out), result.output
+
+
+def replays_step_exact(trace_path: Path, out_dir: Path, impl: str) -> dict[str, list[str]]:
+    """Per replay engine, the first differences of a replay of `trace_path` through `impl` (empty: none)."""
+    from specreplay.replay.check.tracediff import diff_traces
+    from specreplay.replay.workflows.record import replay_to
+    from specreplay.replay.workflows.replaying import REPLAY_ENGINES
+    from specreplay.traces.io import read_trace
+
+    found = {}
+    for engine in REPLAY_ENGINES:
+        replayed = replay_to(out_dir / f"{trace_path.stem}-{engine}.parquet", trace_path, impl, engine=engine)
+        diff = diff_traces(read_trace(trace_path), replayed.trace)
+        found[engine] = [str(f) for f in diff.findings[:3]]
+    return found
+
+
+def wait_for_dump(folder: Path, prefix: str, timeout: float) -> Path | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dumps = [d for d in folder.glob(f"{prefix}-*") if d.is_dir() and any(d.glob("*.jsonl"))]
+        if dumps:
+            return dumps[0]
+        time.sleep(0.2)
+    return None
+
+
+def test_a_served_vllm_dumps_its_window_on_request_and_when_it_dies(tmp_path):
+    folder = tmp_path / "rec"
+    with served(folder, tmp_path) as server:
+        server.wait_ready()
+        server.warm_up()
+        for i in range(3):
+            clients = run_openai_clients(server, wave(f"w{i}-", 8, seed=i), timeout=120)
+            assert not [c.error for c in clients if c.error], [c.error for c in clients if c.error]
+            assert server.wait_idle(60)
+            if i == 0:  # a snapshot while the server serves: it goes on serving the next waves
+                snap = CliRunner().invoke(main, ["snapshot", str(folder)])
+                assert snap.exit_code == 0, snap.output
+        assert not list(folder.glob("*.jsonl"))  # nothing written but on a dump: a window lives in memory
+        # The last wave: one request asks for more tokens than the variant allows; the engine dies.
+        long = dataclasses.replace(wave("boom-", 1, seed=9)[0], max_tokens=2 * LIMIT)
+        last = run_openai_clients(server, [*wave("w3-", 4, seed=3), long], timeout=120)
+        crash = wait_for_dump(folder, "crash", timeout=60)
+        assert crash is not None, server.log_tail()
+        assert [c for c in last if c.plan.request_id == "boom-0"][0].error is not None
+        server.kill()
+    log = server.log_text()
+    # vLLM's own crash path went on: its error, as vLLM logs it, after specreplay's one line.
+    assert f"has run past {LIMIT} output tokens" in log and "EngineCore encountered a fatal error" in log
+    assert "specreplay: flight recorder (crash)" in log
+    for path in [folder, *folder.rglob("*")]:  # owner-only, whatever the umask
+        mode = path.stat().st_mode & 0o777
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+
+    # The snapshot: an ordinary trace of the first wave, which replays step for step.
+    snapshot = next(d for d in folder.glob("snapshot-*") if d.is_dir())
+    snap_trace, _ = merged(snapshot, tmp_path / "snapshot.parquet")
+    assert {r["id"] for r in snap_trace.inputs.requests} >= {f"w0-{i}" for i in range(8)}
+    assert replays_step_exact(tmp_path / "snapshot.parquet", tmp_path, IMPL) == {
+        "reference": [],
+        "vllm-scheduler": [],
+    }
+
+    # The crash: the window dropped the first waves' steps and starts where the engine went idle.
+    trace, output = merged(crash, tmp_path / "crash.parquet")
+    assert "window: steps" in output and trace.impl.window.split()[1].split("..")[0] != "1", output
+    # Whole waves from the earliest idle step the window kept on (the longest stretch that
+    # replays): the first wave's steps were dropped, the last wave and its long request are in.
+    ids = {r["id"] for r in trace.inputs.requests}
+    waves = {i: {f"w{i}-{j}" for j in range(8 if i < 3 else 4)} for i in range(4)}
+    kept = [i for i in waves if waves[i] & ids]
+    assert 0 not in kept and 3 in kept and ids == {"boom-0"}.union(*(waves[i] for i in kept)), sorted(ids)
+    assert trace.outcome.status == "crashed" and trace.outcome.kind == "scheduler-assert"
+    assert f"has run past {LIMIT} output tokens" in trace.outcome.message
+    assert replays_step_exact(tmp_path / "crash.parquet", tmp_path, IMPL) == {"reference": [], "vllm-scheduler": []}
+
+    # Shrunk to a regression test that fails on the variant and passes on upstream.
+    test_file = tmp_path / "test_min.py"
+    shrunk = CliRunner().invoke(
+        main,
+        ["shrink", str(tmp_path / "crash.parquet"), "--impl", IMPL, "--code", "E1-engine-crash"]
+        + ["-o", str(tmp_path / "min.parquet"), "--emit-pytest", str(test_file)],
+    )
+    assert shrunk.exit_code == 0, shrunk.output
+
+    def pytest_on(impl: str) -> int:
+        env = {**os.environ, "SPECREPLAY_IMPL": impl, "PYTHONPATH": str(ROOT)}
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True).returncode
+
+    assert pytest_on(IMPL) == 1
+    assert pytest_on("upstream") == 0

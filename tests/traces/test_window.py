@@ -1,0 +1,147 @@
+"""The flight recorder's window (traces/window.py): bounded in memory, dumped whole, merged from the
+first step an empty engine can replay it from, numbered from 1.
+
+`data/crash-window/` is a real dump: a tiny in-process vLLM 0.32.0 (async, ngram_gpu, k = 3) with
+SPECREPLAY_WINDOW=14, running tests/replay/engines/overrun_variant.py's scheduler, fed three waves
+of requests, the last with one that trips the variant's assert at step 27. The window held steps
+12..26; the engine went idle before step 17.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from specreplay.traces.errors import InputError
+from specreplay.traces.parts import PartWriter, read_parts
+from specreplay.traces.window import Window, rebase, replayable_start, step_of, window_steps
+
+DUMP = Path(__file__).parent / "data" / "crash-window"
+
+
+def real_steps() -> dict[int, list[dict]]:
+    """The real dump's events by step (core and runner), the lines no step owns left out."""
+    by_step: dict[int, list[dict]] = {}
+    for path in sorted(DUMP.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            step = step_of(event)
+            if step is not None:
+                by_step.setdefault(step, []).append(event)
+    return by_step
+
+
+def at_step(event: dict, step: int) -> dict:
+    """`event` moved to `step`, as the engine would write it there."""
+    if event["e"] == "rows":
+        return {**event, "rows": [[step, *row[1:]] for row in event["rows"]]}
+    if event["e"] == "patch":
+        return {**event, "rows": [[step, *row[1:]] for row in event["rows"]]}
+    return {**event, "step": step}
+
+
+def test_the_window_holds_a_bounded_number_of_steps_over_10000_steps(tmp_path):
+    """The real dump's steps written over and over through a windowed part writer, 10,000 steps:
+    what it holds never exceeds WINDOW + 1 steps of the largest step's bytes, stays flat from the
+    time the window fills, and a dump holds exactly the last steps."""
+    window, steps = 50, real_steps()
+    cycle = sorted(steps)
+    largest = max(sum(len(json.dumps(e, separators=(",", ":"))) + 1 for e in steps[s]) for s in cycle)
+    writer = PartWriter(str(tmp_path), "core", {"e": "part", "run": "r", "role": "core"}, window=window)
+    held = []
+    for n in range(1, 10_001):
+        for event in steps[cycle[n % len(cycle)]]:
+            writer.write(at_step(event, n))
+        if n % 100 == 0:
+            writer.flush()
+            held.append(writer.window.held_bytes())
+    assert max(held) <= (window + 1) * largest + 1024
+    assert max(held[10:]) - min(held[10:]) <= 2 * largest  # flat: it does not grow with the run
+    assert not list(tmp_path.glob("*.jsonl"))  # nothing on disk until a dump
+    path = writer.dump(str(tmp_path / "dump"), "snapshot")
+    events = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    assert events[0]["e"] == "part" and events[1] == {**events[1], "e": "window", "last_step": 10_000, "dropped": True}
+    kept = {step_of(e) for e in events} - {None}
+    assert kept == set(range(10_000 - window + 1, 10_001))
+    assert os.stat(path).st_mode & 0o777 == 0o600 and os.stat(tmp_path / "dump").st_mode & 0o777 == 0o700
+    writer.close()
+
+
+def test_a_dump_starts_where_an_empty_engine_can_replay_it_and_is_numbered_from_1():
+    core = next(p for p in read_parts(str(DUMP)) if p.role == "core")
+    line = next(e for e in core.events if e["e"] == "window")
+    assert (line["first_step"], line["last_step"], line["dropped"]) == (12, 26, True)
+    start, leftovers = replayable_start(core.events, dropped=True)
+    # Step 17: the third wave's first; w1-3 finished at 16 and only has its finish announced at 17.
+    assert (start, leftovers) == (17, {"w1-3"})
+    events = rebase(core.events, start, leftovers)
+    rows = [row for e in events if e["e"] == "rows" for row in e["rows"]]
+    assert min(r[0] for r in rows) == 1 and max(r[0] for r in rows) == 10
+    at = next(e for e in events if e["e"] == "rows")["names"].index("request_id")
+    assert {r[at] for r in rows} == {"w2-0", "w2-1", "w2-2", "w2-3", "w2-long"}
+    arrivals = {e["id"]: e["step"] for e in events if e["e"] == "request"}
+    assert set(arrivals.values()) == {1}  # arrived at the window's first step
+    applied = [v for e in events if e["e"] == "cols" for v in e["cols"].get("apply_step", ())]
+    assert applied and all(v is None or 1 <= v <= 10 for v in applied)
+
+
+def test_a_window_with_no_idle_step_does_not_replay():
+    core = next(p for p in read_parts(str(DUMP)) if p.role == "core")
+    during = [e for e in core.events if step_of(e) is None or step_of(e) >= 18]  # the third wave, cut inside
+    assert replayable_start(during, dropped=True) is None
+    assert replayable_start(during, dropped=False) == (18, set())  # nothing dropped: from its first step
+
+
+def test_merge_refuses_a_window_that_does_not_replay_in_one_line(tmp_path):
+    from specreplay.replay.workflows.merge import merge_folder
+
+    for path in DUMP.glob("*.jsonl"):
+        lines = path.read_text().splitlines()
+        kept = [ln for ln in lines if (step_of(json.loads(ln)) or 99) >= 18]
+        (tmp_path / path.name).write_text("\n".join(kept) + "\n")
+    with pytest.raises(InputError, match="holds no step at which the engine held no request"):
+        merge_folder(tmp_path)
+
+
+def test_a_crash_dump_merges_into_a_trace_that_replays_step_exact_on_the_variant(tmp_path):
+    from specreplay.replay.check.tracediff import diff_traces
+    from specreplay.replay.workflows.merge import merge_to
+    from specreplay.replay.workflows.record import replay_to
+
+    shutil.copytree(DUMP, tmp_path / "dump")
+    merged = merge_to(tmp_path / "dump", tmp_path / "crash.parquet")
+    trace = merged.trace
+    assert trace.impl.window == "steps 17..26 of the recorded engine (crash dump); step 1 here is step 17"
+    assert trace.num_steps == 10 and trace.outcome.status == "crashed" and trace.outcome.step == 11
+    assert trace.outcome.kind == "scheduler-assert"
+    variant = "tests.replay.engines.overrun_variant:IMPL"
+    replayed = replay_to(tmp_path / "replay.parquet", tmp_path / "crash.parquet", variant, engine="reference")
+    diff = diff_traces(trace, replayed.trace)
+    assert not diff.findings, [str(f) for f in diff.findings[:3]]
+    upstream = replay_to(tmp_path / "upstream.parquet", tmp_path / "crash.parquet", "upstream", engine="reference")
+    assert upstream.trace.outcome.status != "crashed"  # what the fix would have done: no death
+
+
+def test_the_window_setting_is_a_number_of_steps(monkeypatch):
+    monkeypatch.setenv("SPECREPLAY_WINDOW", "2000")
+    assert window_steps() == 2000
+    monkeypatch.delenv("SPECREPLAY_WINDOW")
+    assert window_steps() is None
+    for bad in ("0", "-3", "1e3", "64MB"):
+        monkeypatch.setenv("SPECREPLAY_WINDOW", bad)
+        with pytest.raises(InputError, match="a number of engine steps"):
+            window_steps()
+
+
+def test_a_late_line_of_an_older_step_stays_until_the_lines_before_it_go():
+    window = Window(2)
+    for step in (1, 2, 3):
+        window.add({"e": "step", "step": step}, b"x" * 10)
+    window.add({"e": "cols", "step": 2}, b"y" * 10)  # step 2's output, applied during step 3
+    window.add({"e": "step", "step": 4}, b"z" * 10)
+    assert [s for s, _ in window.lines] == [3, 2, 4]
+    assert window.bytes == 30 and window.dropped
