@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specreplay.traces.online_checks import CHECKS
 from specreplay.traces.window import Window
 
 #: How often the background flusher writes what the writers of a process queued: the most a
@@ -66,6 +67,8 @@ class PartWriter:
         columnar: bool = True,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         window: int | None = None,
+        checks: Sequence[str] = (),
+        on_check: Callable[[str, str], None] | None = None,
     ) -> None:
         self.folder, self.name = folder, f"{role}-{os.getpid()}-{id(self)}.jsonl"
         self.path = os.path.join(folder, self.name)
@@ -74,6 +77,10 @@ class PartWriter:
         self._encode = json.JSONEncoder(separators=(",", ":")).encode
         # A flight recorder's part (traces/window.py) keeps its lines in memory until a dump.
         self.window = Window(window) if window is not None else None
+        # Its online checks (traces/online_checks.py), read off each line as it is encoded;
+        # `on_check(name, message)` when one fails, after the lines are in the window.
+        self._checks = [(name, CHECKS[name]) for name in checks] if self.window is not None else []
+        self._on_check = on_check
         self._fd = -1
         if self.window is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -113,13 +120,21 @@ class PartWriter:
             del self._queue[: len(queued)]  # what the engine thread appends meanwhile stays queued
             if self._transform is not None:
                 queued = [self._transform(event) for event in queued]
-            if self.window is not None:
-                for event in queued:
-                    self.window.add(event, (self._encode(event) + "\n").encode())
+            if self.window is None:
+                data = "".join([self._encode(event) + "\n" for event in queued]).encode()
+                while data:
+                    data = data[os.write(self._fd, data) :]
                 return
-            data = "".join([self._encode(event) + "\n" for event in queued]).encode()
-            while data:
-                data = data[os.write(self._fd, data) :]
+            fired = []
+            for event in queued:
+                self.window.add(event, (self._encode(event) + "\n").encode())
+                for name, check in self._checks:
+                    message = check(event)
+                    if message is not None and self.window.may_fire(name):
+                        fired.append((name, message))
+        for name, message in fired:  # outside the lock: the callback dumps, which flushes
+            if self._on_check is not None:
+                self._on_check(name, message)
 
     def dump(self, into: str, reason: str, extra: Sequence[dict[str, Any]] = ()) -> str | None:
         """A flight recorder's window as a part file under `into` (created 0700): its header,

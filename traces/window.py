@@ -70,6 +70,16 @@ class Window:
         self.bytes = 0  # what `lines` holds
         self.last_step = 0
         self.dropped = False  # a step left the window: it no longer starts at the recording's first
+        self.fired_at: dict[str, int] = {}  # online check -> the last step it wrote the window at
+
+    def may_fire(self, check: str) -> bool:
+        """An online check writes the window once, then again only once the window has moved on
+        past what it wrote (a request that keeps failing it is not a dump per step)."""
+        last = self.fired_at.get(check)
+        if last is not None and self.last_step - last < self.steps:
+            return False
+        self.fired_at[check] = self.last_step
+        return True
 
     def add(self, event: dict[str, Any], line: bytes) -> None:
         step = step_of(event)

@@ -131,22 +131,25 @@ def recording_sink(folder: str, role: str, vocab: Callable[[], int]) -> tuple[An
     value it does not know, a key it cannot read) records nothing but a `not_recorded` line
     and one line on stderr: never the plain ids of a user who asked for pseudonyms, and never
     an exception in their engine."""
+    from specreplay.replay.engines.flight import check_failed, flight_recorder_started
     from specreplay.replay.engines.sink import Sink
     from specreplay.traces.errors import InputError
+    from specreplay.traces.online_checks import DUMP_ON_ENV, online_checks
     from specreplay.traces.pseudonym import for_recording, token_mode
-    from specreplay.traces.window import window_steps
+    from specreplay.traces.window import WINDOW_ENV, window_steps
 
     try:
         mode = token_mode()
-        window = window_steps()
+        window, checks = window_steps(), online_checks()
+        if checks and window is None:
+            raise InputError(f"{DUMP_ON_ENV} writes a flight recorder's window: set {WINDOW_ENV}=STEPS too")
         pseudonym = for_recording(folder, run_id(), vocab_of(vocab)) if mode == "pseudonym" else None
     except InputError as exc:
         return not_recording(folder, role, str(exc)), False
     transform = pseudonym.event if pseudonym is not None else None
-    sink = Sink(folder, role, part_header(role, mode), transform=transform, window=window)
-    if window is not None:  # a flight recorder (engines/flight.py): it dumps on a crash or SIGUSR1
-        from specreplay.replay.engines.flight import flight_recorder_started
-
+    header = part_header(role, mode)
+    sink = Sink(folder, role, header, transform=transform, window=window, checks=checks, on_check=check_failed)
+    if window is not None:  # a flight recorder (engines/flight.py): it dumps on a crash, SIGUSR1, a check
         flight_recorder_started(folder)
     return sink, True
 

@@ -14,6 +14,8 @@ like any parts folder) when:
   to vLLM's own crash path (its log line, its `EngineDeadError` to the front end): the dump
   never hides or replaces it. The core's part gets a `crashed` line (step, kind, message) from
   which merge says how the run ended, as a replay that dies the same way says it;
+- an online check fails (`SPECREPLAY_DUMP_ON`, traces/online_checks.py: off by default), on the
+  part writer's thread: `DIR/check-NAME-TIME-PID/`, with a `check` line naming it and what it saw;
 - it is asked: SIGUSR1 (`specreplay snapshot DIR` sends it to every live recorder of DIR). The
   handler only starts a thread that dumps; the engine goes on serving.
 
@@ -163,6 +165,17 @@ def on_engine_death(exc: BaseException, scheduler: Any, clock: dict[str, Any]) -
             _dump_the_others(os.path.dirname(written[0]))
 
 
+def check_failed(name: str, message: str) -> None:
+    """An online check failed on a line this process recorded (traces/online_checks.py): the
+    window goes out under `DIR/check-NAME-TIME-PID/`, the run's other processes' with it, and
+    the engine goes on. Never raises (it runs on the part writer's thread)."""
+    with contextlib.suppress(Exception):
+        reason = f"check-{name}"
+        written = dump_all(reason, dump_name(reason), extra=({"e": "check", "name": name, "message": message},))
+        if written:
+            _dump_the_others(os.path.dirname(written[0]))
+
+
 #: How long a dying engine core waits for the run's other processes (its workers) to write
 #: their windows into its crash dump, before vLLM's crash path goes on (and shuts them down).
 OTHERS_TIMEOUT_S = 5.0
@@ -245,4 +258,4 @@ def _alive(pid: int) -> bool:
     return True
 
 
-__all__ = ["dump_all", "flight_recorder_started", "live_recorders", "on_engine_death"]
+__all__ = ["check_failed", "dump_all", "flight_recorder_started", "live_recorders", "on_engine_death"]

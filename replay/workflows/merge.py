@@ -84,6 +84,10 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
         raise InputError(f"{folder}: no such folder (the SPECREPLAY_RECORD folder of a recorded run)")
     parts = [p for p in read_parts(str(folder)) if p.events or p.cut_lines]
     if not parts:
+        dumps = sorted(d.name for d in folder.iterdir() if d.is_dir() and any(d.glob("*.jsonl")))
+        if dumps:  # a flight recorder's folder (engines/flight.py): its dumps are the parts folders
+            listing = ", ".join(str(folder / d) for d in dumps[:5]) + (" ..." if len(dumps) > 5 else "")
+            raise InputError(f"{folder}: a flight recorder's folder: merge one of its {len(dumps)} dump(s): {listing}")
         raise InputError(f"{folder}: no part files (*.jsonl); was SPECREPLAY_RECORD={folder} set for the vLLM process?")
     runs: dict[str | None, list] = defaultdict(list)
     for part in parts:
@@ -188,7 +192,7 @@ class FlightWindow:
     @property
     def note(self) -> str:
         return (
-            f"steps {self.start}..{self.last} of the recorded engine ({self.reason} dump); "
+            f"steps {self.start}..{self.last} of the recorded engine (dumped on {self.reason}); "
             f"step 1 here is step {self.start}"
         )
 
@@ -212,7 +216,11 @@ def flight_window(folder: Path, parts: list[Any], core: Any) -> FlightWindow | N
     start, leftovers = found
     for part in parts:
         part.events = rebase(part.events, start, leftovers)
-    return FlightWindow(start, int(line.get("last_step") or start), str(line.get("reason") or "?"))
+    reason = str(line.get("reason") or "?")
+    check = next((e for p in parts for e in p.events if e.get("e") == "check"), None)
+    if check is not None:  # an online check wrote it (traces/online_checks.py): which, and what it saw
+        reason = f"check {check.get('name')}: {check.get('message')}"
+    return FlightWindow(start, int(line.get("last_step") or start), reason)
 
 
 def crash_line(parts: list[Any], window: FlightWindow | None) -> dict[str, Any] | None:

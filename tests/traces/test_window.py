@@ -115,7 +115,7 @@ def test_a_crash_dump_merges_into_a_trace_that_replays_step_exact_on_the_variant
     shutil.copytree(DUMP, tmp_path / "dump")
     merged = merge_to(tmp_path / "dump", tmp_path / "crash.parquet")
     trace = merged.trace
-    assert trace.impl.window == "steps 17..26 of the recorded engine (crash dump); step 1 here is step 17"
+    assert trace.impl.window == "steps 17..26 of the recorded engine (dumped on crash); step 1 here is step 17"
     assert trace.num_steps == 10 and trace.outcome.status == "crashed" and trace.outcome.step == 11
     assert trace.outcome.kind == "scheduler-assert"
     variant = "tests.replay.engines.overrun_variant:IMPL"
@@ -145,3 +145,50 @@ def test_a_late_line_of_an_older_step_stays_until_the_lines_before_it_go():
     window.add({"e": "step", "step": 4}, b"z" * 10)
     assert [s for s, _ in window.lines] == [3, 2, 4]
     assert window.bytes == 30 and window.dropped
+
+
+def test_a_snapshot_with_no_running_flight_recorder_says_so_in_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from specreplay.cli.main import main
+
+    (tmp_path / "window-999999999.live").write_text("run")  # a recorder that is gone
+    result = CliRunner().invoke(main, ["snapshot", str(tmp_path)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert "no running flight recorder records here" in result.output
+    result = CliRunner().invoke(main, ["snapshot", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2 and "no such folder" in result.output
+
+
+def test_merge_of_the_flight_recorders_folder_names_its_dumps(tmp_path):
+    from specreplay.replay.workflows.merge import merge_folder
+
+    shutil.copytree(DUMP, tmp_path / "crash-20261203T145236Z-28991")
+    with pytest.raises(InputError, match="a flight recorder's folder: merge one of its 1 dump"):
+        merge_folder(tmp_path)
+
+
+def test_rebase_moves_every_step_column_and_nulls_what_points_before_the_window():
+    """Model Runner V2's worker view names steps too (the step whose propose wrote a slot's
+    drafts, the slot's last write): renumbered with the rows, null when before the window."""
+    events = [
+        {"e": "rows", "names": ["step", "request_id", "sched_status"], "rows": [[10, "a", "running"]]},
+        {
+            "e": "cols",
+            "step": 10,
+            "ids": ["a"],
+            "cols": {"worker_draft_proposed_step": [9], "worker_slot_last_write_step": [4], "worker_slot": [3]},
+        },
+        {"e": "patch", "rows": [[10, "a", {"apply_step": 11, "apply_num_tokens": 2}]]},
+        {"e": "request", "id": "a", "step": 8},
+        {"e": "request", "id": "old", "step": 2},
+    ]
+    out = rebase(events, start=9)
+    assert out[0]["rows"] == [[2, "a", "running"]]
+    assert out[1]["step"] == 2 and out[1]["cols"] == {
+        "worker_draft_proposed_step": [1],
+        "worker_slot_last_write_step": [None],
+        "worker_slot": [3],
+    }
+    assert out[2]["rows"] == [[2, "a", {"apply_step": 3, "apply_num_tokens": 2}]]
+    assert [e for e in out if e["e"] == "request"] == [{"e": "request", "id": "a", "step": 0}]

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 from specreplay.cli.main import main
 from specreplay.replay.engines.attached import RECORD_ENV
+from specreplay.traces.online_checks import DUMP_ON_ENV
 from specreplay.traces.window import WINDOW_ENV
 from tests.live_serve import plan_openai_requests, run_openai_clients, start_server
 from tests.replay.engines.overrun_variant import LIMIT
@@ -46,6 +47,8 @@ def served(folder: Path, tmp_path: Path):
     env = {
         RECORD_ENV: str(folder),
         WINDOW_ENV: str(WINDOW),
+        # Two online checks that nothing in this traffic may fail (no dump of theirs is asserted).
+        DUMP_ON_ENV: "negative-placeholders,lost-tokens",
         "VLLM_USE_V2_MODEL_RUNNER": "0",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
@@ -112,6 +115,7 @@ def test_a_served_vllm_dumps_its_window_on_request_and_when_it_dies(tmp_path):
     # vLLM's own crash path went on: its error, as vLLM logs it, after specreplay's one line.
     assert f"has run past {LIMIT} output tokens" in log and "EngineCore encountered a fatal error" in log
     assert "specreplay: flight recorder (crash)" in log
+    assert not list(folder.glob("check-*"))  # no online check failed on the real traffic
     for path in [folder, *folder.rglob("*")]:  # owner-only, whatever the umask
         mode = path.stat().st_mode & 0o777
         assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
