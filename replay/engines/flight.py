@@ -8,6 +8,7 @@ like any parts folder) when:
 
 - the engine dies: an exception out of the engine core's step (vLLM's scheduler, its executor,
   a runner in the same process or a worker's failure, which vLLM's executor raises there). The
+  steps in flight finish first (their worker rows belong to the run a replay reproduces); the
   dump is written on the dying thread; the run's other processes (the worker of vLLM's
   multiprocess executor, which its CPU engine uses) are asked through SIGUSR1 to write theirs
   into the same folder, and waited for up to OTHERS_TIMEOUT_S; then the same exception goes on
@@ -100,20 +101,35 @@ def _catch_sigusr1() -> bool:
 
 
 def dump_requested() -> None:
-    """The dump `specreplay snapshot` asked for, under the name it left in DIR."""
+    """The dump `specreplay snapshot` (or the run's dying engine core) asked for, under the name
+    it left in DIR. A dying core also names the last step it scheduled: a worker still running
+    that step (a Model Runner V2 step takes seconds on a CPU) finishes it before it dumps, so the
+    dump has that step's worker rows, as a replay that dies at the next step has them."""
     writers = windowed_writers()
-    if writers:
-        name = _requested_name(writers[0].folder) or dump_name("snapshot")
-        dump_all(name.split("-", 1)[0], name)  # a crash of the run's engine core asks under its own name
+    if not writers:
+        return
+    name, step = _requested(writers[0].folder)
+    name = name or dump_name("snapshot")
+    if step is not None:
+        deadline = time.monotonic() + OTHERS_TIMEOUT_S / 2
+        while time.monotonic() < deadline:
+            for writer in writers:
+                writer.flush()
+            if all(w.window.last_step >= step for w in writers if w.name.startswith("runner-")):
+                break
+            time.sleep(0.02)
+    dump_all(name.split("-", 1)[0], name)  # a crash of the run's engine core asks under its own name
 
 
-def _requested_name(folder: str) -> str | None:
-    with contextlib.suppress(OSError):
+def _requested(folder: str) -> tuple[str | None, int | None]:
+    """The dump's name the request file gives, and the step to wait for (a crash's), if any."""
+    with contextlib.suppress(OSError, ValueError):
         with open(os.path.join(folder, REQUEST_FILE), encoding="utf-8") as fh:
-            name = fh.read().strip()
+            lines = fh.read().split()
+        name = lines[0] if lines else ""
         if name and os.sep not in name and not name.startswith("."):
-            return name
-    return None
+            return name, (int(lines[1]) if len(lines) > 1 else None)
+    return None, None
 
 
 def dump_name(reason: str) -> str:
@@ -146,14 +162,18 @@ def dump_all(reason: str, name: str | None = None, extra: tuple[dict[str, Any], 
     return written
 
 
-def on_engine_death(exc: BaseException, scheduler: Any, clock: dict[str, Any]) -> None:
-    """The engine core is dying of `exc` (a worker's failure reaches it too, through vLLM's
-    executor): its `crashed` line in the core's part (`clock`: its step count), the window dump,
-    and the dumps of the run's other processes. The caller re-raises `exc` unchanged."""
+def on_engine_death(exc: BaseException, core: Any, clock: dict[str, Any]) -> None:
+    """The engine core `core` is dying of `exc` (a worker's failure reaches it too, through
+    vLLM's executor): the steps it still has in flight on the workers finish (so their worker
+    rows are in the parts: a replay runs them too), its `crashed` line goes in the core's part
+    (`clock`: its step count), then the window dump and the dumps of the run's other processes.
+    The caller re-raises `exc` unchanged."""
     if getattr(exc, "_specreplay_dumped", False) or not isinstance(exc, Exception):
         return  # KeyboardInterrupt, SystemExit: a shutdown, not a death
     with contextlib.suppress(Exception):
         exc._specreplay_dumped = True  # type: ignore[attr-defined]
+    _let_in_flight_steps_finish(core)
+    scheduler = getattr(core, "scheduler", None)
     step = clock["step"] + (1 if clock.get("in_schedule") else 0)
     crashed = {"e": "crashed", "at": step, "kind": crash_kind(exc, scheduler), "message": crash_text(exc)}
     for writer in _core_writers():
@@ -162,7 +182,19 @@ def on_engine_death(exc: BaseException, scheduler: Any, clock: dict[str, Any]) -
     with contextlib.suppress(Exception):
         written = dump_all("crash", extra=(crashed,))
         if written:
-            _dump_the_others(os.path.dirname(written[0]))
+            _dump_the_others(os.path.dirname(written[0]), last_step=clock["step"])
+
+
+def _let_in_flight_steps_finish(core: Any) -> None:
+    """Wait (at most OTHERS_TIMEOUT_S in all) for the steps in vLLM's batch queue: a worker still
+    running one (async scheduling keeps one in flight; a Model Runner V2 step takes seconds on a
+    CPU) would otherwise be dumped without its rows of it. Their outputs are never applied: the
+    engine is dying, as a replay that dies at the same step has them."""
+    deadline = time.monotonic() + OTHERS_TIMEOUT_S
+    for entry in list(getattr(core, "batch_queue", None) or ()):
+        future = entry[0] if isinstance(entry, tuple) else entry
+        with contextlib.suppress(Exception):
+            future.result(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def check_failed(name: str, message: str) -> None:
@@ -176,12 +208,13 @@ def check_failed(name: str, message: str) -> None:
             _dump_the_others(os.path.dirname(written[0]))
 
 
-#: How long a dying engine core waits for the run's other processes (its workers) to write
-#: their windows into its crash dump, before vLLM's crash path goes on (and shuts them down).
-OTHERS_TIMEOUT_S = 5.0
+#: How long a dying engine core waits for its steps in flight, then for the run's other
+#: processes (its workers) to write their windows into its crash dump, before vLLM's crash path
+#: goes on (and shuts them down).
+OTHERS_TIMEOUT_S = 10.0
 
 
-def _dump_the_others(dump: str) -> None:
+def _dump_the_others(dump: str, last_step: int | None = None) -> None:
     """The run's other flight recorders (a worker process: vLLM's multiprocess executor, which
     its CPU and tensor-parallel engines use) write their windows into the same dump, through
     the SIGUSR1 path `specreplay snapshot` takes; the engine core waits for them a little."""
@@ -194,7 +227,7 @@ def _dump_the_others(dump: str) -> None:
     request = os.path.join(folder, REQUEST_FILE)
     fd = os.open(request + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
-        fh.write(name + "\n")
+        fh.write(name + "\n" + (f"{last_step}\n" if last_step is not None else ""))
     os.replace(request + ".tmp", request)
     for pid in others:
         with contextlib.suppress(OSError):

@@ -210,7 +210,7 @@ def register() -> None:
             except Exception as exc:
                 clock = self.__dict__.get("_specreplay_clock")  # an attached recording's (attached.py)
                 if clock is not None:
-                    on_engine_death(exc, getattr(self, "scheduler", None), clock)
+                    on_engine_death(exc, self, clock)
                 raise  # vLLM's own crash path, unchanged
 
         return step

@@ -192,3 +192,12 @@ def test_rebase_moves_every_step_column_and_nulls_what_points_before_the_window(
     }
     assert out[2]["rows"] == [[2, "a", {"apply_step": 3, "apply_num_tokens": 2}]]
     assert [e for e in out if e["e"] == "request"] == [{"e": "request", "id": "a", "step": 0}]
+
+
+def test_record_attach_records_whole_runs_and_refuses_a_window(tmp_path, monkeypatch):
+    from specreplay.replay.workflows.attach import attach_to
+
+    monkeypatch.setenv("SPECREPLAY_WINDOW", "100")
+    with pytest.raises(InputError, match="record --attach records the whole run"):
+        attach_to(tmp_path / "run.parquet", ["true"])
+    assert not list(tmp_path.iterdir())  # nothing ran, nothing made
