@@ -218,6 +218,7 @@ class Outcome(_Json):
     where: str | None = _kind("str")
     side: str | None = _kind("str")
     unfinished: tuple[str, ...] | None = _kind("strs")
+    request: str | None = _kind("str")  # a crash's request, when the exception names one (engines/crash.py)
     engine_output_tokens: Mapping[str, Any] | None = _kind("map")
 
     @property

@@ -59,9 +59,9 @@ def check_crash(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
     if chk.crash_step is None:
         return
     message = chk.outcome.message if chk.outcome.message is not None else "engine crashed"
-    rid = None
+    rid = chk.outcome.request  # named from the exception (engines/crash.py), else vLLM's phrase
     marker = "request '"
-    if marker in message:
+    if rid is None and marker in message:
         rid = message.split(marker, 1)[1].split("'", 1)[0]
     if chk.outcome.kind in (None, "negative-input-id"):  # no kind: traces from before kinds were recorded
         yield chk.run_finding(

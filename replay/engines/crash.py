@@ -30,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import linecache
 import os
+import re
+from collections.abc import Collection
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -85,7 +87,47 @@ def crash_outcome(exc: BaseException, impl: Implementation, scheduler: tuple[Any
         exception=type(exc).__name__,
         where=where,
         side=side,
+        # Locals of the frame that raised and the variant's line only: an outer loop's `request`
+        # is the last one it reached, not necessarily the one the crash is about.
+        request=named_request(exc, [frames[at][0], frames[raised][0]], known_requests((*scheduler, runner))),
     )
+
+
+#: The locals a frame names the request it works on by (vLLM's and the models' own names).
+_ID_LOCALS = ("request_id", "req_id", "rid")
+_REQUEST_LOCALS = ("request", "req")
+
+
+def named_request(exc: BaseException, frames: list[FrameType], known: Collection[str]) -> str | None:
+    """The request a crash happened on, when the exception or the code that raised it names one
+    the engine holds: a `KeyError`'s key (the id a dropped entry was looked up by) or another
+    argument of the exception, a quoted word of its message, else the request `frames` (the
+    code that raised, outermost first) were working on (a local `request_id` / `req_id` /
+    `rid`, or a `request` / `req` with a `request_id`), innermost first. None when nothing names
+    a request the engine holds."""
+    if not known:
+        return None
+    candidates = [a for a in getattr(exc, "args", ()) if isinstance(a, str)]
+    candidates += _QUOTED.findall(str(exc))
+    for frame in reversed(frames):
+        local = frame.f_locals
+        candidates += [local[n] for n in _ID_LOCALS if isinstance(local.get(n), str)]
+        ids = (getattr(local.get(n), "request_id", None) for n in _REQUEST_LOCALS)
+        candidates += [rid for rid in ids if isinstance(rid, str)]
+    return next((c for c in candidates if c in known), None)
+
+
+_QUOTED = re.compile(r"'([^']+)'")
+
+
+def known_requests(objects: tuple[Any, ...]) -> set[str]:
+    """The request ids the engine's scheduler and runner hold (their `requests` tables)."""
+    known: set[str] = set()
+    for obj in objects:
+        table = getattr(obj, "requests", None)
+        if isinstance(table, dict):
+            known.update(str(k) for k in table)
+    return known
 
 
 def _variant_raised(exc: BaseException, impl: Implementation) -> bool:
@@ -171,4 +213,4 @@ def _source(frame: FrameType, line: int) -> str:
     return linecache.getline(frame.f_code.co_filename, line).strip() or "assert"
 
 
-__all__ = ["crash_outcome", "variant_modules"]
+__all__ = ["crash_outcome", "named_request", "variant_modules"]

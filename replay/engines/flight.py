@@ -176,6 +176,9 @@ def on_engine_death(exc: BaseException, core: Any, clock: dict[str, Any]) -> Non
     scheduler = getattr(core, "scheduler", None)
     step = clock["step"] + (1 if clock.get("in_schedule") else 0)
     crashed = {"e": "crashed", "at": step, "kind": crash_kind(exc, scheduler), "message": crash_text(exc)}
+    request = crash_request(exc, scheduler)
+    if request is not None:
+        crashed["request"] = request
     for writer in _core_writers():
         if writer.window is None:  # a whole-run recording: the line goes out with its parts
             writer.write(crashed, now=True)
@@ -256,6 +259,21 @@ def crash_kind(exc: BaseException, scheduler: Any) -> str:
                 return "scheduler-assert"
             tb = tb.tb_next
     return "engine-crash"
+
+
+def crash_request(exc: BaseException, scheduler: Any) -> str | None:
+    """The client's id of the request the exception names (engines/crash.py), if the scheduler holds it."""
+    from specreplay.replay.engines.attached import client_id
+    from specreplay.replay.engines.crash import known_requests, named_request
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    frames = [tb.tb_frame] if tb is not None else []  # the frame that raised: its locals
+    with contextlib.suppress(Exception):
+        found = named_request(exc, frames, known_requests((scheduler,)))
+        return client_id(found) if found is not None else None
+    return None
 
 
 def crash_text(exc: BaseException) -> str:

@@ -363,7 +363,12 @@ class SchedulerObserver:
             scheduled_col.append(num_scheduled[rid])
             slots_col.append(slots)
             rejected_col.append(slots - (num_sampled - 1) if slots and num_sampled and not dropped else 0)
-            num_tokens_col.append(len(tokens))
+            # What the request grew by, where it is less than the output list: vLLM cuts the
+            # list in place after a stop, so the list says what was appended, unless the code
+            # under test appended fewer and left the list alone (a token lost where it happens,
+            # S8). More growth than the list (a streaming turn's next chunk merged in the same
+            # call) is the chunk's, not the output's.
+            num_tokens_col.append(min(len(tokens), max(0, r.num_tokens - was.num_tokens)))
             # The tuple itself, not a list copy: a row of ints the garbage collector stops
             # tracking, where a list per row would keep every full collection growing.
             sampled_col.append(sampled)

@@ -169,7 +169,8 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     failures = observer_failures(parts)
     dropped += [f"recording stopped: {failure}" for failure in failures]
     if crash is not None:  # the engine died (engines/flight.py): how a replay that dies the same way ends
-        outcome = run_outcome(crash["at"], crash={"kind": crash["kind"], "message": crash["message"]})
+        named = {"request": crash["request"]} if crash.get("request") else {}
+        outcome = run_outcome(crash["at"], crash={"kind": crash["kind"], "message": crash["message"], **named})
     else:
         outcome = run_outcome(last_step, partial="; ".join(dropped) if dropped else None)
     header = trace_header(workload, impl_doc, "cpu", outcome, config)
@@ -229,7 +230,12 @@ def crash_line(parts: list[Any], window: FlightWindow | None) -> dict[str, Any] 
     if found is None:
         return None
     at = int(found.get("at") or 0) - (window.shift if window is not None else 0)
-    return {"at": max(1, at), "kind": str(found.get("kind") or "engine-crash"), "message": str(found.get("message"))}
+    return {
+        "at": max(1, at),
+        "kind": str(found.get("kind") or "engine-crash"),
+        "message": str(found.get("message")),
+        "request": found.get("request"),
+    }
 
 
 def token_mode_of(folder: Path, parts: list[Any]) -> str:

@@ -12,6 +12,9 @@ Test support, loaded as a user's plugin would be: `--impl tests.replay.check.bro
                          accepted drafts the worker emitted are lost -> S8
     DropsSecondOutput    append_output takes nothing of a request's second output: 0 tokens
                          applied where the worker emitted 1 or more -> S8
+    LosesDraftsKeepsList append_output appends only the first token of a fresh output from a
+                         copy, leaving the output's list as it came: the list says every token
+                         was appended, the request's growth says one -> S8 at that step
 """
 
 from __future__ import annotations
@@ -55,4 +58,14 @@ class DropsSecondOutput(AsyncScheduler):
         if not stale and req.num_output_tokens == 1:
             del tokens[:]
             return tokens, ""
+        return super().append_output(req, tokens, stale)
+
+
+class LosesDraftsKeepsList(AsyncScheduler):
+    """Appends only the first token of a fresh output, from a copy: the output list is untouched."""
+
+    def append_output(self, req, tokens, stale):
+        if not stale and len(tokens) > 1:
+            _, finish = super().append_output(req, tokens[:1], stale)
+            return tokens, finish
         return super().append_output(req, tokens, stale)

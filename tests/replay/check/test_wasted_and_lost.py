@@ -17,6 +17,7 @@ from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.replay.workloads.workload import RequestSpec, Workload
 from tests.replay.check.broken_outputs import (
     DropsSecondOutput,
+    LosesDraftsKeepsList,
     NoMaxTokensSkip,
     NoMaxTokensSkipSync,
     TrimsAcceptedDrafts,
@@ -148,6 +149,18 @@ def test_trimmed_accepted_drafts_are_flagged_at_the_step_that_emitted_them():
     assert findings[0] == f  # the explaining finding comes first
 
 
+def test_a_token_lost_behind_an_untouched_output_list_is_flagged_where_it_is_lost():
+    # The variant appends 1 of step 2's 4 tokens from a copy, leaving the output's list whole:
+    # the applied count is the request's growth, so S8 names step 2, not T1 a step later only.
+    trace = run_workload(_one_request(max_tokens=12, k=3, acceptance="all"), _impl(LosesDraftsKeepsList))
+    findings = check_trace(trace)
+    (f,) = [f for f in findings if f.code == S8]
+    assert (f.step, f.request_id, f.expected, f.actual) == (2, "0", 4, 1)
+    assert findings[0] == f
+    row = next(r for r in trace.table.to_pylist() if r["step"] == 2)
+    assert len(row["apply_sampled_token_ids"]) == 4 and row["apply_num_tokens"] == 1  # the list, the growth
+
+
 def test_a_dropped_output_is_flagged_with_nothing_applied():
     trace = run_workload(_one_request(max_tokens=12, k=3, acceptance="all"), _impl(DropsSecondOutput))
     (f,) = _codes(trace, S8)
@@ -178,7 +191,7 @@ def test_a_stale_output_applied_as_fresh_is_l2s_not_s8s():
 
 
 # ------------------------------------------------------------------ the row-by-row statement agrees
-@pytest.mark.parametrize("cls", [NoMaxTokensSkip, TrimsAcceptedDrafts, DropsSecondOutput])
+@pytest.mark.parametrize("cls", [NoMaxTokensSkip, TrimsAcceptedDrafts, DropsSecondOutput, LosesDraftsKeepsList])
 def test_the_row_by_row_statement_finds_the_same(cls):
     traces = [run_workload(build_scenario(name), _impl(cls)) for name in ("reentry", "streaming-append", "resubmit")]
     traces += [run_workload(build_scenario("random", seed=seed), _impl(cls)) for seed in (1, 3)]

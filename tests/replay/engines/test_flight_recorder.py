@@ -155,6 +155,8 @@ def test_a_served_vllm_dumps_its_window_on_request_and_when_it_dies(tmp_path, ru
     assert 0 not in kept and 3 in kept and ids == {"boom-0"}.union(*(waves[i] for i in kept)), sorted(ids)
     assert trace.outcome.status == "crashed" and trace.outcome.kind == "scheduler-assert"
     assert f"has run past {LIMIT} output tokens" in trace.outcome.message
+    # The request the crash is about, by the client's id (vLLM's message names the engine's).
+    assert trace.outcome.request == "boom-0"
     same = replays_step_exact(tmp_path / "crash.parquet", tmp_path, IMPL, ignore)
     assert same == {"reference": {}, "vllm-scheduler": {}}
 

@@ -82,8 +82,10 @@ def test_a_runner_hook_raising_keyerror_kills_the_engine_at_that_step(tmp_path, 
         "where": where,
         "side": "runner",
         "message": f"KeyError: 'a', raised in the runner by ForgetfulRunner.update_cached_request at {where}",
+        "request": "a",  # the key the dropped entry was looked up by: a request the engine holds
     }
     assert_e1_at(trace, CRASH_STEP, "KeyError", where)
+    assert [f.request_id for f in check_trace(trace) if f.code == "E1-engine-crash"] == ["a"]
     # The steps up to it are the steps any run has: the settled ones equal upstream's row for row
     # (with async scheduling the outputs of the last two steps were still in flight).
     steps = trace.table["step"].to_pylist()
@@ -104,6 +106,7 @@ def test_a_failed_assert_in_a_scheduler_hook_kills_the_engine_at_that_step(tmp_p
     assert f"outcome crashed at step {CRASH_STEP}: AssertionError" in output
     assert_e1_at(trace, CRASH_STEP, "AssertionError", where)
     assert max(trace.table["step"].to_pylist()) == CRASH_STEP - 1  # schedule() of the step never returned
+    assert outcome.request is None  # an assert on the step count names no request: none is guessed
 
 
 def test_replay_through_a_raising_implementation_is_a_crash_too(tmp_path, workload):
