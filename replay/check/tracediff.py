@@ -299,6 +299,12 @@ def _outcome_key(trace: Trace) -> tuple[str | None, int | None, str | None]:
     return (trace.outcome.status, trace.outcome.step, trace.outcome.kind)
 
 
+def _stopped_key(trace: Trace) -> tuple[str | None, int | None, str | None]:
+    """As _outcome_key, a completed run's step being its last (its outcome names none)."""
+    status, step, kind = _outcome_key(trace)
+    return (status, trace.num_steps if step is None and status == "completed" else step, kind)
+
+
 #: What a run that stopped at its last step without crashing may say: a recording that lost its
 #: tail (`partial`: what came after its last whole step is unknown) agrees with a rerun of those
 #: steps that stopped there with work left (`step_limit`) or without (`completed`).
@@ -310,4 +316,5 @@ def _outcomes_agree(a: Trace, b: Trace) -> bool:
     if key_a == key_b:
         return True
     partial = "partial" in (key_a[0], key_b[0])
+    key_a, key_b = _stopped_key(a), _stopped_key(b)
     return partial and key_a[1:] == key_b[1:] and {key_a[0], key_b[0]} <= _STOPPED

@@ -129,7 +129,9 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
         cut_steps: list[int] = []
         dropped.append(unobserved_runner(unknown))
     else:
-        rows, cut_steps = whole_steps(rows)
+        # A dump comes mid-run: its last step may be one the worker had not finished, even one
+        # that schedules nothing (an announcement), which a whole run's end never cuts.
+        rows, cut_steps = whole_steps(rows, announcements=window is not None)
     dropped += unset
     if cut_steps:
         dropped.append(
@@ -263,19 +265,32 @@ def unobserved_runner(unknown: list[dict[str, str]]) -> str:
     )
 
 
-def whole_steps(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+def whole_steps(rows: list[dict[str, Any]], announcements: bool = False) -> tuple[list[dict[str, Any]], list[int]]:
     """Drop the trailing steps from the last whole one on: the run stopped inside the first step
     after it (a scheduled row whose worker row never arrived). Steps that schedule nothing (an
     abort's or a finish's announcement) are looked through, and go with the cut: a Ctrl-C lands
     while the worker still runs step s and the core has already stepped s + 1 to announce an
-    abort. A step inside the run with such a row stays: that is a finding (X1), not a cut."""
+    abort. A step inside the run with such a row stays: that is a finding (X1), not a cut.
+    `announcements` (a flight recorder's dump, taken mid-run): a trailing step that schedules
+    nothing and has no worker view is cut too, where the worker did record such steps (an
+    earlier one has its worker view): the dump came before the worker finished it."""
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_step[row["step"]].append(row)
+
+    def seen_by_worker(step: int) -> bool:
+        return any(k.startswith("worker_") and v is not None for r in by_step[step] for k, v in r.items())
+
+    def schedules(step: int) -> bool:
+        return any(r.get("sched_num_scheduled_tokens") for r in by_step[step])
+
+    announced = announcements and any(seen_by_worker(s) for s in by_step if not schedules(s))
     first_cut = None
     for step in sorted(by_step, reverse=True):
         scheduled = [r for r in by_step[step] if r.get("sched_num_scheduled_tokens")]
         if not scheduled:
+            if announced and not seen_by_worker(step):
+                first_cut = step
             continue
         if all(r.get("worker_num_scheduled_tokens") is not None for r in scheduled):
             break

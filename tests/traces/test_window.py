@@ -201,3 +201,31 @@ def test_record_attach_records_whole_runs_and_refuses_a_window(tmp_path, monkeyp
     with pytest.raises(InputError, match="record --attach records the whole run"):
         attach_to(tmp_path / "run.parquet", ["true"])
     assert not list(tmp_path.iterdir())  # nothing ran, nothing made
+
+
+SNAPSHOT = Path(__file__).parent / "data" / "snapshot-window"
+
+
+def test_a_snapshot_taken_before_the_worker_finished_its_last_step_ends_before_it(tmp_path):
+    """`data/snapshot-window/` is a real `specreplay snapshot` of a served V1 vLLM after its first
+    wave (tests/replay/engines/test_flight_recorder.py): its last step, 21, only announces
+    finished requests. With the worker's lines of it taken out (the dump came before the worker
+    finished it), merge cuts it, and the trace still replays step for step."""
+    from specreplay.replay.check.tracediff import diff_traces
+    from specreplay.replay.workflows.merge import merge_to
+    from specreplay.replay.workflows.record import replay_to
+
+    whole = merge_to(SNAPSHOT, tmp_path / "whole.parquet").trace
+    assert whole.num_steps == 21 and whole.outcome.status != "partial"
+    shutil.copytree(SNAPSHOT, tmp_path / "dump")
+    runner = next((tmp_path / "dump").glob("runner-*.jsonl"))
+    kept = [ln for ln in runner.read_text().splitlines() if step_of(json.loads(ln)) != 21]
+    runner.write_text("\n".join(kept) + "\n")
+    merged = merge_to(tmp_path / "dump", tmp_path / "cut.parquet")
+    assert merged.trace.num_steps == 20 and merged.trace.outcome.status == "partial"
+    assert any("step 21 was scheduled" in line or "step(s) 21" in line for line in merged.dropped), merged.dropped
+    variant = "tests.replay.engines.overrun_variant:IMPL"
+    for path, trace in ((tmp_path / "whole.parquet", whole), (tmp_path / "cut.parquet", merged.trace)):
+        replayed = replay_to(tmp_path / f"replay-{path.stem}.parquet", path, variant, engine="reference")
+        diff = diff_traces(trace, replayed.trace)
+        assert not diff.findings, [str(f) for f in diff.findings[:3]]
