@@ -8,9 +8,6 @@ sends SIGUSR1 to every process recording into DIR, waits until each has written 
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from pathlib import Path
 
 import click
@@ -35,7 +32,7 @@ def snapshot(folder, timeout) -> None:
       specreplay snapshot rec/
       specreplay merge rec/snapshot-20261203T101500Z -o window.parquet
     """
-    from specreplay.replay.engines.flight import REQUEST_FILE, live_recorders
+    from specreplay.replay.engines.flight import ask_for_windows, dump_name, live_recorders, wait_for_windows
 
     if not folder.is_dir():
         raise InputError(f"{folder}: no such folder (the SPECREPLAY_RECORD folder of a running vLLM)")
@@ -45,27 +42,11 @@ def snapshot(folder, timeout) -> None:
             f"{folder}: no running flight recorder records here (started with SPECREPLAY_RECORD={folder} "
             "and SPECREPLAY_WINDOW=STEPS?)"
         )
-    name = f"snapshot-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
-    request = folder / REQUEST_FILE
-    aside = request.with_name(request.name + ".tmp")
-    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # DIR is the user's alone
-    with os.fdopen(fd, "w") as fh:
-        fh.write(name + "\n")
-    os.replace(aside, request)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:  # it exited meanwhile
-            pids = [p for p in pids if p != pid]
+    name = dump_name("snapshot")
+    pids = ask_for_windows(str(folder), name, pids)
     dump = folder / name
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        written = {int(p.name.split("-")[1]) for p in dump.glob("*.jsonl")} if dump.is_dir() else set()
-        if set(pids) <= written:
-            break
-        time.sleep(0.05)
-    else:
-        done = sorted({int(p.name.split("-")[1]) for p in dump.glob("*.jsonl")}) if dump.is_dir() else []
+    done = wait_for_windows(str(dump), pids, timeout)
+    if done != set(pids):
         raise InputError(
             f"{folder}: {len(done)} of {len(pids)} recording processes wrote their window within {timeout:g} s "
             f"(waiting for pids {', '.join(str(p) for p in pids if p not in done)})"

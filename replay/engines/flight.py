@@ -225,22 +225,42 @@ def _dump_the_others(dump: str, last_step: int | None = None) -> None:
 
     folder, name = os.path.split(dump)
     others = [pid for pid in live_recorders(folder, run_id()) if pid != os.getpid()]
-    if not others:
-        return
+    if others:
+        wait_for_windows(dump, ask_for_windows(folder, name, others, last_step), OTHERS_TIMEOUT_S)
+
+
+def ask_for_windows(folder: str, name: str, pids: list[int], last_step: int | None = None) -> list[int]:
+    """Ask the flight recorders `pids` of `folder` to write their windows into `folder/name`
+    (the request file their SIGUSR1 handler reads: the name, and a dying core's last step);
+    the pids still there to ask."""
     request = os.path.join(folder, REQUEST_FILE)
-    fd = os.open(request + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(request + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # DIR is the user's alone
     with os.fdopen(fd, "w") as fh:
         fh.write(name + "\n" + (f"{last_step}\n" if last_step is not None else ""))
     os.replace(request + ".tmp", request)
-    for pid in others:
-        with contextlib.suppress(OSError):
+    asked = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
             os.kill(pid, signal.SIGUSR1)
-    deadline = time.monotonic() + OTHERS_TIMEOUT_S
-    while time.monotonic() < deadline:
-        written = {entry.split("-")[1] for entry in os.listdir(dump) if entry.endswith(".jsonl")}
-        if all(str(pid) in written for pid in others):
-            return
+            asked.append(pid)
+    return asked
+
+
+def wait_for_windows(dump: str, pids: list[int], timeout: float) -> set[int]:
+    """Wait up to `timeout` seconds until each of `pids` has a part in `dump`; the pids that do."""
+    deadline = time.monotonic() + timeout
+    while True:
+        written = dumped_pids(dump)
+        if set(pids) <= written or time.monotonic() >= deadline:
+            return written & set(pids)
         time.sleep(0.02)
+
+
+def dumped_pids(dump: str) -> set[int]:
+    """The processes with a part in `dump` (a part's name: ROLE-PID-ID.jsonl, traces/parts.py)."""
+    if not os.path.isdir(dump):
+        return set()
+    return {int(entry.split("-")[1]) for entry in os.listdir(dump) if entry.endswith(".jsonl")}
 
 
 def _core_writers() -> list[Any]:
@@ -309,4 +329,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-__all__ = ["check_failed", "dump_all", "flight_recorder_started", "live_recorders", "on_engine_death"]
+__all__ = [
+    "ask_for_windows",
+    "check_failed",
+    "dump_all",
+    "dump_name",
+    "flight_recorder_started",
+    "live_recorders",
+    "on_engine_death",
+    "wait_for_windows",
+]
