@@ -63,7 +63,7 @@ def junit_xml(results: list[GateResult]) -> str:
         for code in r.unchecked:  # could not run: skipped, never passed
             sub = ET.SubElement(suite, "testcase", classname=f"specreplay.gate.{name}", name=code)
             tests += 1
-            ET.SubElement(sub, "skipped", message=f"{code} not checked: {_why_unchecked(code)}")
+            ET.SubElement(sub, "skipped", message=f"{code} not checked: {_why_unchecked(code, r.unchecked)}")
     suite.set("tests", str(tests))
     suite.set("failures", str(failures))
     suite.set("errors", str(errors))
@@ -72,10 +72,10 @@ def junit_xml(results: list[GateResult]) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
 
 
-def _why_unchecked(code: str) -> str:
+def _why_unchecked(code: str, unchecked: list[str]) -> str:
     from specreplay.replay.check.coverage import why
 
-    return why(code)
+    return why(code, unchecked)
 
 
 def _by_code(r: GateResult) -> dict:

@@ -396,10 +396,11 @@ def compare(
 
 def _unchecked_why(codes: list[str]) -> str:
     """The reasons the compare table gives for its row's codes not checked."""
-    from specreplay.replay.check.coverage import KV_TRUTH, not_for_mrv2
+    from specreplay.replay.check.coverage import KV_TRUTH, for_the_runner
 
-    runner = any(not_for_mrv2(code) for code in codes)
-    truth = [code for code in codes if not not_for_mrv2(code)]
+    by_runner = for_the_runner(codes)
+    runner = bool(by_runner)
+    truth = [code for code in codes if code not in by_runner]
     kv_only = bool(truth) and all(code in KV_TRUTH for code in truth)  # a forced live run: T1 ran
     return ", ".join(
         ["no KV ground truth" if kv_only else "no ground truth"] * bool(truth) + ["V1 runner codes on MRV2"] * runner

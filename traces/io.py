@@ -4,9 +4,9 @@ Where it sits: workloads -> models -> impls -> observers -> engines -> **traces*
 workflows -> views -> cli. `write_trace` is the only way a trace reaches disk; `open_trace` /
 `read_trace` the only way one comes back. Every kind of broken file (not Parquet, truncated, wrong
 or newer schema, missing, extra or mistyped columns, broken metadata, impossible values) becomes one
-`TraceError` line. `open_trace` validates the footer at once and the rows one row group at a time as
-`TraceFile.batches()` streams them (traces.validate), so a trace larger than memory can be checked;
-`read_trace` loads a whole trace.
+`TraceError` line. `open_trace` validates the footer at once and the rows a bounded batch at a time
+(`READ_ROWS`, however large the file's row groups) as `TraceFile.batches()` streams them
+(traces.validate), so a trace larger than memory can be checked; `read_trace` loads a whole trace.
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ from specreplay.traces.trace import Trace
 from specreplay.traces.validate import RowValidator
 
 ROW_GROUP_SIZE = 1 << 20  # large groups compress best (about 4 bytes a request-step)
+#: Rows a streamed batch holds at most (`TraceFile.batches`), whatever the row groups: what one
+#: batch costs in memory (the reader's buffers about 60 MB for every column, the checker's numpy
+#: columns about 30 MB), and a size whose numpy temporaries stay in cache (the checker runs about
+#: 1.4x faster per row than on 1M-row batches).
+READ_ROWS = 1 << 16
 
 _OUTCOMES = ("completed", "crashed", "step_limit", "partial")
 
@@ -48,7 +53,12 @@ def write_trace(trace: Trace, path: str | os.PathLike[str], row_group_size: int 
     os.close(fd)
     try:
         pq.write_table(
-            table, tmp, compression="zstd", row_group_size=row_group_size, use_dictionary=True, write_statistics=True
+            table,
+            tmp,
+            compression="zstd",
+            row_group_size=row_group_size,
+            use_dictionary=_dictionary_columns(table),
+            write_statistics=True,
         )
         if trace.inputs is None:  # mkstemp made it 0600: the recorded ones stay so
             umask = os.umask(0)
@@ -59,6 +69,42 @@ def write_trace(trace: Trace, path: str | os.PathLike[str], row_group_size: int 
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+#: Columns written without Parquet's dictionary encoding where that is smaller. A dictionary
+#: stores each id as a bit-packed index (9 bits for a 512-token vocabulary), which no codec can
+#: shrink further: the repeats are there but not byte-aligned. A drafter that proposes the same
+#: tokens for the same positions step after step (drafts rejected, the request one token further)
+#: repeats k - 1 of its k ids from its previous row, and as plain int32s those repeats are byte
+#: matches zstd finds (the benchmark trace: 3.4 -> 1.5 bytes a request-step for the drafts). Where
+#: drafts are accepted there is less to find and the dictionary stays smaller, so the writer
+#: measures both on a sample. Either way a reader needs to know nothing: the values, types and
+#: schema are the same.
+PLAIN_IF_SMALLER = ("worker_draft_ids",)
+_SAMPLE_ROWS = 1 << 16
+
+
+def _dictionary_columns(table: pa.Table) -> list[str]:
+    """The columns to dictionary-encode: all but those of `PLAIN_IF_SMALLER` that a sample of
+    rows (from the middle of the run, past the prefills) writes smaller without a dictionary."""
+    start = max(0, (table.num_rows - _SAMPLE_ROWS) // 2)
+    plain = set()
+    for name in PLAIN_IF_SMALLER:
+        sample = table.select([name]).slice(start, _SAMPLE_ROWS)
+        sizes = []
+        for dictionary in (True, False):
+            sink = pa.BufferOutputStream()
+            pq.write_table(sample, sink, compression="zstd", use_dictionary=dictionary, write_statistics=False)
+            sizes.append(sink.getvalue().size)
+        if sizes[1] < sizes[0]:
+            plain.add(name)
+    # Named by their Parquet leaf paths: a list column's values are `<name>.list.element` (the
+    # top-level name alone would leave a list column without a dictionary).
+    return [_leaf(field) for field in table.schema if field.name not in plain]
+
+
+def _leaf(field: pa.Field) -> str:
+    return f"{field.name}.list.element" if pa.types.is_list(field.type) else field.name
 
 
 def check_before_writing(table: pa.Table, where: str, validator: RowValidator | None = None) -> None:
@@ -170,32 +216,53 @@ class TraceFile:
             last = batch
         return int(pc.max(last.column("step")).as_py()) if last is not None and last.num_rows else 0
 
-    def batches(self, columns: tuple[str, ...] | None = None) -> Iterator[pa.Table]:
-        """Validated row groups in step order, as tables in the schema, with the given columns
-        (all by default; every column is read and validated either way)."""
+    def batches(self, columns: tuple[str, ...] | None = None, batch_rows: int | None = READ_ROWS) -> Iterator[pa.Table]:
+        """Validated rows in step order, as tables in the schema, with the given columns (all by
+        default; every column is read and validated either way), at most `batch_rows` rows a table
+        (None: a row group a table)."""
         validator = RowValidator(self.where, self.header.schema_version)
         for index in range(self._parquet.metadata.num_row_groups):
-            try:
-                group = self._parquet.read_row_group(index).replace_schema_metadata(None)
+            for group in self._decoded(index, batch_rows):
+                for name in schema.COLUMN_NAMES:  # added after the file's schema version: null
+                    if name not in group.column_names:
+                        group = group.append_column(name, pa.nulls(group.num_rows, schema.SCHEMA.field(name).type))
+                try:
+                    group = group.select(list(schema.COLUMN_NAMES)).cast(schema.SCHEMA)
+                except (pa.ArrowException, ValueError) as exc:
+                    raise TraceError(
+                        f"{self.where}: columns do not match schema v{schema.SCHEMA_VERSION} ({_short(exc)})"
+                    ) from None
+                validator.check(group)
+                yield group if columns is None else group.select(list(columns))
+
+    def _decoded(self, index: int, batch_rows: int | None) -> Iterator[pa.Table]:
+        """Row group `index` decoded, whole or `batch_rows` rows at a time. Decoding a whole group
+        held it all in memory at once: a million-row group decodes to 200 MB and more, and the
+        checker's numpy columns of it on top; a bounded batch keeps the peak independent of how
+        the file was written (older writers made groups of 1M rows)."""
+        parts: Iterator[pa.Table | pa.RecordBatch] | None = None
+        while True:
+            try:  # a damaged page surfaces when it is decoded, in any batch
+                if parts is None:
+                    parts = (
+                        iter([self._parquet.read_row_group(index)])
+                        if batch_rows is None
+                        else self._parquet.iter_batches(batch_size=batch_rows, row_groups=[index])
+                    )
+                part = next(parts, None)
+                if part is None:
+                    return
+                group = part if isinstance(part, pa.Table) else pa.Table.from_batches([part])
+                group = group.replace_schema_metadata(None)
                 group.validate(full=True)  # offsets, dictionary indices, UTF-8: a damaged file stops here
             except (pa.ArrowException, OSError, ValueError) as exc:
                 raise TraceError(f"{self.where}: Parquet data is damaged or truncated ({_short(exc)})") from None
-            for name in schema.COLUMN_NAMES:  # added after the file's schema version: null
-                if name not in group.column_names:
-                    group = group.append_column(name, pa.nulls(group.num_rows, schema.SCHEMA.field(name).type))
-            try:
-                group = group.select(list(schema.COLUMN_NAMES)).cast(schema.SCHEMA)
-            except (pa.ArrowException, ValueError) as exc:
-                raise TraceError(
-                    f"{self.where}: columns do not match schema v{schema.SCHEMA_VERSION} ({_short(exc)})"
-                ) from None
-            validator.check(group)
-            yield group if columns is None else group.select(list(columns))
+            yield group
 
     def read(self) -> Trace:
         """Every row in memory, validated."""
-        tables = list(self.batches())
-        table = pa.concat_tables(tables) if tables else schema.SCHEMA.empty_table()
+        tables = list(self.batches(batch_rows=None))  # all of it in memory anyway: whole groups, fewer chunks
+        table = pa.concat_tables(tables) if tables else schema.empty_table()
         return dataclasses.replace(self.header, table=table)
 
     def rows_of(self, request_id: str, first_step: int, last_step: int, columns: tuple[str, ...]) -> pa.Table:
@@ -209,7 +276,7 @@ class TraceFile:
                 continue
             wanted.append(index)
         if not wanted:
-            return schema.SCHEMA.empty_table().select(list(columns))
+            return schema.empty_table().select(list(columns))
         try:
             table = self._parquet.read_row_groups(wanted, columns=list(columns))
             table.validate(full=True)
@@ -232,7 +299,7 @@ def header_from_metadata(where: str, meta: dict[bytes, bytes], outcome_required:
     _check_metadata(where, config, outcome if outcome_required else {"status": "completed"}, impl)
     inputs = _json(where, meta, schema.META_INPUTS, required=False)  # {}: none (the writer leaves it out)
     return Trace(
-        table=schema.SCHEMA.empty_table(),
+        table=schema.empty_table(),
         workload=WorkloadHeader.from_dict(_json(where, meta, schema.META_WORKLOAD), where),
         config=Config.from_dict(config, where),
         impl=ImplHeader.from_dict(impl, where),

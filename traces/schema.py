@@ -31,7 +31,8 @@ import pyarrow as pa
 #: v5: Model Runner V2's worker view (worker_slot, the device and CPU-mirror counts, the verified
 #: drafts' provenance, rejections, sampled ids, new lives, slot reuse, preempted frees). Older
 #: files read with those null; a V1 runner's rows leave them null too (`RUNNER_COLUMNS`).
-SCHEMA_VERSION = 5
+#: v6: truth_unfilled_draft_slots (padding verified as drafts). Older files read with it null.
+SCHEMA_VERSION = 6
 OLDEST_READ = 2
 
 #: Status of the request in the scheduler after `schedule()` of this step.
@@ -346,12 +347,26 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         True,
         "truth: positions r's step wrote into those blocks (tokens)",
     ),
+    (
+        "truth_unfilled_draft_slots",
+        pa.int16(),
+        True,
+        "truth: draft slots the worker verified for r that its drafter left unfilled after the step "
+        "before (it skipped r or proposed fewer): padding verified as drafts; null: no proposal known",
+    ),
 )
 
 SCHEMA_FIELDS = [pa.field(name, typ, nullable=nullable) for name, typ, nullable, _ in COLUMNS]
 SCHEMA = pa.schema(SCHEMA_FIELDS)
 COLUMN_NAMES = tuple(name for name, *_ in COLUMNS)
 DESCRIPTIONS = {name: doc for name, _, _, doc in COLUMNS}
+
+
+def empty_table() -> pa.Table:
+    """A table of the schema with no rows. Not `SCHEMA.empty_table()`: pyarrow's imports pandas
+    where it is installed, half a second of every command that reads a trace's header."""
+    return pa.Table.from_batches([], schema=SCHEMA)
+
 
 #: Which side writes each column, and when; the code's column lists are derived from this (the
 #: recorder's row layout and its later groups), never written out again by hand:
@@ -392,6 +407,7 @@ ADDED_IN = {
     "truth_kv_unowned_blocks": 4,
     "truth_kv_block_owner": 4,
     "truth_kv_unowned_writes": 4,
+    "truth_unfilled_draft_slots": 6,
     **{name: 5 for name, _type, _nullable, doc in COLUMNS if doc.startswith("worker (MRV2)")},
 }
 

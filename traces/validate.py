@@ -80,11 +80,13 @@ GROUPS = {
         and n not in ("apply_finish_reason", "apply_token_mismatches", "apply_step", "apply_outcome")
     ),
     "popped": ("apply_step", "apply_outcome"),
-    # The other request a KV finding names is there only when there is one.
+    # The other request a KV finding names is there only when there is one; the drafter's unfilled
+    # slots only where the runner knows what it proposed for the request the step before.
     "truth": tuple(
         n
         for n in schema.COLUMN_NAMES
-        if n.startswith("truth_") and n not in ("truth_kv_foreign_writer", "truth_kv_block_owner")
+        if n.startswith("truth_")
+        and n not in ("truth_kv_foreign_writer", "truth_kv_block_owner", "truth_unfilled_draft_slots")
     ),
 }
 

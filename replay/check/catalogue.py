@@ -41,6 +41,7 @@ from specreplay.replay.check import (
     rules_lives,
     rules_mrv2,
     rules_outputs,
+    rules_preemption,
     rules_run,
     rules_truth,
     rules_waste,
@@ -488,7 +489,21 @@ CATALOGUE: tuple[Invariant, ...] = (
         sides=("actual", "expected"),
         message=_s9_message,
     ),
-    # --- ground truth (rules_truth)
+    # --- preemption (rules_preemption)
+    Invariant(
+        "S10-needless-preemption",
+        "warning",
+        36,
+        "a step preempts for KV blocks only when a request it schedules or preempts needs a block it does not hold",
+        "INV-S10",
+        rules_preemption.check_needless_preemption,
+        sides=("actual", "expected"),
+        message=lambda e: (
+            f"preempted at step {e.step} although no request the step scheduled or preempted needed a KV block "
+            f"it did not already hold ({e.scheduled_requests} scheduled, each within its own blocks): the "
+            f"{e.held_blocks} or more blocks it held are freed for nothing, and it prefills again"
+        ),
+    ),
     Invariant(
         "T1-wrong-token",
         "error",
@@ -556,6 +571,22 @@ CATALOGUE: tuple[Invariant, ...] = (
             + ")"
         ),
     ),
+    Invariant(
+        "X12-padding-verified",
+        "warning",
+        35,
+        "every draft slot verified holds a draft the drafter proposed (no padding verified as drafts)",
+        "INV-X12",
+        rules_waste.check_padding_verified,
+        sides=(None, "actual"),
+        message=lambda e: (
+            f"the worker verified {e.actual} draft slots holding padding: the drafter proposed nothing "
+            "for them after the step before (it skipped the request or proposed fewer than k), so the "
+            "slots were booked and verified for nothing"
+        ),
+        runners=V1,
+    ),
+    # --- ground truth (rules_truth)
     Invariant(
         "K5-finished-state-kept",
         "error",

@@ -47,10 +47,15 @@ TRUTH_INPUTS: dict[str, tuple[str, ...]] = {
     "K2-kv-foreign-tokens": ("truth_kv_foreign_positions",),
     "K3-kv-unowned-block": ("truth_kv_unowned_blocks",),
     "K4-kv-write-unowned": ("truth_kv_unowned_writes",),
+    "X12-padding-verified": ("truth_unfilled_draft_slots",),
 }
-#: The codes whose ground truth is the KV cache's (the reference runner's record of every slot):
-#: a live engine's trace never has it, forced or not (its KV cache is not read). T1's truth is the
-#: oracle's tokens, which a forced live run has (engines/forced_logits.py).
+#: The codes whose ground truth is the reference drafter's own record of what it proposed: a live
+#: engine's runner keeps none, forced or not.
+DRAFTER_TRUTH: tuple[str, ...] = ("X12-padding-verified",)
+#: The codes whose ground truth a live engine's trace never has, forced or not: the KV cache's (the
+#: reference runner's record of every slot; a live engine's KV cache is not read) and the
+#: drafter's. T1's truth is the oracle's tokens, which a forced live run has
+#: (engines/forced_logits.py).
 KV_TRUTH: tuple[str, ...] = tuple(code for code in TRUTH_INPUTS if code != "T1-wrong-token")
 #: The codes whose rule needs the requests' max_tokens (limits.py): unchecked without them.
 LIMIT_INPUTS: tuple[str, ...] = ("S9-step-past-max-tokens",)
@@ -110,11 +115,11 @@ def notes(unchecked_codes: list[str], runner_family: str | None = None) -> list[
         return [
             f"worker view not recorded (a runner specreplay does not observe): {len(worker)} codes not checked"
         ] + rest
-    runner = [code for code in unchecked_codes if not_for_mrv2(code)]
+    runner = for_the_runner(unchecked_codes)
     limits = [code for code in unchecked_codes if code in LIMIT_INPUTS and code not in runner]
     truth = [code for code in unchecked_codes if code not in LIMIT_INPUTS and code not in runner]
     if truth and all(code in KV_TRUTH for code in truth):
-        # A forced live trace: its tokens have the oracle's ground truth, its KV cache none.
+        # A forced live trace: its tokens have the oracle's ground truth, its KV cache and drafter none.
         out = [f"no KV ground truth (tokens checked against the oracle, T1): {', '.join(truth)} not checked"]
     else:
         out = [f"no ground truth: {', '.join(truth)} not checked"] if truth else []
@@ -123,10 +128,22 @@ def notes(unchecked_codes: list[str], runner_family: str | None = None) -> list[
     return out
 
 
-def why(code: str) -> str:
-    """Why one code was not checked, in a few words."""
-    if not_for_mrv2(code):
+def for_the_runner(unchecked_codes: list[str]) -> list[str]:
+    """The codes of a trace's unchecked list that did not run because it recorded Model Runner V2.
+    A V1-runner code that reads ground truth (X12: the V1 reference drafter's record) is unchecked
+    on a V1 trace without truth too; it is the runner's only where the trace is MRV2's, which the
+    V1-runner codes that read no truth, unchecked on MRV2 traces alone, say."""
+    mrv2 = any(not_for_mrv2(code) and code not in TRUTH_INPUTS for code in unchecked_codes)
+    return [code for code in unchecked_codes if not_for_mrv2(code) and (mrv2 or code not in TRUTH_INPUTS)]
+
+
+def why(code: str, unchecked_codes: list[str] | None = None) -> str:
+    """Why one code was not checked, in a few words (`unchecked_codes`: the trace's whole list,
+    which tells an MRV2 trace's runner codes from a V1 trace's missing truth)."""
+    if code in for_the_runner(unchecked_codes if unchecked_codes is not None else [code]):
         return "the trace recorded Model Runner V2; the code is about V1's runner state"
+    if code in DRAFTER_TRUTH:
+        return "the trace holds no ground truth for the drafter (only the reference runner records what it proposed)"
     if code in KV_TRUTH:
         return "the trace holds no ground truth for the KV cache (a live engine's is not read)"
     return "the workload gives no max_tokens" if code in LIMIT_INPUTS else "the trace holds no ground truth"

@@ -1,9 +1,10 @@
 """Wasted steps: a request scheduled although the outputs already in flight or applied end it.
 
-Code: S9 (a warning: no token is wrong, but the step's tokens are booked, executed and thrown
-away). Vectorised over a frame's columns (frames.py; `max_tokens` is the life's limit for the
-row's turn, read from the trace's workload: limits.py, -1 where not known); the message text is
-in the catalogue.
+Codes: S9 (a warning: no token is wrong, but the step's tokens are booked, executed and thrown
+away), X12 (a warning: draft slots verified with padding the drafter never proposed).
+Vectorised over a frame's columns (frames.py; `max_tokens` is the life's limit for the row's
+turn, read from the trace's workload: limits.py, -1 where not known); the message texts are in
+the catalogue.
 
 The rule is vLLM 0.32.0's skip in the running-queue visit (vllm/v1/core/sched/scheduler.py,
 `schedule`, the first test of the `while req_index < len(self.running)` loop; the reference's
@@ -42,6 +43,27 @@ from specreplay.traces import schema
 
 if TYPE_CHECKING:
     from specreplay.replay.check.framework import Checker
+
+
+def check_padding_verified(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    """X12: every draft slot a request verifies holds a draft its drafter proposed. When the
+    drafter skipped the request after the step before (vLLM skips the whole batch once the longest
+    sequence plus k no longer fits max_model_len, and a discarded row gets none) or proposed fewer
+    than k, vLLM pads the row with zeros and the scheduler still books, and the worker verifies,
+    all k slots: they are rejected (or accepted by chance) at the cost of a draft slot each. First
+    per request; the count is the step's unfilled slots (`truth_unfilled_draft_slots`, null where
+    the runner does not say what its drafter proposed: vLLM's own)."""
+    c = frame.c
+    unfilled = c["truth_unfilled_draft_slots"]
+    for i in chk.first_per_request("X12-padding-verified", frame, unfilled > 0):
+        yield chk.finding(
+            frame,
+            "X12-padding-verified",
+            i,
+            "scheduled_spec_decode_tokens",
+            0,
+            int(unfilled[i]),
+        )
 
 
 def check_wasted_steps(frame: Frame, chk: Checker) -> Iterable[Finding]:

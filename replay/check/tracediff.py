@@ -154,7 +154,7 @@ def _aligned(batches_a: Iterator, batches_b: Iterator) -> Iterator[tuple[pa.Tabl
 
 
 def _empty() -> pa.Table:
-    return schema.SCHEMA.empty_table()
+    return schema.empty_table()
 
 
 def _table(batch) -> pa.Table:

@@ -181,7 +181,7 @@ def trace_header(workload: Workload, impl_doc: ImplHeader, device: str, outcome:
     """A trace's metadata, no rows (the journal's header, and every engine's trace). `config`:
     the engine config that ran, where it differs from the workload's (a live engine on a CPU)."""
     return Trace(
-        table=schema.SCHEMA.empty_table(),
+        table=schema.empty_table(),
         workload=WorkloadHeader.from_dict(workload.to_dict()),
         config=Config.from_dict((config or workload.config).to_dict()),
         impl=impl_doc,

@@ -5,6 +5,12 @@ workflows -> views -> cli, worker side. Modelled on vLLM 0.32.0's `InputBatch`
 (vllm/v1/worker/gpu_input_batch.py): `add_request` fills the lowest free row, `remove_request`
 leaves a hole and drops the id from `prev_req_id_to_index`, `condense` moves the highest live row
 into the lowest hole until the rows are dense.
+
+The token buffer is vLLM's `token_ids_cpu`: one fixed row per batch index that writes overwrite and
+nothing clears. Past a row's known tokens and draft slots it holds what earlier writes left there
+(the `-1` placeholders of earlier steps' bookkeeping and draft slots, an earlier request's tokens),
+and 0 where nothing was ever written; a request that takes the row over, or a row condensed into a
+hole, overwrites only its own tokens. So a gather past the known tokens reads what vLLM's would.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ class InputBatch:
     def __init__(self) -> None:
         self.req_ids: list[str | None] = []
         self.req_id_to_index: dict[str, int] = {}
-        self.token_ids: list[list[int]] = []  # per row: prompt + outputs (+ spec region)
+        # Per batch index: prompt + outputs + spec region, then whatever earlier writes left. Kept
+        # when the row is emptied or popped (vLLM's rows are a preallocated array).
+        self.token_ids: list[list[int]] = []
         self.num_tokens_no_spec: list[int] = []
         self.num_computed_tokens_cpu: list[int] = []
         self.spec_token_ids: list[list[int]] = []
@@ -49,7 +57,10 @@ class InputBatch:
     def add_request(self, st: CachedRequestState) -> int:
         row = next((i for i, rid in enumerate(self.req_ids) if rid is None), len(self.req_ids))
         tokens = st.prompt_token_ids + st.output_token_ids
-        values: tuple[Any, ...] = (st.req_id, tokens, len(tokens), st.num_computed_tokens, [], list(st.block_ids))
+        while len(self.token_ids) <= row:
+            self.token_ids.append([])
+        write_row(self.token_ids[row], 0, tokens)
+        values: tuple[Any, ...] = (st.req_id, len(tokens), st.num_computed_tokens, [], list(st.block_ids))
         if row == len(self.req_ids):
             for column, value in zip(self._columns(), values):
                 column.append(value)
@@ -78,6 +89,8 @@ class InputBatch:
             if hole is None:
                 return
             last = len(self.req_ids) - 1
+            active = self.num_tokens_no_spec[last] + len(self.spec_token_ids[last])
+            write_row(self.token_ids[hole], 0, self.token_ids[last][:active])
             for column in self._columns():
                 column[hole] = column[last]
             self.req_id_to_index[self.req_ids[hole]] = hole
@@ -88,7 +101,6 @@ class InputBatch:
     def _columns(self) -> tuple[list, ...]:
         return (
             self.req_ids,
-            self.token_ids,
             self.num_tokens_no_spec,
             self.num_computed_tokens_cpu,
             self.spec_token_ids,
@@ -102,8 +114,20 @@ class InputBatch:
     def write_spec_ids(self, row: int, spec: list[int]) -> None:
         """Draft slots go into the token buffer right after the known tokens (vLLM's
         update_req_spec_token_ids): under async these are the scheduler's -1 placeholders."""
-        end = self.num_tokens_no_spec[row]
-        tokens = self.token_ids[row]
-        del tokens[end:]
-        tokens.extend(spec)
+        write_row(self.token_ids[row], self.num_tokens_no_spec[row], spec)
         self.spec_token_ids[row] = list(spec)
+
+    def append_tokens(self, row: int, tokens: list[int]) -> None:
+        """The step's sampled tokens after the row's known tokens (vLLM's bookkeeping: one -1 per
+        row under async), over what the draft slots left there."""
+        end = self.num_tokens_no_spec[row]
+        write_row(self.token_ids[row], end, tokens)
+        self.num_tokens_no_spec[row] = end + len(tokens)
+
+
+def write_row(buffer: list[int], start: int, values: list[int]) -> None:
+    """Write `values` into a token row at `start`, as a numpy row slice assignment: what lies past
+    them stays; a gap before them (never written) holds 0, as vLLM's zero-initialised array."""
+    if len(buffer) < start:
+        buffer.extend([0] * (start - len(buffer)))
+    buffer[start : start + len(values)] = values

@@ -28,6 +28,9 @@ import torch
 
 from specreplay.replay.workloads.config import EngineConfig
 
+#: The handle `kv_last_blocks` notes a block under when a write that is not a forward's went into it.
+NOT_A_FORWARD = -2
+
 
 class PagedKV:
     """The KV half of a reference runner (mixed in; `init_kv` from the runner's __init__)."""
@@ -45,6 +48,9 @@ class PagedKV:
         # first: `commit_kv` lands them, in stream order, before the next forward.
         self.kv_in_flight: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.kv_last_blocks: dict[int, set[int]] = {}  # block -> handles the last forward wrote it with
+        # Blocks written outside the forward since it (issue_kv_writes), under NOT_A_FORWARD: the
+        # truth reads them back as it does blocks another request wrote.
+        self.kv_loaded_blocks: dict[int, set[int]] = {}
 
     def kv_block_table(self, rid: str) -> list[int]:
         raise NotImplementedError
@@ -57,6 +63,22 @@ class PagedKV:
         slots, keep, writers = self._kv_slots(inputs)
         if slots.numel():
             self.kv_in_flight.append((slots, inputs.input_ids[keep], writers))
+
+    def issue_kv_writes(self, rid: str, positions: list[int], tokens: list[int]) -> None:
+        """Issue KV writes that are not a forward's (runner.load_kv: a connector): token
+        `tokens[j]` at position `positions[j]` of `rid`, through its block table, marked with its
+        life; a position outside its blocks is dropped. They land at the next `commit_kv`."""
+        bs, table = self.config.block_size, self.kv_block_table(rid)
+        kept = [(p, t) for p, t in zip(positions, tokens) if 0 <= p // bs < len(table)]
+        if not kept:
+            return
+        dev = self.device
+        slots = torch.tensor([table[p // bs] * bs + p % bs for p, _ in kept], dtype=torch.int64, device=dev)
+        values = torch.tensor([t for _, t in kept], dtype=torch.int64, device=dev)
+        writers = torch.full((len(kept),), self.kv_handle(rid), dtype=torch.int64, device=dev)
+        self.kv_in_flight.append((slots, values, writers))
+        for p, _ in kept:
+            self.kv_loaded_blocks.setdefault(table[p // bs], set()).add(NOT_A_FORWARD)
 
     def _kv_slots(self, inputs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The KV slot of every scheduled token that has one, its index in the flat inputs and
@@ -84,6 +106,9 @@ class PagedKV:
             span = len(self.kv_writers) + 1
             for key in np.unique(blocks * span + writers).tolist():
                 touched.setdefault(key // span, set()).add(key % span)
+        for block, loaded in self.kv_loaded_blocks.items():
+            touched.setdefault(block, set()).update(loaded)
+        self.kv_loaded_blocks = {}
         self.kv_last_blocks = touched
         dev = self.device
         return torch.from_numpy(slots).to(dev), torch.from_numpy(keep).to(dev), torch.from_numpy(writers).to(dev)

@@ -15,12 +15,16 @@ Hooks a variant may override (docs/implementations.md; the names a variant uses 
   remove_finished(out) / remove_unscheduled(out)     the removals at the top of _update_states
   add_new_request(data) -> state                     a NewRequestData becomes worker state
   update_cached_request(out, i, rid, deferred)       per cached request: correction, trim, blocks
+    trim_outputs(st, row, num_output)                the output history cut to the scheduler's count
     readd_request(out, i, st) -> state               one with no row: on_reentry, outputs restored
       on_reentry(out, rid) -> bool                   a cached request with no row; True if it
                                                      edited `out`
   write_spec_ids(st, row, out)                       draft slots into the token buffer
+  write_readded_spec_ids(st, row, out)               those of a row added back (re-entry, resume)
+  load_kv(out)                                       KV written outside the forward (a connector)
   apply_deferred_corrections(deferred)               the correction closure (design B)
   _prepare_inputs(out, rows) -> inputs               gather, scatter, clamp
+    discarded_rows(rows, seq_lens) -> list[bool]     the rows that sample nothing (partial prefill)
     scatter_prev_sampled(ids, ...)                   the previous step's sampled tokens and drafts
   write_kv(inputs) / commit_kv()                     KV writes issued / landed (paged buffer)
   rejection_sample(...) / propose_drafts(...) / bookkeeping(...)
@@ -115,6 +119,7 @@ class GPUModelRunner(PagedKV):
         self.prev_starts: list[int] = []
         self.prev_num_draft_tokens: list[int] = []
         self.sync_drafts: tuple[list[str], list[list[int]]] = ([], [])
+        self.drafts_proposed: dict[str, int] = {}  # request -> real drafts the last propose gave it
         self.init_kv(config, self.device)
         self._pending: tuple[PreparedInputs, torch.Tensor] | None = None  # between the two halves
 
@@ -142,6 +147,7 @@ class GPUModelRunner(PagedKV):
                 scheduled_spec_decode_tokens=dict(out.scheduled_spec_decode_tokens),
             )
         deferred = self._update_states(out)
+        self.load_kv(out)
         if out.total_num_scheduled_tokens == 0:
             # Empty step: no forward and no sample_tokens; the previous step's drafts and sampled
             # tokens survive, but the removals above already emptied their prev-map entries.
@@ -184,9 +190,13 @@ class GPUModelRunner(PagedKV):
             state = self.update_cached_request(out, i, rid, deferred)
             if state is not None:
                 to_add.append(state)
+        new_ids = {data.req_id for data in out.scheduled_new_reqs}
         for state in to_add:
             row = self.input_batch.add_request(state)
-            self.write_spec_ids(state, row, out)
+            if state.req_id in new_ids:
+                self.write_spec_ids(state, row, out)
+            else:
+                self.write_readded_spec_ids(state, row, out)
         self.input_batch.condense()
         return deferred
 
@@ -254,9 +264,7 @@ class GPUModelRunner(PagedKV):
                     self.prev_num_draft_tokens[prev_row] = optimistic
         st.num_computed_tokens = num_computed
         if num_output < len(st.output_token_ids):
-            del st.output_token_ids[num_output:]
-            if row is not None:
-                self.input_batch.num_tokens_no_spec[row] = len(st.prompt_token_ids) + num_output
+            self.trim_outputs(st, row, num_output)
         new_blocks = cached.new_block_ids[i]
         if rid in cached.resumed_req_ids:
             st.block_ids = list(new_blocks)  # its old blocks were freed at preemption
@@ -268,6 +276,14 @@ class GPUModelRunner(PagedKV):
         self.input_batch.block_table[row].extend(new_blocks)
         self.write_spec_ids(st, row, out)
         return None
+
+    def trim_outputs(self, st: CachedRequestState, row: int | None, num_output: int) -> None:
+        """The worker's output history is longer than the scheduler's count (`num_output`: the
+        optimistic extension by the drafts of step m-1, or outputs the scheduler cut): cut it, and
+        the row's known tokens with it (`row` None: the request has no row)."""
+        del st.output_token_ids[num_output:]
+        if row is not None:
+            self.input_batch.num_tokens_no_spec[row] = len(st.prompt_token_ids) + num_output
 
     def readd_request(self, out: SchedulerOutput, i: int, st: CachedRequestState) -> CachedRequestState:
         """A scheduled cached request with no row (re-entering after a step it was not scheduled
@@ -313,6 +329,12 @@ class GPUModelRunner(PagedKV):
         self.input_batch.write_spec_ids(row, spec)
         # After an ngram_gpu trim the correction still counts the slots the scheduler booked.
         st.prev_num_draft_len = self.booked_drafts.get(st.req_id, len(spec))
+
+    def write_readded_spec_ids(self, st: CachedRequestState, row: int, out: SchedulerOutput) -> None:
+        """The draft slots of a row added back this step (a re-entry, a resume), once it has its
+        row: `write_spec_ids`, as vLLM >= 0.14 does. vLLM 0.11-0.13 (design A0) wrote none, so the
+        row's draft slots kept what earlier writes left there (input_batch.py)."""
+        self.write_spec_ids(st, row, out)
 
     def apply_deferred_corrections(self, deferred: list[tuple[str, int]]) -> dict[str, int]:
         """Design B's closure, run after the forward is launched: subtract the drafts of step m-1
@@ -367,8 +389,8 @@ class GPUModelRunner(PagedKV):
                 ps = np.array(self.prev_starts, dtype=np.int64)
                 vc = np.array(self.valid_sampled_token_count_cpu, dtype=np.int64)
                 starts[fix] = ps[at[fix]] + vc[at[fix]]
-        # The gather from each row's token buffer; past the row's known tokens the real buffer
-        # holds whatever an earlier row left there, the reference pads with 0 (deterministic).
+        # The gather from each row's token buffer: past the row's known tokens it reads what earlier
+        # writes left at that batch index (input_batch.py), 0 past anything ever written.
         buffers = batch.token_ids
         chunks = [buffers[x][c : c + n] for x, c, n in zip(range(num_rows), cpu_l, ns_l)]
         flat = list(chain.from_iterable(chunks))
@@ -376,35 +398,59 @@ class GPUModelRunner(PagedKV):
             flat = list(chain.from_iterable(t + [0] * (n - len(t)) for t, n in zip(chunks, ns_l)))
         positions = np.arange(total, dtype=np.int64) + np.repeat(starts - begin, ns)
         scatter_at, scatter_src, draft_at, draft_src = [], [], [], []
+        scatter_rows: list[int] = []
+        draft_rows: list[int] = []
         if self.prev_sampled_token_ids is not None:
             has = prev >= 0
             scatter_at = (cu - 1 - ds)[has].tolist()
             scatter_src = prev[has].tolist()
+            scatter_rows = np.flatnonzero(has).tolist()
             if self._draft_token_ids is not None:
                 width = self._draft_token_ids.shape[1]
                 j = np.arange(width, dtype=np.int64)
                 mask = has[:, None] & (j[None, :] < np.minimum(ds, width)[:, None])
                 draft_at = ((cu - ds)[:, None] + j[None, :])[mask].tolist()
                 draft_src = (prev[:, None] * width + j[None, :])[mask].tolist()
+                draft_rows = np.broadcast_to(np.arange(num_rows)[:, None], mask.shape)[mask].tolist()
         ids = torch.tensor(flat, dtype=torch.int64, device=self.device)
-        self.scatter_prev_sampled(ids, scatter_at, scatter_src, draft_at, draft_src)
+        self.scatter_prev_sampled(ids, scatter_at, scatter_src, draft_at, draft_src, rows, scatter_rows, draft_rows)
         cu_l = cu.tolist()
         draft_ids, negatives = self._clamp_inputs(out, rows, ids, cu_l, ds_l)
         pos = torch.from_numpy(positions).to(self.device)
-        # vLLM's discard mask: the step ends before the worker's known tokens do.
-        requests = self.requests
         seq_l = (cpu + ns).tolist()
-        discarded = [end < requests[rid].num_tokens for rid, end in zip(rows, seq_l)]
+        discarded = self.discarded_rows(rows, seq_l)
         return PreparedInputs(rows, starts.tolist(), ns_l, ds_l, cu_l, ids, pos, draft_ids, negatives, discarded, seq_l)
 
+    def load_kv(self, out: SchedulerOutput) -> None:
+        """KV that reaches the cache outside the forward, after `_update_states` and before this
+        step's forward (a KV connector's load of a remote prefill, a swap-in): none in vLLM's
+        runner without a connector. Write it with `issue_kv_writes(rid, positions, tokens)`: it
+        lands with the step's own writes (`commit_kv`), and the KV ground truth reads it as theirs."""
+
+    def discarded_rows(self, rows: list[str], seq_lens: list[int]) -> list[bool]:
+        """vLLM's discard mask, per batch row: True where the row samples nothing this step (its
+        step ends before the worker's known tokens do: a partial prefill). `seq_lens[x]` is row
+        x's computed count plus its scheduled tokens."""
+        requests = self.requests
+        return [end < requests[rid].num_tokens for rid, end in zip(rows, seq_lens)]
+
     def scatter_prev_sampled(
-        self, ids: torch.Tensor, token_at: list[int], token_rows: list[int], draft_at: list[int], draft_slots: list[int]
+        self,
+        ids: torch.Tensor,
+        token_at: list[int],
+        token_rows: list[int],
+        draft_at: list[int],
+        draft_slots: list[int],
+        rows: list[str],
+        token_of: list[int],
+        draft_of: list[int],
     ) -> None:
         """vLLM's _prepare_input_ids under async scheduling, on the device: each row that was in the
         previous step's map gets that step's last sampled token at its last non-draft input
         (`token_at[j]` <- `prev_sampled_token_ids[token_rows[j]]`) and the drafts cached for it in
         its draft slots (`draft_at[j]` <- `_draft_token_ids.reshape(-1)[draft_slots[j]]`, slot =
-        previous row * width + j). A row with no previous-step row keeps what the gather put there."""
+        previous row * width + j). A row with no previous-step row keeps what the gather put there.
+        Whose entry each is: `rows[token_of[j]]` and `rows[draft_of[j]]` (this step's batch rows)."""
         if token_at:
             at = torch.tensor(token_at, dtype=torch.int64, device=self.device)
             ids[at] = self.prev_sampled_token_ids[torch.tensor(token_rows, device=self.device)]
@@ -497,6 +543,9 @@ class GPUModelRunner(PagedKV):
         rows = inputs.rows
         fits = max(inputs.seq_lens, default=0) + self.k <= self.config.max_model_len
         live = [x for x in range(len(rows)) if not discarded[x]] if self.k and fits else []
+        # What the drafter really proposed per row (the rest of its k is padding, zeros): the
+        # worker observer counts the next step's slots that no draft fills.
+        self.drafts_proposed = dict.fromkeys(rows, 0)
         firsts = [
             inputs.starts[x] + inputs.num_scheduled[x] - inputs.num_drafts[x] + len(emitted[x]) for x in live
         ]  # the position after each live row's last emitted token
@@ -505,6 +554,7 @@ class GPUModelRunner(PagedKV):
             table = np.zeros((len(rows), self.k), dtype=np.int64)
             if live:
                 table[live] = self.oracle.draft_rows([rows[x] for x in live], firsts, self.k, prompt_lens)
+                self.drafts_proposed.update((rows[x], self.k) for x in live)
             if self.use_async_scheduling:
                 self._draft_token_ids = torch.from_numpy(table).to(self.device)
             else:
@@ -513,6 +563,7 @@ class GPUModelRunner(PagedKV):
         proposals: list[list[int]] = [[] for _ in rows]
         for x, first, prompt_len in zip(live, firsts, prompt_lens):
             proposals[x] = self.oracle.drafts(rows[x], first, self.k, prompt_len)
+            self.drafts_proposed[rows[x]] = len(proposals[x])
         if self.drafter == "ngram_gpu" and self.k and fits:
             # Skipped for the whole batch, the drafter leaves the previous counts in place, as vLLM's buffer.
             self.num_valid_draft_tokens = [len(p) for p in proposals]
@@ -546,11 +597,7 @@ class GPUModelRunner(PagedKV):
             st = self.requests[rid]
             new = [-1] if self.use_async_scheduling else list(emitted[x])
             st.output_token_ids.extend(new)
-            end = self.input_batch.num_tokens_no_spec[x]
-            tokens = self.input_batch.token_ids[x]
-            del tokens[end:]
-            tokens.extend(new)
-            self.input_batch.num_tokens_no_spec[x] = end + len(new)
+            self.input_batch.append_tokens(x, new)
 
 
 def sync_rows(proposals: list[list[int]], discarded: list[bool]) -> list[list[int]]:

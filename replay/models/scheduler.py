@@ -11,13 +11,15 @@ Hooks, in the order a step uses them:
   running_demand(req, budget, threshold) -> n           tokens to give a running request
   allocate_or_preempt(req, n, plan) -> bool             KV blocks, preempting from the tail
   preempt_request(req, drop_stale_output)               what preemption resets
+    free_blocks(req)                                    blocks back to the pool (finish too)
+  charge_budget(plan, req, n)                           n off the step's token budget
   assign_draft_slots(req, n) -> list[int]               the draft slots booked inside n
   admit_waiting(plan)                                   the waiting queue (new and resumed)
   update_after_schedule(out)                            C += n; (async) placeholders
   update_from_output(out, model_output)                 per scheduled request, the five below; stops
     request_for_output(out, rid) -> Request | None      whose output it is (None: ignored)
-    take_output(req, n) -> stale                        in-flight count, stale share, its assert
-    discard_output(req, stale) -> bool                  finished/aborted, or stale in drop mode
+    take_output(req, n, generated) -> stale             in-flight count, stale share, its assert
+    discard_output(req, stale, generated) -> bool       finished/aborted, or stale in drop mode
     account_rejections(req, slots, generated, stale)    C and P back by the rejected drafts
     append_output(req, tokens, stale) -> (tokens, fin)  appends, stop check, cut after a stop
       account_placeholders(req, tokens, stale)          (async) P -= appended tokens, its assert
@@ -255,7 +257,7 @@ class Scheduler:
 
     def _free(self, req: Request, status: Status) -> None:
         req.status = status
-        self.kv.release(req.request_id)
+        self.free_blocks(req)
         self.finished_req_ids.add(req.request_id)
         del self.requests[req.request_id]
 
@@ -290,7 +292,7 @@ class Scheduler:
             plan.running.append(req)
             plan.prefill_scheduled |= req.is_prefill_chunk
             plan.num_scheduled[req.request_id] = n
-            plan.budget -= n
+            self.charge_budget(plan, req, n)
             i += 1
             slots = self.assign_draft_slots(req, n)
             if slots:
@@ -323,11 +325,20 @@ class Scheduler:
             if victim is req:
                 return False
 
+    def charge_budget(self, plan: StepPlan, req: Request, n: int) -> None:
+        """Charge the `n` tokens scheduled for `req` (running or admitted) to the step's token
+        budget: all of them, draft slots included, as vLLM does."""
+        plan.budget -= n
+
+    def free_blocks(self, req: Request) -> None:
+        """Return `req`'s KV blocks to the pool: at its finish, abort or preemption."""
+        self.kv.release(req.request_id)
+
     def preempt_request(self, req: Request, drop_stale_output: bool = False) -> None:
         """vLLM 0.32: C and P reset; the in-flight output is marked stale: still delivered but no
         longer moving the counters (deliver mode, a preemption for KV blocks), or ignored
         altogether (drop mode, a cache reset). An undrained drop-mode share stays in drop mode."""
-        self.kv.release(req.request_id)
+        self.free_blocks(req)
         req.status = Status.PREEMPTED
         req.num_computed_tokens = 0
         req.spec_token_ids = []
@@ -400,7 +411,7 @@ class Scheduler:
             (plan.new if req.status == Status.WAITING else plan.resumed).append(req)
             plan.new_blocks[req.request_id] = self.kv.block_ids(req.request_id)
             plan.num_scheduled[req.request_id] = n
-            plan.budget -= n
+            self.charge_budget(plan, req, n)
             req.status = Status.RUNNING
             if padded != need:
                 plan.spec[req.request_id] = [-1] * self.k  # the padding's placeholder drafts
@@ -487,11 +498,11 @@ class Scheduler:
             req = self.request_for_output(out, rid)
             if req is None:
                 continue  # no live request under this id: the output is ignored
-            stale = self.take_output(req, n)
-            if self.discard_output(req, stale):
-                continue
             index = out_index.get(rid)
             generated = out_sampled[index] if index is not None else []
+            stale = self.take_output(req, n, generated)
+            if self.discard_output(req, stale, generated):
+                continue
             self.account_rejections(req, spec.get(rid), generated, stale)
             if generated:
                 _, finish = self.append_output(req, generated, stale)
@@ -523,8 +534,9 @@ class Scheduler:
         output (the life-guard variant narrows this to the object the step was scheduled for)."""
         return self.requests.get(rid)
 
-    def take_output(self, req: Request, n: int) -> bool:
-        """The output of `n` scheduled tokens has come back: it leaves the in-flight count, and
+    def take_output(self, req: Request, n: int, generated: list[int]) -> bool:
+        """The output of `n` scheduled tokens (`generated`, the worker's tokens for the request,
+        [] if it returned none) has come back: it leaves the in-flight count, and
         drains the stale share if the request has one. Returns whether the output is stale
         (scheduled before the request's last preemption or cache reset). Example: preempted with
         4 + 4 tokens in flight (stale share 8), each of the two outputs takes 4 and is stale; the
@@ -542,8 +554,9 @@ class Scheduler:
             )
         return True
 
-    def discard_output(self, req: Request, stale: bool) -> bool:
-        """True: nothing of this output is used. A request finished or aborted while the step
+    def discard_output(self, req: Request, stale: bool, generated: list[int]) -> bool:
+        """True: nothing of this output (`generated`) is used, neither its rejections nor its
+        tokens (they come after this). A request finished or aborted while the step
         was in flight ignores it; a stale output in drop mode (a cache reset, a streaming
         turn's end) too: its positions are scheduled again and resampled."""
         return req.status.finished or (stale and req.drop_stale_output)

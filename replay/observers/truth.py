@@ -25,6 +25,9 @@ Block ownership is the scheduler's, as its outputs state it (`models.kv.BlockLed
 given with each new, resumed or cached request, released with each finished or preempted id),
 never the worker's own tables.
 
+A streaming session's next turn keeps the positions both the old turn's valid prefix and the
+scheduler's computed count cover, each read back against the new turn's expected tokens.
+
 A write that starts past the valid prefix leaves a gap; one that starts before it rewrites
 positions; a wrong token ends the valid prefix where it landed. A request the worker knows but
 did not run this step gets its standing values, read back again where this step wrote into its
@@ -73,13 +76,38 @@ class KvTruth(RunnerObserver):
         for data in so.scheduled_new_reqs:
             rid = data.req_id
             if rid in self.valid:  # a streaming session's next turn keeps what was computed
-                self.valid[rid] = min(self.valid[rid], data.num_computed_tokens)
+                self.valid[rid] = self.reread_kept(runner, rid, min(self.valid[rid], data.num_computed_tokens))
             else:
                 self.valid[rid] = data.num_computed_tokens
                 self.ok[rid] = True
         for rid in so.scheduled_cached_reqs.resumed_req_ids:
             self.valid[rid] = 0  # its old blocks were freed at preemption: nothing valid remains
         self.before = dict(self.valid)
+
+    def reread_kept(self, runner: Any, rid: str, kept: int) -> int:
+        """A streaming session's next turn: how many of the `kept` leading positions hold the new
+        turn's expected tokens (its prompt is the old turn's tokens but the last sampled one, then
+        the chunk), read back from the blocks it now runs with. The old turn checked them against
+        its own tokens, so one holding an old turn's token where the chunk now goes (a worker that
+        counts the ended turn's last token as computed) ends the valid prefix there."""
+        st = runner.requests.get(rid)
+        if st is None or kept <= 0:
+            return kept
+        bs = self.block_size
+        table = runner.kv_block_table(rid)
+        reach = min(kept, len(table) * bs)  # a position past the table has no slot: not valid
+        if reach <= 0:
+            self.ok[rid] = False
+            return 0
+        tokens, writers = runner.read_kv([table[p // bs] * bs + p % bs for p in range(reach)], landed=True)
+        expected = self.oracle.expected(rid, len(st.prompt_token_ids))
+        handle = st.kv_handle
+        good = 0
+        while good < reach and good < len(expected) and writers[good] == handle and tokens[good] == expected[good]:
+            good += 1
+        if good < kept:
+            self.ok[rid] = False
+        return good
 
     def on_inputs(self, rows: list, runner: Any, so: Any, inputs: Any) -> None:
         """A position outside the request's blocks has no KV slot: the write is broken. A block of

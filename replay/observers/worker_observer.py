@@ -13,6 +13,8 @@ are derived here once, whichever runner ran:
     worker_in_prev_map, worker_cached_drafts     a scatter source row from the previous step
     worker_row, _draft_ids, _negative_inputs,    from _prepare_inputs: the batch row, the drafts
     worker_first_position                        fed to the rejection sampler (before the clamp)
+    truth_unfilled_draft_slots                   of those, the slots no draft of the drafter's
+                                                 fills (reference runner only: its drafts_proposed)
     worker_num_emitted, worker_num_accepted      from sample_tokens' valid sampled counts
     worker_kept_finished                         on the row of the step announcing r finished: r's
                                                  cached state (the same object) or batch row
@@ -212,6 +214,11 @@ class WorkerObserver(RunnerObserver):
             }
 
     def on_inputs(self, rows: list[tuple[str, list[int], int, int | None]], runner: Any, so: Any, result: Any) -> None:
+        # The reference runner says what its drafter really proposed after the step before (the
+        # rest of a row's k is zeros); vLLM's keeps no such count: the column stays null there. A
+        # request the step before ran is known either way (0 where it verifies no slot); one it
+        # did not run (new, re-entering, resumed) is not: its slots are S5's and X5's.
+        proposed = getattr(runner, "drafts_proposed", None)
         for x, (rid, fed, negatives, first_position) in enumerate(rows):
             row = self.rows.get(rid)
             if row is not None:
@@ -221,6 +228,8 @@ class WorkerObserver(RunnerObserver):
                     worker_negative_inputs=negatives,
                     worker_first_position=first_position,
                 )
+                if proposed is not None and rid in proposed:
+                    row["truth_unfilled_draft_slots"] = max(0, len(fed) - proposed[rid])
 
     def on_executed(self, runner: Any, so: Any) -> None:
         """execute_model returned: the deferred correction has run."""

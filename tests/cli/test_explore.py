@@ -100,16 +100,20 @@ def test_explore_on_upstream_finds_the_draft_provenance_warning_and_errors_only_
     # id given its previous life's output (the engine asserts), a lost streaming session, and
     # the runner's correction repeated after a pause that kept the batch; since the search draws
     # synchronous workloads outside the sync profile too, a streaming session's next turn in
-    # sync mode whose KV and token go wrong (K1, T1; 1 request, 3 steps once shrunk). Nothing
-    # without events.
+    # sync mode whose KV and token go wrong (K1, T1; 1 request, 3 steps once shrunk): the KV truth
+    # reads the kept positions back against the new turn's tokens, so the old turn's token left
+    # where the chunk begins is not valid KV, and the scheduler and worker run on past it (S3,
+    # X2-worker-kv-position, at the turn's first step). Nothing without events.
     errors = {code: f for code, f in findings.items() if f["severity"] == "error"}
     assert result.exit_code == (1 if errors else 0), result.output
     assert set(errors) <= {
         "E1-engine-crash",
         "E2-run-incomplete",
         "K1-kv-content",
+        "S3-scheduler-computed-tokens",
         "T1-wrong-token",
         "X2-sched-worker-computed",
+        "X2-worker-kv-position",
         "X2-worker-position-mismatch",
     }
     assert all("events" in f["profiles"] for f in errors.values())

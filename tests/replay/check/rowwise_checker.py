@@ -542,6 +542,17 @@ def check_finished_state(rows: TraceRows) -> Iterator[Finding]:
                 break
 
 
+def check_padding_verified(rows: TraceRows) -> Iterator[Finding]:
+    """X12: every draft slot a request verifies holds a draft its drafter proposed (first per request)."""
+    c = rows.col
+    for idx in rows.by_request.values():
+        for i in idx:
+            unfilled = c["truth_unfilled_draft_slots"][i]
+            if unfilled is not None and unfilled > 0:
+                yield _f(rows, "X12-padding-verified", i, "scheduled_spec_decode_tokens", 0, unfilled)
+                break
+
+
 # ------------------------------------------------------------------ Model Runner V2
 def check_device_computed(rows: TraceRows) -> Iterator[Finding]:
     """M1: the device count a step runs from, and its advance at post_update, against the scheduler."""
@@ -878,6 +889,62 @@ def check_wasted_steps(rows: TraceRows) -> Iterator[Finding]:
                     break
 
 
+def check_needless_preemption(rows: TraceRows) -> Iterator[Finding]:
+    """S10: a step that preempts while no request it scheduled or preempted needed a KV block it
+    did not hold. A request holds at least the blocks of the largest C + n (plus the lookahead,
+    capped at max_model_len) of its rows since its last preemption or cache reset; a scheduled
+    row needs ceil(min(C + n + lookahead, L) / block_size) blocks, a preempted one those of its
+    uncapped demand T + len(spec) + P - C (or n, if more). Each request the step preempted."""
+    config = rows.config
+    bs = config.block_size
+    if not bs or bs <= 0:
+        return
+    la = config.num_lookahead_tokens or 0
+    cap = config.max_model_len or (1 << 62)
+    c = rows.col
+
+    def blocks(tokens: int) -> int:
+        return -(-min(tokens + la, cap) // bs)
+
+    needs: dict[int, bool] = {}  # step -> some request of it needed a block
+    preempted: dict[int, list[tuple[int, int]]] = {}  # step -> (row, blocks held) of its preempted requests
+    scheduled: dict[int, int] = {}
+    for idx in rows.by_request.values():
+        extent = 0  # the largest C + n since the last cut (0: none)
+        for i in idx:
+            step, n, computed = c["step"][i], c["sched_num_scheduled_tokens"][i], c["sched_num_computed_tokens"][i]
+            if c["sched_event"][i] == "reset_preempt":
+                extent = 0
+            held = blocks(extent) if extent > 0 else 0
+            cut = c["sched_preempted"][i]
+            if n > 0 or cut:
+                wanted = n
+                if cut:
+                    demand = c["sched_num_tokens"][i] + c["sched_spec_len"][i] + c["sched_num_output_placeholders"][i]
+                    wanted = max(n, demand - computed)
+                needs[step] = needs.get(step, False) or blocks(computed + wanted) > held
+            if n > 0:
+                scheduled[step] = scheduled.get(step, 0) + 1
+                extent = max(extent, computed + n, 0)
+            if cut:
+                preempted.setdefault(step, []).append((i, held))
+                extent = 0
+    for step, victims in preempted.items():
+        if needs.get(step):
+            continue
+        for i, held in victims:
+            yield _f(
+                rows,
+                "S10-needless-preemption",
+                i,
+                "preempted",
+                False,
+                True,
+                held_blocks=held,
+                scheduled_requests=scheduled.get(step, 0),
+            )
+
+
 def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
     outcome = rows.trace.outcome
     c = rows.col
@@ -958,9 +1025,11 @@ CHECKS: dict[str, Callable[[TraceRows], Iterator[Finding]]] = {
     "S7-draft-slot-count": check_draft_slot_count,
     "S8-token-lost": check_tokens_applied,
     "S9-step-past-max-tokens": check_wasted_steps,
+    "S10-needless-preemption": check_needless_preemption,
     "X1-batch-membership": check_membership,
     "X3-output-length": check_output_length,
     "X5-placeholder-drafts": check_draft_inputs,
+    "X12-padding-verified": check_padding_verified,
     "X10-scheduler-output-mutated": check_output_mutated,
     "X11-executed-other-work": check_executed_work,
     "L1-output-life": check_output_life,

@@ -26,6 +26,7 @@ def test_the_ground_truth_columns_are_the_ones_the_schema_says_hold_truth():
         "truth_kv_unowned_blocks",
         "truth_kv_block_owner",
         "truth_kv_unowned_writes",
+        "truth_unfilled_draft_slots",
     }
     # What a trace with no ground truth leaves unchecked, in catalogue order.
     assert [row.code for row in CATALOGUE if row.code in TRUTH_INPUTS] == NEED_TRUTH
@@ -104,6 +105,7 @@ def test_a_model_runner_v2_trace_lists_the_v1_runner_codes_as_not_checked(reentr
         "X3-output-length",
         "S5-draft-provenance",
         "X5-placeholder-drafts",
+        "X12-padding-verified",
     ]
     mrv2 = {row.code for row in CATALOGUE if row.runners == ("v2",)}
     assert {code.split("-")[0] for code in mrv2} == {"M1", "M2", "M3", "M4", "M5"}
@@ -114,8 +116,9 @@ def test_a_model_runner_v2_trace_lists_the_v1_runner_codes_as_not_checked(reentr
     assert check_report(as_v2, as_v2.batches(NEEDED)).unchecked == v1_runner
     bare = without_ground_truth(as_v2)
     assert unchecked_codes(bare) == [row.code for row in CATALOGUE if row.code in NEED_TRUTH or row.code in v1_runner]
+    # X12 reads the V1 drafter's truth: on an MRV2 trace it is the runner's, listed once.
     assert unchecked_note(unchecked_codes(bare)) == (
-        f"no ground truth: {', '.join(NEED_TRUTH)} not checked; "
+        f"no ground truth: {', '.join(c for c in NEED_TRUTH if c not in v1_runner)} not checked; "
         f"V1 runner state, not Model Runner V2's: {', '.join(v1_runner)} not checked"
     )
     # a V1 trace runs the V1 codes and does not list MRV2's: they are not about its runner

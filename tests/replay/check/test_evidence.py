@@ -443,6 +443,20 @@ CASES = [
         message="the worker emitted 4 tokens at step 3 but update_from_output applied 2 of them at step 4, with no stop, max_tokens or max_model_len to cut them: 2 lost (the next step starts at the wrong position)",
     ),
     Case(
+        "X12-padding-verified",
+        ("drafter-skip",),
+        4,
+        "b",
+        "scheduled_spec_decode_tokens",
+        None,
+        3,
+        expected=0,
+        actual=3,
+        life=0,
+        detail={},
+        message="the worker verified 3 draft slots holding padding: the drafter proposed nothing for them after the step before (it skipped the request or proposed fewer than k), so the slots were booked and verified for nothing",
+    ),
+    Case(
         "S9-step-past-max-tokens",
         ("clear", "sched_num_computed_tokens", 5, "2", 17),
         5,
@@ -461,6 +475,20 @@ CASES = [
             "sched_num_prompt_tokens": 3,
         },
         message="scheduled 4 tokens for nothing: the output in flight already takes it to max_tokens 12 (17 computed + 2 - 4 placeholders >= 3 prompt + 12); vLLM's running loop skips it, and this step's output comes back to a finished request",
+    ),
+    Case(
+        "S10-needless-preemption",
+        ("clear", "sched_preempted", 6, "1", True),
+        6,
+        "1",
+        "preempted",
+        True,
+        False,
+        expected=False,
+        actual=True,
+        life=0,
+        detail={"held_blocks": 2, "scheduled_requests": 1},
+        message="preempted at step 6 although no request the step scheduled or preempted needed a KV block it did not already hold (1 scheduled, each within its own blocks): the 2 or more blocks it held are freed for nothing, and it prefills again",
     ),
     Case(
         "S2-placeholder-count",
@@ -488,6 +516,11 @@ def _run(name: str):
 
     if name == "padded":  # real vLLM's assert on a padded admission cut by the threshold: E1
         return run_workload(padded_admission_cut_by_threshold(), resolve("upstream", allow_import=False))
+    if name == "drafter-skip":  # the drafter skipped for the batch near max_model_len: X12
+        from specreplay.replay.workloads.notation import workload_from_notation
+
+        workload = workload_from_notation("a:p40,t8 b:p4,t20 | k3 sync len 48")
+        return run_workload(workload, resolve("upstream", allow_import=False))
     if name == "limit":  # reentry cut by the step limit: E2
         workload = dataclasses.replace(build_scenario("reentry"), max_steps=3)
         return run_workload(workload, resolve("upstream", allow_import=False))

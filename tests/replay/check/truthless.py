@@ -20,6 +20,7 @@ NEED_TRUTH = [
     "K2-kv-foreign-tokens",
     "K3-kv-unowned-block",
     "K4-kv-write-unowned",
+    "X12-padding-verified",
 ]
 NOT_CHECKED = f"no ground truth: {', '.join(NEED_TRUTH)} not checked"
 #: A forced live trace (engines/forced_logits.py): the oracle's token ground truth, none for the KV

@@ -98,7 +98,7 @@ def test_take_output_decides_what_is_stale():
         """Drains the in-flight count but never the stale share: outputs in flight across the
         cache reset count as fresh."""
 
-        def take_output(self, req, n):
+        def take_output(self, req, n, generated):
             req.num_in_flight_tokens -= n
             return False
 
@@ -115,7 +115,7 @@ def test_take_output_decides_what_is_stale():
 # ---------------------------------------------------------------------- discard_output
 def test_discard_output_that_drops_everything_loses_the_first_token_at_its_step():
     class DropAll(AsyncScheduler):
-        def discard_output(self, req, stale):
+        def discard_output(self, req, stale, generated):
             return True
 
     trace, findings, _ = run(ONE, DropAll)
@@ -131,7 +131,7 @@ def test_discard_output_that_keeps_drop_mode_output_is_flagged_where_it_lands():
     class KeepDropMode(AsyncScheduler):
         """Discards only for finished requests: the reset's drop-mode outputs are applied."""
 
-        def discard_output(self, req, stale):
+        def discard_output(self, req, stale, generated):
             return req.status.finished
 
     _, _, good = run("pause-clear")
