@@ -341,7 +341,7 @@ def fig_diff_and_size(args, out: dict) -> None:
             f"{path!r}, '--format', 'json']\ntry:\n    main()\nexcept SystemExit as e:\n    assert e.code == 0, e.code"
         )
         # The same command on a 200-row trace: the interpreter and its imports, which the diff's
-        # extra memory (the target of issue 30) is counted above.
+        # extra memory (what the memory target counts) is counted above.
         from specreplay.replay.workflows.gate import corpus_dir
 
         small_code = diff_code.replace(repr(path), repr(str(corpus_dir() / "reentry.parquet")))

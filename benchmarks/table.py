@@ -89,7 +89,7 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 if "extra_memory_ratio" in d
                 else ""
             ),
-            "<= 2x read time; extra memory <= 1x the table",  # issue 30
+            "<= 2x read time; extra memory <= 1x the table",
             d["ratio"] <= 2 and d.get("extra_memory_ratio", d["memory_ratio"]) <= 1,
         )
     z = out.get("trace_size")

@@ -30,8 +30,8 @@ def diff(traces, fmt, fail_on, story) -> None:
     Two traces: the first step, request and field where they part.
 
     Exit 0: nothing at or above --fail-on; 1: findings, or a trace with no recorded step
-    (verdict empty: nothing was checked); 2: bad input. Traces are read one row
-    group at a time, so memory stays bounded however long the trace.
+    (verdict empty: nothing was checked); 2: bad input. Traces are read a batch
+    of rows at a time, so memory stays bounded however long the trace.
 
     \b
     Example:
@@ -55,7 +55,7 @@ def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
     from specreplay.replay.check.checker import NEEDED, check_report
     from specreplay.replay.check.findings import EMPTY, EMPTY_NOTE, fails, verdict
 
-    report = check_report(trace, trace.batches(columns=NEEDED))
+    report = check_report(trace, trace.batches(columns=NEEDED, read_ahead=True))
     findings = report.findings
     # A recovered recording (outcome partial) is never a plain ok: it holds steps up to where the
     # recording stopped, and nothing after them was recorded or checked.
@@ -124,7 +124,7 @@ def _compare_two(loaded, paths: list[str], fmt: str, fail_on: str) -> int:
     from specreplay.cli.render import findings_json, findings_lines, trace_header
     from specreplay.replay.check.tracediff import diff_batches
 
-    result = diff_batches(loaded[0], loaded[1], loaded[0].batches(), loaded[1].batches())
+    result = diff_batches(loaded[0], loaded[1], loaded[0].batches(read_ahead=True), loaded[1].batches(read_ahead=True))
     if fmt == "json":
         click.echo(
             findings_json(

@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import queue
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,10 +33,10 @@ from specreplay.traces.validate import RowValidator
 
 ROW_GROUP_SIZE = 1 << 20  # large groups compress best (about 4 bytes a request-step)
 #: Rows a streamed batch holds at most (`TraceFile.batches`), whatever the row groups: what one
-#: batch costs in memory (the reader's buffers about 60 MB for every column, the checker's numpy
-#: columns about 30 MB), and a size whose numpy temporaries stay in cache (the checker runs about
-#: 1.4x faster per row than on 1M-row batches).
-READ_ROWS = 1 << 16
+#: batch costs in memory (a read-ahead reader holds two: `diff` of a million-row trace peaks at
+#: 275 MB with 32,768, 365 MB with 65,536, at the same speed), and a size whose numpy
+#: temporaries stay in cache (the checker runs about 1.4x faster per row than on 1M-row batches).
+READ_ROWS = 1 << 15
 
 _OUTCOMES = ("completed", "crashed", "step_limit", "partial")
 
@@ -216,10 +218,17 @@ class TraceFile:
             last = batch
         return int(pc.max(last.column("step")).as_py()) if last is not None and last.num_rows else 0
 
-    def batches(self, columns: tuple[str, ...] | None = None, batch_rows: int | None = READ_ROWS) -> Iterator[pa.Table]:
+    def batches(
+        self, columns: tuple[str, ...] | None = None, batch_rows: int | None = READ_ROWS, read_ahead: bool = False
+    ) -> Iterator[pa.Table]:
         """Validated rows in step order, as tables in the schema, with the given columns (all by
         default; every column is read and validated either way), at most `batch_rows` rows a table
-        (None: a row group a table)."""
+        (None: a row group a table). `read_ahead`: the next batch is decoded and validated on a
+        thread while the caller works on this one (`read_ahead`, below)."""
+        batches = self._validated(columns, batch_rows)
+        return read_ahead_of(batches) if read_ahead else batches
+
+    def _validated(self, columns: tuple[str, ...] | None, batch_rows: int | None) -> Iterator[pa.Table]:
         validator = RowValidator(self.where, self.header.schema_version)
         for index in range(self._parquet.metadata.num_row_groups):
             for group in self._decoded(index, batch_rows):
@@ -287,6 +296,51 @@ class TraceFile:
             pc.and_(pc.greater_equal(table["step"], first_step), pc.less_equal(table["step"], last_step)),
         )
         return table.filter(keep)
+
+
+def read_ahead_of(items: Iterator[pa.Table], depth: int = 1) -> Iterator[pa.Table]:
+    """`items`, produced `depth` ahead on a thread of their own. Decoding a Parquet batch and
+    validating it run in Arrow's C++ with the GIL released, so on a second core they overlap with
+    the caller's work on the batch before (the checker's rules: `diff` of a million-row trace
+    goes from about 2.1 s to 1.6 s on two cores). What the thread raises (a damaged file's
+    TraceError) is raised here, at the batch it stopped at; a caller that stops early stops the
+    thread. Memory: `depth` batches more."""
+    handoff: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        handoff.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            handoff.put(done)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            handoff.put(exc)
+
+    thread = threading.Thread(target=produce, name="specreplay-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = handoff.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a put that waits for room, then let it see `stop`
+            try:
+                handoff.get(timeout=0.1)
+            except queue.Empty:
+                pass
 
 
 def header_from_metadata(where: str, meta: dict[bytes, bytes], outcome_required: bool = True) -> Trace:

@@ -160,10 +160,10 @@ def load_columns(batch: pa.Table | pa.RecordBatch, request_code: Callable[[tuple
     cols["cuts"] = np.zeros(batch.num_rows, dtype=np.int64)  # filled per chunk
     cols["max_tokens"] = np.full(batch.num_rows, -1, dtype=np.int64)  # filled per chunk
     for name, fill, keep_mask in INT_COLUMNS:
-        col = batch.column(name)
+        values, is_null = filled(batch.column(name), fill)
+        cols[name] = values
         if keep_mask:
-            cols[name + "_is_null"] = as_numpy(col.is_null())
-        cols[name] = as_numpy(pc.fill_null(col, fill) if col.null_count else col)
+            cols[name + "_is_null"] = is_null
     for name in BOOL_COLUMNS:
         cols[name] = as_numpy(batch.column(name))
     for name in TRISTATE_COLUMNS:
@@ -198,6 +198,26 @@ def load_columns(batch: pa.Table | pa.RecordBatch, request_code: Callable[[tuple
     return cols
 
 
+def filled(column: pa.Array | pa.ChunkedArray, fill: int) -> tuple[np.ndarray, np.ndarray]:
+    """An integer column as numpy with its nulls read as `fill`, and its null mask. Read from the
+    Arrow buffers (values as they lie, the validity bitmap unpacked): a column with no nulls is
+    not copied, and one with only nulls (another runner's columns) is made, not converted, which
+    is most of what loading a batch costs through pyarrow's `fill_null`."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    size = len(column)
+    dtype = np.dtype(column.type.to_pandas_dtype())
+    if column.null_count == size:
+        return np.full(size, fill, dtype=dtype), np.ones(size, dtype=bool)
+    validity, data = column.buffers()[:2]
+    values = np.frombuffer(data, dtype=dtype)[column.offset : column.offset + size]
+    if not column.null_count:
+        return values, np.zeros(size, dtype=bool)
+    bits = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")
+    valid = bits[column.offset : column.offset + size].view(bool)
+    return np.where(valid, values, np.array(fill, dtype=dtype)), ~valid
+
+
 def concat(parts: list[Columns]) -> Columns:
     if len(parts) == 1:
         return parts[0]
@@ -223,7 +243,9 @@ class Frame:
     LOOKBACK steps before the chunk) followed by the chunk's own rows (`own`), in step order.
     `lags[L - 1]` is each row's L-th earlier row of the same request (-1: none in the frame) and
     `flying[L - 1]` says whether that row's output was still in flight when this row's step was
-    scheduled (not applied yet, not cut off by a preemption, a cache reset or LOOKBACK).
+    scheduled (not applied yet, not cut off by a preemption, a cache reset or LOOKBACK); `near`
+    and `pending` are the same without the cuts (the row is within LOOKBACK steps; and its
+    output had not been applied yet). `at(name, lag)` gathers a column at a lag once per frame.
     Rows are grouped per request life: a resubmitted id is another request here."""
 
     def __init__(self, cols: Columns, num_context: int) -> None:
@@ -232,33 +254,56 @@ class Frame:
         self.size = size
         self.own = np.arange(size) >= num_context
         self.num_context = num_context
+        self._gathered: dict[tuple[str, int], np.ndarray] = {}
         order = np.argsort(dense(cols["request"]), kind="stable")  # per request, rows stay in step order
         prev = np.full(size, -1, dtype=np.int64)
         same = cols["request"][order[1:]] == cols["request"][order[:-1]]
         prev[order[1:][same]] = order[:-1][same]
         self.order = order
         step = cols["step"]
-        scheduled = cols["sched_num_scheduled_tokens"]
         self.lags: list[np.ndarray] = []
+        self.back: list[np.ndarray] = []  # lags with -1 read as row 0: safe to index with (mask it)
+        self.near: list[np.ndarray] = []  # that row exists and is within LOOKBACK steps
+        self.pending: list[np.ndarray] = []  # ... and its output was not applied before this step
         self.flying: list[np.ndarray] = []
         lag = prev
         alive = np.ones(size, dtype=bool)
         later = np.arange(size)  # the row one step nearer (the row itself for lag 1)
         # In-flight outputs cut off before this row's schedule(): a cache reset, a streaming turn's end.
         reset = (cols["sched_event"] == RESET_PREEMPT) | (cols["sched_event"] == STREAM_TURN)
-        for _ in range(LOOKBACK):
+        for distance in range(1, LOOKBACK + 1):
             at = np.maximum(lag, 0)
-            alive = alive & (lag >= 0) & (step[at] >= step - LOOKBACK) & ~cols["sched_preempted"][at] & ~reset[later]
             self.lags.append(lag)
-            self.flying.append(
-                alive & (scheduled[at] > 0) & (cols["apply_step_is_null"][at] | (cols["apply_step"][at] >= step))
+            self.back.append(at)
+            near = (lag >= 0) & (self.at("step", distance) >= step - LOOKBACK)
+            pending = (
+                near
+                & (self.at("sched_num_scheduled_tokens", distance) > 0)
+                & (self.at("apply_step_is_null", distance) | (self.at("apply_step", distance) >= step))
             )
+            alive = alive & near & ~self.at("sched_preempted", distance) & ~reset[later]
+            self.near.append(near)
+            self.pending.append(pending)
+            self.flying.append(alive & pending)
             later = at
             lag = np.where(lag >= 0, prev[at], -1)
 
     def at(self, name: str, lag: int) -> np.ndarray:
-        """Column `name` of each row's `lag`-th earlier row (garbage where there is none: mask it)."""
-        return self.c[name][np.maximum(self.lags[lag - 1], 0)]
+        """Column `name` of each row's `lag`-th earlier row (lag 0: the row itself; garbage where
+        there is none: mask it with `near`). Gathered once per frame, whichever rules ask: most
+        of the checker's time is these gathers."""
+        if lag == 0:
+            return self.c[name]
+        key = (name, lag)
+        values = self._gathered.get(key)
+        if values is None:
+            values = self._gathered[key] = self.c[name][self.back[lag - 1]]
+        return values
+
+    def gather(self, values: np.ndarray, lag: int) -> np.ndarray:
+        """`values` (one per row of the frame, computed by a rule) at each row's `lag`-th earlier
+        row: a rule combines a row-local condition first, then gathers it once."""
+        return values if lag == 0 else values[self.back[lag - 1]]
 
     def own_by_request(self) -> np.ndarray:
         """The chunk's own rows, grouped per request, each request's rows in step order."""

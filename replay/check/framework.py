@@ -89,6 +89,11 @@ class Checker:
         self.turns = np.zeros(0, dtype=np.int64)  # streaming turns started so far (0: the first)
         self.last_prompt = np.full(0, -1, dtype=np.int64)  # prompt length at its last row (-1: none yet)
         self.turn_limits: list[tuple[int, ...]] = []  # code -> max_tokens per turn (empty: not known)
+        # The same as flat arrays, extended as requests appear (`_limit_table`): a frame looks its
+        # rows up in them without walking every request seen so far.
+        self._limit_counts = np.zeros(0, dtype=np.int64)
+        self._limit_offsets = np.zeros(0, dtype=np.int64)
+        self._limit_values = np.zeros(0, dtype=np.int64)
         self.fired: dict[str, np.ndarray] = {}  # code -> has it fired for the request
         self.carried: dict[str, np.ndarray] = {}  # a rule's per-request value, carried frame to frame (-1: none)
         self.rule_state: dict[str, Any] = {}  # what else a rule carries from frame to frame, by its name
@@ -220,11 +225,24 @@ class Checker:
         self.turns[reqs[ends]] = turn[ends]
         self.last_prompt[reqs[ends]] = prompt[ends]
         # The limit of (request, turn), through one flat table of every request's turns.
-        counts = np.array([len(t) for t in self.turn_limits], dtype=np.int64)
-        offsets = np.r_[0, np.cumsum(counts)[:-1]]
-        flat = np.array([m for t in self.turn_limits for m in t] + [-1], dtype=np.int64)
+        counts, offsets, flat = self._limit_table()
         known = turn < counts[reqs]
         c["max_tokens"][own] = np.where(known, flat[np.where(known, offsets[reqs] + turn, -1)], -1)
+
+    def _limit_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`turn_limits` as (turns per request, each request's offset, the limits then -1): only
+        the requests new since the last frame are added."""
+        done = len(self._limit_counts)
+        if done < len(self.turn_limits):
+            new = self.turn_limits[done:]
+            counts = np.array([len(t) for t in new], dtype=np.int64)
+            base = len(self._limit_values)
+            self._limit_offsets = np.concatenate([self._limit_offsets, base + np.r_[0, np.cumsum(counts)[:-1]]])
+            self._limit_counts = np.concatenate([self._limit_counts, counts])
+            self._limit_values = np.concatenate(
+                [self._limit_values, np.array([m for t in new for m in t], dtype=np.int64)]
+            )
+        return self._limit_counts, self._limit_offsets, np.r_[self._limit_values, -1]
 
     # ------------------------------------------------------------------ for the rules
     def last_before(self, name: str, frame: Frame, event: np.ndarray, value: np.ndarray) -> np.ndarray:

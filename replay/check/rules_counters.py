@@ -211,17 +211,15 @@ def check_in_flight_tokens(frame: Frame, chk: Checker) -> Iterable[Finding]:
     """L3: vLLM counts in-flight and stale outputs in scheduled tokens (a prefill chunk, or 1 +
     draft slots), per step, drained in schedule order."""
     c = frame.c
-    step, scheduled, cuts = c["step"], c["sched_num_scheduled_tokens"], c["cuts"]
+    cuts = c["cuts"]
     in_flight = np.zeros(frame.size, dtype=np.int64)
     stale = np.zeros(frame.size, dtype=np.int64)
     # The counters are read before schedule(): a preemption by this very schedule() is not in them.
     cuts_before = cuts - c["sched_preempted"]
     for lag in range(1, LOOKBACK + 1):
-        r = np.maximum(frame.lags[lag - 1], 0)
-        near = (frame.lags[lag - 1] >= 0) & (step[r] >= step - LOOKBACK)
-        pending = near & (scheduled[r] > 0) & (c["apply_step_is_null"][r] | (c["apply_step"][r] >= step))
-        in_flight += np.where(pending, scheduled[r], 0)
-        stale += np.where(pending & (cuts[r] < cuts_before), scheduled[r], 0)
+        pending, before = frame.pending[lag - 1], frame.at("sched_num_scheduled_tokens", lag)
+        in_flight += np.where(pending, before, 0)
+        stale += np.where(pending & (frame.at("cuts", lag) < cuts_before), before, 0)
     counted_in_flight, counted_stale = c["sched_num_in_flight_tokens"], c["sched_num_stale_output_tokens"]
     eligible = c["sched_status"] != FINISHED
     violated = eligible & ((counted_in_flight != in_flight) | (counted_stale != stale))

@@ -47,26 +47,26 @@ def check_stale_outputs(frame: Frame, chk: Checker) -> Iterable[Finding]:
     is fresh. Several outputs can land at one step: the nearest wrong one is named."""
     c = frame.c
     step, cuts, outcome = c["step"], c["cuts"], c["apply_outcome"]
+    # On the output's own row: applied to its own life, and how it was treated.
+    paired_here = (
+        (c["sched_num_scheduled_tokens"] > 0)
+        & ~c["apply_step_is_null"]
+        & ~c["apply_life_is_null"]
+        & (c["apply_life"] == c["sched_life"])
+    )
+    as_stale = (outcome == STALE_DELIVERED) | (outcome == DROPPED)
+    as_fresh = outcome == APPLIED
     violated = np.zeros(frame.size, dtype=bool)
     culprit = np.full(frame.size, -1, dtype=np.int64)
     for lag in range(LOOKBACK, 0, -1):  # nearest last, so it wins
-        r = np.maximum(frame.lags[lag - 1], 0)
-        near = (frame.lags[lag - 1] >= 0) & (step[r] >= step - LOOKBACK)  # as far back as the context reaches
+        # as far back as the context reaches
         paired = (
-            frame.own
-            & near
-            & (c["sched_num_scheduled_tokens"][r] > 0)
-            & ~c["apply_step_is_null"][r]
-            & (c["apply_step"][r] == step)
-            & ~c["apply_life_is_null"][r]
-            & (c["apply_life"][r] == c["sched_life"][r])
+            frame.own & frame.near[lag - 1] & frame.gather(paired_here, lag) & (frame.at("apply_step", lag) == step)
         )
-        stale = cuts > cuts[r]
-        wrong = paired & (
-            (~stale & ((outcome[r] == STALE_DELIVERED) | (outcome[r] == DROPPED))) | (stale & (outcome[r] == APPLIED))
-        )
+        stale = cuts > frame.at("cuts", lag)
+        wrong = paired & np.where(stale, frame.gather(as_fresh, lag), frame.gather(as_stale, lag))
         violated |= wrong
-        culprit = np.where(wrong, r, culprit)
+        culprit = np.where(wrong, frame.back[lag - 1], culprit)
     for i in chk.first_per_request("L2-stale-output", frame, violated):
         j = int(culprit[i])
         yield chk.finding(

@@ -43,30 +43,33 @@ def check_tokens_applied(frame: Frame, chk: Checker) -> Iterable[Finding]:
     c = frame.c
     step, cuts = c["step"], c["cuts"]
     applied, emitted, finish = c["apply_num_tokens"], c["worker_num_emitted"], c["apply_finish_reason"]
+    # What can be judged on the output's own row: a fresh apply to its own life, of fewer tokens
+    # than the worker emitted, with no finish to cut them. Gathered once per lag below.
+    short = (
+        (c["sched_num_scheduled_tokens"] > 0)
+        & ~c["apply_step_is_null"]
+        & (c["apply_outcome"] == APPLIED)
+        & ~c["apply_life_is_null"]
+        & (c["apply_life"] == c["sched_life"])
+        & ~c["worker_num_emitted_is_null"]
+        & (finish != STOP)
+        & (finish != LENGTH)
+        & (applied < emitted)
+    )
     violated = np.zeros(frame.size, dtype=bool)
     culprit = np.full(frame.size, -1, dtype=np.int64)
     rows = np.arange(frame.size)
     for lag in range(LOOKBACK, -1, -1):  # nearest last, so it wins; lag 0: the row itself
-        back = rows if lag == 0 else frame.lags[lag - 1]
-        r = np.maximum(back, 0)
         lost = (
             frame.own
-            & (back >= 0)
-            & (step[r] >= step - LOOKBACK)
-            & (c["sched_num_scheduled_tokens"][r] > 0)
-            & ~c["apply_step_is_null"][r]
-            & (c["apply_step"][r] == step)
-            & (c["apply_outcome"][r] == APPLIED)
-            & ~c["apply_life_is_null"][r]
-            & (c["apply_life"][r] == c["sched_life"][r])
-            & (cuts[r] == cuts)  # fresh: no cut since it was scheduled (else L2's to judge)
-            & ~c["worker_num_emitted_is_null"][r]
-            & (finish[r] != STOP)
-            & (finish[r] != LENGTH)
-            & (applied[r] < emitted[r])
+            & frame.gather(short, lag)
+            & (frame.at("apply_step", lag) == step)
+            & (frame.at("cuts", lag) == cuts)  # fresh: no cut since it was scheduled (else L2's to judge)
         )
+        if lag:
+            lost &= frame.near[lag - 1]
         violated |= lost
-        culprit = np.where(lost, r, culprit)
+        culprit = np.where(lost, rows if lag == 0 else frame.back[lag - 1], culprit)
     for i in chk.first_per_request("S8-token-lost", frame, violated):
         j = int(culprit[i])  # the finding names the step whose output lost tokens (maybe a context row)
         yield chk.finding(

@@ -90,6 +90,8 @@ def check_needless_preemption(frame: Frame, chk: Checker) -> Iterable[Finding]:
     last = np.r_[first[1:] - 1, len(own) - 1]
     kept = np.where(continues[last], np.maximum(running_max[last], carried[reqs[last]]), running_max[last])
     carried[reqs[last]] = np.where(preempted[last], 0, kept)
+    if not preempted.any():
+        return  # the carry is kept; no step of this frame preempted anything to judge
     # Each candidate's need: its own n where scheduled, the visit's uncapped demand where preempted.
     demand = (
         c["sched_num_tokens"][own].astype(np.int64)

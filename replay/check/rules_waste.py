@@ -83,17 +83,17 @@ def check_wasted_steps(frame: Frame, chk: Checker) -> Iterable[Finding]:
     # An earlier output of the life, applied before this step's schedule(), ended it (nearest wins).
     ended_by = np.full(frame.size, -1, dtype=np.int64)
     finish = c["apply_finish_reason"]
+    finished_here = ~c["apply_step_is_null"] & ((finish == STOP) | (finish == LENGTH))
     for lag in range(LOOKBACK, 0, -1):
-        r = np.maximum(frame.lags[lag - 1], 0)
         ended = (
-            (frame.lags[lag - 1] >= 0)
-            & (step[r] >= step - LOOKBACK)
-            & ~c["apply_step_is_null"][r]
-            & (c["apply_step"][r] < step)
-            & ((finish[r] == STOP) | (finish[r] == LENGTH))
-            & (prompt[r] == prompt)  # the same turn: a streaming session's next one has a longer prompt
+            frame.near[lag - 1]
+            & frame.gather(finished_here, lag)
+            & (frame.at("apply_step", lag) < step)
+            & (
+                frame.at("sched_num_prompt_tokens", lag) == prompt
+            )  # the same turn: a streaming session's next one has a longer prompt
         )
-        ended_by = np.where(ended, r, ended_by)
+        ended_by = np.where(ended, frame.back[lag - 1], ended_by)
     wasted = frame.own & (scheduled > 0) & (past_max | (ended_by >= 0))
     for i in np.flatnonzero(wasted):
         if past_max[i]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -10,7 +11,7 @@ import pytest
 
 from specreplay.traces import schema
 from specreplay.traces.errors import TraceError
-from specreplay.traces.io import read_trace, write_trace
+from specreplay.traces.io import open_trace, read_ahead_of, read_trace, write_trace
 
 
 def test_round_trip_keeps_rows_and_metadata(tmp_path, reentry_traces):
@@ -185,3 +186,41 @@ def test_the_recorder_refuses_to_write_rows_that_fail_validation(tmp_path, reent
     bad_outcome = dataclasses.replace(trace, outcome={"status": "exploded"})
     with pytest.raises(RecordingError, match="outcome status"):
         write_trace(bad_outcome, tmp_path / "bad.parquet")
+
+
+def _stepped(n: int):
+    """Tables 0..n-1, each a one-row table saying its number."""
+    for i in range(n):
+        yield pa.table({"i": [i]})
+
+
+def test_read_ahead_hands_over_every_batch_in_order_and_raises_where_the_reader_stopped():
+    assert [t["i"][0].as_py() for t in read_ahead_of(_stepped(50))] == list(range(50))
+
+    def broken():
+        yield from _stepped(3)
+        raise TraceError("t.parquet: Parquet data is damaged or truncated (page 4)")
+
+    seen = []
+    with pytest.raises(TraceError, match="page 4"):
+        for table in read_ahead_of(broken()):
+            seen.append(table["i"][0].as_py())
+    assert seen == [0, 1, 2]  # every batch before the damage first, as without the thread
+
+
+def test_a_caller_that_stops_early_stops_the_reading_thread():
+    stream = read_ahead_of(_stepped(1000))
+    assert next(stream)["i"][0].as_py() == 0
+    stream.close()  # the caller leaves the loop: the thread must not wait forever to hand over
+    assert not [t for t in threading.enumerate() if t.name == "specreplay-read-ahead"]
+
+
+def test_a_trace_checked_with_read_ahead_gives_the_same_report(tmp_path, reentry_traces):
+    from specreplay.replay.check.checker import NEEDED, check_report
+
+    path = write_trace(reentry_traces["pr30796"], tmp_path / "t.parquet")
+    traces = [open_trace(path) for _ in range(2)]
+    # Batches of a few rows: many batches, and steps split across them.
+    plain = check_report(traces[0], traces[0].batches(columns=NEEDED, batch_rows=7))
+    ahead = check_report(traces[1], traces[1].batches(columns=NEEDED, batch_rows=7, read_ahead=True))
+    assert plain.findings and ahead == plain

@@ -1,7 +1,8 @@
 """The checker's column list (check/frames.py NEEDED) is what its code reads, no more, no less.
 
 NEEDED is derived from the loader's own tables; here: the loader works on a trace cut down to
-NEEDED, fails without any one of them, and every column the rule families name is in it.
+NEEDED, fails without any one of them, and every column the rule families name is in it; and
+it reads a column's nulls exactly as pyarrow does.
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specreplay.replay.check import frames
 from specreplay.replay.check.checker import check_trace
@@ -63,3 +68,25 @@ def test_the_checker_gives_the_same_findings_on_needed_alone(trace):
 
     bare = dataclasses.replace(trace, table=trace.table.select(list(frames.NEEDED)))
     assert check_trace(bare) == check_trace(trace)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.one_of(st.none(), st.integers(-(1 << 15), (1 << 15) - 1)), max_size=40),
+    width=st.sampled_from([pa.int16(), pa.int32(), pa.int64()]),
+    cut=st.tuples(st.integers(0, 40), st.integers(0, 40)),
+    chunks=st.integers(1, 3),
+    fill=st.sampled_from([-1, 0, 7]),
+)
+def test_the_loader_reads_nulls_as_pyarrow_fills_them(values, width, cut, chunks, fill):
+    # frames.filled reads the Arrow buffers itself (offsets, validity bits, chunks): it must give
+    # exactly what fill_null and is_null give, on any slice of any column.
+    column = pa.array(values, type=width).slice(min(cut[0], len(values)), cut[1])
+    if chunks > 1:
+        step = max(1, len(column) // chunks)
+        column = pa.chunked_array([column.slice(i, step) for i in range(0, len(column), step)] or [column], type=width)
+    got, is_null = frames.filled(column, fill)
+    expected = pc.fill_null(column, fill)
+    expected = (expected.combine_chunks() if isinstance(expected, pa.ChunkedArray) else expected).to_numpy()
+    assert got.dtype == expected.dtype and got.tolist() == expected.tolist()
+    assert is_null.tolist() == column.is_null().to_pylist()
