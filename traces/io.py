@@ -302,10 +302,10 @@ def read_ahead_of(items: Iterator[pa.Table], depth: int = 1) -> Iterator[pa.Tabl
     """`items`, produced `depth` ahead on a thread of their own. Decoding a Parquet batch and
     validating it run in Arrow's C++ with the GIL released, so on a second core they overlap with
     the caller's work on the batch before (the checker's rules: `diff` of a million-row trace
-    goes from about 2.1 s to 1.6 s on two cores). What the thread raises (a damaged file's
-    TraceError) is raised here, at the batch it stopped at; a caller that stops early stops the
-    thread. Memory: `depth` batches more."""
-    handoff: queue.Queue = queue.Queue(maxsize=depth)
+    took 2.0 s instead of 2.5 s on two loaded cores, side by side). What the thread raises (a
+    damaged file's TraceError) is raised here, at the batch it stopped at; a caller that stops
+    early stops the thread. Memory: `depth` batches more."""
+    handoff: queue.Queue[Any] = queue.Queue(maxsize=depth)
     stop = threading.Event()
     done = object()
 

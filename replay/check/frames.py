@@ -160,8 +160,7 @@ def load_columns(batch: pa.Table | pa.RecordBatch, request_code: Callable[[tuple
     cols["cuts"] = np.zeros(batch.num_rows, dtype=np.int64)  # filled per chunk
     cols["max_tokens"] = np.full(batch.num_rows, -1, dtype=np.int64)  # filled per chunk
     for name, fill, keep_mask in INT_COLUMNS:
-        values, is_null = filled(batch.column(name), fill)
-        cols[name] = values
+        cols[name], is_null = filled(batch.column(name), fill)
         if keep_mask:
             cols[name + "_is_null"] = is_null
     for name in BOOL_COLUMNS:
