@@ -101,8 +101,9 @@ engine_option = click.option(
     default=None,
     help="reference: specreplay's models of vLLM (--vllm-version); vllm-scheduler: the installed vLLM's real "
     "scheduler with the reference runner; vllm: a live tiny vLLM engine, real scheduler and real "
-    "model runner (--executor multiproc: engine core in its own process). Default: reference "
-    "(replay, gate: the trace's own).",
+    "model runner (--executor multiproc: engine core in its own process); sglang-scheduler: SGLang 0.5.23's "
+    "real scheduler in its own event loop with the reference SGLang worker (its own environment: "
+    "scripts/sglang.sh install). Default: reference (replay, gate: the trace's own).",
 )
 runner_option = click.option(
     "--runner",
@@ -111,7 +112,8 @@ runner_option = click.option(
     help="The model runner: v1 (vLLM's V1 GPUModelRunner) or v2 (Model Runner V2, vllm/v1/worker/gpu/, what GPU "
     "deployments run). --engine vllm builds the real one (default v2, what vLLM picks wherever Triton counts as "
     "present; on a CPU machine specreplay runs Triton's interpreter for it); the other engines drive specreplay's "
-    "reference of it (default v1; replay: the trace's own).",
+    "reference of it (default v1; replay: the trace's own). sglang: the reference SGLang worker, what --engine "
+    "sglang-scheduler runs (and only it).",
 )
 drafter_option = click.option(
     "--drafter",

@@ -105,18 +105,35 @@ STORY_COLUMNS_MRV2 = _SCHED_STORY + (
     ("worker_num_accepted", "acc"),
     ("worker_num_rejected", "rej"),
 )
+#: The story of a request on an SGLang trace: SGLang's KV lengths on both sides (traces/schema.py,
+#: "(SGLang)") in place of vLLM's counters of the worker.
+STORY_COLUMNS_SGLANG = _SCHED_STORY + (
+    ("sched_kv_committed_len", "c"),
+    ("sched_kv_allocated_len", "a"),
+    ("worker_seq_len", "wL"),
+    ("worker_num_scheduled_tokens", "wn"),
+    ("worker_num_accepted", "acc"),
+    ("worker_new_seq_len", "wL'"),
+    ("apply_kv_committed_len", "c'"),
+    ("truth_num_computed_tokens", "KV"),
+)
+#: What the runner family adds to a story's title.
+RUNNER_TITLES = {"v2": " on Model Runner V2", "sglang": " on SGLang's scheduler"}
 _STORY_TITLES = {
     "v1": "C P T: scheduler before the step; pm: in the worker's prev map; dr: drafts cached for it; wn: tokens "
     "the worker ran; wC: worker after correction; KV: valid in cache",
     "v2": "C P T: scheduler before the step; slot: its slot in MRV2's req_states; q: query length run; dC dC': "
     "device num_computed_tokens before / after post_update; cpu: the CPU mirror; from: the step that proposed "
     "the drafts it verified; base: the device count they follow; acc rej: accepted, rejected",
+    "sglang": "C: kv_committed_len before the iteration; T: seqlen; c a: committed, allocated after its scheduling; "
+    "wL: the seq_len the worker ran with; wn: tokens it ran; acc: drafts accepted; wL': the seq_len it published; "
+    "c': committed after the apply; KV: valid in cache",
 }
 
 
 def story_columns(family: str = "v1") -> tuple[tuple[str, str], ...]:
-    """The story's (column, label) pairs for a trace of runner family `family` ("v1", "v2")."""
-    return STORY_COLUMNS_MRV2 if family == "v2" else STORY_COLUMNS
+    """The story's (column, label) pairs for a trace of runner family `family` ("v1", "v2", "sglang")."""
+    return {"v2": STORY_COLUMNS_MRV2, "sglang": STORY_COLUMNS_SGLANG}.get(family, STORY_COLUMNS)
 
 
 def story_table(rows: pa.Table, request_id: str, upto_step: int, steps_before: int = 8, family: str = "v1") -> Table:
@@ -126,7 +143,7 @@ def story_table(rows: pa.Table, request_id: str, upto_step: int, steps_before: i
     from rich import box
 
     columns = story_columns(family)
-    runner = " on Model Runner V2" if family == "v2" else ""
+    runner = RUNNER_TITLES.get(family, "")
     table = Table(
         title=f"request {request_id!r}{runner} up to step {upto_step} ({_STORY_TITLES[family]})",
         title_justify="left",
@@ -159,6 +176,7 @@ _SHORT = {
     "budget": "budget",
     "max_tokens": "maxtok",
     "no_tokens": "notok",
+    "prefill": "prefill",
     "preempted": "preempt",
     "waiting": "wait",
     "finished": "done",

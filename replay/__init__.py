@@ -7,13 +7,15 @@ it in this list (tests/test_architecture.py holds the rules):
     workloads/  what a run is asked to do: engine config, workloads, scenarios, generators,
                 token arithmetic, the oracle (the tokens a correct engine produces)
     models/     the reference models of vLLM's scheduler and GPU model runner, and the
-                messages between them (SchedulerOutput, ModelRunnerOutput)
+                messages between them (SchedulerOutput, ModelRunnerOutput); the reference
+                SGLang worker
     impls/      the implementations under test: a registry of variants, each in a reference
                 form and (where it has one) a real-vLLM form
     observers/  what watches any vLLM-shaped scheduler and runner from outside and writes
-                the trace rows; the KV ground truth
+                the trace rows; the KV ground truth; the same for SGLang's scheduler
     engines/    one driver loop for every engine (reference, the real vLLM scheduler, a live
-                vLLM), the input driver, the vLLM setup and plugin
+                vLLM), the input driver, the vLLM setup and plugin; SGLang's real scheduler
+                in its own event loop
     check/      findings, the checker's catalogue and rule families, the trace diff: reads
                 traces only (no models, engines or torch)
     workflows/  gate, explore, shrink, record to a file: what the CLI commands call

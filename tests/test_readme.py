@@ -32,7 +32,15 @@ def readme_test_command() -> str:
 def test_ci_runs_the_readme_test_command():
     """The README's one copy-paste command is .ci/run's stages joined, in order, nothing more."""
     stages = ci_stages()
-    assert [name for name, _ in stages] == ["installs", "lint", "types", "tests", "gate", "vllm-0.33.0"]
+    assert [name for name, _ in stages] == [
+        "installs",
+        "lint",
+        "types",
+        "tests",
+        "gate",
+        "vllm-0.33.0",
+        "sglang-0.5.23",
+    ]
     assert " && ".join(command for _, command in stages) == readme_test_command()
     # Nothing else in .ci/run runs a command: every line outside the stage lines is the timing
     # scaffolding (comments, the shell's options, the stage function, the summary).

@@ -16,6 +16,12 @@ Column prefixes say which side wrote the value:
 
 Counter names are vLLM's so a trace lines up with the engine. Nulls mean "not applicable"
 (for example `worker_*` of a request that is not in the worker's batch at that step).
+
+An SGLang trace (`--engine sglang-scheduler`, runner family `sglang`) has the same rows, one per
+request per loop iteration of SGLang's scheduler (the step: its `recv_requests` call), and fills
+the columns whose meaning is the same; the columns whose description starts "(SGLang)" are its
+own and null on a vLLM row, and a description says what a vLLM column holds on an SGLang row
+where that differs (`engines` in the table: vllm, sglang or all).
 """
 
 from __future__ import annotations
@@ -32,7 +38,10 @@ import pyarrow as pa
 #: drafts' provenance, rejections, sampled ids, new lives, slot reuse, preempted frees). Older
 #: files read with those null; a V1 runner's rows leave them null too (`RUNNER_COLUMNS`).
 #: v6: truth_unfilled_draft_slots (padding verified as drafts). Older files read with it null.
-SCHEMA_VERSION = 6
+#: v7: SGLang's scheduler and worker views (the "(SGLang)" columns: step_forward_mode, sched_kv_*,
+#: sched_seq_len, sched_req_pool_idx, apply_kv_*, apply_skip_reason, the release's columns,
+#: worker_seq_len, worker_new_seq_len) and the skip 'prefill'. Older files read with them null.
+SCHEMA_VERSION = 7
 OLDEST_READ = 2
 
 #: Status of the request in the scheduler after `schedule()` of this step.
@@ -46,7 +55,10 @@ KINDS = ("new", "cached", "reentering", "resumed", "unscheduled")
 #: budget: the running loop stopped (budget 0) before reaching it; max_tokens: skipped by the
 #: max-tokens rule; no_tokens: visited but its demand was 0; preempted: preempted for KV blocks
 #: in this step; waiting: in the waiting queue and not admitted; finished: finished before m.
-SKIPS = ("", "budget", "max_tokens", "no_tokens", "preempted", "waiting", "finished")
+#: prefill (SGLang): running, but the iteration ran a prefill batch, which SGLang schedules first.
+#: On an SGLang row, max_tokens is a request update_running_batch left out because its result in
+#: flight finishes it by length (_reqs_finishing_inflight), no_tokens one whose decode it deferred.
+SKIPS = ("", "budget", "max_tokens", "no_tokens", "preempted", "waiting", "finished", "prefill")
 #: Why `update_from_output` finished the request ("" when it did not).
 FINISH_REASONS = ("", "length", "stop", "aborted")
 #: The control event that changed the request right before this step's schedule() ("" when none).
@@ -61,6 +73,12 @@ EVENTS = ("", "abort", "reset_preempt", "resubmit", "stream_turn", "stream_updat
 #: preemption, tokens appended but counters untouched (vLLM's deliver mode); dropped: in flight
 #: across a cache reset (drop mode), ignored entirely; ignored: the request was finished or gone.
 APPLY_OUTCOMES = ("applied", "stale_delivered", "dropped", "ignored")
+#: (SGLang) The forward mode of the iteration's batch (ForwardMode, lower case; a spec v2 decode
+#: batch runs as target_verify).
+FORWARD_MODES = ("extend", "decode", "target_verify", "mixed", "idle")
+#: (SGLang) Why process_batch_result skipped a row ("" when it applied it): the request had
+#: finished, or had been retracted, before its result was processed.
+APPLY_SKIP_REASONS = ("", "finished", "retracted")
 
 _ENUM = pa.dictionary(pa.int8(), pa.string())
 _TEXT = pa.dictionary(pa.int16(), pa.string())  # free text with few distinct values
@@ -89,72 +107,135 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         "engine: control events applied since the previous schedule(), e.g. 'pause(keep); "
         "reset_prefix_cache(running)' (same on every row of the step; '' when none)",
     ),
+    (
+        "step_forward_mode",
+        _ENUM,
+        True,
+        f"(SGLang) engine: the forward mode of the batch the iteration ran, one of {FORWARD_MODES} (null: none)",
+    ),
     ("sched_event", _ENUM, False, f"scheduler: control event on this request before schedule(), one of {EVENTS}"),
     # ---- scheduler view at E1(m) ----
-    ("sched_status", _ENUM, False, f"scheduler: status after schedule(), one of {STATUSES}"),
+    (
+        "sched_status",
+        _ENUM,
+        False,
+        f"scheduler: status after schedule(), one of {STATUSES} (SGLang: preempted is retracted, back in the "
+        "waiting queue until its re-prefill)",
+    ),
     ("sched_kind", _ENUM, False, f"scheduler: how the request appears in S_m, one of {KINDS}"),
     ("sched_skip", _ENUM, False, f"scheduler: why it got no tokens, one of {SKIPS}"),
     (
         "sched_num_scheduled_tokens",
         pa.int32(),
         False,
-        "scheduler: num_scheduled_tokens[r] in S_m, draft slots included (tokens)",
+        "scheduler: num_scheduled_tokens[r] in S_m, draft slots included (tokens; SGLang: its extend length, "
+        "1 to decode, k + 1 to verify)",
     ),
-    ("sched_num_draft_slots", pa.int16(), False, "scheduler: len(scheduled_spec_decode_tokens[r]) in S_m (tokens)"),
+    (
+        "sched_num_draft_slots",
+        pa.int16(),
+        False,
+        "scheduler: len(scheduled_spec_decode_tokens[r]) in S_m (tokens; SGLang: k on a verify row)",
+    ),
     (
         "sched_num_computed_tokens",
         pa.int32(),
         False,
-        "scheduler: Request.num_computed_tokens before this step's advance (tokens)",
+        "scheduler: Request.num_computed_tokens before this step's advance (tokens; SGLang: Req.kv.kv_committed_len "
+        "before the iteration's scheduling)",
     ),
     (
         "sched_num_output_placeholders",
         pa.int32(),
         False,
-        "scheduler: Request.num_output_placeholders before this step's advance (tokens)",
+        "scheduler: Request.num_output_placeholders before this step's advance (tokens; SGLang: 0, it has none)",
     ),
-    ("sched_num_tokens", pa.int32(), False, "scheduler: Request.num_tokens = prompt + applied outputs"),
-    ("sched_num_output_tokens", pa.int32(), False, "scheduler: applied output tokens"),
+    (
+        "sched_num_tokens",
+        pa.int32(),
+        False,
+        "scheduler: Request.num_tokens = prompt + applied outputs (SGLang: Req.seqlen)",
+    ),
+    ("sched_num_output_tokens", pa.int32(), False, "scheduler: applied output tokens (SGLang: len(Req.output_ids))"),
     ("sched_num_prompt_tokens", pa.int32(), False, "scheduler: prompt length (tokens)"),
     (
         "sched_spec_len",
         pa.int16(),
         False,
-        "scheduler: len(Request.spec_token_ids) when schedule() started (draft slots it may book)",
+        "scheduler: len(Request.spec_token_ids) when schedule() started (draft slots it may book; SGLang: 0)",
     ),
     (
         "sched_spec_placeholders",
         pa.bool_(),
         False,
-        "scheduler: spec_token_ids was a non-empty list of -1 placeholders when schedule() started",
+        "scheduler: spec_token_ids was a non-empty list of -1 placeholders when schedule() started (SGLang: false)",
     ),
     (
         "sched_is_prefill_chunk",
         pa.bool_(),
         False,
-        "scheduler: after schedule(), C < num_tokens + P (this step samples nothing)",
+        "scheduler: after schedule(), C < num_tokens + P (this step samples nothing; SGLang: an extend that ends "
+        "before the request's fill)",
     ),
-    ("sched_finished_announced", pa.bool_(), False, "scheduler: request_id is in S_m.finished_req_ids"),
-    ("sched_preempted", pa.bool_(), False, "scheduler: preempted during this schedule() call"),
+    (
+        "sched_finished_announced",
+        pa.bool_(),
+        False,
+        "scheduler: request_id is in S_m.finished_req_ids (SGLang: the iteration finished and released it, or "
+        "answered its abort in the waiting queue: its last row)",
+    ),
+    (
+        "sched_preempted",
+        pa.bool_(),
+        False,
+        "scheduler: preempted during this schedule() call (SGLang: retracted by update_running_batch)",
+    ),
     (
         "sched_num_in_flight_tokens",
         pa.int32(),
         False,
-        "scheduler: Request.num_in_flight_tokens before schedule(): scheduled tokens of outputs not yet applied",
+        "scheduler: Request.num_in_flight_tokens before schedule(): scheduled tokens of outputs not yet applied "
+        "(SGLang: of batches launched whose results are not processed yet)",
     ),
     (
         "sched_num_stale_output_tokens",
         pa.int32(),
         False,
         "scheduler: Request.num_stale_output_tokens before schedule(): the in-flight share from before the last "
-        "preemption or cache reset (tokens)",
+        "preemption or cache reset (tokens; SGLang: 0)",
+    ),
+    (
+        "sched_kv_committed_len",
+        pa.int32(),
+        True,
+        "(SGLang) scheduler: Req.kv.kv_committed_len after the iteration's scheduling (tokens whose KV is committed)",
+    ),
+    (
+        "sched_kv_allocated_len",
+        pa.int32(),
+        True,
+        "(SGLang) scheduler: Req.kv.kv_allocated_len after the iteration's scheduling (KV slots it holds)",
+    ),
+    (
+        "sched_seq_len",
+        pa.int32(),
+        True,
+        "(SGLang) scheduler: r's seq_lens entry in the batch the scheduler built (before the FutureMap's "
+        "resolution; null: not in it)",
+    ),
+    (
+        "sched_req_pool_idx",
+        pa.int32(),
+        True,
+        "(SGLang) scheduler: Req.kv.req_pool_idx, its req_to_token row and FutureMap slot (null: none held)",
     ),
     # ---- what update_from_output(S_m) did, filled in when it ran ----
     (
         "apply_step",
         pa.int32(),
         True,
-        "engine step whose iteration popped S_m's output for update_from_output (null: never)",
+        "engine step whose iteration popped S_m's output for update_from_output (null: never; SGLang: the "
+        "iteration whose process_batch_result took the batch's result)",
     ),
     ("apply_outcome", _ENUM, True, f"scheduler: what update_from_output did with it, one of {APPLY_OUTCOMES}"),
     (
@@ -175,8 +256,20 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         True,
         "scheduler: len(scheduled_spec_decode_tokens[r]) as update_from_output read it back (tokens)",
     ),
-    ("apply_num_rejected", pa.int16(), True, "scheduler: rejected drafts it subtracted from C and P"),
-    ("apply_num_tokens", pa.int16(), True, "scheduler: output tokens appended (after stop truncation)"),
+    (
+        "apply_num_rejected",
+        pa.int16(),
+        True,
+        "scheduler: rejected drafts it subtracted from C and P (SGLang: drafts the verify rejected, k + 1 - accept "
+        "length; it commits the accepted ones instead)",
+    ),
+    (
+        "apply_num_tokens",
+        pa.int16(),
+        True,
+        "scheduler: output tokens appended (after stop truncation; SGLang: Req.output_ids' growth, which a verify "
+        "round's accepted run can carry past a stop or max_tokens)",
+    ),
     (
         "apply_sampled_token_ids",
         pa.list_(pa.int32()),
@@ -190,11 +283,71 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         True,
         "truth: appended tokens that differ from the request's expected token sequence",
     ),
-    ("apply_num_computed_tokens", pa.int32(), True, "scheduler: num_computed_tokens after the apply"),
-    ("apply_num_output_placeholders", pa.int32(), True, "scheduler: num_output_placeholders after the apply"),
+    (
+        "apply_num_computed_tokens",
+        pa.int32(),
+        True,
+        "scheduler: num_computed_tokens after the apply (SGLang: Req.kv.kv_committed_len after it)",
+    ),
+    (
+        "apply_num_output_placeholders",
+        pa.int32(),
+        True,
+        "scheduler: num_output_placeholders after the apply (SGLang: 0)",
+    ),
     ("apply_finish_reason", _ENUM, True, f"scheduler: finish caused by the apply, one of {FINISH_REASONS}"),
+    (
+        "apply_kv_committed_len",
+        pa.int32(),
+        True,
+        "(SGLang) scheduler: Req.kv.kv_committed_len after process_batch_result (rows it skipped too)",
+    ),
+    (
+        "apply_kv_allocated_len",
+        pa.int32(),
+        True,
+        "(SGLang) scheduler: Req.kv.kv_allocated_len after process_batch_result (rows it skipped too)",
+    ),
+    (
+        "apply_skip_reason",
+        _ENUM,
+        True,
+        f"(SGLang) scheduler: why process_batch_result skipped the row, one of {APPLY_SKIP_REASONS} ('': applied)",
+    ),
+    (
+        "apply_released_committed_len",
+        pa.int32(),
+        True,
+        "(SGLang) scheduler: kv_committed_len when release_kv_cache released the finished request (on the row "
+        "whose result's processing released it; an aborted chunked prefill, which the scheduling releases: its row "
+        "of that iteration; null: not released there)",
+    ),
+    (
+        "apply_released_allocated_len",
+        pa.int32(),
+        True,
+        "(SGLang) scheduler: kv_allocated_len at that release (the slots past owned_kv_len are freed)",
+    ),
+    (
+        "apply_owned_kv_len",
+        pa.int32(),
+        True,
+        "(SGLang) scheduler: Req.owned_kv_len() at that release: the radix insert bound, min(committed, prompt + "
+        "outputs through the stop)",
+    ),
+    (
+        "apply_release_checkpointed",
+        pa.bool_(),
+        True,
+        "(SGLang) scheduler: that release inserted the request's KV into the radix cache (checkpoint)",
+    ),
     # ---- worker view at E2(m) / E3(m) ----
-    ("worker_row", pa.int16(), True, "worker: batch row (V1: persistent batch after condense; MRV2: in idx_mapping)"),
+    (
+        "worker_row",
+        pa.int16(),
+        True,
+        "worker: batch row (V1: persistent batch after condense; MRV2: in idx_mapping; SGLang: in the ScheduleBatch)",
+    ),
     (
         "worker_num_scheduled_tokens",
         pa.int32(),
@@ -212,7 +365,8 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         "worker_first_position",
         pa.int32(),
         True,
-        "worker: position of r's first token this step (the device-side corrected value it writes KV at)",
+        "worker: position of r's first token this step (the device-side corrected value it writes KV at; SGLang: "
+        "prefix_len, seq_len - 1 to decode, seq_len to verify)",
     ),
     ("worker_correction", pa.int16(), True, "worker: rejected drafts of m-1 it subtracted (tokens)"),
     ("worker_in_prev_map", pa.bool_(), True, "worker: r in prev_req_id_to_index after the removals"),
@@ -222,12 +376,33 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         True,
         "worker: drafts cached for r from the previous step (0: no scatter source row)",
     ),
-    ("worker_draft_ids", pa.list_(pa.int32()), True, "worker: draft ids fed to the model for r (before any clamp)"),
+    (
+        "worker_draft_ids",
+        pa.list_(pa.int32()),
+        True,
+        "worker: draft ids fed to the model for r (before any clamp; SGLang: the k drafts it verified)",
+    ),
     ("worker_negative_inputs", pa.int16(), True, "worker: input ids < 0 for r before any clamp"),
-    ("worker_num_accepted", pa.int16(), True, "worker: drafts accepted by the rejection sampler"),
-    ("worker_num_emitted", pa.int16(), True, "worker: tokens emitted, 1 + accepted, 0 if discarded"),
+    (
+        "worker_num_accepted",
+        pa.int16(),
+        True,
+        "worker: drafts accepted by the rejection sampler (SGLang: by the greedy verify; accept length - 1)",
+    ),
+    (
+        "worker_num_emitted",
+        pa.int16(),
+        True,
+        "worker: tokens emitted, 1 + accepted, 0 if discarded (SGLang: 0 for an extend that ends before the fill)",
+    ),
     ("worker_num_output_tokens", pa.int32(), True, "worker: len(output_token_ids) after _update_states"),
-    ("worker_edited_output", pa.bool_(), True, "worker: it changed r's entries in the SchedulerOutput"),
+    (
+        "worker_edited_output",
+        pa.bool_(),
+        True,
+        "worker: it changed r's entries in the SchedulerOutput (SGLang: r's seq_lens or req_pool_indices entry of "
+        "the ScheduleBatch it was handed)",
+    ),
     (
         "worker_kept_finished",
         pa.bool_(),
@@ -262,7 +437,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
     ),
     ("worker_query_len", pa.int32(), True, "worker (MRV2): r's query length as the batch ran it (query_start_loc)"),
     ("worker_num_rejected", pa.int16(), True, "worker (MRV2): drafts of r the rejection sampler rejected"),
-    ("worker_sampled_ids", pa.list_(pa.int32()), True, "worker (MRV2): the ids sampled for r (the first num_sampled)"),
+    (
+        "worker_sampled_ids",
+        pa.list_(pa.int32()),
+        True,
+        "worker (MRV2): the ids sampled for r (the first num_sampled; SGLang: the tokens it emitted, a verify's "
+        "accepted run)",
+    ),
     (
         "worker_draft_proposed_step",
         pa.int32(),
@@ -305,6 +486,21 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         pa.bool_(),
         True,
         "worker (MRV2): on the row of the step listing r preempted, its slot was freed (null: not listed)",
+    ),
+    # ---- worker view, SGLang only (models/sglang_worker.py; observers/sglang_observer.py) ----
+    (
+        "worker_seq_len",
+        pa.int32(),
+        True,
+        "(SGLang) worker: r's seq_lens entry the worker ran with, after the FutureMap's resolution (spec v2: the "
+        "committed length its verify round starts at)",
+    ),
+    (
+        "worker_new_seq_len",
+        pa.int32(),
+        True,
+        "(SGLang) worker: the new seq_lens entry it handed back and published to the FutureMap (spec v2: seq_len + "
+        "accept length, an extend's seq_len; null: non-spec, it hands back none)",
     ),
     # ---- ground truth of the reference runner ----
     (
@@ -409,10 +605,14 @@ ADDED_IN = {
     "truth_kv_unowned_writes": 4,
     "truth_unfilled_draft_slots": 6,
     **{name: 5 for name, _type, _nullable, doc in COLUMNS if doc.startswith("worker (MRV2)")},
+    **{name: 7 for name, _type, _nullable, doc in COLUMNS if doc.startswith("(SGLang)")},
 }
 
+#: SGLang's own columns, null on a vLLM row (`--engine sglang-scheduler`).
+SGLANG_ONLY = tuple(name for name, _type, _nullable, doc in COLUMNS if doc.startswith("(SGLang)"))
 #: The worker columns each runner family's observer fills (the rest of `worker_` stays null on
-#: its rows): V1's persistent-batch view, MRV2's slot view. `specreplay schema` shows them.
+#: its rows): V1's persistent-batch view, MRV2's slot view, the reference SGLang worker's batch
+#: view (the vLLM columns whose meaning is the same, and its own). `specreplay schema` shows them.
 MRV2_ONLY = tuple(name for name, _type, _nullable, doc in COLUMNS if doc.startswith("worker (MRV2)"))
 V1_ONLY = (
     "worker_num_computed_tokens",
@@ -421,9 +621,24 @@ V1_ONLY = (
     "worker_cached_drafts",
     "worker_num_output_tokens",
 )
+SGLANG_WORKER_SHARED = (
+    "worker_row",
+    "worker_num_scheduled_tokens",
+    "worker_num_draft_slots",
+    "worker_first_position",
+    "worker_draft_ids",
+    "worker_negative_inputs",
+    "worker_num_accepted",
+    "worker_num_emitted",
+    "worker_edited_output",
+    "worker_sampled_ids",
+)
 RUNNER_COLUMNS = {
-    "v1": tuple(n for n in COLUMN_NAMES if n.startswith("worker_") and n not in MRV2_ONLY),
-    "v2": tuple(n for n in COLUMN_NAMES if n.startswith("worker_") and n not in V1_ONLY),
+    "v1": tuple(n for n in COLUMN_NAMES if n.startswith("worker_") and n not in MRV2_ONLY and n not in SGLANG_ONLY),
+    "v2": tuple(n for n in COLUMN_NAMES if n.startswith("worker_") and n not in V1_ONLY and n not in SGLANG_ONLY),
+    "sglang": tuple(
+        n for n in COLUMN_NAMES if n.startswith("worker_") and (n in SGLANG_WORKER_SHARED or n in SGLANG_ONLY)
+    ),
 }
 
 
@@ -439,6 +654,8 @@ ENUMS = {
     "apply_finish_reason": FINISH_REASONS,
     "sched_event": EVENTS,
     "apply_outcome": APPLY_OUTCOMES,
+    "step_forward_mode": FORWARD_MODES,
+    "apply_skip_reason": APPLY_SKIP_REASONS,
 }
 
 # Key/value metadata keys (all values are UTF-8 JSON or plain text).
@@ -463,11 +680,23 @@ META_VOLATILE = b"specreplay.volatile"  # JSON: created_at, host, torch version
 
 def markdown_table() -> str:
     """The column reference as a markdown table (docs/trace-format.md and `specreplay schema`)."""
-    lines = ["| column | type | null | runners | meaning |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| column | type | null | engines | runners | meaning |", "| --- | --- | --- | --- | --- | --- |"]
     for name, typ, nullable, doc in COLUMNS:
         shown = "text" if typ == _TEXT else "enum" if pa.types.is_dictionary(typ) else str(typ)
-        lines.append(f"| `{name}` | {shown} | {'yes' if nullable else 'no'} | {filled_by(name)} | {doc} |")
+        lines.append(
+            f"| `{name}` | {shown} | {'yes' if nullable else 'no'} | {engines_of(name)} | {filled_by(name)} | {doc} |"
+        )
     return "\n".join(lines)
+
+
+def engines_of(name: str) -> str:
+    """Which engines' traces fill a column: sglang (its own columns), vllm (the vLLM worker
+    columns no SGLang runner fills), or all."""
+    if name in SGLANG_ONLY:
+        return "sglang"
+    if name.startswith("worker_") and name not in RUNNER_COLUMNS["sglang"]:
+        return "vllm"
+    return "all"
 
 
 def filled_by(name: str) -> str:
@@ -480,8 +709,11 @@ def filled_by(name: str) -> str:
 #: What `specreplay schema` says before the table: which columns each runner's worker view fills.
 RUNNERS_NOTE = (
     "The worker view is the runner's: a trace's `specreplay.impl` names the runner class that ran and its "
-    "family (`runner_family`: v1, vLLM's V1 GPUModelRunner; v2, Model Runner V2, vllm/v1/worker/gpu/; absent "
-    "in traces from before v5: v1). The runners column says which family's observer fills a worker column; "
-    "on the other family's rows it is null. Traces of an older schema version read with the columns added "
-    "since null."
+    "family (`runner_family`: v1, vLLM's V1 GPUModelRunner; v2, Model Runner V2, vllm/v1/worker/gpu/; sglang, "
+    "the reference SGLang worker under SGLang's real scheduler, `--engine sglang-scheduler`; absent in traces "
+    "from before v5: v1). The runners column says which family's observer fills a worker column; on the other "
+    "families' rows it is null. The engines column says whose traces fill a column: sglang for SGLang's own "
+    'columns (described "(SGLang)", null on a vLLM row), vllm for vLLM\'s worker columns no SGLang row fills; '
+    "a vLLM column an SGLang row fills says what it holds there where that differs. Traces of an older schema "
+    "version read with the columns added since null."
 )

@@ -67,9 +67,13 @@ _WORKER_SOMETIMES = (
 )
 _WORKER_BOTH = tuple(n for n in schema.RUNNER_COLUMNS["v1"] if n in schema.RUNNER_COLUMNS["v2"])
 GROUPS = {
+    # The reference SGLang worker fills these too (schema.RUNNER_COLUMNS["sglang"]).
     "worker": tuple(n for n in _WORKER_BOTH if n not in _WORKER_SOMETIMES),
     "worker (V1)": schema.V1_ONLY,
-    "worker (MRV2)": tuple(n for n in schema.MRV2_ONLY if n not in _WORKER_SOMETIMES),
+    # Less worker_sampled_ids, which an SGLang row fills without MRV2's slot columns.
+    "worker (MRV2)": tuple(
+        n for n in schema.MRV2_ONLY if n not in _WORKER_SOMETIMES and n not in schema.RUNNER_COLUMNS["sglang"]
+    ),
     "worker draft origin (MRV2)": ("worker_draft_proposed_step", "worker_draft_proposed_for", "worker_draft_base"),
     # apply_token_mismatches needs ground truth: null in a live engine's trace. apply_step and
     # apply_outcome are also set for an output update_from_output ignored (nothing to count).
@@ -78,8 +82,19 @@ GROUPS = {
         for n in schema.COLUMN_NAMES
         if n.startswith("apply_")
         and n not in ("apply_finish_reason", "apply_token_mismatches", "apply_step", "apply_outcome")
+        and n not in schema.SGLANG_ONLY
     ),
     "popped": ("apply_step", "apply_outcome"),
+    # SGLang's own (schema.SGLANG_ONLY): the KV lengths after the scheduling and after
+    # process_batch_result (a row it skipped too), and what a finish's release recorded.
+    "scheduler (SGLang)": ("sched_kv_committed_len", "sched_kv_allocated_len"),
+    "apply (SGLang)": ("apply_kv_committed_len", "apply_kv_allocated_len", "apply_skip_reason"),
+    "release (SGLang)": (
+        "apply_released_committed_len",
+        "apply_released_allocated_len",
+        "apply_owned_kv_len",
+        "apply_release_checkpointed",
+    ),
     # The other request a KV finding names is there only when there is one; the drafter's unfilled
     # slots only where the runner knows what it proposed for the request the step before.
     "truth": tuple(

@@ -3,5 +3,6 @@
 Holds the registry of engines and runner families (registry.py), the run entry point, the loop
 in vLLM's step_with_batch_queue order, the input driver and the typed control events with their
 one driver (events.py), the run's outcome, the vLLM setup, the real-scheduler adapter, the live
-engine and its plugin. Imports every stage but check.
+engine and its plugin, and SGLang's real scheduler in its own event loop (sglang_*.py). Imports
+every stage but check.
 """

@@ -9,7 +9,7 @@ outcome `crashed` (the checker's `E1-engine-crash`), or None when the exception 
 Whose code a frame is, by its module:
 - the implementation's: the variant's own modules (a `module:attr` class and its bases outside
   specreplay, the built-in variants), and the code it inherits and runs on: specreplay's
-  reference models (`replay/models`, `replay/impls`) and vLLM;
+  reference models (`replay/models`, `replay/impls`), vLLM and SGLang;
 - specreplay's own: everything else under `specreplay` (the loop, the observers, the recorder,
   the oracle, the real-scheduler adapter);
 - no one's: the standard library and other third-party code (torch, numpy) speak for whoever
@@ -40,8 +40,9 @@ from specreplay.replay.models.messages import EngineCrash
 from specreplay.traces.errors import InputError, ObserverError
 from specreplay.traces.header import Outcome
 
-#: Packages of the code an implementation inherits and runs on (prefixes of module names).
-INHERITED = ("specreplay.replay.models", "specreplay.replay.impls", "vllm")
+#: Packages of the code an implementation inherits and runs on (prefixes of module names): the
+#: reference models, vLLM, and SGLang (`--engine sglang-scheduler` runs its real scheduler).
+INHERITED = ("specreplay.replay.models", "specreplay.replay.impls", "vllm", "sglang")
 #: Where the classes a variant subclasses live: its bases there are not the variant's own code.
 BASES = ("specreplay.replay.models", "vllm", "specreplay.replay.impls.registry", "builtins")
 OWN = "specreplay"

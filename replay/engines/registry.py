@@ -13,12 +13,16 @@ Engines:
   vllm-scheduler  the installed vLLM's real Scheduler / AsyncScheduler, the reference runner
   vllm            a live tiny vLLM engine: its own scheduler and model runner (engines/live.py)
   vllm (attached) a user's own vLLM recorded in place (engines/attached.py; what merge names)
+  sglang-scheduler  SGLang 0.5.23's real scheduler, driven through its own event loop, with the
+                  reference SGLang worker (engines/sglang_loop.py; its own environment)
 
 Runner families (the vLLM runner a live engine runs and its worker observer; the reference
-runner a loop engine drives):
+runner a loop engine drives; the worker SGLang's scheduler feeds):
   v1              vLLM's V1 GPUModelRunner (replay/models/runner.py; observers/worker_observer.py)
   v2              vLLM's Model Runner V2, vllm/v1/worker/gpu/ (replay/models/mrv2_runner.py;
                   observers/mrv2_observer.py records the real one and the reference alike)
+  sglang          SGLang's TpModelWorker / EAGLEWorkerV2 (replay/models/sglang_worker.py, behind
+                  engines/sglang_workers.py; observers/sglang_observer.py)
 """
 
 from __future__ import annotations
@@ -52,9 +56,9 @@ class RunnerFamily:
     name: str
     summary: str
     reference: str | None  # module:attr of specreplay's reference model of the runner (None: none yet)
-    real: str  # module:attr of the vLLM runner class it models
-    observe: str  # module:attr of `observe(runner, writer, external_id)`: its worker observer, attached
-    env: str  # VLLM_USE_V2_MODEL_RUNNER's value that makes vLLM build this family's runner
+    real: str  # module:attr of the runner class it models (vLLM's; SGLang's worker for sglang)
+    observe: str | None  # module:attr of `observe(runner, writer, external_id)`: its worker observer on a live vLLM
+    env: str  # VLLM_USE_V2_MODEL_RUNNER's value that makes vLLM build this family's runner ("": not vLLM's)
     # The reference is watched by the family's own worker observer (the one that records the real
     # runner), not the V1 WorkerObserver: its trace has exactly a live trace's worker columns.
     observed_like_live: bool = False
@@ -64,6 +68,8 @@ class RunnerFamily:
     # padding included) and the worker view records every sampled token (`worker_sampled_ids`):
     # what a replay on the recorded outcomes reads (workloads/recorded_oracle.py).
     verifies_slot_drafts: bool = False
+    # Its workers serve vLLM's scheduler (the reference, the real one, a live vLLM); False: SGLang's.
+    serves_vllm: bool = True
 
     def reference_class(self) -> type:
         if self.reference is None:
@@ -80,6 +86,8 @@ class RunnerFamily:
 
     def attach(self, runner: Any, writer: Any, external_id: Any = None) -> Any:
         """This family's worker observer, on the live `runner`."""
+        if self.observe is None:
+            raise InputError(f"runner family {self.name} ({self.summary}) has no observer for a live vLLM")
         return _load(self.observe)(runner, writer, external_id)
 
     def refuse(self, impl: Implementation) -> None:
@@ -140,6 +148,15 @@ RUNNERS: dict[str, RunnerFamily] = {
             scheduler_v2_mode=True,
             verifies_slot_drafts=True,
         ),
+        RunnerFamily(
+            "sglang",
+            "the reference SGLang worker (SGLang's TpModelWorker / EAGLEWorkerV2 contract)",
+            reference="specreplay.replay.models.sglang_worker:SglangReferenceWorker",
+            real="sglang.srt.managers.tp_worker:TpModelWorker",
+            observe=None,  # observers/sglang_observer.py, attached by engines/sglang_loop.py
+            env="",
+            serves_vllm=False,
+        ),
     )
 }
 #: The runner family a loop engine's reference runner models when not told (README: why v1).
@@ -178,8 +195,26 @@ class Engine:
     needs_vllm: bool = False
     real_scheduler: bool = False  # runs a variant's real_scheduler form (vLLM's class)
     real_runner: bool = False  # runs a variant's real_runner form (vLLM's GPUModelRunner)
-    drives_itself: bool = False  # a live vLLM: its own busy loop; the input driver only feeds it
+    drives_itself: bool = False  # its own busy loop (a live vLLM, SGLang's scheduler); the input driver only feeds it
     runner: str | None = DEFAULT_RUNNER  # the runner family a loop engine builds; None: vLLM's own
+
+    @property
+    def serves_vllm(self) -> bool:
+        """Is it vLLM's scheduler (the reference, the real one, a live vLLM)? False: SGLang's."""
+        return self.runner is None or RUNNERS[self.runner].serves_vllm
+
+    def runner_for(self, runner: str | None) -> str | None:
+        """The runner family a run asks for (`--runner`; None: the engine's default), once it is
+        known to serve this engine's scheduler: one InputError line otherwise."""
+        if runner is None:
+            return None
+        family = runner_family(runner)
+        if family.serves_vllm != self.serves_vllm:
+            fits = ", ".join(n for n, f in RUNNERS.items() if f.serves_vllm == self.serves_vllm)
+            raise InputError(
+                f"--runner {runner} ({family.summary}) does not run on --engine {self.name}; it takes {fits}"
+            )
+        return runner
 
     def refuse(self, impl: Implementation, config: EngineConfig, where: str = "the workload") -> None:
         """Decide, once per run and before anything is built, whether `impl` runs here: it applies
@@ -225,8 +260,10 @@ class Engine:
         progress: Callable | None,
         runner: str | None = None,
         drafter: str | None = None,
+        oracle: Oracle | None = None,
     ):
-        """Run the whole workload (an engine that `drives_itself`; the others are driven by the loop)."""
+        """Run the whole workload (an engine that `drives_itself`; the others are driven by the
+        loop), on `oracle`'s outcomes where it `takes_oracle` (None: the workload's)."""
         raise InputError(f"--engine {self.name} is driven by the engine loop, it does not run by itself")
 
     def describe(
@@ -308,6 +345,7 @@ class LiveEngine(Engine):
         progress: Callable | None,
         runner: str | None = None,
         drafter: str | None = None,
+        oracle: Oracle | None = None,
     ):
         from specreplay.replay.engines.live import run_live
 
@@ -330,8 +368,51 @@ class AttachedEngine(LiveEngine):
         progress: Callable | None,
         runner: str | None = None,
         drafter: str | None = None,
+        oracle: Oracle | None = None,
     ):
         raise InputError(f"{self.name} is recorded in place (specreplay record --attach), not run from a workload")
+
+
+@dataclass(frozen=True)
+class SglangEngine(Engine):
+    """SGLang's real scheduler in its own event loop, with the reference SGLang worker (engines/sglang_loop.py)."""
+
+    def refuse(self, impl: Implementation, config: EngineConfig, where: str = "the workload") -> None:
+        """The variants are vLLM's (its scheduler's or runner's classes): none has a form for SGLang."""
+        impl.require_applies(config, where)
+        changed = [part for part in ("scheduler", "runner", "real_scheduler", "real_runner") if getattr(impl, part)]
+        if changed:
+            raise InputError(
+                f"{impl.name} changes vLLM's {changed[0].replace('real_', '')}; it has no form for --engine "
+                f"{self.name} (SGLang's scheduler runs as released, with the reference SGLang worker)"
+            )
+
+    def models(self, config: EngineConfig) -> str:
+        from specreplay.replay.engines.sglang_setup import installed_sglang_version
+
+        return f"sglang {installed_sglang_version()} scheduler + specreplay's reference SGLang worker"
+
+    def expected(self, impl: Implementation, config: EngineConfig, runner: str | None = None) -> dict[str, str] | None:
+        return None  # SGLang's classes, named by what ran (engines/sglang_loop.py)
+
+    def run(
+        self,
+        workload: Any,
+        impl: Implementation,
+        device: str,
+        model: str | None,
+        progress: Callable | None,
+        runner: str | None = None,
+        drafter: str | None = None,
+        oracle: Oracle | None = None,
+    ):
+        if model is not None:
+            raise InputError(f"--model is for --engine vllm; --engine {self.name} runs the reference SGLang worker")
+        if drafter is not None:
+            raise InputError(f"--drafter is for --engine vllm; --engine {self.name} drafts with the oracle (EAGLE v2)")
+        from specreplay.replay.engines.sglang_loop import run_sglang
+
+        return run_sglang(workload, impl, device, oracle, progress)
 
 
 ENGINES: dict[str, Engine] = {
@@ -361,6 +442,13 @@ ENGINES: dict[str, Engine] = {
             needs_vllm=True,
             drives_itself=True,
             runner=None,
+        ),
+        SglangEngine(
+            "sglang-scheduler",
+            "SGLang 0.5.23's real scheduler (overlap, EAGLE v2) with the reference SGLang worker",
+            takes_oracle=True,
+            drives_itself=True,
+            runner="sglang",
         ),
     )
 }
@@ -392,8 +480,9 @@ def loop_engines() -> tuple[str, ...]:
 
 
 def replay_engines() -> tuple[str, ...]:
-    """The engines a recording's outcomes can drive (a live engine makes its own), the default first."""
-    return tuple(name for name, entry in ENGINES.items() if entry.takes_oracle)
+    """The engines a vLLM recording's outcomes can drive (a live engine makes its own; SGLang's
+    scheduler takes a workload's outcomes, not a vLLM recording's), the default first."""
+    return tuple(name for name, entry in ENGINES.items() if entry.takes_oracle and entry.serves_vllm)
 
 
 __all__ = [

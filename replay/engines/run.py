@@ -71,14 +71,14 @@ def run_workload(
     is built; one without the real forms the engine runs, one InputError line."""
     entry = engine_entry(engine)
     entry.refuse(impl, workload.config, f"workload {workload.name!r}")  # once per run, before anything is built
+    entry.runner_for(runner)  # a family whose workers serve this engine's scheduler
     if oracle is not None and not entry.takes_oracle:
         raise InputError(
             f"a live engine makes its own outcomes: replay a recording through --engine {' or '.join(replay_engines())}"
         )
-    if entry.drives_itself:
-        return entry.run(
-            workload, impl, device, model, progress, runner, drafter
-        )  # its observers write part files as they go
+    if entry.drives_itself:  # a live vLLM (its observers write part files as they go), SGLang's loop
+        trace = entry.run(workload, impl, device, model, progress, runner, drafter, oracle=oracle)
+        return on_outcomes(trace, oracle) if getattr(oracle, "recorded", False) else trace
     if model is not None:
         raise InputError("--model is for --engine vllm (a live engine); the other engines run the reference model")
     if drafter is not None:

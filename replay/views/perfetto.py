@@ -62,6 +62,7 @@ _NAMES = {
     "U": "resumed",
     "b": "skipped: budget",
     "m": "skipped: max_tokens",
+    "f": "skipped: prefill first (SGLang)",
     "0": "nothing to schedule",
     "w": "waiting",
     "P": "preempted",

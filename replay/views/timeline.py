@@ -46,6 +46,8 @@ LEGEND_MRV2 = (
     ("x", "worker: verified drafts proposed for another request (a reused slot)"),
     ("~", "worker: verified drafts proposed at another position than the one it is at"),
 )
+#: What an SGLang trace's cells add (its scheduler runs a prefill batch before any decode).
+LEGEND_SGLANG = (("f", "skipped: the iteration ran a prefill batch, which SGLang schedules first"),)
 
 _COLUMNS = (
     "step",
@@ -130,14 +132,14 @@ class Timeline:
 
 
 def runner_family_of(trace) -> str:
-    """ "v1" or "v2": the runner family whose worker view a trace holds (traces before schema v5
-    name none: V1's)."""
+    """ "v1", "v2" or "sglang": the runner family whose worker view a trace holds (traces before
+    schema v5 name none: V1's)."""
     return trace.impl.runner_family or "v1"
 
 
 def legend(family: str) -> tuple[tuple[str, str], ...]:
     """The glyphs a timeline of that runner family's trace uses."""
-    return LEGEND + (LEGEND_MRV2 if family == "v2" else ())
+    return LEGEND + (LEGEND_MRV2 if family == "v2" else ()) + (LEGEND_SGLANG if family == "sglang" else ())
 
 
 def amount(n: int, k: int) -> str:
@@ -182,7 +184,9 @@ def _sched_cell(row: dict[str, Any]) -> Cell:
         return Cell("F", "dim")
     if status == "preempted":
         return Cell("p", "skip")
-    return Cell({"budget": "b", "max_tokens": "m", "no_tokens": "0", "waiting": "w"}.get(skip, "-"), "skip")
+    return Cell(
+        {"budget": "b", "max_tokens": "m", "no_tokens": "0", "waiting": "w", "prefill": "f"}.get(skip, "-"), "skip"
+    )
 
 
 def worker_cell(row: dict[str, Any]) -> Cell:

@@ -62,8 +62,9 @@ def real_scheduler_for(version: str) -> bool:
     return True
 
 
-#: The runner families a matrix measures: those with a reference runner.
-MATRIX_RUNNERS = tuple(name for name, family in RUNNERS.items() if family.reference)
+#: The runner families a matrix measures: vLLM's, those with a reference runner (SGLang's is not
+#: measured here yet).
+MATRIX_RUNNERS = tuple(name for name, family in RUNNERS.items() if family.reference and family.serves_vllm)
 NOT_APPLICABLE = "does not apply"
 
 

@@ -30,10 +30,14 @@ def builtin(name: str) -> Implementation:
 
 
 def test_the_entries_say_what_each_engine_supports():
-    assert registry.choosable_engines() == ("reference", "vllm-scheduler", "vllm")
+    assert registry.choosable_engines() == ("reference", "vllm-scheduler", "vllm", "sglang-scheduler")
+    # SGLang's scheduler takes a workload's outcomes, not a vLLM recording's; it runs its own loop.
     assert registry.replay_engines() == REPLAY_ENGINES == ("reference", "vllm-scheduler")
     assert registry.loop_engines() == ("reference", "vllm-scheduler")
     ref, real, live, attached = (engine(n) for n in ("reference", "vllm-scheduler", "vllm", "vllm (attached)"))
+    sglang = engine("sglang-scheduler")
+    assert sglang.takes_oracle and sglang.drives_itself and not sglang.needs_vllm and sglang.runner == "sglang"
+    assert not sglang.serves_vllm and all(e.serves_vllm for e in (ref, real, live, attached))
     assert ref.takes_oracle and not ref.needs_vllm and not ref.real_scheduler and ref.runner == "v1"
     assert real.takes_oracle and real.needs_vllm and real.real_scheduler and not real.real_runner
     assert not live.takes_oracle and live.real_scheduler and live.real_runner and live.drives_itself
@@ -54,9 +58,11 @@ def test_the_cli_takes_its_engines_from_the_registry():
 
 
 def test_an_unknown_engine_or_runner_family_is_one_line():
-    with pytest.raises(InputError, match=r"^unknown engine 'sglang'; known: reference, vllm-scheduler, vllm$"):
+    with pytest.raises(
+        InputError, match=r"^unknown engine 'sglang'; known: reference, vllm-scheduler, vllm, sglang-scheduler$"
+    ):
         engine("sglang")
-    with pytest.raises(InputError, match=r"^unknown runner family 'v9'; known: v1, v2$"):
+    with pytest.raises(InputError, match=r"^unknown runner family 'v9'; known: v1, v2, sglang$"):
         runner_family("v9")
     with pytest.raises(InputError, match="unknown engine"):
         run_workload(build_scenario("reentry"), builtin("upstream"), engine="sglang")

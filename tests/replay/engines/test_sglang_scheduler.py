@@ -1,0 +1,460 @@
+"""`--engine sglang-scheduler`: SGLang 0.5.23's real scheduler in its own event loop, the reference
+SGLang worker, both views in the trace (engines/sglang_loop.py).
+
+Marked `sglang`: they run in SGLang's environment (`scripts/sglang.sh test`) and skip elsewhere.
+Every run goes through SGLang's own code (the overlap and normal loops, the schedule policy,
+retraction, process_batch_result, release_kv_cache, its invariant checks after every iteration):
+what the tests assert is what the real scheduler decided. The tests at the bottom (what SGLang
+cannot take, the install hint) need no SGLang and run everywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pyarrow.compute as pc
+import pytest
+from click.testing import CliRunner
+
+from specreplay.cli.main import main
+from specreplay.replay.engines.run import run_workload
+from specreplay.replay.impls.registry import resolve
+from specreplay.replay.models.sglang_worker import SglangReferenceWorker
+from specreplay.replay.workloads.notation import workload_from_notation
+from specreplay.traces.errors import InputError
+from specreplay.traces.io import read_trace, write_trace
+
+sglang = pytest.mark.sglang
+UPSTREAM = resolve("upstream", allow_import=False)
+#: overlap (async scheduling) x EAGLE v2 draft steps
+MODES = [("async", 0), ("sync", 0), ("async", 3), ("sync", 3)]
+MODE_IDS = [f"{m}-k{k}" for m, k in MODES]
+
+
+def note(text: str, mode: str, k: int) -> str:
+    """`text` (the notation, tests/README.md) with k and the scheduling mode among its settings."""
+    parts = text.split("|") + [""] * (text.count("|") == 0)
+    parts[1] = f"{parts[1]} k{k} {mode} "
+    return "|".join(parts)
+
+
+@functools.cache
+def record(text: str, worker_class: type = SglangReferenceWorker):
+    """The trace of a one-line workload (tests/README.md) on SGLang's scheduler, recorded once."""
+    from specreplay.replay.engines.sglang_loop import run_sglang
+
+    return run_sglang(workload_from_notation(text), UPSTREAM, worker_class=worker_class)
+
+
+def rows(trace, rid: str | None = None) -> list[dict]:
+    table = trace.table if rid is None else trace.table.filter(pc.equal(trace.table["request_id"], rid))
+    return table.to_pylist()
+
+
+def applied(trace) -> list[dict]:
+    return [r for r in rows(trace) if r["apply_outcome"] == "applied"]
+
+
+# ====================================================================== the four modes
+#: A length finish (with k = 3: two verify rounds of 4 after the prefill's token), a request
+#: verifying at random, a stop token on its 3rd output arriving one step late, a 20-token prompt
+#: arriving at step 3 that a budget of 16 prefills in two chunks.
+FOUR = "a:p4,t9 b:p3,t5,random:0.5 c:p3,t8,stop3@2 d:p20,t4@3 | budget 16 seqs 8"
+
+
+@sglang
+@pytest.mark.parametrize("mode, k", MODES, ids=MODE_IDS)
+def test_each_mode_records_a_valid_trace_of_what_the_client_received(tmp_path, mode, k):
+    trace = record(note(FOUR, mode, k))
+    assert trace.outcome.status == "completed", trace.outcome
+    # What SGLang sent its client: max_tokens each, the stop request through its stop token.
+    assert trace.outcome.engine_output_tokens == {"a": 9, "b": 5, "c": 3, "d": 4}
+    assert trace.impl.engine == "sglang-scheduler" and trace.impl.runner_family == "sglang"
+    again = read_trace(write_trace(trace, tmp_path / "t.parquet"))  # validated on write and on read
+    assert again.table.equals(trace.table) and again.schema_version == 7
+    all_rows = rows(trace)
+    assert {r["step_forward_mode"] for r in all_rows} - {None} == {"extend", "target_verify" if k else "decode"}
+    # Every token the scheduler appended is the oracle's, and the KV cache holds what it should.
+    assert all(r["apply_token_mismatches"] == 0 for r in applied(trace))
+    assert all(r["truth_kv_ok"] for r in all_rows if r["truth_kv_ok"] is not None)
+    for rid in "abcd":
+        mine = rows(trace, rid)
+        assert [r["sched_finished_announced"] for r in mine] == [False] * (len(mine) - 1) + [True]
+        assert [r["step"] for r in mine] == list(range(mine[0]["step"], mine[-1]["step"] + 1))
+    assert rows(trace, "d")[0]["step"] == 3 and rows(trace, "c")[0]["step"] == 2
+    # d's first chunk samples nothing: the worker emits nothing the scheduler takes, it appends none.
+    chunk = [r for r in rows(trace, "d") if r["sched_is_prefill_chunk"]]
+    assert [(r["sched_num_scheduled_tokens"], r["worker_num_emitted"], r["apply_num_tokens"]) for r in chunk] == [
+        (16, 0, 0)
+    ]
+    # Overlap: a batch's result is processed one iteration after its launch; without, in it.
+    lag = 1 if mode == "async" else 0
+    assert {r["apply_step"] - r["step"] for r in all_rows if r["apply_step"] is not None} == {lag}
+    # Only under overlap can a result come back for a request that has finished meanwhile: with
+    # EAGLE v2, finished requests run one more verify round, whose result is skipped.
+    ignored = [r for r in all_rows if r["apply_outcome"] == "ignored"]
+    if mode == "sync":
+        assert ignored == []
+    elif k:
+        assert ignored and {(r["apply_skip_reason"], r["step_forward_mode"]) for r in ignored} == {
+            ("finished", "target_verify")
+        }
+
+
+@sglang
+@pytest.mark.parametrize("mode, k", MODES, ids=MODE_IDS)
+def test_the_scheduler_commits_what_the_worker_wrote(mode, k):
+    """SGLang's kv_committed_len against the reference worker's KV: non-spec commits the decoded
+    token's slot when it schedules it, spec v2 commits the accepted run when it processes it."""
+    trace = record(note(FOUR, mode, k))
+    ran = [r for r in rows(trace) if r["worker_row"] is not None]
+    for r in ran:
+        if r["step_forward_mode"] == "extend" or not k:
+            assert r["sched_kv_committed_len"] == r["truth_kv_after"], r
+    for r in applied(trace):
+        if r["step_forward_mode"] == "target_verify":
+            assert r["apply_kv_committed_len"] == r["worker_new_seq_len"] == r["truth_kv_after"], r
+            assert len(r["apply_sampled_token_ids"]) == r["worker_num_accepted"] + 1 == r["worker_num_emitted"]
+            assert r["sched_num_draft_slots"] == r["worker_num_draft_slots"] == len(r["worker_draft_ids"]) == k
+    # a, c and d draft right every time (the workload's acceptance: all): every round accepts
+    # all k, the first draft included, which reached the round through the scheduler's relay.
+    verified = [r for r in rows(trace) if r["request_id"] != "b" and r["step_forward_mode"] == "target_verify"]
+    assert [r["worker_num_accepted"] for r in verified if r["worker_row"] is not None] == [k] * len(verified)
+
+
+@sglang
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_the_future_map_hands_the_worker_the_lengths_it_published(mode):
+    """Spec v2 under overlap: the scheduler builds a verify batch before the previous round's
+    accept lengths are known, with stale seq_lens; the FutureMap resolves them to what the worker
+    published. Without overlap the scheduler already holds them."""
+    trace = record(note(FOUR, mode, 3))
+    stale = 0
+    for rid in "abcd":
+        verify = [
+            r for r in rows(trace, rid) if r["step_forward_mode"] == "target_verify" and r["worker_row"] is not None
+        ]
+        launched = [r for r in rows(trace, rid) if r["worker_row"] is not None]
+        for r in verify:
+            before = [x for x in launched if x["step"] < r["step"]][-1]
+            assert r["worker_seq_len"] == before["worker_new_seq_len"], (rid, r["step"])
+            stale += r["sched_seq_len"] != r["worker_seq_len"]
+    assert stale > 0 if mode == "async" else stale == 0
+
+
+@sglang
+def test_the_same_workload_gives_the_same_trace():
+    first = record(note(FOUR, "async", 3))
+    again = run_workload(workload_from_notation(note(FOUR, "async", 3)), UPSTREAM, engine="sglang-scheduler")
+    assert again.table.equals(first.table) and again.content_equals(first)
+
+
+# ====================================================================== the H1 shape
+@sglang
+def test_a_stop_finish_under_overlap_decodes_once_more_and_commits_one_more():
+    """D stops at its 3rd output. Under overlap the scheduler has already launched the next
+    decode when the stop arrives: D's row there is scheduled, its result skipped ("finished"),
+    and release_kv_cache releases committed = seqlen = 6 into the radix cache; without overlap 5."""
+    released = {}
+    for mode in ("async", "sync"):
+        trace = record(note("d:p3,t8,stop3", mode, 0))
+        assert trace.outcome.engine_output_tokens == {"d": 3}
+        mine = rows(trace, "d")
+        (release,) = [r for r in mine if r["apply_released_committed_len"] is not None]
+        released[mode] = (release["apply_released_committed_len"], release["apply_owned_kv_len"])
+        assert release["apply_finish_reason"] == "stop" and release["apply_release_checkpointed"]
+        skipped = [r for r in mine if r["apply_outcome"] == "ignored"]
+        if mode == "async":
+            (extra,) = skipped
+            assert extra["step"] == mine[-1]["step"] and extra["sched_num_scheduled_tokens"] == 1
+            assert extra["apply_skip_reason"] == "finished"
+        else:
+            assert skipped == []
+    assert released == {"async": (6, 6), "sync": (5, 5)}
+
+
+# ====================================================================== lifecycle cuts
+@sglang
+@pytest.mark.parametrize("mode, k", MODES, ids=MODE_IDS)
+def test_an_abort_mid_run_and_an_abort_in_the_queue(mode, k):
+    """b is aborted at step 3 while it runs: SGLang sets to_finish, lets it run once more and
+    finishes it when a result is processed; e arrives at step 3 and is aborted there, from the
+    waiting queue: one row, finished, never scheduled."""
+    trace = record(note("a:p4,t12 b:p3,t12 e:p2,t4@3 | | abort(b)@3 abort(e)@3", mode, k))
+    assert trace.outcome.status == "completed"
+    (e,) = rows(trace, "e")
+    assert (e["step"], e["sched_event"], e["sched_status"], e["sched_finished_announced"]) == (
+        3,
+        "abort",
+        "finished",
+        True,
+    )
+    assert e["worker_row"] is None and e["apply_step"] is None
+    b = rows(trace, "b")
+    assert [r["step"] for r in b if r["sched_event"] == "abort"] == [3]
+    (finish,) = [r for r in b if r["apply_finish_reason"]]
+    assert finish["apply_finish_reason"] == "aborted" and b[-1]["sched_finished_announced"]
+    assert trace.outcome.engine_output_tokens["a"] == 12 and "e" not in trace.outcome.engine_output_tokens
+    assert all(r["truth_kv_ok"] for r in rows(trace) if r["truth_kv_ok"] is not None)
+
+
+@sglang
+def test_an_abort_in_the_round_that_crosses_max_tokens_delivers_past_them():
+    """SGLang 0.5.23, EAGLE v2 without overlap: b has 9 of its 12 tokens when the abort lands; its
+    next verify round accepts 4, and `update_finish_state` takes the abort before the length check,
+    so nothing caps the output at max_new_tokens (finished_len stays unset): the client gets 13.
+    A length finish alone is capped (the four-mode test: exactly max_tokens each)."""
+    trace = record(note("b:p3,t12 | | abort(b)@4", "sync", 3))
+    last = rows(trace, "b")[-1]
+    assert (last["sched_event"], last["sched_num_output_tokens"], last["apply_num_tokens"]) == ("abort", 9, 4)
+    assert last["apply_finish_reason"] == "aborted" and trace.outcome.engine_output_tokens == {"b": 13}
+
+
+@sglang
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_an_abort_between_the_chunks_of_a_prefill(mode):
+    """d's 40-token prompt is prefilled in chunks of 16; the abort at step 2 lands between two:
+    SGLang's scheduling releases it (process_pending_chunked_abort), without a radix insert, and
+    never schedules its next chunk; a runs to its end."""
+    trace = record(note("d:p40,t4 a:p4,t6 | budget 16 | abort(d)@2", mode, 0))
+    first, last = rows(trace, "d")
+    assert first["sched_is_prefill_chunk"] and first["sched_num_scheduled_tokens"] == 16
+    assert (last["step"], last["sched_status"], last["sched_event"]) == (2, "finished", "abort")
+    assert last["apply_released_committed_len"] == 16 and last["apply_release_checkpointed"] is False
+    assert trace.outcome.engine_output_tokens == {"a": 6}
+
+
+@sglang
+def test_a_run_past_its_max_steps_ends_at_the_step_limit(tmp_path):
+    trace = record(note("a:p4,t40 | steps 6", "async", 0))
+    assert (trace.outcome.status, trace.outcome.step, trace.num_steps) == ("step_limit", 6, 6)
+    read_trace(write_trace(trace, tmp_path / "cut.parquet"))
+
+
+@sglang
+@pytest.mark.parametrize("mode, k", MODES, ids=MODE_IDS)
+def test_a_tight_kv_pool_retracts_a_request_and_re_prefills_it(mode, k):
+    """Six requests of 4 + 20 tokens in 64 KV slots (80 with spec): update_running_batch runs out
+    of KV and retracts; the retracted request waits, then is prefilled again from its prompt and
+    outputs, and finishes with the tokens it would have had."""
+    blocks = 5 if k else 4
+    trace = record(note(f"0-5:p4,t20 | blocks {blocks} block 16", mode, k))
+    assert trace.outcome.status == "completed"
+    assert trace.outcome.engine_output_tokens == {str(i): 20 for i in range(6)}
+    retracted = [r for r in rows(trace) if r["sched_preempted"]]
+    assert retracted
+    for cut in retracted:
+        mine = rows(trace, cut["request_id"])
+        after = [r for r in mine if r["step"] > cut["step"]]
+        resumed = next(r for r in after if r["sched_kind"] == "resumed")
+        waiting = [r for r in after if r["step"] < resumed["step"]]
+        assert cut["sched_status"] == "preempted" and cut["sched_kv_allocated_len"] == 0
+        assert all(r["sched_status"] == "preempted" and r["sched_skip"] == "waiting" for r in waiting)
+        # The re-prefill recomputes the prompt and every output it had: its KV truth restarts at 0.
+        assert resumed["sched_num_scheduled_tokens"] == resumed["sched_num_tokens"]
+        assert resumed["truth_num_computed_tokens"] == 0 and resumed["truth_kv_after"] == resumed["sched_num_tokens"]
+    assert all(r["apply_token_mismatches"] == 0 for r in applied(trace))
+    assert all(r["truth_kv_ok"] for r in rows(trace) if r["truth_kv_ok"] is not None)
+    # Under overlap the retracted request's result still in flight is skipped: "retracted".
+    skips = {r["apply_skip_reason"] for r in rows(trace) if r["apply_outcome"] == "ignored"}
+    assert ("retracted" in skips) == (mode == "async")
+
+
+@sglang
+@pytest.mark.parametrize("mode, k", MODES, ids=MODE_IDS)
+def test_a_prefix_from_the_radix_cache_is_valid_kv_the_request_did_not_write(mode, k):
+    """r0 and r317 have the same 6-token prompt (workloads/tokens.py); r317 arrives once r0 has
+    finished, and SGLang's radix cache gives it r0's prefix: its first extend computes the rest
+    only. The KV truth counts the prefix valid (r0 wrote it), also after the checkpoint of
+    r317's prefill has swapped its own slot for the tree's copy of the same token."""
+    from specreplay.replay.workloads.oracle import Oracle
+
+    text = note("r0:p6,t2 r317:p6,t3@6", mode, k)
+    oracle = Oracle(workload_from_notation(text))
+    assert oracle.prompt("r0") == oracle.prompt("r317")
+    trace = record(text)
+    first, *later = [r for r in rows(trace, "r317") if r["truth_kv_ok"] is not None]
+    assert first["sched_kind"] == "new" and 0 < first["worker_first_position"] < 6
+    assert first["sched_num_scheduled_tokens"] == 6 - first["worker_first_position"]
+    assert (first["truth_num_computed_tokens"], first["truth_kv_after"]) == (0, 6)
+    assert all(r["truth_kv_ok"] and r["truth_kv_foreign_positions"] == 0 for r in [first, *later])
+    assert later and later[-1]["truth_kv_after"] > 6
+    assert trace.outcome.engine_output_tokens == {"r0": 2, "r317": 3}
+
+
+# ====================================================================== the KV truth can fail
+class WrongKvToken(SglangReferenceWorker):
+    """Writes a wrong token into b's KV at position 5 (the tokens it emits stay right)."""
+
+    def _done(self, results):
+        for r in results:
+            at = 5 - r.first_position
+            if r.rid == "b" and 0 <= at < len(r.written):
+                r.written[at] += 1
+        return super()._done(results)
+
+
+class WrongOutput(SglangReferenceWorker):
+    """Emits a wrong token for b's 3rd output (its KV stays right)."""
+
+    def _done(self, results):
+        for r in results:
+            if r.rid == "b" and r.first_position == 4 and r.samples:  # b's prompt is 3: output index 2
+                r.emitted[0] += 1
+        return super()._done(results)
+
+
+@sglang
+@pytest.mark.parametrize("mode, k", [("async", 0), ("async", 3)], ids=["async-k0", "async-k3"])
+def test_the_kv_truth_catches_one_wrong_token_in_kv(mode, k):
+    text = note("a:p4,t8 b:p3,t8", mode, k)
+    good = record(text)
+    assert all(r["truth_kv_ok"] for r in rows(good) if r["truth_kv_ok"] is not None)
+    bad = record(text, WrongKvToken)
+    b = [r for r in rows(bad, "b") if r["truth_kv_ok"] is not None]
+    first = next(r for r in b if not r["truth_kv_ok"])
+    # From the step that wrote position 5 on, b's valid KV ends there; a's stays whole.
+    assert first["truth_kv_after"] == 5 and all(
+        not r["truth_kv_ok"] and r["truth_kv_after"] <= 5 for r in b[b.index(first) :]
+    )
+    assert all(r["truth_kv_ok"] for r in rows(bad, "a") if r["truth_kv_ok"] is not None)
+    # The scheduler's view and the tokens are the good run's: only the KV truth sees it.
+    assert all(r["apply_token_mismatches"] == 0 for r in applied(bad))
+    assert bad.outcome.engine_output_tokens == good.outcome.engine_output_tokens
+
+
+@sglang
+def test_a_wrong_token_emitted_is_a_mismatch_where_it_is_appended():
+    bad = record(note("a:p4,t8 b:p3,t8", "async", 0), WrongOutput)
+    wrong = [(r["step"], r["apply_token_mismatches"]) for r in applied(bad) if r["apply_token_mismatches"]]
+    assert len(wrong) == 1 and wrong[0][1] == 1
+
+
+class FailingWorker(SglangReferenceWorker):
+    """Raises in the forward that would write b's position 6."""
+
+    def _done(self, results):
+        if any(r.rid == "b" and r.first_position <= 6 < r.first_position + len(r.written) for r in results):
+            raise RuntimeError("the worker fell over at b's position 6")
+        return super()._done(results)
+
+
+@sglang
+def test_a_worker_that_raises_ends_the_run_as_a_crash_at_that_step(tmp_path):
+    trace = record(note("a:p4,t8 b:p3,t8", "async", 0), FailingWorker)
+    assert trace.outcome.status == "crashed" and "fell over at b's position 6" in trace.outcome.message
+    assert trace.outcome.step == trace.num_steps
+    read_trace(write_trace(trace, tmp_path / "crash.parquet"))  # what was recorded is a valid trace
+    after = record(note("a:p4,t8 b:p3,t8", "sync", 0))  # the crashed scheduler was closed: a new one builds
+    assert after.outcome.status == "completed"
+
+
+# ====================================================================== the CLI
+@sglang
+@pytest.mark.parametrize("scenario", ["reentry", "reentry-sync"])
+def test_record_info_and_show_a_scenario(tmp_path, scenario):
+    out = tmp_path / f"{scenario}.parquet"
+    runner = CliRunner()
+    result = runner.invoke(main, ["record", "--engine", "sglang-scheduler", "--scenario", scenario, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"wrote {out}") and "outcome completed" in result.output
+    trace = read_trace(out)
+    assert trace.impl.runner_family == "sglang" and trace.config.num_spec_tokens == 3
+    assert trace.config.async_scheduling == (scenario == "reentry")
+    info = runner.invoke(main, ["info", str(out)])
+    assert info.exit_code == 0 and "sglang-scheduler" in info.output, info.output
+    show = runner.invoke(main, ["show", str(out), "--request", "10"])
+    assert show.exit_code == 0 and "10 sched" in show.output, show.output
+
+
+@sglang
+def test_record_a_workload_file_without_spec(tmp_path):
+    (tmp_path / "w.toml").write_text(
+        'name = "plain"\n[config]\nnum_spec_tokens = 0\nasync_scheduling = true\n'
+        '[[requests]]\nid = "x"\nprompt_len = 5\nmax_tokens = 6\n[[requests]]\nid = "y"\nprompt_len = 3\n'
+        "max_tokens = 4\narrival_step = 2\nstop_at = 2\n"
+    )
+    out = tmp_path / "plain.parquet"
+    result = CliRunner().invoke(
+        main, ["record", "--engine", "sglang-scheduler", "--workload", str(tmp_path / "w.toml"), "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    trace = read_trace(out)
+    assert trace.outcome.engine_output_tokens == {"x": 6, "y": 2}
+    assert {r["step_forward_mode"] for r in rows(trace)} - {None} == {"extend", "decode"}
+    # A finding's request story (`diff`) on an SGLang trace: SGLang's lengths on both sides.
+    from rich.console import Console
+
+    from specreplay.cli.render import story_table
+
+    console = Console(record=True, width=200)
+    console.print(story_table(trace.table, "y", trace.num_steps, family="sglang"))
+    text = console.export_text()
+    assert "request 'y' on SGLang's scheduler" in text and "wL'" in text
+
+
+# ====================================================================== what SGLang cannot take (no SGLang needed)
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("a:p4,t8 | async | pause@3 resume@5", "takes arrivals and aborts only; the workload's pause at step 3"),
+        ("a:p4,t8 | async | reset@3", "reset_prefix_cache at step 3 has no SGLang counterpart"),
+        ("s:p4,t4,stream | async | append(s)@3:p2", "does not drive streaming-input sessions (request 's')"),
+        ("a:p4,t8 | k3 lookahead 3 async", "num_lookahead_tokens 3 is vLLM's"),
+        ("1:p4,t8 10:p4,t8 | async | abort(1)@3", "aborting '1' would abort '10' too"),
+        ("a:p4,t507 | len 512 async", "does not fit SGLang's request limit"),
+    ],
+)
+def test_what_sglang_cannot_take_is_one_line_exit_2_and_nothing_recorded(tmp_path, text, says):
+    workload = workload_from_notation(text)
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(workload.to_dict()))
+    out = tmp_path / "out.parquet"
+    result = CliRunner().invoke(
+        main, ["record", "--engine", "sglang-scheduler", "--workload", str(path), "-o", str(out)]
+    )
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: --engine sglang-scheduler") and says in line, line
+    assert not out.exists() and not list(tmp_path.glob("out.parquet*"))
+
+
+@sglang
+def test_a_request_sglang_would_cap_is_refused_in_one_line(monkeypatch):
+    """SGLang caps max_new_tokens where its pool, context or SGLANG_MAX_NEW_TOKENS_LIMIT says so,
+    silently: such a request would not run as the workload asks."""
+    monkeypatch.setenv("SGLANG_MAX_NEW_TOKENS_LIMIT", "5")
+    with pytest.raises(InputError, match="^--engine sglang-scheduler: SGLang caps request 'a''s max_tokens 8 to 5"):
+        run_workload(workload_from_notation("a:p4,t8 | async"), UPSTREAM, engine="sglang-scheduler")
+
+
+def test_the_vllm_variants_have_no_sglang_form():
+    from specreplay.replay.engines.registry import engine
+
+    with pytest.raises(InputError, match="sched-clear changes vLLM's scheduler; it has no form for --engine sglang"):
+        run_workload(
+            workload_from_notation("a:p4,t4 | async"),
+            resolve("sched-clear", allow_import=False),
+            engine="sglang-scheduler",
+        )
+    with pytest.raises(InputError, match="--runner v1 .* does not run on --engine sglang-scheduler; it takes sglang"):
+        run_workload(workload_from_notation("a:p4,t4 | async"), UPSTREAM, engine="sglang-scheduler", runner="v1")
+    with pytest.raises(InputError, match="--runner sglang .* does not run on --engine reference; it takes v1, v2"):
+        run_workload(workload_from_notation("a:p4,t4 | async"), UPSTREAM, runner="sglang")
+    assert engine("sglang-scheduler").runner == "sglang"
+
+
+def test_without_sglang_the_engine_says_how_to_install_it(monkeypatch):
+    from specreplay.replay.engines import sglang_setup
+
+    monkeypatch.setattr(sglang_setup, "installed_sglang_version", lambda: None)
+    with pytest.raises(InputError) as missing:
+        run_workload(workload_from_notation("a:p4,t4 | async"), UPSTREAM, engine="sglang-scheduler")
+    assert str(missing.value) == (
+        "--engine sglang-scheduler needs sglang 0.5.23 in its own environment: scripts/sglang.sh install, "
+        "then run specreplay from .venv-sglang"
+    )
+    monkeypatch.setattr(sglang_setup, "installed_sglang_version", lambda: "0.5.9")
+    with pytest.raises(InputError, match=r"from \.venv-sglang \(this environment has sglang 0\.5\.9\)$"):
+        run_workload(workload_from_notation("a:p4,t4 | async"), UPSTREAM, engine="sglang-scheduler")
