@@ -148,7 +148,8 @@ def oracle_option(runs: str) -> Callable[[Callable[..., Any]], Callable[..., Any
         type=click.Choice(["recorded", "synthetic"]),
         default=None,
         help=f"recorded: {runs} on the trace's own sampled tokens and drafts (the default for a live or "
-        "attached vLLM recording and for a replay or shrink of one; --engine reference or vllm-scheduler); "
+        "attached vLLM recording, on --engine reference or vllm-scheduler; for an SGLang trace, on "
+        "--engine sglang-scheduler; and for a replay or shrink of one); "
         "synthetic: on the workload's seeded model (the default for every other trace).",
     )
 

@@ -77,6 +77,7 @@ def explore(
     Example:
       specreplay explore --impl pr30796 --budget 100 -o found/
       specreplay shrink found/X10-scheduler-output-mutated.parquet -o min.parquet --emit-pytest test_min.py
+      specreplay explore --engine sglang-scheduler --budget 100 -o found-sglang/
     """
     from specreplay.replay.engines.vllm_setup import default_vllm_version
     from specreplay.replay.workflows.explore import explore_to
@@ -108,9 +109,15 @@ def _report(report) -> None:
     summary, output_dir = report.summary, report.output_dir
     out = console()
     cov = ", ".join(f"{k} {v}" for k, v in summary["coverage"].items()) or "none"
+    from specreplay.replay.engines.registry import engine as engine_entry
+
+    # The vLLM release the models follow; SGLang's scheduler is its own release (the trace header's `models`).
+    release = (
+        f"vLLM {summary.get('vllm_version') or 'default'}, " if engine_entry(summary["engine"]).serves_vllm else ""
+    )
     out.print(
         f"explored {summary['workloads']} workloads through {summary['impl']} ({summary['engine']} engine, "
-        f"vLLM {summary.get('vllm_version') or 'default'}, seed {summary['seed']}) in {summary['seconds']} s"
+        f"{release}seed {summary['seed']}) in {summary['seconds']} s"
     )
     out.print(f"situations reached (workloads): {cov}")
     drawn = _settings_line(summary.get("settings", {}))

@@ -73,8 +73,9 @@ def gate(
     fmt,
     jobs,
 ) -> None:
-    """Replay golden traces (files or folders; default: the shipped corpus) through an
-    implementation, check every invariant, and compare with the golden.
+    """Replay golden traces (files or folders; default: the shipped corpus, or SGLang's with
+    --engine sglang-scheduler) through an implementation, check every invariant, and compare
+    with the golden.
 
     Per trace: pass; fail (findings at or above --fail-on); changed (differs from the golden, no
     failing finding); error (unreadable golden, unknown implementation); n/a (the implementation
@@ -88,6 +89,7 @@ def gate(
     recorded outcomes through the implementation under test on the reference engine; the ground
     truth it lacks is not compared. --update leaves such a golden as it is and says so (exit 2):
     a rerun is not the engine's run. --update --oracle synthetic re-records it on its own engine.
+    An SGLang golden reruns on its recorded outcomes on SGLang's scheduler (its own environment).
 
     Each golden reruns as the vLLM release it was recorded as; --vllm-version reruns every golden
     as that release, and the report notes each golden recorded as another.
@@ -97,6 +99,7 @@ def gate(
       specreplay gate --impl sched-clear --allow-changed --junit gate.xml
       specreplay gate goldens/ --impl mypkg.sched:Fixed --jobs 2
       specreplay gate live.parquet --impl sched-clear
+      specreplay gate --engine sglang-scheduler
     """
     from specreplay.replay.workflows.gate import GateOptions, corpus_dir, run_gate, update_goldens
 
@@ -110,7 +113,7 @@ def gate(
         vllm_version=vllm_version,
         runner=runner,
     )
-    targets = list(paths) or [corpus_dir()]
+    targets = list(paths) or [corpus_dir(engine)]
     if update:
         _print_updates(update_goldens(targets, options))
         return

@@ -162,8 +162,10 @@ def impls() -> None:
     """
     from specreplay.replay.impls.registry import registry
 
-    for impl in registry().values():
-        click.echo(f"{impl.name:14} [{impl.executor}] {impl.description}")
+    found = registry()
+    width = max(len(name) for name in found)  # the names in one column, however long
+    for impl in found.values():
+        click.echo(f"{impl.name:{width}} [{impl.executor}] {impl.description}")
 
 
 @click.command(context_settings=CONTEXT)

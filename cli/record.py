@@ -33,7 +33,10 @@ from specreplay.cli.common import (
     vllm_version_option,
     workload_options,
 )
-from specreplay.replay.workflows.record import FLUSH_EVERY  # light: the engines load when a command runs
+from specreplay.replay.workflows.record import (  # light: the engines load when a command runs
+    DEFAULT_COMPARE,
+    FLUSH_EVERY,
+)
 from specreplay.traces.pseudonym import MODES as TOKEN_MODES
 
 flush_option = click.option(
@@ -261,13 +264,17 @@ def replay(trace_path, impl_name, engine, vllm_version, executor, device, output
     Replayed through the implementation it was recorded with, a recording comes back step for
     step; through another, `specreplay diff RECORDING REPLAY` says where they part. A live or
     attached vLLM recording replays on --engine reference (default) or vllm-scheduler, on the
-    reference of the runner it recorded (--runner: the other one, the cross-runner what-if). Exit 1
-    when the engine dies (outcome crashed: an exception of the implementation, a vLLM assert).
+    reference of the runner it recorded (--runner: the other one, the cross-runner what-if). An
+    SGLang recording (--engine sglang-scheduler) replays on SGLang's scheduler, on the tokens,
+    drafts and accept lengths its worker recorded. One engine family's outcomes never drive the
+    other's (--oracle synthetic runs the recording's workload there). Exit 1 when the engine dies
+    (outcome crashed: an exception of the implementation, a vLLM assert).
 
     \b
     Example:
       specreplay replay live.parquet -o same.parquet
       specreplay replay live.parquet --impl sched-clear -o fixed.parquet
+      specreplay replay reentry-sglang.parquet -o again.parquet
     """
     from specreplay.replay.workflows.record import replay_to
 
@@ -324,9 +331,6 @@ def recover(journal, output) -> None:
     )
 
 
-DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
-
-
 @click.command(context_settings=CONTEXT)
 @workload_options
 @click.option(
@@ -334,7 +338,8 @@ DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
     "impl_names",
     default=None,
     help=f"Comma-separated implementations to record side by side [default: {','.join(DEFAULT_COMPARE)}; "
-    "on a live Model Runner V2, those with a form for it].",
+    "on a live Model Runner V2, those with a form for it; on --engine sglang-scheduler, every registered "
+    "implementation with an SGLang form].",
 )
 @engine_option
 @runner_option
@@ -364,15 +369,18 @@ def compare(
       specreplay compare --scenario reentry
       specreplay compare --scenario random --seed 7 --impls upstream,sched-clear
     """
-    from specreplay.replay.workflows.record import compare_to, pick_workload, runner_mismatch
+    from specreplay.replay.workflows.record import compare_defaults, compare_to, pick_workload
 
     live_runner = _runner_for(engine, runner)
-    names = [n.strip() for n in (impl_names or ",".join(DEFAULT_COMPARE)).split(",") if n.strip()]
-    left_out = [] if impl_names else runner_mismatch(names, engine or "reference", live_runner)
-    names = [n for n in names if n not in dict(left_out)]
+    workload = pick_workload(scenario, workload_file, seed, vllm_version=vllm_version)
+    left_out: list[tuple[str, str]] = []  # (name, why) of the defaults that do not run here
+    if impl_names:
+        names = [n.strip() for n in impl_names.split(",") if n.strip()]
+    else:
+        names, left_out = compare_defaults(engine or "reference", live_runner, workload)
     comparison = compare_to(
         output_dir,
-        pick_workload(scenario, workload_file, seed, vllm_version=vllm_version),
+        workload,
         names,
         engine=engine or "reference",
         device=device,
@@ -387,11 +395,8 @@ def compare(
         click.echo(json.dumps(doc | ({"left_out": dict(left_out)} if left_out else {}), indent=2, default=str))
         return
     _compare_table(comparison)
-    from specreplay.replay.engines.registry import engine as engine_entry
-
-    form = "real runner form" if engine_entry(engine or "reference").drives_itself else "reference runner form"
-    for name, family in left_out:
-        click.echo(f"left out: {name} (its {form} is for --runner {family})")
+    for name, why in left_out:
+        click.echo(f"left out: {name} ({why})")
 
 
 def _unchecked_why(codes: list[str]) -> str:

@@ -44,7 +44,13 @@ sglang_setup.prepare()
 import sglang.srt.managers.scheduler, sglang.srt.speculative.eagle_worker_v2"
     ;;
 test)
+    # The files that exercise SGLang, one group per line. The workflow tests include the gate of
+    # the SGLang goldens (replay/corpus/sglang-scheduler/, which the main environment's gate
+    # never meets) and their replay, shrink and explore on SGLang's scheduler.
     SPECREPLAY_SGLANG_ENV=1 "$dir/bin/python" -m pytest -q -p no:cacheprovider \
+        tests/replay/workflows/test_replay_sglang.py tests/replay/workflows/test_workflows_sglang.py \
+        tests/cli/test_cli_sglang.py \
+        tests/replay/check/test_sglang_codes.py tests/replay/impls/test_sglang_impls.py \
         tests/replay/engines/test_sglang_scheduler.py tests/replay/models/test_sglang_worker.py
     ;;
 *)

@@ -14,11 +14,13 @@ Where it sits: inside check. Each row (`Invariant`) holds:
     scope           "rows": the rule runs over every frame of rows; "run": once, on the outcome
     runners         the runner families it is about: a code about V1's runner state does not run
                     on a Model Runner V2 trace (and is listed not checked there), an MRV2 code
-                    (docs/reference.md section 9) runs on MRV2 traces only
+                    (docs/reference.md section 9) runs on MRV2 traces only, an SGLang code
+                    (section 10) on SGLang traces only; the codes whose meaning holds on both
+                    engines (tokens, KV truth, the batch, the run) name every family
 
-Several codes come from one rule (S3 and the X2 codes from the computed-tokens rule; E1 and
-X5-negative-input-id from the crash rule; the two M1 codes from MRV2's device-count rule): the
-rule runs once and reports each of them.
+Several codes come from one rule (S3 and the X2 codes from the computed-tokens rule; E1,
+X5-negative-input-id and G7 from the crash rule; the two M1 codes from MRV2's device-count rule):
+the rule runs once and reports each of them.
 
 Derived here, never listed twice: `all_codes()`, `SEVERITY`, `RANK`, `INVARIANTS` (the row that
 heads each rule) and `EXTRA_CODES` (the other codes a rule reports).
@@ -43,6 +45,7 @@ from specreplay.replay.check import (
     rules_outputs,
     rules_preemption,
     rules_run,
+    rules_sglang,
     rules_truth,
     rules_waste,
 )
@@ -66,7 +69,8 @@ class Invariant:
     sides: tuple[str | None, str | None]  # the evidence `scheduler` and `worker` carry (None: None)
     scope: str = "rows"  # "rows": over each frame; "run": once, after the last frame
     # The worker runner families (engines/registry.py) whose traces the code is about: V1's
-    # persistent-batch state (v1), Model Runner V2's slots (v2), or what both share.
+    # persistent-batch state (v1), Model Runner V2's slots (v2), what both share (vLLM's
+    # scheduler: the default), SGLang's scheduler (sglang), or every engine (ALL).
     runners: tuple[str, ...] = ("v1", "v2")
 
     @property
@@ -229,10 +233,101 @@ def _m4_message(e: Evidence) -> str:
     )
 
 
+# ------------------------------------------------------------------ SGLang's messages
+def _g_when(e: Evidence) -> str:
+    """When a G1 / G2 value was read: after the scheduling, or after a result's processing."""
+    if e.result_step is None:
+        return "after the scheduling"
+    return f"after process_batch_result of step {e.result_step}'s result"
+
+
+def _g1_message(e: Evidence) -> str:
+    when = _g_when(e)
+    why = (
+        "a retracted request holds no KV and must commit none; its next extend overwrites the count"
+        if e.retracted
+        else "it counts KV slots it does not hold"
+    )
+    return f"kv_committed_len {e.actual} exceeds kv_allocated_len {e.expected} {when}: {why}"
+
+
+def _g2_message(e: Evidence) -> str:
+    when = _g_when(e)
+    return (
+        f"kv_committed_len is {e.actual} {when}, but the KV the worker wrote holds {e.expected} valid positions "
+        f"(as of step {e.truth_step}): the scheduler counts positions no forward wrote, and a release would insert "
+        "them into the radix cache for later requests to read"
+    )
+
+
+def _g3_message(e: Evidence) -> str:
+    cut = f"had finished (step {e.cut_step})" if e.reason == "finished" else f"was retracted (step {e.cut_step})"
+    (c0, a0), (c1, a1) = e.kv_before, e.kv_after
+    what = []
+    if e.apply_num_tokens:
+        what.append(f"appended {e.apply_num_tokens} tokens")
+    if c1 != c0:
+        what.append(f"moved kv_committed_len {c0} -> {c1}")
+    if a1 != a0:
+        what.append(f"moved kv_allocated_len {a0} -> {a1}")
+    did = ", ".join(what) if what else f"skipped it as {e.apply_skip_reason or 'applied'}, not as {e.reason}"
+    return (
+        f"the result of step {e.step}, processed at step {e.apply_step}, came back after the request {cut}, "
+        f"yet process_batch_result {did} (#23456's class: a late result must change nothing)"
+    )
+
+
+def _g4_message(e: Evidence) -> str:
+    at = f"the retraction at step {e.retracted_at}"
+    return {
+        "dropped": f"{at} left it {e.actual} of its {e.expected} outputs: its next life re-prefills without the rest",
+        "spliced": (
+            f"retracted at step {e.retracted_at} with {e.expected} outputs, it has {e.actual} before its next life "
+            "sampled: tokens were added to or taken from a retracted request"
+        ),
+        "not_extend": f"its first forward after {at} is a {e.actual}, not an extend over its prompt and outputs",
+        "fill": (
+            f"the extend of its next life ends at position {e.actual}, not at prompt + the {e.outputs_kept} outputs "
+            f"kept at {at} ({e.expected}): its next token is sampled at the wrong position"
+        ),
+        "committed": (
+            f"after the extend of its next life kv_committed_len is {e.actual}, not prompt + the {e.outputs_kept} "
+            f"outputs kept at {at} ({e.expected})"
+        ),
+    }[e.reason]
+
+
+def _g5_message(e: Evidence) -> str:
+    return (
+        f"the release of its {e.finish} finish (step {e.step}'s result, processed at step {e.apply_step}) inserted "
+        f"{e.actual} positions into the radix cache, but only {e.expected} were valid before the forward the overlap "
+        f"had already launched for it at step {e.wasted_step}: that forward, for a request its own result finishes, "
+        f"is wasted (its result is skipped), and the radix cache keeps what it wrote only because of the overlap's "
+        f"timing (without overlap {e.expected} positions)"
+    )
+
+
+def _g6_message(e: Evidence) -> str:
+    kind, gave = ("verify", "published") if e.verify else ("decode", "leaves next")
+    own = f" (the scheduler's own seq_lens entry: {e.sched_seq_len})" if e.sched_seq_len is not None else ""
+    return (
+        f"the {kind} runs at seq_len {e.actual}, but the request's latest forward (step {e.published_step}) {gave} "
+        f"{e.expected}{own}: the FutureMap handed it another forward's length"
+    )
+
+
 #: The codes about V1's runner state alone (its persistent batch, its cached drafts, its CPU counts).
 V1 = ("v1",)
 #: Model Runner V2's codes.
 V2 = ("v2",)
+#: SGLang's scheduler's codes (rules_sglang.py, docs/reference.md section 10).
+SGLANG = ("sglang",)
+#: The codes whose meaning holds on every engine, whose columns an SGLang row fills too: tokens
+#: and the KV truth against the oracle, the batch the worker ran, tokens lost, the run's end.
+ALL = ("v1", "v2", "sglang")
+#: The runner families of vLLM's scheduler: on a trace of one, a code about the other is listed not
+#: checked (V1's runner codes on MRV2); an SGLang trace lists no vLLM code, a vLLM trace no G code.
+VLLM_RUNNERS = ("v1", "v2")
 
 # ------------------------------------------------------------------ the rows
 # By rule family; a rule runs where its first row is (the row that heads it). `rank` orders findings
@@ -405,6 +500,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         "INV-X1",
         rules_batch.check_membership,
         sides=("expected", "actual"),
+        runners=ALL,
         message=lambda e: (
             "scheduled but not in the worker's batch" if e.expected else "in the worker's batch but not scheduled"
         ),
@@ -472,6 +568,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         "INV-S8",
         rules_outputs.check_tokens_applied,
         sides=("actual", "expected"),
+        runners=ALL,
         message=lambda e: (
             f"the worker emitted {e.expected} tokens at step {e.step} but update_from_output applied "
             f"{e.actual} of them at step {e.apply_step}, with no stop, max_tokens or max_model_len to cut them: "
@@ -512,6 +609,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         "ground truth",
         rules_truth.check_tokens,
         sides=("apply_num_tokens", "actual"),
+        runners=ALL,
         message=lambda e: (
             f"{e.actual} of the {e.apply_num_tokens} tokens applied from step {e.step} differ "
             "from the request's expected sequence (a token lost, duplicated or computed at the "
@@ -526,6 +624,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         "ground truth",
         rules_truth.check_kv_truth,
         sides=(None, "truth_num_computed_tokens"),
+        runners=ALL,
         message=lambda e: "the KV cache no longer holds the request's expected tokens in every valid position",
     ),
     # --- the physical KV cache: blocks, their holders and writers (rules_kv)
@@ -537,6 +636,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         "ground truth",
         rules_kv.check_foreign_tokens,
         sides=("expected", "actual"),
+        runners=ALL,
         message=lambda e: (
             f"{e.actual} valid KV positions of the request hold tokens written by "
             + (f"request {e.other_request!r}" if e.other_request else "another request")
@@ -551,6 +651,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         "ground truth",
         rules_kv.check_block_ownership,
         sides=("expected", "actual"),
+        runners=ALL,
         message=lambda e: (
             f"the block table the worker ran the request with holds {e.actual} blocks the scheduler does not "
             "hold for it: "
@@ -565,6 +666,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         "ground truth",
         rules_kv.check_block_ownership,
         sides=("expected", "actual"),
+        runners=ALL,
         message=lambda e: (
             f"the step wrote {e.actual} KV positions into blocks the request no longer holds ("
             + (f"request {e.other_request!r} holds the first" if e.other_request else "the first is free")
@@ -683,6 +785,75 @@ CATALOGUE: tuple[Invariant, ...] = (
             + ": two requests write one slot's state (its count, tokens, drafts)"
         ),
     ),
+    # --- SGLang's scheduler (rules_sglang; G7 from the crash rule)
+    Invariant(
+        "G1-committed-past-allocated",
+        "error",
+        41,
+        "kv_committed_len <= kv_allocated_len for a request not finished, after the scheduling and after "
+        "process_batch_result",
+        "INV-G1",
+        rules_sglang.check_committed_within_allocated,
+        sides=("actual", "expected"),
+        message=_g1_message,
+        runners=SGLANG,
+    ),
+    Invariant(
+        "G2-committed-past-written",
+        "error",
+        42,
+        "kv_committed_len never exceeds the KV-valid prefix the worker wrote, at the end of every iteration",
+        "INV-G2",
+        rules_sglang.check_committed_within_written,
+        sides=("actual", "expected"),
+        message=_g2_message,
+        runners=SGLANG,
+    ),
+    Invariant(
+        "G3-stale-result-applied",
+        "error",
+        38,
+        "a result processed after its request finished or was retracted is skipped and changes nothing",
+        "INV-G3",
+        rules_sglang.check_stale_results,
+        sides=("actual", "expected"),
+        message=_g3_message,
+        runners=SGLANG,
+    ),
+    Invariant(
+        "G4-retracted-next-life",
+        "error",
+        39,
+        "a retraction keeps the outputs; the next life starts with an extend over prompt + those outputs, "
+        "nothing spliced",
+        "INV-G4",
+        rules_sglang.check_retracted_next_life,
+        sides=("actual", "expected"),
+        message=_g4_message,
+        runners=SGLANG,
+    ),
+    Invariant(
+        "G5-overcommit-at-finish",
+        "warning",
+        43,
+        "a finish's radix insert keeps no KV that only a forward launched after the request finished computed",
+        "INV-G5",
+        rules_sglang.check_overcommit_at_finish,
+        sides=("actual", "expected"),
+        message=_g5_message,
+        runners=SGLANG,
+    ),
+    Invariant(
+        "G6-future-map-order",
+        "error",
+        40,
+        "each decode or verify runs with the seq_len its latest earlier forward of the same life published",
+        "INV-G6",
+        rules_sglang.check_future_map_order,
+        sides=("expected", "actual"),
+        message=_g6_message,
+        runners=SGLANG,
+    ),
     # --- the run (rules_run)
     Invariant(
         "E1-engine-crash",
@@ -692,6 +863,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         "engine",
         rules_run.check_crash,
         sides=(None, None),
+        runners=ALL,
         scope="run",
         message=lambda e: f"the engine dies at step {e.step}: {e.outcome_message}",
     ),
@@ -707,6 +879,23 @@ CATALOGUE: tuple[Invariant, ...] = (
         message=lambda e: f"{e.outcome_message}: on a GPU a device-side assert, the engine dies",
     ),
     Invariant(
+        "G7-sglang-own-check",
+        "error",
+        37,
+        "SGLang's own invariant checker does not fail (it asserts inside SGLang's loop)",
+        "INV-G7",
+        rules_run.check_crash,
+        sides=(None, "actual"),
+        scope="run",
+        message=lambda e: (
+            f"SGLang's own invariant check failed at step {e.step}: {e.check} (sglang/srt/{e.check_source}"
+            + (f", {e.check_function}" if e.check_function else "")
+            + "); "
+            f"SGLang says: {e.outcome_message}"
+        ),
+        runners=SGLANG,
+    ),
+    Invariant(
         "E2-run-incomplete",
         "error",
         2,
@@ -714,6 +903,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         "engine",
         rules_run.check_run_completes,
         sides=("status", "actual"),
+        runners=ALL,
         scope="run",
         message=_e2_message,
     ),

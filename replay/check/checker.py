@@ -13,12 +13,14 @@ This module is the entry point (`check_trace`, `check_batches`; `check_report` a
 that could not run, `unchecked_codes` gives those alone); the parts:
 
     catalogue.py     one row per code: severity, statement, source, rank, rule, message template,
-                     and the runner families it is about (V1's, Model Runner V2's, or both)
+                     and the runner families it is about (V1's, Model Runner V2's, both, SGLang's,
+                     or every engine's)
     coverage.py      which codes need ground truth, and which a trace without it (or of the other
-                     runner) leaves unchecked
+                     runner) leaves unchecked; another engine's codes are neither run nor listed
     limits.py        each request life's max_tokens per turn, from the workload the trace stores
-    rules_*.py       the rule families: counters, drafts, batch, truth, lives, run, and mrv2 (Model
-                     Runner V2's slots, device count, CPU mirror and draft provenance)
+    rules_*.py       the rule families: counters, drafts, batch, truth, lives, run, mrv2 (Model
+                     Runner V2's slots, device count, CPU mirror and draft provenance) and sglang
+                     (SGLang's scheduler: its KV lengths, stale results, retraction, the FutureMap)
     framework.py     `Checker`: streams row batches through the catalogue's rules, frame by frame
     frames.py        `Frame` and the column loading: numpy columns by the trace's column names
     findings.py      `Finding`: the evidence (expected, actual, life, detail) and the message

@@ -20,7 +20,11 @@ request leaves that rule's code (`LIMIT_INPUTS`) unchecked.
 
 And for the runner: a few codes are about V1's runner state (its persistent batch, cached drafts,
 CPU counts: catalogue `runners`), which a Model Runner V2 trace does not have; on such a trace
-they are listed unchecked too, and MRV2's own codes (rules_mrv2.py) run in their place.
+they are listed unchecked too, and MRV2's own codes (rules_mrv2.py) run in their place. Another
+engine's codes are neither run nor listed: on an SGLang trace (runner family `sglang`) vLLM's
+scheduler codes are about a scheduler that did not run, and on a vLLM trace SGLang's G codes
+(rules_sglang.py) are; the codes both engines' rows fill (tokens, KV truth, the batch, the run:
+catalogue `ALL`) run on both.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 
-from specreplay.replay.check.catalogue import BY_CODE, CATALOGUE, about_the_worker_view
+from specreplay.replay.check.catalogue import BY_CODE, CATALOGUE, VLLM_RUNNERS, about_the_worker_view
 from specreplay.traces import schema
 from specreplay.traces.header import UNOBSERVED_RUNNER
 
@@ -48,6 +52,8 @@ TRUTH_INPUTS: dict[str, tuple[str, ...]] = {
     "K3-kv-unowned-block": ("truth_kv_unowned_blocks",),
     "K4-kv-write-unowned": ("truth_kv_unowned_writes",),
     "X12-padding-verified": ("truth_unfilled_draft_slots",),
+    "G2-committed-past-written": ("truth_kv_after",),
+    "G5-overcommit-at-finish": ("truth_num_computed_tokens",),
 }
 #: The codes whose ground truth is the reference drafter's own record of what it proposed: a live
 #: engine's runner keeps none, forced or not.
@@ -77,8 +83,8 @@ def unchecked(
     of the trace's rows (`with_values`: the columns that hold a value somewhere), or they need
     the requests' limits and the trace's workload gave none (`limits_known`), or they are about
     V1's runner state and the trace recorded another runner (`runner_family`, e.g. v2: Model
-    Runner V2). A V1 trace does not list the codes of other runners: they are not about it.
-    Catalogue order."""
+    Runner V2). A V1 trace does not list the codes of other runners: they are not about it; nor
+    does a trace of one engine list the other engine's codes (VLLM_RUNNERS). Catalogue order."""
     wanted = set(codes)
     out = []
     blind = runner_family == UNOBSERVED_RUNNER
@@ -90,7 +96,7 @@ def unchecked(
             out.append(row.code)  # no worker view was recorded: every code that compares with it
             continue
         if runner_family not in row.runners:
-            if runner_family != "v1" and "v1" in row.runners:
+            if runner_family != "v1" and "v1" in row.runners and runner_family in VLLM_RUNNERS:
                 out.append(row.code)
             continue
         if (TRUTH_INPUTS.get(row.code) and not with_values.intersection(TRUTH_INPUTS[row.code])) or (

@@ -19,7 +19,8 @@ frame holds a few columns derived while loading:
     worker_num_draft_ids            the length of worker_draft_ids (null: 0)
     worker_num_negative_draft_ids   how many of worker_draft_ids are negative (-1 placeholders)
     worker_new_life,                int8 (TRISTATE_COLUMNS): 1 true, 0 false, -1 null
-      worker_freed_preempted
+      worker_freed_preempted,
+      apply_release_checkpointed
     worker_draft_for_other          MRV2: the drafts verified were proposed for another request
                                     (worker_draft_proposed_for is not the row's request_id)
     cuts                            how many cuts (a preemption, a cache reset, a streaming
@@ -53,6 +54,9 @@ NEW, RESUMED, UNSCHEDULED = (schema.KINDS.index(k) for k in ("new", "resumed", "
 RESET_PREEMPT, STREAM_TURN = schema.EVENTS.index("reset_preempt"), schema.EVENTS.index("stream_turn")
 APPLIED, STALE_DELIVERED, DROPPED, IGNORED = (schema.APPLY_OUTCOMES.index(o) for o in schema.APPLY_OUTCOMES)
 STOP, LENGTH = schema.FINISH_REASONS.index("stop"), schema.FINISH_REASONS.index("length")
+#: SGLang: why process_batch_result skipped a row, and the forward mode of the iteration's batch.
+SKIPPED_FINISHED, SKIPPED_RETRACTED = (schema.APPLY_SKIP_REASONS.index(r) for r in ("finished", "retracted"))
+EXTEND, DECODE, VERIFY = (schema.FORWARD_MODES.index(m) for m in ("extend", "decode", "target_verify"))
 
 #: Integer columns: (column, the value a null reads as, keep a `<column>_is_null` mask).
 INT_COLUMNS = (
@@ -99,6 +103,17 @@ INT_COLUMNS = (
     ("worker_draft_base", 0, True),
     ("worker_prefill_len", 0, True),
     ("worker_slot_last_write_step", -1, True),
+    # SGLang's views (null on a vLLM row): its KV lengths, the seq_lens the worker ran with and
+    # published, and the radix insert bound of a finish's release
+    ("sched_kv_committed_len", 0, True),
+    ("sched_kv_allocated_len", 0, True),
+    ("sched_seq_len", 0, True),
+    ("apply_kv_committed_len", 0, True),
+    ("apply_kv_allocated_len", 0, True),
+    ("apply_owned_kv_len", 0, True),
+    ("worker_seq_len", 0, True),
+    ("worker_new_seq_len", 0, True),
+    ("truth_kv_after", 0, True),
 )
 #: Text columns a rule names in its evidence (the other request of a KV finding): object arrays.
 TEXT_COLUMNS = (
@@ -110,7 +125,7 @@ TEXT_COLUMNS = (
 #: Boolean columns (never null).
 BOOL_COLUMNS = ("sched_is_prefill_chunk", "sched_preempted")
 #: Nullable boolean columns, as int8: 1 true, 0 false, -1 null.
-TRISTATE_COLUMNS = ("worker_new_life", "worker_freed_preempted")
+TRISTATE_COLUMNS = ("worker_new_life", "worker_freed_preempted", "apply_release_checkpointed")
 #: Enum columns, as codes into these tuples (-1 for null).
 ENUM_COLUMNS = (
     ("sched_status", schema.STATUSES),
@@ -118,6 +133,8 @@ ENUM_COLUMNS = (
     ("sched_event", schema.EVENTS),
     ("apply_outcome", schema.APPLY_OUTCOMES),
     ("apply_finish_reason", schema.FINISH_REASONS),
+    ("apply_skip_reason", schema.APPLY_SKIP_REASONS),
+    ("step_forward_mode", schema.FORWARD_MODES),
 )
 
 #: The columns `load_columns` reads besides the tables above (identity, and the ones it derives from).

@@ -67,8 +67,9 @@ class Checker:
         self.drafter = drafter  # the run's drafter when the trace names it (X11: does its runner trim?)
         self.is_async = self.config.async_scheduling is not False  # not recorded: async, the default
         self.crash_step = self.outcome.step if self.outcome.crashed else None
-        # The worker runner the trace recorded (engines/registry.py: v1, v2 = Model Runner V2; an
-        # old trace names none: v1). Codes about the other runner's state do not run on it.
+        # The worker runner the trace recorded (engines/registry.py: v1, v2 = Model Runner V2,
+        # sglang = SGLang's scheduler; an old trace names none: v1). Codes about another runner's
+        # state, or another engine's scheduler, do not run on it (coverage.py says which it lists).
         self.runner_family = runner_family or "v1"
         rows = catalogue.CATALOGUE if invariants is None else tuple(invariants)
         if self.runner_family == UNOBSERVED_RUNNER:  # the scheduler view only: what needs no worker runs

@@ -2,8 +2,10 @@
 
 Codes: E1 (the engine crashed: a vLLM assert, or any exception the implementation raised,
 engines/crash.py), X5-negative-input-id (it crashed because a negative id reached
-the embedding: a device-side assert on a GPU), E2 (the run hit the step limit, or went idle with
-requests held for good). These rules run once, after the last frame (scope "run").
+the embedding: a device-side assert on a GPU), G7 (on an SGLang trace, the crash is SGLang's own
+invariant checker failing: which check, from rules_sglang.py, and SGLang's message, instead of a
+bare E1), E2 (the run hit the step limit, or went idle with requests held for good). These rules
+run once, after the last frame (scope "run").
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from specreplay.replay.check.findings import Finding
+from specreplay.replay.check.rules_sglang import own_check
 
 if TYPE_CHECKING:
     from specreplay.replay.check.frames import Frame
@@ -55,7 +58,8 @@ def incomplete_findings(chk: Checker, unfinished: list[str]) -> Iterable[Finding
 
 
 def check_crash(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
-    """E1, or X5-negative-input-id for the crash kind that is a negative id in the model's input."""
+    """E1, or X5-negative-input-id for the crash kind that is a negative id in the model's input,
+    or (SGLang) G7 for a failure of SGLang's own invariant checker."""
     if chk.crash_step is None:
         return
     message = chk.outcome.message if chk.outcome.message is not None else "engine crashed"
@@ -63,7 +67,22 @@ def check_crash(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
     marker = "request '"
     if rid is None and marker in message:
         rid = message.split(marker, 1)[1].split("'", 1)[0]
-    if chk.outcome.kind in (None, "negative-input-id"):  # no kind: traces from before kinds were recorded
+    check = own_check(chk.outcome.message, chk.outcome.where) if chk.runner_family == "sglang" else None
+    if check is not None:
+        yield chk.run_finding(
+            "G7-sglang-own-check",
+            chk.crash_step,
+            rid,
+            "invariant_checker",
+            None,
+            check.name,
+            check=check.name,
+            check_source=check.source,
+            check_function=check.function,
+            outcome_message=message,
+            where=chk.outcome.where,
+        )
+    elif chk.outcome.kind in (None, "negative-input-id"):  # no kind: traces from before kinds were recorded
         yield chk.run_finding(
             "X5-negative-input-id", chk.crash_step, rid, "input_ids", None, -1, outcome_message=message
         )

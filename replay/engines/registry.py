@@ -197,6 +197,13 @@ class Engine:
     real_runner: bool = False  # runs a variant's real_runner form (vLLM's GPUModelRunner)
     drives_itself: bool = False  # its own busy loop (a live vLLM, SGLang's scheduler); the input driver only feeds it
     runner: str | None = DEFAULT_RUNNER  # the runner family a loop engine builds; None: vLLM's own
+    # module:attr of `shape(workload) -> Workload`: what of a drawn workload (explore's, drawn
+    # across vLLM's settings and events) this engine takes; None: every draw as it is.
+    shape: str | None = None
+
+    def shaped(self, workload: Any) -> Any:
+        """A drawn workload as this engine takes it (`shape`)."""
+        return workload if self.shape is None else _load(self.shape)(workload)
 
     @property
     def serves_vllm(self) -> bool:
@@ -221,6 +228,7 @@ class Engine:
         to the workload (`Implementation.why_not`; NotApplicable otherwise) and has the forms this
         engine runs (one InputError line otherwise)."""
         impl.require_applies(config, where)
+        impl.require_vllm_form(self.name)
         if self.real_scheduler or self.real_runner:
             impl.require_real_forms(self.name, runner=self.real_runner)
 
@@ -378,14 +386,10 @@ class SglangEngine(Engine):
     """SGLang's real scheduler in its own event loop, with the reference SGLang worker (engines/sglang_loop.py)."""
 
     def refuse(self, impl: Implementation, config: EngineConfig, where: str = "the workload") -> None:
-        """The variants are vLLM's (its scheduler's or runner's classes): none has a form for SGLang."""
+        """A variant runs here in its SGLang form (`Implementation.sglang_scheduler`, a subclass of
+        SGLang's Scheduler or of its batch result processor); one of vLLM's classes has none."""
         impl.require_applies(config, where)
-        changed = [part for part in ("scheduler", "runner", "real_scheduler", "real_runner") if getattr(impl, part)]
-        if changed:
-            raise InputError(
-                f"{impl.name} changes vLLM's {changed[0].replace('real_', '')}; it has no form for --engine "
-                f"{self.name} (SGLang's scheduler runs as released, with the reference SGLang worker)"
-            )
+        impl.require_sglang_form(self.name)
 
     def models(self, config: EngineConfig) -> str:
         from specreplay.replay.engines.sglang_setup import installed_sglang_version
@@ -393,7 +397,16 @@ class SglangEngine(Engine):
         return f"sglang {installed_sglang_version()} scheduler + specreplay's reference SGLang worker"
 
     def expected(self, impl: Implementation, config: EngineConfig, runner: str | None = None) -> dict[str, str] | None:
-        return None  # SGLang's classes, named by what ran (engines/sglang_loop.py)
+        """The Scheduler class the run builds (the variant's on the driver's: engines/sglang_workers.py),
+        the reference SGLang worker, the executor: as engines/sglang_loop.py names what ran."""
+        from specreplay.replay.engines.sglang_workers import scheduler_class
+        from specreplay.replay.impls.registry import qualified_name
+
+        return {
+            "scheduler": qualified_name(scheduler_class(impl)),
+            "runner": qualified_name(runner_family(self.runner or DEFAULT_RUNNER).reference_class()),
+            "executor": impl.executor,
+        }
 
     def run(
         self,
@@ -449,6 +462,7 @@ ENGINES: dict[str, Engine] = {
             takes_oracle=True,
             drives_itself=True,
             runner="sglang",
+            shape="specreplay.replay.workloads.sglang_shape:taken_by_sglang",
         ),
     )
 }

@@ -60,7 +60,8 @@ def run_workload(
     `journal`: a path where settled rows are appended every `flush_every` steps and everything
     recorded on any exception (traces.journal); the caller deletes it once the trace is written.
     `oracle`: the outcomes the run produces (default: the workload's synthetic ones; a replay of
-    a recording passes its recorded ones); a live engine makes its own.
+    a recording passes its recorded ones, which only its own engine family runs); a live engine
+    makes its own.
 
     `engine`, `runner`: entries of engines/registry.py (a runner family: what a loop engine's
     reference runner models, default v1; the runner a live vLLM builds, default what vLLM picks).
@@ -75,6 +76,13 @@ def run_workload(
     if oracle is not None and not entry.takes_oracle:
         raise InputError(
             f"a live engine makes its own outcomes: replay a recording through --engine {' or '.join(replay_engines())}"
+        )
+    vllm_outcomes = getattr(oracle, "vllm_outcomes", None)  # a recording's outcomes: whose columns they are
+    if vllm_outcomes is not None and vllm_outcomes != entry.serves_vllm:
+        ours, theirs = ("a vLLM", "SGLang's") if vllm_outcomes else ("an SGLang", "vLLM's")
+        raise InputError(
+            f"--engine {engine} runs {theirs} scheduler: {ours} recording's outcomes are in another worker's "
+            "columns and cannot drive it (workflows/replaying.py plans a replay on its own engine family)"
         )
     if entry.drives_itself:  # a live vLLM (its observers write part files as they go), SGLang's loop
         trace = entry.run(workload, impl, device, model, progress, runner, drafter, oracle=oracle)

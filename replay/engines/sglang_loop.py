@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import tempfile
 from array import array
 from collections.abc import Callable, Iterator
@@ -235,8 +236,14 @@ def run_sglang(
     k = config.num_spec_tokens
     worker = worker_class(oracle, config.num_blocks * config.block_size, k, device)
     recorder = Recorder()
+    # SGLang picks the port of its gloo process group from Python's global `random`
+    # (PortArgs.init_new), which the last Scheduler built in this process seeded with its workload's
+    # seed (scheduler.py:1261): two processes running the same seeds (gate --jobs 2 on goldens of
+    # seed 0, two test runs) would pick the same port and one would fail to bind it. Reseeded from
+    # the OS; the new Scheduler seeds it again for its run, so the trace does not change.
+    random.seed()
     with tempfile.TemporaryDirectory(prefix="specreplay-sglang-") as folder, sglang_checks(), fewer_full_collections():
-        scheduler = sglang_setup.build_scheduler(config, worker, Path(folder), workload.seed)
+        scheduler = sglang_setup.build_scheduler(config, worker, Path(folder), workload.seed, impl)
         try:
             order = {spec.request_id: i for i, spec in enumerate(workload.requests)}
             truth = SglangTruth(oracle, KvView(scheduler, worker))
@@ -252,7 +259,7 @@ def run_sglang(
             except StepLimit:
                 outcome = run_outcome(receiver.iteration, cut=True)
             except Exception as exc:
-                crash = crash_outcome(exc, impl, (scheduler,), worker)
+                crash = crash_outcome(exc, impl, (scheduler, observer), worker)  # the observer knows its ids
                 if crash is None:
                     raise
                 outcome = run_outcome(receiver.iteration, crash=crash)

@@ -288,7 +288,10 @@ def server_args(config: EngineConfig, model_dir: Path, seed: int) -> Any:
 #: SGLang's own invariant checks, on for every run (read when called, envs.*.get()): the pool
 #: accounting after every iteration (total = available + evictable + protected + uncached) with
 #: committed <= allocated and no use-after-free or double free of a KV page, and the radix tree's
-#: sanity at idle. A failure is an assert in SGLang's loop: the run's crash.
+#: sanity at idle. A failure is an assert in SGLang's loop: the run's crash, which the checker
+#: reports as G7-sglang-own-check, naming the check (replay/check/rules_sglang.py OWN_CHECKS). Their
+#: use-after-free, double-free and idle leak checks raise only in SGLang's strict idle mode
+#: (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE), on by default: left as it is.
 CHECKS = {
     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
@@ -296,21 +299,23 @@ CHECKS = {
 }
 
 
-def build_scheduler(config: EngineConfig, worker: Any, folder: Path, seed: int) -> Any:
+def build_scheduler(config: EngineConfig, worker: Any, folder: Path, seed: int, impl: Any = None) -> Any:
     """SGLang's Scheduler with the reference workers (engines/sglang_workers.py DrivenScheduler),
-    built as `run_scheduler_process` (scheduler.py:6310) builds it, minus the process: ServerArgs
-    from a tiny model config in `folder` (no weights, tokenizer or hub), the process-wide runtime
-    context published, then the constructor. One at a time per process: the publish is global."""
+    or `impl`'s variant of it (its SGLang form: `scheduler_class`), built as `run_scheduler_process`
+    (scheduler.py:6310) builds it, minus the process: ServerArgs from a tiny model config in
+    `folder` (no weights, tokenizer or hub), the process-wide runtime context published, then the
+    constructor. One at a time per process: the publish is global."""
     prepare()
     from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import PortArgs
 
-    from specreplay.replay.engines.sglang_workers import DrivenScheduler
+    from specreplay.replay.engines.sglang_workers import scheduler_class
 
+    cls = scheduler_class(impl)  # before anything is published: a variant refused here leaves no state
     args = server_args(config, write_model(config, folder / "model"), seed)
     port_args = PortArgs.init_new(args)
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
-    scheduler = DrivenScheduler(args, port_args, config=config, worker=worker)
+    scheduler = cls(args, port_args, config=config, worker=worker)
     quiet_logs()  # the constructor configures SGLang's logging again
     return scheduler
 

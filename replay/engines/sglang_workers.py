@@ -25,7 +25,9 @@ reference SGLang worker (models/sglang_worker.py), which knows nothing of SGLang
   published before it returns.
 - `DrivenScheduler` is SGLang's Scheduler with exactly two constructors overridden
   (`init_tp_model_worker`, `maybe_init_draft_worker`) to build these; `init_model_worker`, the
-  pool wiring, prewarm and everything else in `Scheduler.__init__` run unchanged.
+  pool wiring, prewarm and everything else in `Scheduler.__init__` run unchanged. A variant of
+  SGLang's scheduler (`--impl`, impls/sglang_forms.py) runs as its subclass (`scheduler_class`):
+  the variant's one override over SGLang's, the driver's constructors over both.
 
 The real TpModelWorker cannot be built on these CPU machines: its ModelRunner loads the model
 through rotary-embedding ops that need CUDA, vLLM's custom ops or sgl_kernel's CPU build.
@@ -342,4 +344,11 @@ class DrivenScheduler(Scheduler):
         self.draft_worker = ReferenceEagleWorker(self.tp_worker, self._engine_config.num_spec_tokens)
 
 
-__all__ = ["DrivenScheduler", "PoolRunner", "ReferenceEagleWorker", "ReferenceTpWorker"]
+def scheduler_class(impl: Any) -> type:
+    """The Scheduler class a run of `impl` builds: `DrivenScheduler`, or the implementation's
+    variant of it (its SGLang form, impls/sglang_forms.py: the variant's override over the
+    driver's worker constructors over SGLang's Scheduler). The trace header names this class."""
+    return DrivenScheduler if impl is None else impl.sglang_scheduler_class(DrivenScheduler)
+
+
+__all__ = ["DrivenScheduler", "PoolRunner", "ReferenceEagleWorker", "ReferenceTpWorker", "scheduler_class"]

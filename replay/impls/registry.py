@@ -5,7 +5,9 @@ workflows -> views -> cli. `record`, `replay` and `gate` resolve `--impl NAME` h
 takes a variant from here, in the form that engine runs (the reference form on the reference models,
 the real form on vLLM's classes), never by its name. A name from a trace resolves only through this
 registry; `module:attr` (loaded only when the user passes it on the command line) may name an
-`Implementation`, a `Scheduler` subclass or a `GPUModelRunner` subclass.
+`Implementation`, a `Scheduler` subclass or a `GPUModelRunner` subclass, or (on
+`--engine sglang-scheduler`) a subclass of SGLang's Scheduler or of its batch result processor
+(impls/sglang_forms.py).
 
 Built-ins:
   upstream      vLLM 0.32.0 behaviour
@@ -17,6 +19,11 @@ Built-ins:
   noclamp       the runner of vLLM <= 0.22: no clamp, a -1 draft slot reaches the embedding
   life-guard    the scheduler remembers which request object (life) each step was scheduled for
                 and gives the output to that object only: the fix for same-id resubmission
+On SGLang's scheduler (`--engine sglang-scheduler`, impls/sglang_variants.py):
+  sglang-stale-commit   #23456 re-introduced: a late verify result of a finished or retracted
+                        request still commits its accept length (EAGLE v2, overlap)
+  sglang-finish-trim    the over-commit at finish fixed: the position a decode in flight booked
+                        is given back at the release (no speculation, overlap)
 """
 
 from __future__ import annotations
@@ -62,6 +69,10 @@ class Implementation:
     # variant's subclass. None with `runner` set: no live form.
     real_runner: Callable[[type], type] | None = None
     real_runner_family: str = "v1"  # the runner family (engines/registry.py) real_runner subclasses
+    # The variant on SGLang's scheduler (--engine sglang-scheduler; impls/sglang_forms.py): takes the
+    # Scheduler class the engine runs, returns the variant's subclass of it; it may declare a
+    # `why_not(config)`. None: SGLang runs as released (or, with a vLLM part set, no SGLang form).
+    sglang_scheduler: Callable[[type], type] | None = None
 
     def why_not(self, config: EngineConfig) -> str | None:
         """Why this implementation does not apply to a workload with `config`, or None when it
@@ -89,7 +100,7 @@ class Implementation:
             if not config.async_scheduling and issubclass(self.scheduler, AsyncScheduler):
                 instead = "subclass Scheduler for synchronous workloads, or " if self.user_code else ""
                 return f"{name} is an AsyncScheduler and the workload is synchronous; {instead}pass an async workload"
-        for part in (self.scheduler, self.runner):
+        for part in (self.scheduler, self.runner, self.sglang_scheduler):
             declared = getattr(part, "why_not", None)
             reason = declared(config) if callable(declared) else None
             if reason:
@@ -111,6 +122,7 @@ class Implementation:
                 f"{self.name} changes the real scheduler only; it has no form for --engine reference "
                 "(give it a scheduler, or pass --engine vllm-scheduler)"
             )
+        self.require_vllm_form("reference")
         default = AsyncScheduler if config.async_scheduling else Scheduler
         return (self.scheduler or default)(config)
 
@@ -127,6 +139,34 @@ class Implementation:
                 f"{self.name} changes the reference runner only; it has no form for a live vLLM "
                 "(give it a real_runner, see docs/implementations.md)"
             )
+
+    def vllm_parts(self) -> list[str]:
+        """The parts of vLLM this variant changes (its reference and real forms)."""
+        return [part for part in ("scheduler", "runner", "real_scheduler", "real_runner") if getattr(self, part)]
+
+    def require_vllm_form(self, engine: str) -> None:
+        """Refuse, in one line, a variant of SGLang's scheduler alone on one of vLLM's engines:
+        it changes nothing there, and nothing runs in its place."""
+        if self.sglang_scheduler is not None and not self.vllm_parts():
+            raise InputError(
+                f"{self.name} changes SGLang's scheduler; it has no form for --engine {engine} "
+                "(pass --engine sglang-scheduler)"
+            )
+
+    def require_sglang_form(self, engine: str) -> None:
+        """Refuse, in one line, a variant of vLLM's classes on SGLang's scheduler: they do not run there."""
+        changed = self.vllm_parts()
+        if changed:
+            raise InputError(
+                f"{self.name} changes vLLM's {changed[0].replace('real_', '')}; it has no form for --engine "
+                f"{engine} (SGLang's scheduler runs as released, or as a variant of SGLang's own classes: "
+                "docs/implementations.md)"
+            )
+
+    def sglang_scheduler_class(self, base: type) -> type:
+        """The Scheduler class `--engine sglang-scheduler` runs for this variant: `base` (SGLang's
+        Scheduler with the driver's worker constructors) or the variant's subclass of it."""
+        return self.sglang_scheduler(base) if self.sglang_scheduler is not None else base
 
     def real_scheduler_class(self, real_cls: type, config: EngineConfig) -> type:
         """The class to run on the real vLLM for this variant: `real_cls` (vLLM's Scheduler or
@@ -233,7 +273,7 @@ def qualified_name(cls: type) -> str:
 
 
 def _builtin() -> dict[str, Implementation]:
-    from specreplay.replay.impls import variants
+    from specreplay.replay.impls import sglang_variants, variants
 
     items = [
         Implementation("upstream", "vLLM 0.32.0 behaviour (AsyncScheduler + V1 GPUModelRunner)"),
@@ -267,6 +307,18 @@ def _builtin() -> dict[str, Implementation]:
             "for: a resubmitted id never gets its previous life's output",
             scheduler=variants.LifeGuardScheduler,
             real_scheduler=variants.life_guard_on,
+        ),
+        Implementation(
+            "sglang-stale-commit",
+            "SGLang before #23456: a verify result processed after its request finished or was retracted "
+            "still commits its accept length (EAGLE v2, overlap)",
+            sglang_scheduler=sglang_variants.StaleVerifyCommits(),
+        ),
+        Implementation(
+            "sglang-finish-trim",
+            "SGLang with the over-commit at finish fixed: the position a decode in flight booked is given "
+            "back at the release, as without overlap (no speculation, overlap)",
+            sglang_scheduler=sglang_variants.TrimInFlightAtFinish(),
         ),
     ]
     return {impl.name: impl for impl in items}
@@ -314,6 +366,7 @@ def _importable_from_here() -> None:
 
 
 def _load(spec: str) -> Implementation:
+    from specreplay.replay.impls.sglang_forms import form_of
     from specreplay.replay.models.runner import GPUModelRunner
 
     module_name, _, attr = spec.partition(":")
@@ -334,7 +387,11 @@ def _load(spec: str) -> Implementation:
         return Implementation(spec, _summary(obj, "user scheduler"), scheduler=obj, user_code=True)
     if isinstance(obj, type) and issubclass(obj, GPUModelRunner):
         return Implementation(spec, _summary(obj, "user runner"), runner=obj, user_code=True)
+    form = form_of(obj) if isinstance(obj, type) else None
+    if form is not None:
+        return Implementation(spec, _summary(obj, "user SGLang scheduler"), sglang_scheduler=form, user_code=True)
     raise InputError(
         f"{spec} is a {type(obj).__name__}; expected an Implementation, or a subclass of "
-        "specreplay.replay.models.scheduler.Scheduler or specreplay.replay.models.runner.GPUModelRunner"
+        "specreplay.replay.models.scheduler.Scheduler or specreplay.replay.models.runner.GPUModelRunner "
+        "(or, for --engine sglang-scheduler, of SGLang's Scheduler or SchedulerBatchResultProcessor)"
     )

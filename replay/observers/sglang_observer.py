@@ -115,6 +115,12 @@ class SglangObserver:
         """The requests with a row this iteration, in row order."""
         return self.active
 
+    @property
+    def requests(self) -> dict[str, Any]:
+        """The requests the scheduler holds now, by id (SGLang keeps them in its queues and
+        batches, not one table): what a crash's message may name (engines/crash.py)."""
+        return {t.req.rid: t.req for t in self.active}
+
     # ------------------------------------------------------------------ arrivals, aborts, retractions
     def on_enqueue(self, req: Any, is_retracted: bool = False) -> None:
         rid = req.rid

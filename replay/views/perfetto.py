@@ -10,7 +10,14 @@ fire. Exports are windowed by steps: at most `max_steps` steps and `max_rows` re
 700 bytes of JSON each) per file, cut at a step boundary, so a long trace stays under the viewer's
 limits (`--steps` picks the next window). On a Model Runner V2 trace the worker slices carry
 MRV2's own state (the slot, the device count, where the verified drafts came from) and the
-worker's counter is the device `num_computed_tokens`.
+worker's counter is the device `num_computed_tokens`. On an SGLang trace the counters are
+SGLang's own lengths, as its scheduler and worker keep them: `kv_committed_len` and
+`kv_allocated_len` (scheduler, after the iteration's scheduling), the `seq_len` the worker ran
+with after the FutureMap's resolution and, under EAGLE v2, the one it published; the slices carry
+the forward mode, the row's place in the request pool and what the worker emitted. (vLLM's
+`num_output_placeholders` and the worker's `num_computed_tokens` have no SGLang meaning: no such
+counters.) A flow arrow goes, as on vLLM, from the iteration that launched a batch to the one whose
+`process_batch_result` applied it: the next one under the overlap schedule.
 """
 
 from __future__ import annotations
@@ -82,8 +89,9 @@ def export_events(
     events: list[dict[str, Any]] = []
     pids: dict[str, int] = {}
     flows: list[tuple[int, int, int, str]] = []  # (pid, scheduled step, applied step, id)
-    mrv2 = runner_family_of(trace) == "v2"
-    batches = trace.batches(columns=_COLUMNS + (MRV2_COLUMNS + _MRV2_SLICE if mrv2 else ()))
+    family = runner_family_of(trace)
+    extra = {"v2": MRV2_COLUMNS + _MRV2_SLICE, "sglang": _SGLANG_COLUMNS}.get(family, ())
+    batches = trace.batches(columns=_COLUMNS + extra)
     import pyarrow.compute as pc
 
     slices: dict[int, set[int]] = {}  # pid -> steps with a scheduler slice (flow ends bind to them)
@@ -121,7 +129,7 @@ def export_events(
                     _meta(pid, SCHED_TID, "thread_name", "scheduler"),
                     _meta(pid, WORKER_TID, "thread_name", "worker"),
                 ]
-            events += _row_events(row, pid, (step - first) * STEP_US, mrv2)
+            events += _row_events(row, pid, (step - first) * STEP_US, family)
             slices.setdefault(pid, set()).add(step)
             # An arrow per output update_from_output used; one popped while the engine drained
             # (no schedule() since its own) has no later step to point at.
@@ -158,10 +166,27 @@ def export_events(
 
 #: What an MRV2 worker slice shows beyond the lanes' columns.
 _MRV2_SLICE = ("worker_device_computed_after", "worker_cpu_computed", "worker_num_rejected")
+#: SGLang's own lengths and what its worker did (the "(SGLang)" columns, traces/schema.py).
+_SGLANG_COLUMNS = (
+    "step_forward_mode",
+    "sched_kv_committed_len",
+    "sched_kv_allocated_len",
+    "sched_seq_len",
+    "sched_req_pool_idx",
+    "sched_num_in_flight_tokens",
+    "apply_skip_reason",
+    "worker_first_position",
+    "worker_seq_len",
+    "worker_new_seq_len",
+    "worker_sampled_ids",
+)
 
 
-def _row_events(row: dict[str, Any], pid: int, ts: int, mrv2: bool = False) -> list[dict[str, Any]]:
+def _row_events(row: dict[str, Any], pid: int, ts: int, family: str = "v1") -> list[dict[str, Any]]:
     """One row's scheduler slice, worker slice (if it ran) and counters."""
+    if family == "sglang":
+        return _sglang_row_events(row, pid, ts)
+    mrv2 = family == "v2"
     step = row["step"]
     events = [
         {
@@ -228,6 +253,55 @@ def _row_events(row: dict[str, Any], pid: int, ts: int, mrv2: bool = False) -> l
     events.append(_counter(pid, ts, "num_computed_tokens (scheduler)", row["sched_num_computed_tokens"]))
     events.append(_counter(pid, ts, "num_output_placeholders", row["sched_num_output_placeholders"]))
     return events
+
+
+def _sglang_row_events(row: dict[str, Any], pid: int, ts: int) -> list[dict[str, Any]]:
+    """An SGLang row's slices and counters: SGLang's lengths in place of vLLM's counters."""
+    step = row["step"]
+    scheduler = {
+        "step": step,
+        "kind": row["sched_kind"],
+        "skip": row["sched_skip"],
+        "num_scheduled_tokens": row["sched_num_scheduled_tokens"],
+        "num_draft_slots": row["sched_num_draft_slots"],
+        "kv_committed_len": row["sched_kv_committed_len"],
+        "kv_allocated_len": row["sched_kv_allocated_len"],
+        "seq_len": row["sched_seq_len"],
+        "req_pool_idx": row["sched_req_pool_idx"],
+        "in_flight_tokens": row["sched_num_in_flight_tokens"],
+        "result": row["apply_outcome"],
+        "result_skipped": row["apply_skip_reason"] or None,
+        "control_event": row["sched_event"],
+    }
+    events = [_slice(_describe(row), pid, ts, SCHED_TID, "scheduler", scheduler)]
+    events.append(_counter(pid, ts, "kv_committed_len (scheduler)", row["sched_kv_committed_len"]))
+    events.append(_counter(pid, ts, "kv_allocated_len (scheduler)", row["sched_kv_allocated_len"]))
+    if row["worker_row"] is None:
+        return events
+    worker = {
+        "step": step,
+        "row": row["worker_row"],
+        "forward_mode": row["step_forward_mode"],
+        "first_position": row["worker_first_position"],
+        "num_tokens_written": row["worker_num_scheduled_tokens"],
+        "seq_len": row["worker_seq_len"],
+        "new_seq_len": row["worker_new_seq_len"],
+        "draft_ids": row["worker_draft_ids"],
+        "accepted": row["worker_num_accepted"],
+        "emitted": row["worker_sampled_ids"],
+    }
+    name = f"{row['step_forward_mode'] or 'ran'} " + amount(
+        row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"]
+    )
+    events.append(_slice(name, pid, ts, WORKER_TID, "worker", worker))
+    events.append(_counter(pid, ts, "seq_len (worker)", row["worker_seq_len"]))
+    if row["worker_new_seq_len"] is not None:  # EAGLE v2: what it published to the FutureMap
+        events.append(_counter(pid, ts, "new_seq_len (worker)", row["worker_new_seq_len"]))
+    return events
+
+
+def _slice(name: str, pid: int, ts: int, tid: int, cat: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "ph": "X", "ts": ts, "dur": STEP_US, "pid": pid, "tid": tid, "cat": cat, "args": args}
 
 
 def _flow_events(

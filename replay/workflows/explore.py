@@ -11,7 +11,9 @@ steps, sync scheduling, control events: pauses, cache resets, aborts, resubmissi
 sessions; requests that decode up to max_model_len). Only workloads the implementation applies to
 are drawn (`Implementation.why_not`: an AsyncScheduler gets async ones). It runs through the
 implementation under test and the checker; what matters comes back small (finding codes, the
-situations the run reached, the settings it drew), never the trace.
+situations the run reached, the settings it drew), never the trace. An engine that takes less than
+vLLM's settings and events (SGLang's scheduler: arrivals and aborts) gets each draw as it takes it
+(its registry entry's `shape`: workloads/sglang_shape.py), so none is spent on a refusal.
 
 Coverage guidance: a profile whose candidates reach a situation no earlier candidate reached
 (re-entry, preemption with output in flight, the drafter skipped near max_model_len, ...;
@@ -65,9 +67,11 @@ class Candidate:
     vllm_version: str | None = None  # the release it runs as; None: the workload's default
     runner: str | None = None  # the runner family it runs on (engines/registry.py); None: v1
 
-    def workload(self, impl: Implementation | None = None) -> Workload:
-        """Its workload; with `impl`, one that implementation applies to (`candidate_workload`)."""
-        workload = candidate_workload(self.seed, self.profiles, impl.why_not if impl is not None else None)
+    def workload(self, impl: Implementation | None = None, engine: str | None = None) -> Workload:
+        """Its workload; with `impl`, one that implementation applies to, as `engine` takes it
+        (`candidate_workload`)."""
+        why_not = impl.why_not if impl is not None else None
+        workload = candidate_workload(self.seed, self.profiles, why_not, engine)
         return workload if self.vllm_version is None else workload.at_version(self.vllm_version)
 
 
@@ -84,17 +88,22 @@ class CaseResult:
     settings: frozenset[str] = frozenset()  # the engine settings its workload drew
 
 
-def candidate_workload(seed: int, profiles: tuple[str, ...], why_not: WhyNot | None = None) -> Workload:
-    """The candidate's workload (generators.explore_workload), one the implementation applies to:
-    `why_not` is its `Implementation.why_not`. A draw it refuses runs in the other scheduling
-    mode if that applies (a user's AsyncScheduler gets async workloads only, a sync Scheduler
-    sync ones), else is drawn again (up to REDRAWS times); deterministic, so a seed still names
-    one workload for one implementation."""
+def candidate_workload(
+    seed: int, profiles: tuple[str, ...], why_not: WhyNot | None = None, engine: str | None = None
+) -> Workload:
+    """The candidate's workload (generators.explore_workload) as `engine` takes it (its entry's
+    `shape`; None: as drawn), one the implementation applies to: `why_not` is its
+    `Implementation.why_not`. A draw it refuses runs in the other scheduling mode if that applies
+    (a user's AsyncScheduler gets async workloads only, a sync Scheduler sync ones), else is drawn
+    again (up to REDRAWS times); deterministic, so a seed still names one workload for one
+    implementation on one engine."""
+    from specreplay.replay.engines.registry import engine as engine_entry
     from specreplay.replay.workloads.generators import explore_workload
 
+    shaped = engine_entry(engine).shaped if engine is not None else (lambda w: w)
     reason = ""
     for attempt in range(REDRAWS):
-        workload = explore_workload(seed, profiles, attempt)
+        workload = shaped(explore_workload(seed, profiles, attempt))
         if why_not is None:
             return workload
         other = replace(workload.config, async_scheduling=not workload.config.async_scheduling)
@@ -116,7 +125,7 @@ def run_candidate(impl_name: str, engine: str, candidate: Candidate) -> CaseResu
 
     try:
         impl = resolve(impl_name, allow_import=True)
-        workload = candidate.workload(impl)
+        workload = candidate.workload(impl, engine)
         trace = run_workload(workload, impl, engine=engine, runner=candidate.runner)
     except InputError as exc:
         return CaseResult(candidate.index, candidate.seed, candidate.profiles, {}, frozenset(), 0, 0, str(exc))
@@ -379,7 +388,7 @@ def _write_findings(output_dir: Path, result: Exploration, impl) -> dict[str, di
     for code, hits in result.by_code().items():
         first = hits[0]
         finding = first.findings[code]
-        workload = Candidate(first.index, first.seed, first.profiles).workload(impl)
+        workload = Candidate(first.index, first.seed, first.profiles).workload(impl, result.engine)
         trace = run_workload(workload, impl, engine=result.engine, runner=result.runner)
         path = output_dir / f"{code}.parquet"
         write_trace(trace, path)

@@ -16,7 +16,9 @@ A golden that is a recording (a live or attached vLLM's trace with its outcomes;
 decides, as for `replay`) is rerun on its recorded outcomes through the implementation under
 test on the reference (or real) scheduler, and compared as any golden: the ground truth the
 recording lacks is left out of the comparison (`TraceDiff.no_truth`). `update_goldens` refuses
-to overwrite such a golden with a rerun: it is the only record of what the engine did.
+to overwrite such a golden with a rerun: it is the only record of what the engine did. An SGLang
+golden is a recording of SGLang's scheduler, rerun on its recorded outcomes on that scheduler
+(its corpus: `corpus_dir("sglang-scheduler")`); `--oracle synthetic` re-records one.
 """
 
 from __future__ import annotations
@@ -33,9 +35,14 @@ from specreplay.traces import schema
 from specreplay.traces.errors import InputError, one_line
 
 
-def corpus_dir() -> Path:
-    """The starter corpus shipped with the package."""
-    return Path(__file__).resolve().parent.parent / "corpus"
+def corpus_dir(engine: str | None = None) -> Path:
+    """The starter corpus shipped with the package; with `engine`, the corpus of goldens made on
+    that engine (corpus/ENGINE/) where one ships. SGLang's goldens sit apart
+    (corpus/sglang-scheduler/): they rerun on SGLang's scheduler, which only its own environment
+    has, so the main environment's default gate, which globs the top folder alone, never meets them."""
+    root = Path(__file__).resolve().parent.parent / "corpus"
+    own = root / engine if engine else None
+    return own if own is not None and own.is_dir() else root
 
 
 def collect(paths: list[Path]) -> list[Path]:
@@ -155,6 +162,7 @@ def _golden_plan(golden, where: str, options: GateOptions):
         may_be_recording,
         plan_replay,
         runner_of,
+        runner_on,
     )
     from specreplay.replay.workloads.workload import Workload
 
@@ -171,7 +179,9 @@ def _golden_plan(golden, where: str, options: GateOptions):
         workload = Workload.from_dict(golden.workload.to_dict(), f"{where}: workload metadata")
         engine_name = options.engine or golden.impl.engine_or_reference()
         own = live_runner_of(golden) if may_be_recording(golden.impl) else runner_of(golden)
-        return ReplayPlan(workload, engine_name, golden.impl.executor, None, options.runner or own)
+        return ReplayPlan(
+            workload, engine_name, golden.impl.executor, None, options.runner or runner_on(own, engine_name)
+        )
     return plan_replay(recording or golden.read(), where, engine=options.engine, oracle=oracle, runner=options.runner)
 
 
@@ -217,7 +227,7 @@ def gate_one(path: str, options: GateOptions) -> GateResult:
     made_by = fingerprint(golden)
     if made_by["impl"] != impl.name:
         result.notes.append(f"golden made by {made_by['impl']}, gating {impl.name}")
-    if plan.oracle is not None:  # the engine differs by design: a recording's outcomes drive the reference
+    if plan.oracle is not None:  # a recording's outcomes drive the rerun (a live vLLM's: on the reference)
         result.notes.append(
             f"golden recorded on the {made_by['engine']} engine, rerun on its recorded outcomes on {plan.engine}"
         )

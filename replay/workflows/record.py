@@ -235,6 +235,41 @@ def recover_to(journal: Path, output: Path | None = None) -> Recorded:
     return Recorded(output, trace)
 
 
+#: What `compare` records on vLLM's engines when not told (`compare_defaults`).
+DEFAULT_COMPARE = ("upstream", "pr30796", "pr30796-copy", "sched-clear")
+
+
+def compare_defaults(engine: str, runner: str | None, workload: Workload) -> tuple[list[str], list[tuple[str, str]]]:
+    """The implementations `compare` records when not told, and those it leaves out with why.
+    On vLLM's engines: DEFAULT_COMPARE, less those whose runner form is another family's than
+    the one that runs. On another engine's scheduler (SGLang's), where vLLM's variants have no
+    form: every registered implementation the engine runs on this workload (its entry's `refuse`),
+    so a variant registered with a form for it is compared without being named here."""
+    from specreplay.replay.engines.registry import engine as engine_entry
+    from specreplay.replay.impls.registry import NotApplicable, registry
+
+    entry = engine_entry(engine)
+    if entry.serves_vllm:
+        form = "real runner form" if entry.drives_itself else "reference runner form"
+        left_out = [
+            (name, f"its {form} is for --runner {family}")
+            for name, family in runner_mismatch(DEFAULT_COMPARE, engine, runner)
+        ]
+        return [n for n in DEFAULT_COMPARE if n not in dict(left_out)], left_out
+    names, left_out = [], []
+    for name, impl in registry().items():
+        try:
+            entry.refuse(impl, workload.config, f"workload {workload.name!r}")
+        except NotApplicable as exc:
+            left_out.append((name, exc.reason))
+            continue
+        except InputError:  # it changes vLLM's classes: no form for this engine
+            left_out.append((name, f"no form for --engine {engine}"))
+            continue
+        names.append(name)
+    return names, left_out
+
+
 @dataclass
 class Comparison:
     workload: Workload

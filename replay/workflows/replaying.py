@@ -10,6 +10,15 @@ outcomes (schema v3: the sampled tokens, the drafts verified), and a replay runs
 (`workloads/recorded_oracle.py`) through the reference or the real scheduler. A trace recorded on the
 reference or the real scheduler came from its workload's seeded model, which its workload
 regenerates whole: it replays on that (`synthetic`), unless told `recorded`.
+
+An SGLang trace (`--engine sglang-scheduler`) replays on its recorded outcomes by default, on
+SGLang's scheduler (`workloads/recorded_sglang.py`): its worker view holds every token and draft
+at known positions, so the replay is step-exact whatever the workload's seeded model gives (another
+specreplay release's, a recording of a real SGLang server once one can be attached). Outcomes drive
+only the engines of their own family: a vLLM recording's worker columns are vLLM's runner's, an
+SGLang recording's are SGLang's worker's, and neither can stand for the other, so a replay across
+families is refused in one line; `--oracle synthetic` runs the recording's workload on the other
+engine instead (the what-if that means something: the same arrivals, lengths and acceptance).
 """
 
 from __future__ import annotations
@@ -17,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from specreplay.replay.engines.registry import DEFAULT_ENGINE, RUNNERS, engine_of, replay_engines
+from specreplay.replay.engines.registry import DEFAULT_ENGINE, ENGINES, RUNNERS, engine_of, replay_engines
+from specreplay.replay.engines.registry import engine as engine_entry
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
 from specreplay.traces.header import ImplHeader
@@ -27,7 +37,7 @@ if TYPE_CHECKING:
     from specreplay.traces.io import TraceFile
 
 ORACLES = ("recorded", "synthetic")
-#: Engines a recording's outcomes can drive (a live engine makes its own): engines/registry.py.
+#: Engines a vLLM recording's outcomes can drive (a live engine makes its own): engines/registry.py.
 REPLAY_ENGINES = replay_engines()
 
 
@@ -47,6 +57,28 @@ def runner_of(trace: Any) -> str | None:
     return family if family in RUNNERS else None
 
 
+def serves_vllm(impl: ImplHeader) -> bool:
+    """Is the trace's engine vLLM's (the reference, the real scheduler, a live or attached vLLM)?
+    False: SGLang's. An engine this specreplay does not know counts as vLLM's, as ever."""
+    entry = engine_of(impl)
+    return entry is None or entry.serves_vllm
+
+
+def outcome_engines(impl: ImplHeader) -> tuple[str, ...]:
+    """The engines the recorded outcomes of a trace of `impl`'s engine can drive, the default
+    first: those that take an oracle and whose scheduler is the same engine's (vLLM's or SGLang's)."""
+    own = serves_vllm(impl)
+    return tuple(name for name, entry in ENGINES.items() if entry.takes_oracle and entry.serves_vllm == own)
+
+
+def runner_on(runner: str | None, engine: str) -> str | None:
+    """`runner` (a trace's own family) when its workers serve `engine`'s scheduler, else None
+    (the engine's default: a vLLM trace's workload run on SGLang takes SGLang's worker)."""
+    if runner is None or runner not in RUNNERS:
+        return runner
+    return runner if RUNNERS[runner].serves_vllm == engine_entry(engine).serves_vllm else None
+
+
 def live_runner_of(trace: Any) -> str | None:
     """The runner family a live rerun of `trace` builds: the one that ran, for a live or attached
     vLLM's trace (v1 for one from before runners were named); None (the default) for the others."""
@@ -56,16 +88,24 @@ def live_runner_of(trace: Any) -> str | None:
 
 
 def default_oracle(trace: Trace) -> str:
-    """recorded for a trace of a live or attached vLLM with outcomes, and for a replay (or a
-    shrink) of one, whose rows carry its outcomes (`impl.outcomes`); else synthetic."""
-    from specreplay.replay.workloads.recorded_oracle import has_outcomes
+    """recorded for a trace of a live or attached vLLM with outcomes, for an SGLang trace with
+    its worker's outcomes, and for a replay (or a shrink) of one, whose rows carry its outcomes
+    (`impl.outcomes`); else synthetic."""
+    return "recorded" if may_be_recording(trace.impl) and has_recorded_outcomes(trace) else "synthetic"
 
-    return "recorded" if may_be_recording(trace.impl) and has_outcomes(trace.table) else "synthetic"
+
+def has_recorded_outcomes(trace: Trace) -> bool:
+    """Do the trace's rows carry outcomes its engine family's recorded oracle reads?"""
+    from specreplay.replay.workloads.recorded_oracle import has_outcomes
+    from specreplay.replay.workloads.recorded_sglang import has_sglang_outcomes
+
+    return has_outcomes(trace.table) if serves_vllm(trace.impl) else has_sglang_outcomes(trace.table)
 
 
 def may_be_recording(impl: ImplHeader) -> bool:
-    """From the metadata alone (no rows read): a live or attached vLLM's trace, or a run on one's
-    outcomes; only such a trace's default oracle can be its recorded outcomes."""
+    """From the metadata alone (no rows read): a live or attached vLLM's trace, an SGLang trace
+    (module docstring: why it replays on its outcomes), or a run on one's outcomes; only such a
+    trace's default oracle can be its recorded outcomes."""
     return (impl.engine or DEFAULT_ENGINE) not in REPLAY_ENGINES or impl.outcomes is not None
 
 
@@ -114,6 +154,7 @@ def plan_replay(
     default the whole; the recorded outcomes of what remains drive it. `runner`: the runner
     family to rerun it on (default: its own; the other one is the cross-runner what-if)."""
     from specreplay.replay.workloads.recorded_oracle import recorded_oracle
+    from specreplay.replay.workloads.recorded_sglang import sglang_recorded_oracle
 
     if not isinstance(trace, Trace):  # a TraceFile: its header, a Trace without rows
         trace = trace.header
@@ -128,21 +169,26 @@ def plan_replay(
     executor = trace.impl.executor
     if mode == "synthetic":
         own = live_runner_of(trace) if may_be_recording(trace.impl) else runner_of(trace)
-        return ReplayPlan(workload, engine or recorded_engine, executor, None, runner or own)
-    engine = engine or (recorded_engine if recorded_engine in REPLAY_ENGINES else DEFAULT_ENGINE)
-    if engine not in REPLAY_ENGINES:
-        raise InputError(
-            f"--engine {engine}: a live engine makes its own outcomes; replay a recording's through "
-            f"{' or '.join(REPLAY_ENGINES)} (or --oracle synthetic to run its workload live again)"
-        )
+        engine = engine or recorded_engine
+        return ReplayPlan(workload, engine, executor, None, runner or runner_on(own, engine))
+    engines = outcome_engines(trace.impl)
+    engine = engine or (recorded_engine if recorded_engine in engines else engines[0])
+    refuse_outcomes_on(trace.impl, engine, engines)
     own = runner_of(trace)
-    outcomes = recorded_oracle(workload, trace, slot_drafts=own is not None and RUNNERS[own].verifies_slot_drafts)
+    if serves_vllm(trace.impl):
+        slot_drafts = own is not None and RUNNERS[own].verifies_slot_drafts
+        outcomes = recorded_oracle(workload, trace, slot_drafts=slot_drafts)
+    else:
+        outcomes = sglang_recorded_oracle(workload, trace)
     outcomes.source = where
     # Where the recording stopped: a live engine's left its last batches unapplied; a replay of it
     # stopped as the recording did (its note says so).
     ran_on = trace.impl.outcomes
     drains = ran_on.drains_at_end if ran_on is not None else None
-    outcomes.drains_at_end = drains if drains is not None else recorded_engine in REPLAY_ENGINES
+    recorded_entry = engine_of(trace.impl)
+    outcomes.drains_at_end = (
+        drains if drains is not None else recorded_entry is not None and recorded_entry.takes_oracle
+    )
     # A live engine core in the recording's process (in process, attached to a program's LLM)
     # was stepped an iteration at a time, as specreplay's live driver steps it: the replay steps
     # as that driver does (workloads/oracle.py `live_driven`). A multiprocess core numbers its
@@ -151,3 +197,26 @@ def plan_replay(
     outcomes.trace_inputs = trace.inputs
     outcomes.tokens = trace.impl.tokens
     return ReplayPlan(workload, engine, executor, outcomes, runner or own)
+
+
+def refuse_outcomes_on(impl: ImplHeader, engine: str, engines: tuple[str, ...]) -> None:
+    """One InputError line when a recording's outcomes cannot drive `engine`: a live engine makes
+    its own; the other family's engine reads other worker columns (module docstring)."""
+    if engine in engines:
+        return
+    entry = engine_entry(engine)  # an unknown name: its own line
+    if not entry.takes_oracle:
+        raise InputError(
+            f"--engine {engine}: a live engine makes its own outcomes; replay a recording's through "
+            f"{' or '.join(engines)} (or --oracle synthetic to run its workload live again)"
+        )
+    if serves_vllm(impl):
+        ours = "a vLLM recording: its outcomes are in vLLM's runner's columns (applied outputs, placeholder drafts)"
+        theirs = "SGLang's"
+    else:
+        ours = "an SGLang recording: its outcomes are in SGLang's worker's columns (EAGLE v2 rounds, every result)"
+        theirs = "vLLM's"
+    raise InputError(
+        f"--engine {engine} runs {theirs} scheduler and worker, and this is {ours}, which {theirs} do not "
+        f"read; replay it on {' or '.join(engines)}, or pass --oracle synthetic to run its workload on {engine}"
+    )

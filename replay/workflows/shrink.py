@@ -10,11 +10,12 @@ kept only if the finding code still fires. Greedy and deterministic: the same tr
 the same minimal workload. `emit_pytest` turns the result into a self-contained regression test;
 `shrink_to` does all of it from a trace file to the files `specreplay shrink` writes.
 
-A recording (a live or attached vLLM's trace: `replaying.plan_replay` says so) shrinks on its
-recorded outcomes: each candidate runs on a `RecordedOracle` built over the candidate's requests
-from the original rows, on the plan's engine and executor, and prompts keep their length (the
-recorded tokens follow them). The minimal trace then carries the outcomes it ran on, so it is a
-recording too and replays to itself.
+A recording (a live or attached vLLM's trace, an SGLang trace: `replaying.plan_replay` says so)
+shrinks on its recorded outcomes: each candidate runs on a recorded oracle built over the
+candidate's requests from the original rows, on the plan's engine and executor (an SGLang trace's:
+SGLang's scheduler), and prompts keep their length (the recorded tokens follow them). The minimal
+trace then carries the outcomes it ran on, so it is a recording too and replays to itself; its
+emitted test reruns it on the same engine.
 """
 
 from __future__ import annotations
@@ -297,8 +298,8 @@ def emit_pytest(
 {first.message}
 
 The workload is the shrunk reproduction ({n} requests, {steps} steps). The test replays it through
-the implementation under test and fails while {shrunk.code} fires. Choose the implementation with
-SPECREPLAY_IMPL (a registry name or module:attr; default {impl_name!r})."""
+the implementation under test on --engine {engine} and fails while {shrunk.code} fires. Choose the
+implementation with SPECREPLAY_IMPL (a registry name or module:attr; default {impl_name!r}).{_environment(engine)}"""
     check = """    hits = [f for f in check_trace(trace) if f.code == CODE]
     assert not hits, f"{CODE} at step {hits[0].step}, request {hits[0].request_id!r}: {hits[0].message}"
 """
@@ -347,6 +348,15 @@ def test_{slug}_does_not_fire():
     impl = resolve(os.environ.get("SPECREPLAY_IMPL", {impl_name!r}), allow_import=True)
     trace = run_workload(Workload.from_dict(WORKLOAD), impl, engine=ENGINE, runner=RUNNER)
 {check}'''
+
+
+def _environment(engine: str) -> str:
+    """What an emitted test needs beyond specreplay: SGLang's scheduler runs in its own environment."""
+    from specreplay.replay.engines.registry import engine as engine_entry
+
+    if engine_entry(engine).serves_vllm:
+        return ""
+    return "\nRun it where SGLang is installed (scripts/sglang.sh install: docs/sglang.md)."
 
 
 def _findings(trace: Trace):

@@ -99,6 +99,9 @@ class RecordedOracle(Oracle):
     """The oracle of a replay of a recording: recorded tokens and drafts, one rule per gap."""
 
     recorded = True
+    #: The outcomes are a vLLM recording's (its runner's columns); SGLang's are another class's
+    #: (workloads/recorded_sglang.py): an engine runs only its own family's (engines/run.py).
+    vllm_outcomes = True
 
     def __init__(
         self,

@@ -29,7 +29,9 @@ from specreplay.replay.check.catalogue import BY_CODE, INVARIANTS, RANK
 from specreplay.replay.check.findings import Finding
 from specreplay.replay.check.frames import NEEDED
 from specreplay.replay.check.limits import max_tokens_by_life
+from specreplay.replay.check.rules_sglang import own_check
 from specreplay.traces.trace import Trace
+from tests.replay.check import rowwise_sglang
 
 # The checker's columns (derived from the schema and its loader), whatever states the rules.
 _NEEDED = NEEDED
@@ -984,12 +986,28 @@ def check_crash(rows: TraceRows) -> Iterator[Finding]:
     if rows.crash_step is None:
         return
     message = rows.trace.outcome.message if rows.trace.outcome.message is not None else "engine crashed"
-    rid = None
+    rid = rows.trace.outcome.request  # the request the crash names (engines/crash.py), else vLLM's phrase
     marker = "request '"
-    if marker in message:
+    if rid is None and marker in message:
         rid = message.split(marker, 1)[1].split("'", 1)[0]
     life = _latest_life(rows, rid)
-    if rows.trace.outcome.kind in (None, "negative-input-id"):
+    outcome = rows.trace.outcome
+    check = own_check(outcome.message, outcome.where) if rows.trace.impl.runner_family == "sglang" else None
+    if check is not None:  # G7: SGLang's own invariant checker failed
+        yield BY_CODE["G7-sglang-own-check"].finding(
+            rows.crash_step,
+            rid,
+            life,
+            "invariant_checker",
+            None,
+            check.name,
+            check=check.name,
+            check_source=check.source,
+            check_function=check.function,
+            outcome_message=message,
+            where=outcome.where,
+        )
+    elif rows.trace.outcome.kind in (None, "negative-input-id"):
         yield BY_CODE["X5-negative-input-id"].finding(
             rows.crash_step, rid, life, "input_ids", None, -1, outcome_message=message
         )
@@ -1047,6 +1065,7 @@ CHECKS: dict[str, Callable[[TraceRows], Iterator[Finding]]] = {
     "M3-draft-origin": check_draft_origin,
     "M4-preempted-as-new": check_preempted_as_new,
     "M5-slot-holder": check_slot_holder,
+    **rowwise_sglang.CHECKS,  # SGLang's G codes (G7: check_crash)
 }
 
 

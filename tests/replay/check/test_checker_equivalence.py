@@ -113,6 +113,8 @@ def _value(rng: random.Random, name: str, current):
         return rng.choice(("applied", "stale_delivered", "dropped"))
     if name == "sched_life":
         return rng.choice((0, 1))
+    if name in schema.ENUMS:  # the other enum columns (SGLang's skip reason and forward mode)
+        return rng.choice(schema.ENUMS[name])
     if pa.types.is_boolean(field.type):
         return rng.random() < 0.5
     if pa.types.is_list(field.type):

@@ -350,6 +350,23 @@ def test_a_worker_that_raises_ends_the_run_as_a_crash_at_that_step(tmp_path):
     assert after.outcome.status == "completed"
 
 
+class ForgetfulWorker(SglangReferenceWorker):
+    """Loses track of b at its position 6: a KeyError naming the request, as a dropped id gives."""
+
+    def _done(self, results):
+        if any(r.rid == "b" and r.first_position <= 6 < r.first_position + len(r.written) for r in results):
+            raise KeyError("b")
+        return super()._done(results)
+
+
+@sglang
+def test_a_crash_names_the_request_its_exception_names():
+    # The crash's request is one the scheduler holds (SGLang keeps them in queues and batches: the
+    # observer says which), so E1 / G7 name it as on vLLM.
+    trace = record(note("a:p4,t8 b:p3,t8", "async", 0), ForgetfulWorker)
+    assert (trace.outcome.status, trace.outcome.request) == ("crashed", "b")
+
+
 # ====================================================================== the CLI
 @sglang
 @pytest.mark.parametrize("scenario", ["reentry", "reentry-sync"])

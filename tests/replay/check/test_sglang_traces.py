@@ -1,0 +1,184 @@
+"""The checker on SGLang traces, in the main environment: the committed SGLang recordings
+(tests/replay/check/sglang_traces.py, recorded in SGLang's environment and held to the engine
+there by test_sglang_codes.py).
+
+What each G code finds on them, evidence included; the row-by-row statement finds the same on
+them and on hundreds of mutations of them; and coverage: an SGLang trace runs SGLang's codes
+and the codes both engines share, never lists vLLM's as not checked, and a vLLM trace does not
+list SGLang's.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+
+from specreplay.replay.check.catalogue import ALL, BY_CODE, CATALOGUE, SGLANG
+from specreplay.replay.check.checker import NEEDED, check_report, check_trace, unchecked_codes
+from specreplay.replay.check.coverage import TRUTH_INPUTS
+from specreplay.traces.io import read_trace
+from specreplay.traces.validate import RowValidator
+from tests.replay.check import rowwise_checker
+from tests.replay.check.sglang_traces import TRACES, path
+from tests.replay.check.test_checker_equivalence import mutated, same_findings
+from tests.replay.check.truthless import without_ground_truth
+
+G_CODES = [row.code for row in CATALOGUE if row.runners == SGLANG]
+
+
+@functools.cache
+def trace(name: str):
+    return read_trace(path(name))
+
+
+def findings(name: str, code: str) -> list:
+    return [f for f in check_trace(trace(name)) if f.code == code]
+
+
+@pytest.mark.parametrize("name", sorted(TRACES))
+def test_each_trace_has_exactly_its_g_codes_and_the_rowwise_statement_agrees(name):
+    t = trace(name)
+    assert t.impl.runner_family == "sglang" and t.impl.engine == "sglang-scheduler"
+    found = {f.code for f in check_trace(t)}
+    assert {c for c in found if c.startswith("G")} == TRACES[name][2], name
+    if TRACES[name][1] == "upstream":
+        assert all(BY_CODE[c].severity == "warning" for c in found)  # upstream: no error
+    same_findings(t)
+
+
+def test_the_g_codes_are_sglang_s_and_the_shared_codes_every_engine_s():
+    assert G_CODES == [
+        "G1-committed-past-allocated",
+        "G2-committed-past-written",
+        "G3-stale-result-applied",
+        "G4-retracted-next-life",
+        "G5-overcommit-at-finish",
+        "G6-future-map-order",
+        "G7-sglang-own-check",
+    ]
+    assert [r.code for r in CATALOGUE if r.runners == ALL] == [
+        "X1-batch-membership",
+        "S8-token-lost",
+        "T1-wrong-token",
+        "K1-kv-content",
+        "K2-kv-foreign-tokens",
+        "K3-kv-unowned-block",
+        "K4-kv-write-unowned",
+        "E1-engine-crash",
+        "E2-run-incomplete",
+    ]
+    assert BY_CODE["G5-overcommit-at-finish"].severity == "warning"
+    assert all(BY_CODE[c].severity == "error" for c in G_CODES if c != "G5-overcommit-at-finish")
+
+
+# ====================================================================== each code's evidence
+def test_g1_a_retracted_request_whose_late_result_committed_its_accept_length():
+    """sglang-stale-commit (#23456): request 3's verify of step 6 comes back at step 7, after the
+    scheduling of step 7 retracted it (committed 0, no KV), and commits 4."""
+    first = findings("stale-commit", "G1-committed-past-allocated")[0]
+    assert (first.step, first.request_id, first.expected, first.actual) == (7, "3", 0, 4)
+    assert first.facts() == {"result_step": 6, "retracted": True}
+    live = findings("commit-past-allocated", "G1-committed-past-allocated")
+    assert [(f.step, f.request_id, f.expected, f.actual) for f in live] == [(1, "a", 4, 5)]
+
+
+def test_g2_the_bonus_committed_before_any_forward_wrote_it():
+    """BonusClaimedAtApply, no overlap: each verify commits seqlen, one past the KV it wrote."""
+    found = findings("bonus-claimed", "G2-committed-past-written")
+    assert {f.request_id for f in found} == set("abcde")
+    a = next(f for f in found if f.request_id == "a")
+    assert (a.step, a.expected, a.actual) == (5, 8, 9) and a.facts() == {"result_step": 5, "truth_step": 5}
+
+
+def test_g3_late_verify_results_of_finished_and_retracted_requests():
+    found = findings("stale-commit", "G3-stale-result-applied")
+    retracted = [f for f in found if f.facts()["reason"] == "retracted"]
+    finished = [f for f in found if f.facts()["reason"] == "finished"]
+    assert retracted and finished
+    f = next(f for f in finished if f.request_id == "0")
+    assert (f.step, f.expected, f.actual) == (8, "ignored", "applied")
+    assert f.facts()["kv_before"] == (24, 0) and f.facts()["kv_after"] == (28, 0) and f.facts()["apply_step"] == 9
+    assert "moved kv_committed_len 24 -> 28" in f.message
+
+
+def test_g4_a_retraction_that_drops_an_output():
+    (f,) = findings("drops-last-output", "G4-retracted-next-life")
+    assert (f.step, f.request_id, f.expected, f.actual) == (20, "2", 17, 16)
+    assert f.facts() == {"reason": "dropped", "retracted_at": 20, "outputs_kept": 17}
+
+
+def test_g5_upstream_overlap_releases_one_position_more_at_a_stop_and_an_abort():
+    """#24590's shape on SGLang 0.5.23: c's stop and e's abort under overlap; the fix has none."""
+    found = findings("upstream-overlap-nospec", "G5-overcommit-at-finish")
+    assert [(f.request_id, f.facts()["finish"], f.expected, f.actual) for f in found] == [
+        ("e", "aborted", 4, 5),
+        ("c", "stop", 5, 6),
+    ]
+    assert findings("finish-trim", "G5-overcommit-at-finish") == []
+
+    # The fix gives back exactly the position the overlap's extra decode booked, for c and e alone.
+    def owned(name: str) -> dict[str, int]:
+        rows = trace(name).table.select(["request_id", "apply_owned_kv_len"]).to_pylist()
+        return {r["request_id"]: r["apply_owned_kv_len"] for r in rows if r["apply_owned_kv_len"] is not None}
+
+    upstream, fixed = owned("upstream-overlap-nospec"), owned("finish-trim")
+    assert {rid: upstream[rid] - fixed[rid] for rid in upstream} == {"a": 0, "b": 0, "c": 1, "d": 0, "e": 1}
+
+
+def test_g6_verify_rounds_run_at_the_scheduler_s_stale_seq_lens():
+    found = findings("seq-lens-not-resolved", "G6-future-map-order")
+    assert {f.request_id for f in found} == set("abcde")
+    a = next(f for f in found if f.request_id == "a")
+    assert (a.step, a.expected, a.actual) == (6, 8, 4)
+    assert a.facts() == {"published_step": 5, "sched_seq_len": 4, "verify": True}
+
+
+def test_g7_names_the_sglang_check_that_failed_instead_of_a_bare_crash():
+    (f,) = findings("commit-past-allocated", "G7-sglang-own-check")
+    assert trace("commit-past-allocated").outcome.status == "crashed"
+    assert f.actual == "0 <= kv_committed_len <= kv_allocated_len <= row width for every request holding KV"
+    assert f.facts()["check_source"] == "managers/scheduler_components/invariant_checker.py:359"
+    assert "AssertionError: assert 0 <= kv.kv_committed_len" in f.message
+    assert not findings("commit-past-allocated", "E1-engine-crash")  # G7 instead, not beside it
+
+
+# ====================================================================== coverage
+def test_an_sglang_trace_lists_no_vllm_code_and_a_vllm_trace_no_sglang_code(reentry_traces):
+    vllm_only = {row.code for row in CATALOGUE if "sglang" not in row.runners}
+    for name in TRACES:
+        t = trace(name)
+        report = check_report(t, t.batches(NEEDED))
+        assert report.unchecked == [] and unchecked_codes(t) == []
+        assert not {f.code for f in report.findings} & vllm_only
+    # Without ground truth: exactly the truth codes of SGLang and of both engines, not vLLM's.
+    bare = without_ground_truth(trace("upstream-overlap-spec"))
+    expected = [row.code for row in CATALOGUE if row.code in TRUTH_INPUTS and "sglang" in row.runners]
+    assert expected == [
+        "T1-wrong-token",
+        "K1-kv-content",
+        "K2-kv-foreign-tokens",
+        "K3-kv-unowned-block",
+        "K4-kv-write-unowned",
+        "G2-committed-past-written",
+        "G5-overcommit-at-finish",
+    ]
+    assert unchecked_codes(bare) == expected == check_report(bare, bare.batches(NEEDED)).unchecked
+    for t in reentry_traces.values():  # vLLM traces: the G codes neither run nor are listed
+        assert not set(unchecked_codes(without_ground_truth(t))) & set(G_CODES)
+        assert not {f.code for f in check_trace(t)} & set(G_CODES)
+
+
+# ====================================================================== the row-by-row statement
+def test_same_findings_on_mutated_sglang_traces():
+    rng = random.Random(20261206)
+    names = sorted(TRACES)
+    fired: set[str] = set()
+    for case in range(300):
+        t = mutated(trace(rng.choice(names)), rng, edits=rng.randint(1, 6))
+        RowValidator(f"case {case}").check(t.table)
+        expected = rowwise_checker.check_trace(t)
+        fired |= {f.code for f in expected}
+        assert check_trace(t, batch_rows=rng.choice((1, 3, 17, 1 << 20))) == expected, f"case {case}"
+    assert set(G_CODES) - {"G7-sglang-own-check"} <= fired, sorted(fired)  # G7 is the outcome's, not a row's
