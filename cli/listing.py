@@ -99,8 +99,9 @@ def _event_counts(workload: WorkloadHeader) -> dict[str, int]:
 @click.option(
     "--matrix",
     is_flag=True,
-    help="Run every vLLM failure specreplay knows on every modelled vLLM release and runner family and say "
-    "which reproduce (on the installed release's real scheduler, on the reference models for the others; "
+    help="Run every vLLM and SGLang failure specreplay knows on every modelled vLLM release and runner family, "
+    "and on SGLang 0.5.23's real scheduler where sglang is installed (its own environment), and say which "
+    "reproduce (on the installed vLLM release's real scheduler, on the reference models for the others; "
     "each runner family on its reference runner).",
 )
 @click.option("--reference-only", is_flag=True, help="With --matrix: measure every release on the reference models.")
@@ -108,9 +109,9 @@ def _event_counts(workload: WorkloadHeader) -> dict[str, int]:
     "--runner",
     "runners",
     multiple=True,
-    type=click.Choice(["v1", "v2"]),
+    type=click.Choice(["v1", "v2", "sglang"]),
     help="With --matrix: only this runner family (repeatable; default: v1 and v2, V1 GPUModelRunner and Model "
-    "Runner V2).",
+    "Runner V2, and sglang, SGLang 0.5.23's scheduler, where sglang is installed).",
 )
 @click.option(
     "--format",
@@ -122,7 +123,7 @@ def _event_counts(workload: WorkloadHeader) -> dict[str, int]:
 )
 @handle_errors
 def scenarios(matrix: bool, reference_only: bool, runners: tuple[str, ...], fmt: str) -> None:
-    """List the built-in scenarios; with --matrix, the known vLLM bugs x vLLM release x runner.
+    """List the built-in scenarios; with --matrix, the known failures x vLLM release x runner, and SGLang.
 
     \b
     Example:
@@ -139,9 +140,14 @@ def scenarios(matrix: bool, reference_only: bool, runners: tuple[str, ...], fmt:
             click.echo(f"{s.name:{width}} {s.summary}")
         return
     from specreplay.cli.render import bug_matrix_markdown, bug_matrix_table
-    from specreplay.replay.workflows.bug_matrix import MATRIX_RUNNERS, bug_matrix
+    from specreplay.replay.engines.sglang_setup import require_sglang
+    from specreplay.replay.workflows.bug_matrix import MATRIX_RUNNERS, SGLANG, bug_matrix
 
-    cells = bug_matrix(use_real=not reference_only, runners=runners or MATRIX_RUNNERS)
+    vllm_runners = tuple(r for r in runners if r != SGLANG) if runners else MATRIX_RUNNERS
+    if runners and SGLANG in runners:
+        require_sglang()  # asked for: one line where it is not installed
+    sglang = (SGLANG in runners) if runners else None  # None: where it is installed
+    cells = bug_matrix(use_real=not reference_only, runners=vllm_runners, sglang=sglang)
     if fmt == "json":
         import json
 

@@ -215,9 +215,11 @@ def _matrix_rows(cells: list[Any]) -> tuple[list[tuple[str, str]], list[tuple[An
     registry order, and per known bug (in order) its cells by column."""
     from specreplay.replay.workloads.known_bugs import KNOWN_BUGS
 
-    versions = list(dict.fromkeys(c.version for c in cells))
-    runners = list(dict.fromkeys(c.runner for c in cells))
+    vllm = [c for c in cells if c.runner != "sglang"]
+    versions = list(dict.fromkeys(c.version for c in vllm))
+    runners = list(dict.fromkeys(c.runner for c in vllm))
     columns = [(v, r) for v in versions for r in runners]
+    columns += list(dict.fromkeys((c.version, c.runner) for c in cells if c.runner == "sglang"))
     by_bug: dict[str, dict[tuple[str, str], Any]] = defaultdict(dict)
     for c in cells:
         by_bug[c.bug][(c.version, c.runner)] = c
@@ -225,16 +227,19 @@ def _matrix_rows(cells: list[Any]) -> tuple[list[tuple[str, str]], list[tuple[An
 
 
 def _measured_on(cells: list[Any]) -> str:
-    seen = dict.fromkeys(f"{c.version} {c.runner}: {c.measured_on}" for c in cells if c.verdict != "does not apply")
+    seen = dict.fromkeys(
+        f"{_column_name(c.version, c.runner)}: {c.measured_on}" for c in cells if c.verdict != "does not apply"
+    )
     return "measured on " + "; ".join(seen)
 
 
 def bug_matrix_markdown(cells: list[Any]) -> str:
-    """The bug matrix (docs/vllm-releases.md, README): one row per known vLLM bug, one verdict
-    column per release and runner family (v1: the V1 GPUModelRunner; v2: Model Runner V2)."""
+    """The bug matrix (docs/vllm-releases.md, README): one row per known failure, one verdict
+    column per vLLM release and runner family (v1: the V1 GPUModelRunner; v2: Model Runner V2),
+    and SGLang's where it was measured."""
     columns, rows = _matrix_rows(cells)
     lines = [
-        "| vLLM failure | workload | decided by | " + " | ".join(f"{v} {r}" for v, r in columns) + " |",
+        "| failure | workload | decided by | " + " | ".join(_column_name(v, r) for v, r in columns) + " |",
         "| --- | --- | --- | " + " | ".join("---" for _ in columns) + " |",
     ]
     for bug, by_column in rows:
@@ -243,13 +248,18 @@ def bug_matrix_markdown(cells: list[Any]) -> str:
     return "\n".join(lines) + "\n\n" + _measured_on(cells)
 
 
+def _column_name(version: str, runner: str) -> str:
+    """A matrix column: a vLLM release and runner family (`0.32.0 v1`), or SGLang's (`sglang 0.5.23`)."""
+    return f"sglang {version}" if runner == "sglang" else f"{version} {runner}"
+
+
 def bug_matrix_table(cells: list[Any]) -> Table:
     columns, rows = _matrix_rows(cells)
-    table = Table(title="known vLLM failures x release x runner", caption=_measured_on(cells), show_lines=True)
-    table.add_column("vLLM failure (workload)")
+    table = Table(title="known failures x engine release x runner", caption=_measured_on(cells), show_lines=True)
+    table.add_column("failure (workload)")
     table.add_column("decided by")
     for v, r in columns:
-        table.add_column(f"{v} {r}")
+        table.add_column(_column_name(v, r))
     for bug, by_column in rows:
         verdicts = []
         for column in columns:

@@ -896,6 +896,21 @@ CATALOGUE: tuple[Invariant, ...] = (
         runners=SGLANG,
     ),
     Invariant(
+        "G8-delivered-past-max-tokens",
+        "error",
+        44,
+        "the client receives at most max_tokens tokens of a request",
+        "INV-G8",
+        rules_sglang.check_delivered_within_max_tokens,
+        sides=("expected", "actual"),
+        scope="run",
+        message=lambda e: (
+            f"the client received {e.actual} tokens for max_tokens {e.expected}: the finish left SGLang's "
+            "finished_len unset, so the output streamer sent every token output_ids had"
+        ),
+        runners=SGLANG,
+    ),
+    Invariant(
         "E2-run-incomplete",
         "error",
         2,

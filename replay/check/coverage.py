@@ -64,7 +64,7 @@ DRAFTER_TRUTH: tuple[str, ...] = ("X12-padding-verified",)
 #: (engines/forced_logits.py).
 KV_TRUTH: tuple[str, ...] = tuple(code for code in TRUTH_INPUTS if code != "T1-wrong-token")
 #: The codes whose rule needs the requests' max_tokens (limits.py): unchecked without them.
-LIMIT_INPUTS: tuple[str, ...] = ("S9-step-past-max-tokens",)
+LIMIT_INPUTS: tuple[str, ...] = ("S9-step-past-max-tokens", "G8-delivered-past-max-tokens")
 assert set(TRUTH_INPUTS) <= set(BY_CODE), "TRUTH_INPUTS names a code the catalogue lacks"
 assert set(LIMIT_INPUTS) <= set(BY_CODE), "LIMIT_INPUTS names a code the catalogue lacks"
 assert {c for cols in TRUTH_INPUTS.values() for c in cols} <= set(GROUND_TRUTH), "TRUTH_INPUTS: not a truth column"

@@ -87,6 +87,7 @@ class Checker:
         self.decoding = np.zeros(0, dtype=bool)
         self.cuts = np.zeros(0, dtype=np.int64)  # cuts (preemptions, cache resets, turn ends) so far
         self.last_status = np.full(0, -1, dtype=np.int8)
+        self.last_step = np.full(0, -1, dtype=np.int64)  # the step of its last row so far
         self.turns = np.zeros(0, dtype=np.int64)  # streaming turns started so far (0: the first)
         self.last_prompt = np.full(0, -1, dtype=np.int64)  # prompt length at its last row (-1: none yet)
         self.turn_limits: list[tuple[int, ...]] = []  # code -> max_tokens per turn (empty: not known)
@@ -162,6 +163,7 @@ class Checker:
             self.decoding = np.concatenate([self.decoding, np.zeros(grow, dtype=bool)])
             self.cuts = np.concatenate([self.cuts, np.zeros(grow, dtype=np.int64)])
             self.last_status = np.concatenate([self.last_status, np.full(grow, -1, dtype=np.int8)])
+            self.last_step = np.concatenate([self.last_step, np.full(grow, -1, dtype=np.int64)])
             self.turns = np.concatenate([self.turns, np.zeros(grow, dtype=np.int64)])
             self.last_prompt = np.concatenate([self.last_prompt, np.full(grow, -1, dtype=np.int64)])
             for code in self.fired:
@@ -177,6 +179,7 @@ class Checker:
         own = frame.own_by_request()
         ends = np.r_[cols["request"][own[1:]] != cols["request"][own[:-1]], True]
         self.last_status[cols["request"][own[ends]]] = cols["sched_status"][own[ends]]
+        self.last_step[cols["request"][own[ends]]] = cols["step"][own[ends]]
         # The rows of the last LOOKBACK + 1 steps the trace has (steps a pause left out do not count).
         steps = np.unique(cols["step"][-min(len(cols["step"]), 1 << 16) :])
         keep = int(
@@ -306,6 +309,12 @@ class Checker:
         """The highest life of `request_id` the trace has (None: no row has that id)."""
         lives = [life for (name, life) in self.ids if name == request_id]
         return max(lives) if lives else None
+
+    def last_step_of(self, request_id: str) -> int | None:
+        """The step of the last row of `request_id`'s latest life (None: no row has that id)."""
+        life = self.latest_life(request_id)
+        code = self.ids.get((request_id, life)) if life is not None else None
+        return None if code is None else int(self.last_step[code])
 
     def unfinished(self) -> list[str]:
         """The ids of the requests whose last row is not finished, sorted (one per unfinished life)."""

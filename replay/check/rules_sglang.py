@@ -17,6 +17,7 @@ own code, is docs/reference.md section 10. Codes:
         same life published through the FutureMap
     G7  SGLang's own invariant checker failed (the crash rule's, rules_run.py; which check it
         was is read here: `own_check`)
+    G8  the client received at most max_tokens tokens (after the run, from the outcome)
 
 One SGLang loop iteration is one step, in this order for both loops: the scheduling (a row's
 `sched_*` values are the snapshot after it), the forward (`worker_*`, `truth_*`), then the
@@ -333,6 +334,30 @@ def check_future_map_order(frame: Frame, chk: Checker) -> Iterable[Finding]:
             published_step=int(ran_at[i]),
             sched_seq_len=None if c["sched_seq_len_is_null"][i] else int(c["sched_seq_len"][i]),
             verify=bool(mode[i] == VERIFY),
+        )
+
+
+# ====================================================================== G8
+def check_delivered_within_max_tokens(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
+    """G8, once per request, after the run: the client received at most the request's
+    max_tokens tokens (`max_new_tokens`; the outcome's `engine_output_tokens`, what SGLang's
+    output streamer sent). SGLang's scheduler may append more than that to `output_ids` (a verify
+    round's accepted run crosses it) and relies on `finished_len` to cut what the client gets: a
+    finish that leaves it unset sends everything (0.5.23: an abort taken in the round that crossed
+    max_new_tokens, `update_finish_state`'s `to_finish` branch, schedule_batch.py:2011-2014)."""
+    received = chk.outcome.engine_output_tokens or {}
+    for rid, count in sorted(received.items()):
+        limits = chk.limits.get((str(rid), 0), ())
+        if not limits or int(count) <= limits[0]:
+            continue
+        step = chk.last_step_of(str(rid))
+        yield chk.run_finding(
+            "G8-delivered-past-max-tokens",
+            step if step is not None else int(chk.outcome.step or 0),
+            str(rid),
+            "output_tokens",
+            int(limits[0]),
+            int(count),
         )
 
 

@@ -1,4 +1,4 @@
-"""The bug matrix: every vLLM failure specreplay knows, on every modelled vLLM release and runner.
+"""The bug matrix: every failure specreplay knows, on every modelled vLLM release and runner, and on SGLang.
 
 Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
 **workflows** -> views -> cli. `specreplay scenarios --matrix` prints it; docs/vllm-releases.md
@@ -18,6 +18,14 @@ Runner V2) and the bug names no form of it for that family (`KnownBug.runner_cod
 A bug the runner decides is measured on the reference runner of its family (the reference MRV2
 replays the real one's recordings row for row: tests/replay/workflows/test_replay_mrv2*.py);
 `measured_on` says which.
+
+The SGLang column (`sglang 0.5.23`, where sglang is installed: its own environment) runs each
+workload on SGLang 0.5.23's real scheduler with the reference SGLang worker. An SGLang failure
+reproduces there, or is `fixed` when the implementation that puts back the code before SGLang's
+fix (`KnownBug.pre_fix`) reproduces it and upstream does not, or is `absent`. A vLLM failure's
+workload runs there too when SGLang takes it (`absent`: no finding of any kind on SGLang; a
+control event SGLang does not take: `does not apply`); an SGLang failure does not apply to vLLM's
+columns (its code is about SGLang's scheduler state).
 """
 
 from __future__ import annotations
@@ -62,16 +70,31 @@ def real_scheduler_for(version: str) -> bool:
     return True
 
 
-#: The runner families a matrix measures: vLLM's, those with a reference runner (SGLang's is not
-#: measured here yet).
+#: The vLLM runner families a matrix measures: those with a reference runner.
 MATRIX_RUNNERS = tuple(name for name, family in RUNNERS.items() if family.reference and family.serves_vllm)
 NOT_APPLICABLE = "does not apply"
+#: The SGLang column: SGLang's runner family, at the release specreplay drives.
+SGLANG = "sglang"
+
+
+def sglang_here() -> bool:
+    """Whether SGLang's column can be measured here: sglang 0.5.23 imports (its own environment)."""
+    from specreplay.replay.engines.sglang_setup import require_sglang
+
+    try:
+        require_sglang()
+    except InputError:
+        return False
+    return True
 
 
 def measure(bug: KnownBug, version: str, real: bool, runner: str = "v1") -> Cell:
     """Run `bug`'s workload as `version` on runner family `runner`, on its real scheduler when `real`."""
     code = bug.code_on(runner)
     family = runner_family(runner)
+    if bug.engine != "vllm":
+        evidence = f"an {bug.engine} failure: {code} is about {bug.engine}'s scheduler state"
+        return Cell(bug.key, version, runner, False, evidence, f"{family.summary}: nothing to run", NOT_APPLICABLE)
     if runner not in BY_CODE[code].runners:
         evidence = f"{code} compares state {family.summary} does not have"
         return Cell(bug.key, version, runner, False, evidence, f"{family.summary}: nothing to run", NOT_APPLICABLE)
@@ -94,17 +117,62 @@ def measure(bug: KnownBug, version: str, real: bool, runner: str = "v1") -> Cell
     return Cell(bug.key, version, runner, reproduces, evidence, measured_on)
 
 
+def measure_on_sglang(bug: KnownBug) -> Cell:
+    """Run `bug`'s workload on SGLang 0.5.23's real scheduler (module docstring: the verdicts)."""
+    from specreplay.replay.engines.sglang_setup import installed_sglang_version
+
+    version = installed_sglang_version()
+    measured_on = f"sglang {version} scheduler + reference SGLang worker"
+    try:
+        trace = run_workload(bug.build(), resolve("upstream", allow_import=False), engine="sglang-scheduler")
+    except InputError as exc:  # a control event, a config SGLang does not take
+        return Cell(bug.key, version, SGLANG, False, str(exc), f"{measured_on}: nothing ran", NOT_APPLICABLE)
+    found = check_trace(trace)
+    if bug.engine != SGLANG:
+        if not found:
+            return Cell(bug.key, version, SGLANG, False, "no finding", measured_on, "absent")
+        first = found[0]
+        evidence = f"{first.code} at step {first.step} (not this failure's {bug.code})"
+        return Cell(bug.key, version, SGLANG, False, evidence, measured_on, "absent")
+    if _shows(bug, found, trace):
+        return Cell(bug.key, version, SGLANG, True, _evidence(bug, found), measured_on, "reproduces")
+    evidence = f"no {bug.code}; outcome {trace.outcome.status}"
+    if bug.pre_fix is not None:
+        before = run_workload(bug.build(), resolve(bug.pre_fix, allow_import=False), engine="sglang-scheduler")
+        pre_found = check_trace(before)
+        if _shows(bug, pre_found, before):
+            evidence += f"; before the fix ({bug.pre_fix}): {_evidence(bug, pre_found)}"
+            return Cell(bug.key, version, SGLANG, False, evidence, measured_on, "fixed")
+    return Cell(bug.key, version, SGLANG, False, evidence, measured_on, "absent")
+
+
+def _shows(bug: KnownBug, found: list, trace) -> bool:
+    hits = [f for f in found if f.code == bug.code and (bug.step is None or f.step == bug.step)]
+    return bool(hits) and (not bug.asserts or any(a in (trace.outcome.message or "") for a in bug.asserts))
+
+
+def _evidence(bug: KnownBug, found: list) -> str:
+    hit = next(f for f in found if f.code == bug.code)
+    return f"{bug.code} at step {hit.step}, request {hit.request_id}"
+
+
 def bug_matrix(
-    versions: tuple[str, ...] = MODELLED_VERSIONS, use_real: bool = True, runners: tuple[str, ...] = MATRIX_RUNNERS
+    versions: tuple[str, ...] = MODELLED_VERSIONS,
+    use_real: bool = True,
+    runners: tuple[str, ...] = MATRIX_RUNNERS,
+    sglang: bool | None = None,
 ) -> list[Cell]:
     """One cell per known bug, runner family and release, in KNOWN_BUGS order, runners in
-    registry order, releases oldest first. `use_real`: measure a release on its real scheduler
-    when it is the installed one."""
+    registry order, releases oldest first, then SGLang's cell. `use_real`: measure a release on
+    its real scheduler when it is the installed one. `sglang`: measure SGLang's column (None:
+    where sglang is installed)."""
     unknown = [v for v in versions if v not in MODELLED_VERSIONS]
     if unknown:
         raise InputError(f"vLLM {unknown[0]} is not modelled; modelled: {', '.join(MODELLED_VERSIONS)}")
     for runner in runners:
         runner_family(runner).reference_class()  # a family with no reference model: one line
+    if sglang is None:
+        sglang = sglang_here()
     real = {v: use_real and real_scheduler_for(v) for v in sorted(versions, key=MODELLED_VERSIONS.index)}
     cells = []
     for bug in KNOWN_BUGS:
@@ -117,4 +185,6 @@ def bug_matrix(
                     cell = replace(cell, verdict=verdict)
                 cells.append(cell)
                 seen_before |= cell.reproduces
+        if sglang:
+            cells.append(measure_on_sglang(bug))
     return cells

@@ -1,11 +1,14 @@
-"""The vLLM failures specreplay knows, each as the smallest workload that shows it.
+"""The vLLM and SGLang failures specreplay knows, each as the smallest workload that shows it.
 
 Where it sits: **workloads** -> models -> impls -> observers -> engines -> traces -> check ->
 workflows -> views -> cli. The bug matrix (workflows/bug_matrix.py, `specreplay scenarios --matrix`)
-runs each of these on every modelled vLLM release and says which reproduce; the differential tests
-run the same workloads on the real schedulers. A bug "reproduces" when the checker reports `code`
-(at `step`, when given) and, for a crash, the engine's message names one of `asserts` (the
-reference's or vLLM's own wording of the same assert).
+runs each of these on every modelled vLLM release and on SGLang 0.5.23's real scheduler and says
+which reproduce; the differential tests run the same workloads on the real schedulers. A bug
+"reproduces" when the checker reports `code` (at `step`, when given) and, for a crash, the
+engine's message names one of `asserts` (the reference's or vLLM's own wording of the same
+assert). An SGLang failure (`engine` "sglang") may name `pre_fix`, an implementation that puts
+back the code before SGLang's fix: 0.5.23 has it `fixed` when that one reproduces and upstream
+does not.
 """
 
 from __future__ import annotations
@@ -186,6 +189,17 @@ def pause_kept_batch() -> Workload:
     )
 
 
+def _notation(text: str) -> Callable[[], Workload]:
+    """A workload in the one-line notation (workloads/notation.py)."""
+
+    def build() -> Workload:
+        from specreplay.replay.workloads.notation import workload_from_notation
+
+        return workload_from_notation(text)
+
+    return build
+
+
 def _scenario(name: str) -> Callable[[], Workload]:
     def build() -> Workload:
         from specreplay.replay.workloads.scenarios import build_scenario
@@ -207,6 +221,8 @@ class KnownBug:
     # The finding that shows the same failure on another runner family's state, where `code`
     # compares state that family does not have (V1's persistent batch, its cached drafts).
     runner_codes: Mapping[str, str] = field(default_factory=dict)
+    engine: str = "vllm"  # whose failure it is: "vllm" or "sglang" (its code is about that engine's state)
+    pre_fix: str | None = None  # SGLang: the implementation with the code before the fix (a built-in variant)
 
     def code_on(self, runner: str) -> str:
         """The finding that shows this failure on runner family `runner`."""
@@ -284,5 +300,49 @@ KNOWN_BUGS = (
         pause_kept_batch,
         "X2-sched-worker-computed",
         step=8,
+    ),
+    # SGLang 0.5.23's scheduler (measured on the real one: `--engine sglang-scheduler`)
+    KnownBug(
+        "sglang-stop-overcommit",
+        "SGLang #24590: a stop-token finish under overlap releases, and radix-caches, one position more than "
+        "without overlap (a decode launched after the stop)",
+        "scheduler",
+        _notation("d:p3,t8,stop3 | k0 async name sglang-stop-overcommit"),
+        "G5-overcommit-at-finish",
+        engine="sglang",
+    ),
+    KnownBug(
+        "sglang-abort-overcommit",
+        "SGLang: an abort under overlap releases the KV of a decode launched after it was taken",
+        "scheduler",
+        _notation("a:p4,t16 | k0 async name sglang-abort-overcommit | abort(a)@4"),
+        "G5-overcommit-at-finish",
+        engine="sglang",
+    ),
+    KnownBug(
+        "sglang-stale-verify",
+        "SGLang #23456: an EAGLE verify result processed after its request stopped still commits its accept length",
+        "scheduler",
+        _notation("a:p4,t20,stop4,all | k3 async name sglang-stale-verify"),
+        "G3-stale-result-applied",
+        engine="sglang",
+        pre_fix="sglang-stale-commit",
+    ),
+    KnownBug(
+        "sglang-stale-retract",
+        "SGLang #23456, retraction form: a verify result of a retracted request commits its accept length",
+        "scheduler",
+        _notation("0-5:p4,t20 | blocks 5 block 16 k3 async name sglang-stale-retract"),
+        "G3-stale-result-applied",
+        engine="sglang",
+        pre_fix="sglang-stale-commit",
+    ),
+    KnownBug(
+        "sglang-abort-past-max",
+        "SGLang: an abort taken in the EAGLE round that crosses max_tokens sends the client the whole round",
+        "scheduler",
+        _notation("b:p3,t12,all | k3 sync name sglang-abort-past-max | abort(b)@4"),
+        "G8-delivered-past-max-tokens",
+        engine="sglang",
     ),
 )

@@ -283,6 +283,26 @@ def check_future_map_order(rows: TraceRows) -> Iterator[Finding]:
 
 
 #: The G codes' row-by-row statements, by the code that heads each rule (rowwise_checker.CHECKS).
+def check_delivered_within_max_tokens(rows: TraceRows) -> Iterator[Finding]:
+    """G8: per request the client received (the outcome), no more than its first max_tokens; at
+    the step of its last row."""
+    from specreplay.replay.check.catalogue import BY_CODE
+    from specreplay.replay.check.limits import max_tokens_by_life
+
+    limits = max_tokens_by_life(rows.trace.workload)
+    received = rows.trace.outcome.engine_output_tokens or {}
+    for rid in sorted(received):
+        turns = limits.get((str(rid), 0), ())
+        if not turns or received[rid] <= turns[0]:
+            continue
+        lives = [life for (name, life) in rows.by_request if name == rid]
+        last = rows.by_request[(rid, max(lives))][-1] if lives else None
+        step = rows.col["step"][last] if last is not None else rows.trace.outcome.step or 0
+        yield BY_CODE["G8-delivered-past-max-tokens"].finding(
+            step, rid, max(lives) if lives else None, "output_tokens", turns[0], received[rid]
+        )
+
+
 CHECKS = {
     "G1-committed-past-allocated": check_committed_within_allocated,
     "G2-committed-past-written": check_committed_within_written,
@@ -290,4 +310,5 @@ CHECKS = {
     "G4-retracted-next-life": check_retracted_next_life,
     "G5-overcommit-at-finish": check_overcommit_at_finish,
     "G6-future-map-order": check_future_map_order,
+    "G8-delivered-past-max-tokens": check_delivered_within_max_tokens,
 }

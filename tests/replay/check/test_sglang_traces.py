@@ -21,7 +21,7 @@ from specreplay.replay.check.coverage import TRUTH_INPUTS
 from specreplay.traces.io import read_trace
 from specreplay.traces.validate import RowValidator
 from tests.replay.check import rowwise_checker
-from tests.replay.check.sglang_traces import TRACES, path
+from tests.replay.check.sglang_traces import TRACES, UPSTREAM_ERRORS, path
 from tests.replay.check.test_checker_equivalence import mutated, same_findings
 from tests.replay.check.truthless import without_ground_truth
 
@@ -43,7 +43,7 @@ def test_each_trace_has_exactly_its_g_codes_and_the_rowwise_statement_agrees(nam
     assert t.impl.runner_family == "sglang" and t.impl.engine == "sglang-scheduler"
     found = {f.code for f in check_trace(t)}
     assert {c for c in found if c.startswith("G")} == TRACES[name][2], name
-    if TRACES[name][1] == "upstream":
+    if TRACES[name][1] == "upstream" and name not in UPSTREAM_ERRORS:
         assert all(BY_CODE[c].severity == "warning" for c in found)  # upstream: no error
     same_findings(t)
 
@@ -57,6 +57,7 @@ def test_the_g_codes_are_sglang_s_and_the_shared_codes_every_engine_s():
         "G5-overcommit-at-finish",
         "G6-future-map-order",
         "G7-sglang-own-check",
+        "G8-delivered-past-max-tokens",
     ]
     assert [r.code for r in CATALOGUE if r.runners == ALL] == [
         "X1-batch-membership",
@@ -142,6 +143,12 @@ def test_g7_names_the_sglang_check_that_failed_instead_of_a_bare_crash():
     assert f.facts()["check_source"] == "managers/scheduler_components/invariant_checker.py:359"
     assert "AssertionError: assert 0 <= kv.kv_committed_len" in f.message
     assert not findings("commit-past-allocated", "E1-engine-crash")  # G7 instead, not beside it
+
+
+def test_g8_an_abort_in_the_round_that_crossed_max_tokens_delivers_the_whole_round():
+    (f,) = findings("abort-past-max", "G8-delivered-past-max-tokens")
+    assert (f.request_id, f.expected, f.actual) == ("b", 12, 13)
+    assert trace("abort-past-max").outcome.engine_output_tokens == {"b": 13}
 
 
 # ====================================================================== coverage
