@@ -88,11 +88,12 @@ def drafter_of(impl: ImplHeader) -> str:
     return drafter if drafter in DRAFTERS else "fixed"
 
 
-def has_outcomes(table: Any) -> bool:
-    """Does a trace carry recorded outcomes (schema v3 sampled token ids on some row)?"""
-    if "apply_sampled_token_ids" not in table.column_names:
+def has_outcomes(table: Any, column: str = "apply_sampled_token_ids") -> bool:
+    """Does a trace carry recorded outcomes: the sampled token ids on some row (a vLLM trace's
+    `apply_sampled_token_ids`, schema v3; an SGLang trace's `worker_sampled_ids`, v7)?"""
+    if column not in table.column_names:
         return False
-    return table.column("apply_sampled_token_ids").null_count < table.num_rows
+    return table.column(column).null_count < table.num_rows
 
 
 class RecordedOracle(Oracle):

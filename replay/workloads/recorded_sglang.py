@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import Any
 
 from specreplay.replay.workloads.oracle import Oracle
-from specreplay.replay.workloads.recorded_oracle import RecordedOracle
+from specreplay.replay.workloads.recorded_oracle import RecordedOracle, has_outcomes
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
 
@@ -67,9 +67,7 @@ DRAFTER = "eagle"
 
 def has_sglang_outcomes(table: Any) -> bool:
     """Does an SGLang trace carry its worker's outcomes (schema v7: worker_sampled_ids on some row)?"""
-    if "worker_sampled_ids" not in table.column_names:
-        return False
-    return table.column("worker_sampled_ids").null_count < table.num_rows
+    return has_outcomes(table, "worker_sampled_ids")
 
 
 class SglangRecordedOracle(RecordedOracle):
