@@ -63,6 +63,15 @@ DRAFTER_TRUTH: tuple[str, ...] = ("X12-padding-verified",)
 #: drafter's. T1's truth is the oracle's tokens, which a forced live run has
 #: (engines/forced_logits.py).
 KV_TRUTH: tuple[str, ...] = tuple(code for code in TRUTH_INPUTS if code != "T1-wrong-token")
+
+
+def kv_truth_codes(runner_family: str) -> tuple[str, ...]:
+    """`KV_TRUTH`'s codes that run on a trace of `runner_family` (the G codes on SGLang's, the
+    others on vLLM's): what a live or attached trace of that family leaves unchecked for want of
+    the KV cache's and the drafter's ground truth."""
+    return tuple(code for code in KV_TRUTH if runner_family in BY_CODE[code].runners)
+
+
 #: The codes whose rule needs the requests' max_tokens (limits.py): unchecked without them.
 LIMIT_INPUTS: tuple[str, ...] = ("S9-step-past-max-tokens", "G8-delivered-past-max-tokens")
 assert set(TRUTH_INPUTS) <= set(BY_CODE), "TRUTH_INPUTS names a code the catalogue lacks"

@@ -173,7 +173,7 @@ def columns_equal(live, reference, columns: list[str]) -> tuple[bool, str]:
 @pytest.mark.vllm
 def test_the_seed_recorded_live_on_v1_is_the_reference_engines_run_row_for_row(live_reentry_trace):
     from specreplay.replay.check.checker import check_trace, unchecked_codes
-    from specreplay.replay.check.coverage import KV_TRUTH
+    from specreplay.replay.check.coverage import kv_truth_codes
     from specreplay.replay.engines.run import run_workload
     from specreplay.replay.engines.vllm_setup import DRAFT_BUDGET_PATCH
     from specreplay.replay.impls.registry import resolve
@@ -205,7 +205,7 @@ def test_the_seed_recorded_live_on_v1_is_the_reference_engines_run_row_for_row(l
     applied = df[df.apply_outcome == "applied"]
     assert len(applied) > 0 and applied.apply_token_mismatches.notna().all()
     assert (applied.apply_token_mismatches == 0).all()
-    assert unchecked_codes(live) == list(KV_TRUTH)
+    assert unchecked_codes(live) == list(kv_truth_codes("v1"))
     assert "T1-wrong-token" not in {f.code for f in check_trace(live)}
 
 

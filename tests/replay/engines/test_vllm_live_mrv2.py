@@ -150,7 +150,7 @@ def test_the_seed_on_mrv2_has_token_ground_truth(seed, name):
     applied output is counted against the oracle and none is wrong (T1 ran and found nothing);
     the codes not checked are the KV cache's and V1's runner codes."""
     from specreplay.replay.check.checker import unchecked_codes
-    from specreplay.replay.check.coverage import KV_TRUTH
+    from specreplay.replay.check.coverage import kv_truth_codes
     from specreplay.replay.engines.forced_logits import DRAFT_PATCH, TARGET_PATCH
 
     _, traces, _ = seed
@@ -161,7 +161,7 @@ def test_the_seed_on_mrv2_has_token_ground_truth(seed, name):
     assert len(applied) > 0 and applied.apply_token_mismatches.notna().all()
     assert (applied.apply_token_mismatches == 0).all()
     unchecked = unchecked_codes(trace)
-    assert set(KV_TRUTH) <= set(unchecked) and "T1-wrong-token" not in unchecked
+    assert set(kv_truth_codes("v2")) <= set(unchecked) and "T1-wrong-token" not in unchecked
     assert "T1-wrong-token" not in {f.code for f in check_trace(trace)}
 
 
