@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, replace
 from specreplay.replay.check.catalogue import BY_CODE
 from specreplay.replay.check.checker import check_trace
 from specreplay.replay.engines.registry import RUNNERS, runner_family
+from specreplay.replay.engines.registry import engine as engine_entry
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.engines.vllm_setup import installed_vllm_version, load_vllm
 from specreplay.replay.impls.registry import resolve
@@ -92,8 +93,8 @@ def measure(bug: KnownBug, version: str, real: bool, runner: str = "v1") -> Cell
     """Run `bug`'s workload as `version` on runner family `runner`, on its real scheduler when `real`."""
     code = bug.code_on(runner)
     family = runner_family(runner)
-    if bug.engine != "vllm":
-        evidence = f"an {bug.engine} failure: {code} is about {bug.engine}'s scheduler state"
+    if not engine_entry(bug.engine).serves_vllm:
+        evidence = f"{code} is about the state of --engine {bug.engine}"
         return Cell(bug.key, version, runner, False, evidence, f"{family.summary}: nothing to run", NOT_APPLICABLE)
     if runner not in BY_CODE[code].runners:
         evidence = f"{code} compares state {family.summary} does not have"
@@ -128,7 +129,7 @@ def measure_on_sglang(bug: KnownBug) -> Cell:
     except InputError as exc:  # a control event, a config SGLang does not take
         return Cell(bug.key, version, SGLANG, False, str(exc), f"{measured_on}: nothing ran", NOT_APPLICABLE)
     found = check_trace(trace)
-    if bug.engine != SGLANG:
+    if engine_entry(bug.engine).serves_vllm:  # a vLLM failure's workload, run on SGLang too
         if not found:
             return Cell(bug.key, version, SGLANG, False, "no finding", measured_on, "absent")
         first = found[0]

@@ -6,7 +6,7 @@ runs each of these on every modelled vLLM release and on SGLang 0.5.23's real sc
 which reproduce; the differential tests run the same workloads on the real schedulers. A bug
 "reproduces" when the checker reports `code` (at `step`, when given) and, for a crash, the
 engine's message names one of `asserts` (the reference's or vLLM's own wording of the same
-assert). An SGLang failure (`engine` "sglang") may name `pre_fix`, an implementation that puts
+assert). An SGLang failure (`engine` "sglang-scheduler") may name `pre_fix`, an implementation that puts
 back the code before SGLang's fix: 0.5.23 has it `fixed` when that one reproduces and upstream
 does not.
 """
@@ -221,7 +221,9 @@ class KnownBug:
     # The finding that shows the same failure on another runner family's state, where `code`
     # compares state that family does not have (V1's persistent batch, its cached drafts).
     runner_codes: Mapping[str, str] = field(default_factory=dict)
-    engine: str = "vllm"  # whose failure it is: "vllm" or "sglang" (its code is about that engine's state)
+    # The registered engine whose real scheduler this failure is about (its code reads that
+    # engine's state): vLLM's for most, "sglang-scheduler" for SGLang's own.
+    engine: str = "vllm-scheduler"
     pre_fix: str | None = None  # SGLang: the implementation with the code before the fix (a built-in variant)
 
     def code_on(self, runner: str) -> str:
@@ -309,7 +311,7 @@ KNOWN_BUGS = (
         "scheduler",
         _notation("d:p3,t8,stop3 | k0 async name sglang-stop-overcommit"),
         "G5-overcommit-at-finish",
-        engine="sglang",
+        engine="sglang-scheduler",
     ),
     KnownBug(
         "sglang-abort-overcommit",
@@ -317,7 +319,7 @@ KNOWN_BUGS = (
         "scheduler",
         _notation("a:p4,t16 | k0 async name sglang-abort-overcommit | abort(a)@4"),
         "G5-overcommit-at-finish",
-        engine="sglang",
+        engine="sglang-scheduler",
     ),
     KnownBug(
         "sglang-stale-verify",
@@ -325,7 +327,7 @@ KNOWN_BUGS = (
         "scheduler",
         _notation("a:p4,t20,stop4,all | k3 async name sglang-stale-verify"),
         "G3-stale-result-applied",
-        engine="sglang",
+        engine="sglang-scheduler",
         pre_fix="sglang-stale-commit",
     ),
     KnownBug(
@@ -334,7 +336,7 @@ KNOWN_BUGS = (
         "scheduler",
         _notation("0-5:p4,t20 | blocks 5 block 16 k3 async name sglang-stale-retract"),
         "G3-stale-result-applied",
-        engine="sglang",
+        engine="sglang-scheduler",
         pre_fix="sglang-stale-commit",
     ),
     KnownBug(
@@ -343,6 +345,6 @@ KNOWN_BUGS = (
         "scheduler",
         _notation("b:p3,t12,all | k3 sync name sglang-abort-past-max | abort(b)@4"),
         "G8-delivered-past-max-tokens",
-        engine="sglang",
+        engine="sglang-scheduler",
     ),
 )
