@@ -493,10 +493,40 @@ def loop_engines() -> tuple[str, ...]:
     return tuple(name for name, entry in ENGINES.items() if not entry.drives_itself)
 
 
+def outcome_engines(vllm_outcomes: bool = True) -> tuple[str, ...]:
+    """The engines a recording's outcomes can drive, the default first: those that take an oracle
+    (a live engine makes its own) and run the scheduler of the recording's family, vLLM's or, for
+    an SGLang recording's outcomes (`vllm_outcomes` False), SGLang's."""
+    return tuple(name for name, entry in ENGINES.items() if entry.takes_oracle and entry.serves_vllm == vllm_outcomes)
+
+
 def replay_engines() -> tuple[str, ...]:
-    """The engines a vLLM recording's outcomes can drive (a live engine makes its own; SGLang's
-    scheduler takes a workload's outcomes, not a vLLM recording's), the default first."""
-    return tuple(name for name, entry in ENGINES.items() if entry.takes_oracle and entry.serves_vllm)
+    """The engines a vLLM recording's outcomes can drive, the default first."""
+    return outcome_engines(vllm_outcomes=True)
+
+
+def refuse_outcomes_on(name: str, vllm_outcomes: bool) -> None:
+    """One InputError line when a recording's outcomes (a vLLM recording's, or an SGLang one's when
+    `vllm_outcomes` is False) cannot drive engine `name`: a live engine makes its own; an engine of
+    the other family reads another worker's columns, which cannot stand for its own."""
+    engines = outcome_engines(vllm_outcomes)
+    if name in engines:
+        return
+    if not engine(name).takes_oracle:  # an unknown name: its own line
+        raise InputError(
+            f"--engine {name}: a live engine makes its own outcomes; replay a recording's through "
+            f"{' or '.join(engines)} (or --oracle synthetic to run its workload live again)"
+        )
+    if vllm_outcomes:
+        ours = "a vLLM recording: its outcomes are in vLLM's runner's columns (applied outputs, placeholder drafts)"
+        theirs = "SGLang's"
+    else:
+        ours = "an SGLang recording: its outcomes are in SGLang's worker's columns (EAGLE v2 rounds, every result)"
+        theirs = "vLLM's"
+    raise InputError(
+        f"--engine {name} runs {theirs} scheduler and worker, and this is {ours}, which {theirs} do not "
+        f"read; replay it on {' or '.join(engines)}, or pass --oracle synthetic to run its workload on {name}"
+    )
 
 
 __all__ = [
@@ -512,6 +542,8 @@ __all__ = [
     "engine_of",
     "family_of_reference",
     "loop_engines",
+    "outcome_engines",
+    "refuse_outcomes_on",
     "replay_engines",
     "runner_family",
 ]

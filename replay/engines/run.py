@@ -24,7 +24,7 @@ from typing import Any
 from specreplay.replay.engines.crash import crash_outcome
 from specreplay.replay.engines.loop import EngineLoop
 from specreplay.replay.engines.outcome import run_outcome
-from specreplay.replay.engines.registry import DEFAULT_RUNNER, replay_engines
+from specreplay.replay.engines.registry import DEFAULT_RUNNER, refuse_outcomes_on
 from specreplay.replay.engines.registry import engine as engine_entry
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.observers.recorder import FLUSH_EVERY
@@ -73,17 +73,8 @@ def run_workload(
     entry = engine_entry(engine)
     entry.refuse(impl, workload.config, f"workload {workload.name!r}")  # once per run, before anything is built
     entry.runner_for(runner)  # a family whose workers serve this engine's scheduler
-    if oracle is not None and not entry.takes_oracle:
-        raise InputError(
-            f"a live engine makes its own outcomes: replay a recording through --engine {' or '.join(replay_engines())}"
-        )
-    vllm_outcomes = getattr(oracle, "vllm_outcomes", None)  # a recording's outcomes: whose columns they are
-    if vllm_outcomes is not None and vllm_outcomes != entry.serves_vllm:
-        ours, theirs = ("a vLLM", "SGLang's") if vllm_outcomes else ("an SGLang", "vLLM's")
-        raise InputError(
-            f"--engine {engine} runs {theirs} scheduler: {ours} recording's outcomes are in another worker's "
-            "columns and cannot drive it (workflows/replaying.py plans a replay on its own engine family)"
-        )
+    if oracle is not None:  # a recording's outcomes drive only its own family's engines
+        refuse_outcomes_on(engine, getattr(oracle, "vllm_outcomes", entry.serves_vllm))
     if entry.drives_itself:  # a live vLLM (its observers write part files as they go), SGLang's loop
         trace = entry.run(workload, impl, device, model, progress, runner, drafter, oracle=oracle)
         return on_outcomes(trace, oracle) if getattr(oracle, "recorded", False) else trace

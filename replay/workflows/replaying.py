@@ -26,7 +26,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from specreplay.replay.engines.registry import DEFAULT_ENGINE, ENGINES, RUNNERS, engine_of, replay_engines
+from specreplay.replay.engines.registry import (
+    DEFAULT_ENGINE,
+    RUNNERS,
+    engine_of,
+    outcome_engines,
+    refuse_outcomes_on,
+    replay_engines,
+)
 from specreplay.replay.engines.registry import engine as engine_entry
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
@@ -62,13 +69,6 @@ def serves_vllm(impl: ImplHeader) -> bool:
     False: SGLang's. An engine this specreplay does not know counts as vLLM's, as ever."""
     entry = engine_of(impl)
     return entry is None or entry.serves_vllm
-
-
-def outcome_engines(impl: ImplHeader) -> tuple[str, ...]:
-    """The engines the recorded outcomes of a trace of `impl`'s engine can drive, the default
-    first: those that take an oracle and whose scheduler is the same engine's (vLLM's or SGLang's)."""
-    own = serves_vllm(impl)
-    return tuple(name for name, entry in ENGINES.items() if entry.takes_oracle and entry.serves_vllm == own)
 
 
 def runner_on(runner: str | None, engine: str) -> str | None:
@@ -171,9 +171,9 @@ def plan_replay(
         own = live_runner_of(trace) if may_be_recording(trace.impl) else runner_of(trace)
         engine = engine or recorded_engine
         return ReplayPlan(workload, engine, executor, None, runner or runner_on(own, engine))
-    engines = outcome_engines(trace.impl)
+    engines = outcome_engines(serves_vllm(trace.impl))
     engine = engine or (recorded_engine if recorded_engine in engines else engines[0])
-    refuse_outcomes_on(trace.impl, engine, engines)
+    refuse_outcomes_on(engine, serves_vllm(trace.impl))
     own = runner_of(trace)
     if serves_vllm(trace.impl):
         slot_drafts = own is not None and RUNNERS[own].verifies_slot_drafts
@@ -197,26 +197,3 @@ def plan_replay(
     outcomes.trace_inputs = trace.inputs
     outcomes.tokens = trace.impl.tokens
     return ReplayPlan(workload, engine, executor, outcomes, runner or own)
-
-
-def refuse_outcomes_on(impl: ImplHeader, engine: str, engines: tuple[str, ...]) -> None:
-    """One InputError line when a recording's outcomes cannot drive `engine`: a live engine makes
-    its own; the other family's engine reads other worker columns (module docstring)."""
-    if engine in engines:
-        return
-    entry = engine_entry(engine)  # an unknown name: its own line
-    if not entry.takes_oracle:
-        raise InputError(
-            f"--engine {engine}: a live engine makes its own outcomes; replay a recording's through "
-            f"{' or '.join(engines)} (or --oracle synthetic to run its workload live again)"
-        )
-    if serves_vllm(impl):
-        ours = "a vLLM recording: its outcomes are in vLLM's runner's columns (applied outputs, placeholder drafts)"
-        theirs = "SGLang's"
-    else:
-        ours = "an SGLang recording: its outcomes are in SGLang's worker's columns (EAGLE v2 rounds, every result)"
-        theirs = "vLLM's"
-    raise InputError(
-        f"--engine {engine} runs {theirs} scheduler and worker, and this is {ours}, which {theirs} do not "
-        f"read; replay it on {' or '.join(engines)}, or pass --oracle synthetic to run its workload on {engine}"
-    )

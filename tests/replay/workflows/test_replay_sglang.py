@@ -237,7 +237,11 @@ def test_an_engine_never_runs_the_other_familys_recorded_oracle():
     sglang_trace, vllm_trace = golden("reentry-sync"), read_trace(corpus_dir() / "reentry-sync.parquet")
     sglang_plan = plan_replay(sglang_trace, "golden")
     vllm_plan = plan_replay(vllm_trace, "golden", oracle="recorded")
-    with pytest.raises(InputError, match="--engine reference runs vLLM's scheduler: an SGLang recording's outcomes"):
+    with pytest.raises(
+        InputError, match="--engine reference runs vLLM's scheduler and worker, and this is an SGLang recording"
+    ):
         run_workload(sglang_plan.workload, UPSTREAM, engine="reference", oracle=sglang_plan.oracle)
-    with pytest.raises(InputError, match="--engine sglang-scheduler runs SGLang's scheduler: a vLLM recording's"):
+    with pytest.raises(
+        InputError, match="--engine sglang-scheduler runs SGLang's scheduler and worker, and this is a vLLM recording"
+    ):
         run_workload(vllm_plan.workload, UPSTREAM, engine="sglang-scheduler", oracle=vllm_plan.oracle)
