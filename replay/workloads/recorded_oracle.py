@@ -35,6 +35,7 @@ came from these rules: `info` shows it, and a replay that reproduces its recordi
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +81,11 @@ class Observed:
     drafts: dict[int, list[int]] = field(default_factory=dict)  # first draft position -> drafts verified
     proposed: dict[int, int] = field(default_factory=dict)  # first draft position -> proposal length
     conflicts: int = 0  # positions recorded twice with different tokens (the first is kept)
+
+
+#: A row the worker ran, as `RecordedOracle._worker_rows` reads it: its index, its columns, its
+#: request turn's record, the position of its first draft, its drafts.
+WorkerRow = tuple[int, dict[str, Any], Observed, int, list[int]]
 
 
 def drafter_of(impl: ImplHeader) -> str:
@@ -135,21 +141,26 @@ class RecordedOracle(Oracle):
         self._read(table)
 
     # ------------------------------------------------------------------ reading the recording
-    def _read(self, table: Any) -> None:
-        cols = {name: table.column(name).to_pylist() for name in COLUMNS}
-        # Model Runner V2's worker view has every token it sampled, those a stop cut off included.
-        v2 = self.slot_drafts and "worker_sampled_ids" in table.column_names
-        full_sampled = table.column("worker_sampled_ids").to_pylist() if v2 else [None] * table.num_rows
+    def _worker_rows(self, table: Any, columns: tuple[str, ...]) -> Iterator[WorkerRow]:
+        """The rows on which the worker ran a request of the workload, in order, each with its index,
+        its `columns`, its request turn's record, the position of its first draft (of its first
+        sampled token) and its drafts; every row's prompt length checked against the workload."""
+        cols = {name: table.column(name).to_pylist() for name in columns}
         for i in range(table.num_rows):
-            row = {name: cols[name][i] for name in COLUMNS}
+            row = {name: cols[name][i] for name in columns}
             rid = row["request_id"]
             if rid not in self.specs or row["worker_first_position"] is None:
                 continue
             self._check_prompt(row)
             seen = self.observed[(rid, self.turn(rid, row["sched_num_prompt_tokens"]))]
             n, d = row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"] or 0
-            first_draft = row["worker_first_position"] + n - d
-            drafts = list(row["worker_draft_ids"] or [])
+            yield i, row, seen, row["worker_first_position"] + n - d, list(row["worker_draft_ids"] or [])
+
+    def _read(self, table: Any) -> None:
+        # Model Runner V2's worker view has every token it sampled, those a stop cut off included.
+        v2 = self.slot_drafts and "worker_sampled_ids" in table.column_names
+        full_sampled = table.column("worker_sampled_ids").to_pylist() if v2 else [None] * table.num_rows
+        for i, row, seen, first_draft, drafts in self._worker_rows(table, COLUMNS):
             if self._drafts_are_proposals(row, drafts):
                 seen.drafts.setdefault(first_draft, drafts)
                 proposed = row["sched_spec_len"] if self.drafter == "ngram" and not self.slot_drafts else len(drafts)

@@ -82,17 +82,7 @@ class SglangRecordedOracle(RecordedOracle):
         super().__init__(workload, table, drafter=DRAFTER if workload.config.num_spec_tokens else "none")
 
     def _read(self, table: Any) -> None:
-        cols = {name: table.column(name).to_pylist() for name in COLUMNS}
-        for i in range(table.num_rows):
-            row = {name: cols[name][i] for name in COLUMNS}
-            rid = row["request_id"]
-            if rid not in self.specs or row["worker_first_position"] is None:
-                continue
-            self._check_prompt(row)
-            seen = self.observed[(rid, self.turn(rid, row["sched_num_prompt_tokens"]))]
-            n, d = row["worker_num_scheduled_tokens"], row["worker_num_draft_slots"] or 0
-            first = row["worker_first_position"] + n - d
-            drafts = list(row["worker_draft_ids"] or [])
+        for _, row, seen, first, drafts in self._worker_rows(table, COLUMNS):
             sampled = list(row["worker_sampled_ids"] or [])
             self._check_sglang_row(row, drafts, sampled)
             if drafts:
@@ -101,7 +91,7 @@ class SglangRecordedOracle(RecordedOracle):
             for j, token in enumerate(sampled):
                 self._note(seen, first + j, token)
             if row["apply_finish_reason"] == "stop":
-                self.stopped.add(rid)
+                self.stopped.add(row["request_id"])
 
     def _check_sglang_row(self, row: dict[str, Any], drafts: list[int], sampled: list[int]) -> None:
         """A row the reference worker could not have produced cannot drive it: one line."""
