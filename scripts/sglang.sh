@@ -18,18 +18,13 @@
 #                                          or wrong sglang fails them instead of skipping them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/side-env.sh
 action=${1:?usage: scripts/sglang.sh install|test [DIR]}
 dir=${2:-.venv-sglang}
 
 case "$action" in
 install)
-    python3 -m venv "$dir"
-    pip="$dir/bin/pip"
-    "$pip" install -q torch==2.13.0
-    wheels=$(mktemp -d)
-    trap 'rm -rf "$wheels"' EXIT
-    "$pip" download -q --no-deps sglang==0.5.23 -d "$wheels"
-    "$pip" install -q --no-deps "$wheels"/sglang-0.5.23-*.whl
+    side_env "$dir" sglang 0.5.23
     printf '%s\n' 'torch==2.13.0+cpu' 'transformers==5.19.0' 'tokenizers==0.23.2' 'compressed-tensors==0.18.0' \
         'apache-tvm-ffi==0.1.11' 'sentencepiece==0.2.1' 'triton==3.9.0' > "$wheels/constraints.txt"
     "$pip" install -q -c "$wheels/constraints.txt" numpy orjson psutil pybase64 requests triton packaging pillow \

@@ -11,18 +11,13 @@
 #        scripts/vllm-0.33.sh test [DIR]      run the 0.33.0 tests in it
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/side-env.sh
 action=${1:?usage: scripts/vllm-0.33.sh install|test [DIR]}
 dir=${2:-.venv-vllm-0.33}
 
 case "$action" in
 install)
-    python3 -m venv "$dir"
-    pip="$dir/bin/pip"
-    "$pip" install -q torch==2.13.0
-    wheels=$(mktemp -d)
-    trap 'rm -rf "$wheels"' EXIT
-    "$pip" download -q --no-deps vllm==0.33.0 -d "$wheels"
-    "$pip" install -q --no-deps "$wheels"/vllm-0.33.0-*.whl
+    side_env "$dir" vllm 0.33.0
     printf '%s\n' 'torch==2.13.0+cpu' 'transformers>=5.16.1,<5.21.0' 'fastapi<0.137.0,>=0.133.0' \
         'llguidance>=1.7.0,<1.8.0' 'apache-tvm-ffi==0.1.11' 'xgrammar==0.2.8' > "$wheels/constraints.txt"
     "$pip" install -q -c "$wheels/constraints.txt" numpy packaging pydantic regex psutil cbor2 pyzmq urllib3 \
