@@ -64,6 +64,34 @@ def console(stderr: bool = False):
     return Console(stderr=stderr, width=width, no_color="NO_COLOR" in os.environ, highlight=False, markup=False)
 
 
+#: The widest a table is drawn where the output is no terminal (a CI log, a file, a pipe):
+#: at its natural width up to this, its wrapping cells wrapped beyond it.
+PIPED_TABLE_WIDTH = 200
+
+
+def print_table(out: Any, table: Any) -> None:
+    """Print a rich table on `out`. Where the output is no terminal and COLUMNS names no width,
+    rich assumes 80 columns and squeezes a wider table into them, its unwrappable cells cut to
+    "…" (a request's story on Model Runner V2 has 17 columns): such a table is drawn at the width
+    it needs instead, which a log shows whole."""
+    if out.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+        out.print(table)
+        return
+    from rich.measure import Measurement
+
+    span = Measurement.get(out, out.options.update_width(10 * PIPED_TABLE_WIDTH), table)
+    width = max(span.minimum, min(span.maximum, PIPED_TABLE_WIDTH))
+    if width <= out.width:
+        out.print(table)
+        return
+    before = out.width
+    out.width = width
+    try:
+        out.print(table)
+    finally:
+        out.width = before
+
+
 # Shared options and arguments, declared once: every command that takes one uses these.
 format_option = click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True, help="Output format."

@@ -13,7 +13,16 @@ from pathlib import Path
 
 import click
 
-from specreplay.cli.common import CONTEXT, EXIT_FINDINGS, EXIT_OK, console, fail_on_option, format_option, handle_errors
+from specreplay.cli.common import (
+    CONTEXT,
+    EXIT_FINDINGS,
+    EXIT_OK,
+    console,
+    fail_on_option,
+    format_option,
+    handle_errors,
+    print_table,
+)
 from specreplay.traces.errors import InputError
 
 STORY_STEPS = 8  # steps of the first finding's request shown, up to the finding
@@ -116,7 +125,7 @@ def _story(out, trace, first) -> None:
     family = runner_family_of(trace)
     columns = tuple(dict.fromkeys(("request_id",) + tuple(name for name, _ in story_columns(family))))
     rows = trace.rows_of(first.request_id, first.step - STORY_STEPS, first.step, columns)
-    out.print(story_table(rows, first.request_id, first.step, family=family))
+    print_table(out, story_table(rows, first.request_id, first.step, family=family))
 
 
 def _compare_two(loaded, paths: list[str], fmt: str, fail_on: str) -> int:
@@ -139,6 +148,8 @@ def _compare_two(loaded, paths: list[str], fmt: str, fail_on: str) -> int:
                         "schema": result.left_out,
                         **{f"no_truth_in_{side.lower()}": cols for side, cols in result.no_truth.items()},
                     },
+                    # Differing rows per column a window's replay cannot reproduce: not a difference.
+                    "not_reproduced_by_a_window": result.not_reproduced,
                 },
                 verdict_text="same" if result.same else "differ",
             )
@@ -149,6 +160,8 @@ def _compare_two(loaded, paths: list[str], fmt: str, fail_on: str) -> int:
         out.print(trace_header(loaded[1], "B " + paths[1]))
         if result.same:
             out.print(f"verdict: same - {result.rows_compared} rows compared, no difference")
+            if result.not_reproduced:
+                out.print(_not_reproduced(result), soft_wrap=True)
         else:
             f = result.first
             out.print(
@@ -160,6 +173,8 @@ def _compare_two(loaded, paths: list[str], fmt: str, fail_on: str) -> int:
                 out.print(line, soft_wrap=True)
             summary = ", ".join(f"{name} x{n}" for name, n in result.fields.most_common())
             out.print(f"differing rows per field: {summary}")
+            if result.not_reproduced:
+                out.print(_not_reproduced(result), soft_wrap=True)
         for side, columns in result.no_truth.items():
             out.print(
                 f"not compared: {', '.join(columns)} (no ground truth in {side}: a live engine's recording has none)"
@@ -169,3 +184,13 @@ def _compare_two(loaded, paths: list[str], fmt: str, fail_on: str) -> int:
         if result.left_out:
             out.print(f"not compared: {', '.join(result.left_out)} (not in the older trace's schema)")
     return EXIT_FINDINGS if (not result.same and fail_on != "never") else EXIT_OK
+
+
+def _not_reproduced(result) -> str:
+    """The window's columns that differ and that no window reproduces (docs/recording.md)."""
+    counts = ", ".join(f"{name} x{n}" for name, n in result.not_reproduced.items())
+    return (
+        f"not reproduced by a window, not a difference: {counts} (on Model Runner V2 the slot a request takes "
+        "follows the slot allocator's history from before the window, which a replay starts without: "
+        "docs/recording.md)"
+    )

@@ -25,6 +25,7 @@ from specreplay.cli.common import (
     handle_errors,
     impl_option,
     jobs_option,
+    print_table,
     runner_option,
     vllm_version_option,
 )
@@ -138,7 +139,7 @@ def _report(report) -> None:
             f"step {f['step']}" + (f" request {f['request_id']}" if f["request_id"] is not None else ""),
             f["trace"],
         )
-    out.print(table)
+    print_table(out, table)
     worst = report.most_hit()  # the divergence to shrink first
     out.print(
         f"next: specreplay shrink {output_dir / summary['findings'][worst]['trace']} --code {worst} "

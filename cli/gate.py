@@ -27,6 +27,7 @@ from specreplay.cli.common import (
     handle_errors,
     jobs_option,
     oracle_option,
+    print_table,
     runner_option,
     trace_impl_option,
     vllm_version_option,
@@ -178,7 +179,7 @@ def _table(results) -> None:
         warnings = len(r.findings) - errors
         found = "-" if r.result == "n/a" else f"{errors} err, {warnings} warn"
         table.add_row(Path(r.path).name, r.impl, r.result, found, why)
-    console().print(table)
+    print_table(console(), table)
 
 
 def _print_updates(updates) -> None:

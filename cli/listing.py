@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from specreplay.cli.common import CONTEXT, console, format_option, handle_errors, ran_line, trace_argument
+from specreplay.cli.common import CONTEXT, console, format_option, handle_errors, print_table, ran_line, trace_argument
 from specreplay.traces.errors import InputError
 from specreplay.traces.header import WorkloadHeader
 
@@ -155,7 +155,7 @@ def scenarios(matrix: bool, reference_only: bool, runners: tuple[str, ...], fmt:
     elif fmt == "markdown":
         click.echo(bug_matrix_markdown(cells))
     else:
-        console().print(bug_matrix_table(cells))
+        print_table(console(), bug_matrix_table(cells))
 
 
 @click.command(context_settings=CONTEXT)

@@ -19,10 +19,20 @@ from specreplay.traces.header import Inputs
 @click.argument("folder", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Trace file to write (.parquet).")
 @click.option("--run", "run_id", default=None, help="The run to merge, when FOLDER holds parts of several.")
+@click.option(
+    "--salvage",
+    is_flag=True,
+    help="A part file damaged inside (not cut at its end): keep what precedes the damage (the trace is partial) "
+    "instead of refusing it.",
+)
 @handle_errors
-def merge(folder, output, run_id) -> None:
+def merge(folder, output, run_id, salvage) -> None:
     """Merge what a vLLM process started with SPECREPLAY_RECORD=FOLDER wrote (one part file per
     process: engine core, workers) into one trace.
+
+    A last line cut mid-write is a process that died writing it: dropped, and said. A line
+    damaged inside a file, with more after it, is not: the file is refused (exit 2), unless
+    --salvage.
 
     \b
     Example:
@@ -33,7 +43,7 @@ def merge(folder, output, run_id) -> None:
     from specreplay.replay.workflows.merge import merge_to
     from specreplay.traces.errors import ObserverError
 
-    merged = merge_to(folder, output, run_id)
+    merged = merge_to(folder, output, run_id, salvage)
     report(merged)
     if merged.failures:  # the engine went on; specreplay's recorder did not: its bug, exit 3
         raise ObserverError(f"{merged.failures[0]} (the trace holds what was recorded before it)")

@@ -26,6 +26,7 @@ from specreplay.cli.common import (
     handle_errors,
     impl_option,
     oracle_option,
+    print_table,
     progress,
     runner_option,
     trace_argument,
@@ -442,5 +443,5 @@ def _compare_table(comparison) -> None:
             row["trace"],
         )
     out = console()
-    out.print(table)
+    print_table(out, table)
     out.print("details: specreplay diff TRACE   (exit 1 when it finds errors)")

@@ -32,10 +32,18 @@ def snapshot(folder, timeout) -> None:
       specreplay snapshot rec/
       specreplay merge rec/snapshot-20261203T101500Z -o window.parquet
     """
-    from specreplay.replay.engines.flight import ask_for_windows, dump_name, live_recorders, wait_for_windows
+    from specreplay.replay.engines.flight import (
+        ask_for_windows,
+        dump_name,
+        live_recorders,
+        sweep,
+        wait_for_windows,
+        withdraw_request,
+    )
 
     if not folder.is_dir():
         raise InputError(f"{folder}: no such folder (the SPECREPLAY_RECORD folder of a running vLLM)")
+    sweep(str(folder))  # markers of recorders that are gone: their pids may be someone else's now
     pids = live_recorders(str(folder))
     if not pids:
         raise InputError(
@@ -43,9 +51,12 @@ def snapshot(folder, timeout) -> None:
             "and SPECREPLAY_WINDOW=STEPS?)"
         )
     name = dump_name("snapshot")
-    pids = ask_for_windows(str(folder), name, pids)
     dump = folder / name
-    done = wait_for_windows(str(dump), pids, timeout)
+    try:
+        pids = ask_for_windows(str(folder), name, pids)
+        done = wait_for_windows(str(dump), pids, timeout)
+    finally:
+        withdraw_request(str(folder), name)
     if done != set(pids):
         raise InputError(
             f"{folder}: {len(done)} of {len(pids)} recording processes wrote their window within {timeout:g} s "

@@ -7,8 +7,9 @@ part file under one folder, one JSON object a line, queued on the engine's threa
 background thread 20 ms after the first event since its last write (it sleeps while nothing is
 queued), so a process killed outright loses at most its last 20 ms and the line it was writing,
 and its engine's thread never encodes JSON. This module is the format, with no knowledge of vLLM:
-`PartWriter` writes a part, `read_parts` reads a folder back (counting lines cut mid-write), and
-the readers below take what a merge needs from the parts.
+`PartWriter` writes a part, `read_parts` reads a folder back (counting a last line cut mid-write,
+finding a line damaged after it was written), and the readers below take what a merge needs from
+the parts.
 
 The lines, by their `e` key: `part` (the first line of an attached run's part: its run id,
 role, process, vLLM release, patches), `rows` (a step's scheduler rows: `names`, `rows`),
@@ -260,11 +261,28 @@ def writer_cpu_s() -> float:
 
 
 # ---------------------------------------------------------------------- reading
+@dataclass(frozen=True)
+class Damage:
+    """A line inside a part that is not a whole JSON object, with more lines after it: no process
+    that dies writing leaves that (it loses the end of its last write and writes nothing more),
+    so the file was changed after it was written (a disk, a copy, an editor)."""
+
+    line: int  # 1-based
+    lines: int  # the file's lines
+    events_before: int  # the part's events read before it: what a salvage keeps
+    why: str  # what is wrong with the line
+
+    def __str__(self) -> str:
+        return f"line {self.line} of {self.lines} is damaged ({self.why})"
+
+
 @dataclass
 class Part:
     path: str
     events: list[dict[str, Any]] = field(default_factory=list)
-    cut_lines: int = 0  # lines that are not whole JSON (a process died writing one)
+    cut_lines: int = 0  # 1 when the last line is not whole JSON: the process died writing it
+    damaged: Damage | None = None  # the first line before the last that is not whole JSON
+    size: int = 0  # bytes
 
     @property
     def header(self) -> dict[str, Any]:
@@ -278,27 +296,59 @@ class Part:
     def role(self) -> str:
         return self.header.get("role") or os.path.basename(self.path).split("-", 1)[0]
 
+    def salvage(self) -> None:
+        """Keep only what precedes the damage (`merge --salvage`)."""
+        if self.damaged is not None:
+            del self.events[self.damaged.events_before :]
+
 
 def read_parts(folder: str) -> list[Part]:
-    """Every part file (*.jsonl) under `folder`, in name order; a line that is not a whole JSON
-    object (cut mid-write) is counted, not read."""
+    """Every part file (*.jsonl) under `folder`, in name order. A line that is not a whole JSON
+    object is not read: the file's last line is a line cut mid-write (counted); any other is
+    damage (`Part.damaged`, the first such line; the events after it are read too, and the
+    caller decides: merge refuses the file, or salvages what precedes it)."""
     flush_all()  # this process's own writers first (a live in-process run merges its own parts)
     parts = []
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
-        part = Part(path)
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    part.cut_lines += 1
-                    continue
-                if isinstance(event, dict):
-                    part.events.append(event)
-                else:
-                    part.cut_lines += 1
-        parts.append(part)
+        parts.append(read_part(path))
     return parts
+
+
+def read_part(path: str) -> Part:
+    """One part file (read_parts)."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    part = Part(path, size=len(data))
+    lines = data.split(b"\n")
+    if lines[-1] == b"":  # the file ends with a newline (or is empty)
+        lines.pop()
+    for number, raw in enumerate(lines, start=1):
+        event, why = _decode(raw)
+        if event is not None:
+            part.events.append(event)
+            continue
+        # A process killed inside a write leaves a prefix of it and writes nothing more: only the
+        # last line can be one it was writing.
+        if number == len(lines):
+            part.cut_lines += 1
+        elif part.damaged is None:
+            part.damaged = Damage(number, len(lines), len(part.events), why)
+    return part
+
+
+def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    """A line's event, or None and why not (the writer writes ASCII JSON objects, one a line)."""
+    if b"\x00" in raw:
+        return None, f"{raw.count(0)} NUL byte(s)"
+    try:
+        event = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except json.JSONDecodeError as exc:
+        return None, f"not JSON: {exc.msg} at column {exc.colno}"
+    if not isinstance(event, dict):
+        return None, f"a JSON {type(event).__name__}, not an object"
+    return event, ""
 
 
 def merge_rows(parts: list[Part]) -> list[dict[str, Any]]:
@@ -388,6 +438,7 @@ def observer_failures(parts: list[Part]) -> list[str]:
 
 __all__ = [
     "INPUT_LINES",
+    "Damage",
     "Part",
     "PartWriter",
     "FLUSH_INTERVAL_S",
@@ -397,6 +448,7 @@ __all__ = [
     "not_recorded",
     "observer_failures",
     "ran_classes",
+    "read_part",
     "read_parts",
     "unknown_runners",
     "writer_cpu_s",

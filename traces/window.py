@@ -30,6 +30,12 @@ from specreplay.traces.errors import InputError
 WINDOW_ENV = "SPECREPLAY_WINDOW"
 #: The columns whose values are engine steps: renumbered with the rows, null before the window.
 STEP_COLUMNS = ("step", "apply_step", "worker_draft_proposed_step", "worker_slot_last_write_step")
+#: The columns a window's replay cannot reproduce, as docs/recording.md lists them ("What a
+#: window replays"): on Model Runner V2, which slot each request takes. MRV2's slot allocator
+#: hands out the slots in the order the requests before the window left its free list in, which
+#: no window holds, and a replay starts from a fresh one. The trace diff reports these columns
+#: of a window's trace apart, as not reproduced, never as a difference (check/tracediff.py).
+NOT_REPRODUCED_BY_A_WINDOW = ("worker_slot", "worker_slot_prev_owner", "worker_slot_last_write_step")
 #: Recorded inputs carry the number of schedule() calls before them (traces/parts.py).
 INPUT_KINDS = ("request", "stream", "abort", "event")
 
@@ -219,6 +225,7 @@ def rebase(events: list[dict[str, Any]], start: int, leftovers: Collection[str] 
 
 
 __all__ = [
+    "NOT_REPRODUCED_BY_A_WINDOW",
     "STEP_COLUMNS",
     "WINDOW_ENV",
     "Window",

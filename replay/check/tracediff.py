@@ -10,7 +10,9 @@ Ground truth is compared where both traces hold it: a trace with none at all (a 
 recording) against one with it (its replay) leaves those columns out, named in `no_truth`. Two
 traces of different runner families (the cross-runner what-if: an MRV2 recording replayed on V1's
 runner) compare the worker columns both runners record; a worker column only one of them fills is
-left out, named in `other_runner`.
+left out, named in `other_runner`. A flight recorder's window (a trace whose header names its
+`window`) against anything, its replay first: the columns no window reproduces
+(traces/window.py `NOT_REPRODUCED_BY_A_WINDOW`) are counted in `not_reproduced`, never findings.
 
 Both traces stream in step order (row groups from `TraceFile.batches()`, or an in-memory table in
 slices) and are compared a run of whole steps at a time, vectorised: when the two sides hold the
@@ -34,6 +36,7 @@ from specreplay.replay.check.findings import Finding
 from specreplay.traces import schema
 from specreplay.traces.trace import Trace
 from specreplay.traces.validate import as_numpy
+from specreplay.traces.window import NOT_REPRODUCED_BY_A_WINDOW
 
 _KEY = ("step", "request_id")
 _COLUMNS = [c for c in schema.COLUMN_NAMES if c not in _KEY]
@@ -52,6 +55,8 @@ class TraceDiff:
     no_truth: dict[str, list[str]] = field(default_factory=dict)
     #: Worker columns only one of two traces of different runner families records (by side).
     other_runner: dict[str, list[str]] = field(default_factory=dict)
+    #: A window's trace: the columns no window reproduces that differ, with their differing rows.
+    not_reproduced: dict[str, int] = field(default_factory=dict)
 
     @property
     def same(self) -> bool:
@@ -103,6 +108,13 @@ def diff_batches(a, b, batches_a: Iterable, batches_b: Iterable) -> TraceDiff:
             for name in missing:
                 first_per_field.pop(name, None)
                 out.fields.pop(name, None)
+    if _window(a) or _window(b):
+        # A replay starts from an empty engine, the recorded window did not: what only the
+        # history before the window decides is reported apart, not as a difference.
+        for name in NOT_REPRODUCED_BY_A_WINDOW:
+            if out.fields.get(name):
+                out.not_reproduced[name] = out.fields.pop(name)
+                first_per_field.pop(name, None)
     # Messages may be worded differently by different engines; status, step and kind must agree.
     if not _outcomes_agree(a, b):
         out.fields["(outcome)"] += 1
@@ -120,6 +132,11 @@ def diff_batches(a, b, batches_a: Iterable, batches_b: Iterable) -> TraceDiff:
         key=lambda f: (f.step, schema.COLUMN_NAMES.index(f.field) if f.field in schema.COLUMN_NAMES else 99),
     )
     return out
+
+
+def _window(trace) -> bool:
+    """A flight recorder's window (workflows/merge.py names its recorded steps in the header)."""
+    return bool(getattr(getattr(trace, "impl", None), "window", None))
 
 
 def _family(trace) -> str:

@@ -20,6 +20,11 @@ like any parts folder) when:
 - it is asked: SIGUSR1 (`specreplay snapshot DIR` sends it to every live recorder of DIR). The
   handler only starts a thread that dumps; the engine goes on serving.
 
+What it leaves in DIR besides the dumps is removed once it is stale (`sweep`): a recorder's
+`window-PID.live` marker at its clean exit, and by whoever next looks (a recorder starting, a
+snapshot, the front end exiting after the processes it stopped) when the process was killed; the
+request file a snapshot or a dying core wrote, once its dumps are written.
+
 A recording without a window writes its parts as it goes (traces/parts.py), and an engine that
 dies leaves its `crashed` line there too.
 """
@@ -52,6 +57,8 @@ def windowed_writers() -> list[Any]:
 
 def flight_recorder_started(folder: str) -> None:
     """A part of this process keeps a window: leave the marker `snapshot` finds, catch SIGUSR1."""
+    with contextlib.suppress(OSError):
+        sweep(folder)  # what recorders killed outright before this one left here
     if not _state["handler"]:
         _state["handler"] = _catch_sigusr1()
     # The marker only where SIGUSR1 is caught: for any other process it would be a kill signal.
@@ -73,11 +80,55 @@ def flight_recorder_started(folder: str) -> None:
 
 
 def _remove_marker() -> None:
+    """At a clean exit: this process's marker, and what recorders that are gone left (sweep)."""
     marker = _state["marker"]
     if marker is not None:
         with contextlib.suppress(OSError):
             os.unlink(marker)
+        _sweep_quietly(os.path.dirname(marker))
         _state["marker"] = None
+
+
+def sweep(folder: str) -> None:
+    """Remove what flight recorders that are gone left in `folder`: the marker of each process
+    no longer running (one killed outright, as vLLM's shutdown may kill its engine core and
+    workers, never removes its own), and the snapshot request once no recorder runs. A stale
+    marker is not only clutter: its pid may be an unrelated process's by now, which `specreplay
+    snapshot` would send SIGUSR1, whose default action ends a process."""
+    running = 0
+    for entry in os.listdir(folder):
+        pid = _marker_pid(entry)
+        if pid is None:
+            continue
+        if _alive(pid):
+            running += 1
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, entry))
+    if not running:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, REQUEST_FILE))
+
+
+def sweep_at_exit(folder: str) -> None:
+    """Sweep `folder` when this process exits cleanly: a front end (`vllm serve`'s API server,
+    `LLM`) outlives the engine core and workers it stops, whatever way they went."""
+    import atexit
+
+    atexit.register(_sweep_quietly, folder)
+
+
+def _sweep_quietly(folder: str) -> None:
+    with contextlib.suppress(OSError):
+        sweep(folder)
+
+
+def _marker_pid(entry: str) -> int | None:
+    """The pid a marker's name gives (`window-PID.live`); None for any other entry."""
+    if not (entry.startswith("window-") and entry.endswith(LIVE_SUFFIX)):
+        return None
+    pid = entry[len("window-") : -len(LIVE_SUFFIX)]
+    return int(pid) if pid.isdigit() else None
 
 
 def _catch_sigusr1() -> bool:
@@ -226,7 +277,10 @@ def _dump_the_others(dump: str, last_step: int | None = None) -> None:
     folder, name = os.path.split(dump)
     others = [pid for pid in live_recorders(folder, run_id()) if pid != os.getpid()]
     if others:
-        wait_for_windows(dump, ask_for_windows(folder, name, others, last_step), OTHERS_TIMEOUT_S)
+        try:
+            wait_for_windows(dump, ask_for_windows(folder, name, others, last_step), OTHERS_TIMEOUT_S)
+        finally:
+            withdraw_request(folder, name)
 
 
 def ask_for_windows(folder: str, name: str, pids: list[int], last_step: int | None = None) -> list[int]:
@@ -244,6 +298,18 @@ def ask_for_windows(folder: str, name: str, pids: list[int], last_step: int | No
             os.kill(pid, signal.SIGUSR1)
             asked.append(pid)
     return asked
+
+
+def withdraw_request(folder: str, name: str) -> None:
+    """Remove the request file `ask_for_windows` left for dump `name`, once its recorders have
+    written (or the wait is over): still there, a later SIGUSR1 would dump under the old name.
+    Another request written since (a second snapshot) is left alone."""
+    request = os.path.join(folder, REQUEST_FILE)
+    with contextlib.suppress(OSError):
+        with open(request, encoding="utf-8") as fh:
+            if (fh.read().split() or [""])[0] != name:
+                return
+        os.unlink(request)
 
 
 def wait_for_windows(dump: str, pids: list[int], timeout: float) -> set[int]:
@@ -307,15 +373,14 @@ def live_recorders(folder: str, run: str | None = None) -> list[int]:
     skipped), of run `run` only when given."""
     pids = []
     for entry in sorted(os.listdir(folder)):
-        if entry.startswith("window-") and entry.endswith(LIVE_SUFFIX):
-            pid = entry[len("window-") : -len(LIVE_SUFFIX)]
-            if not pid.isdigit() or not _alive(int(pid)):
-                continue
-            if run is not None:
-                with contextlib.suppress(OSError), open(os.path.join(folder, entry), encoding="utf-8") as fh:
-                    if fh.read().strip() != run:
-                        continue
-            pids.append(int(pid))
+        pid = _marker_pid(entry)
+        if pid is None or not _alive(pid):
+            continue
+        if run is not None:
+            with contextlib.suppress(OSError), open(os.path.join(folder, entry), encoding="utf-8") as fh:
+                if fh.read().strip() != run:
+                    continue
+        pids.append(pid)
     return pids
 
 
@@ -337,5 +402,8 @@ __all__ = [
     "flight_recorder_started",
     "live_recorders",
     "on_engine_death",
+    "sweep",
+    "sweep_at_exit",
     "wait_for_windows",
+    "withdraw_request",
 ]

@@ -184,6 +184,14 @@ def register() -> None:
     if attached and not live:
         run_id()  # drawn by the first process, inherited by the ones it starts
         os.makedirs(attached, mode=0o700, exist_ok=True)  # the parts hold prompts
+        from specreplay.traces.window import WINDOW_ENV
+
+        if os.environ.get(WINDOW_ENV):
+            from specreplay.replay.engines.flight import sweep_at_exit
+
+            # The front end outlives the engine core and workers it stops: it removes their
+            # flight-recorder markers, however they ended (engines/flight.py).
+            sweep_at_exit(attached)
     if os.environ.get(CPU_ENV) == "1":
         apply_cpu_patches(mrv2=wants_mrv2())
     elif attached and not live and _on_cpu():

@@ -11,7 +11,10 @@ sampling parameters, aborts, pauses, cache resets, streaming chunks); the runner
 the worker view. A process killed at any moment loses at most its last 20 ms of events and the
 line it was writing (traces/parts.py): that line is dropped and counted, and trailing steps
 whose scheduled rows never got their worker rows (the step the kill cut) are dropped, each named
-with why, with what the cut iteration applied to the steps before it (`unapply_cut`). A runner
+with why, with what the cut iteration applied to the steps before it (`unapply_cut`). A line
+damaged inside a part (any but its last) is no such death: the part is refused in one line
+naming the file and the line, or, with `salvage`, kept up to the damage and said (`salvaged`);
+a part whose header line was lost (cut, damaged, an empty file) is named (`unnamed_part`). A runner
 specreplay does not observe (a fork's, a future release's: the plugin's `unknown_runner` line)
 never sends worker rows: the trace keeps the scheduler view, nothing cut, and says in one line
 that the worker view was not recorded, naming the class and the runners specreplay observes.
@@ -52,17 +55,19 @@ class Merged:
     failures: list[str] = field(default_factory=list)  # specreplay's own failures while recording
 
 
-def merge_to(folder: Path, output: Path, run: str | None = None) -> Merged:
+def merge_to(folder: Path, output: Path, run: str | None = None, salvage: bool = False) -> Merged:
     """Merge the run's parts under `folder` into the trace `output` (written atomically)."""
     from specreplay.traces.io import write_trace
 
-    merged = merge_folder(folder, run)
+    merged = merge_folder(folder, run, salvage)
     write_trace(merged.trace, output)
     merged.path = Path(output)
     return merged
 
 
-def merge_folder(folder: Path, run: str | None = None) -> Merged:
+def merge_folder(folder: Path, run: str | None = None, salvage: bool = False) -> Merged:
+    """`salvage`: a part damaged inside (traces/parts.py `Damage`) keeps what precedes the
+    damage, said in `dropped`; without it such a part is refused, in one line naming it."""
     from specreplay.replay.engines.outcome import run_outcome
     from specreplay.replay.engines.registry import ATTACHED
     from specreplay.replay.engines.run import trace_header
@@ -82,12 +87,24 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"{folder}: no such folder (the SPECREPLAY_RECORD folder of a recorded run)")
-    parts = [p for p in read_parts(str(folder)) if p.events or p.cut_lines]
+    read = read_parts(str(folder))
+    # Every part an attached process writes opens with its header line, which names the run; a
+    # part without one is named here, whatever happened to it, never left to the run count.
+    unnamed = [p for p in read if p.run is None]
+    for part in unnamed:
+        if part.events and part.damaged is None:
+            raise InputError(
+                f"{part.path}: line 1 is not a part header naming its run (found {_line_kind(part.events[0])}): "
+                "not a part file an attached vLLM process wrote; move it out of the folder"
+            )
+    parts = [p for p in read if p.run is not None]
     if not parts:
         dumps = sorted(d.name for d in folder.iterdir() if d.is_dir() and any(d.glob("*.jsonl")))
         if dumps:  # a flight recorder's folder (engines/flight.py): its dumps are the parts folders
             listing = ", ".join(str(folder / d) for d in dumps[:5]) + (" ..." if len(dumps) > 5 else "")
             raise InputError(f"{folder}: a flight recorder's folder: merge one of its {len(dumps)} dump(s): {listing}")
+        if unnamed:
+            raise InputError(f"{folder}: no part names its run: {unnamed[0].path}: {unnamed_part(unnamed[0])}")
         raise InputError(f"{folder}: no part files (*.jsonl); was SPECREPLAY_RECORD={folder} set for the vLLM process?")
     runs: dict[str | None, list] = defaultdict(list)
     for part in parts:
@@ -100,6 +117,8 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     elif run not in runs:
         raise InputError(f"{folder}: no parts of run {run!r}; runs here: {', '.join(sorted(map(str, runs)))}")
     parts = runs[run]
+    notes = salvaged(parts + unnamed, salvage)
+    notes += [f"{os.path.basename(p.path)}: {unnamed_part(p)}; not joined to the run" for p in unnamed]
     cores = [p for p in parts if p.role == "core"]
     unset = not_recorded(parts)
     recorded_cores = [p for p in cores if any(e.get("e") == "config" for e in p.events)]
@@ -107,6 +126,10 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     # (a token mode it cannot honour): nothing but why.
     if unset and not recorded_cores:
         raise InputError(f"{folder}: nothing recorded: {unset[0]}")
+    if not cores:
+        lost = [p for p in unnamed if p.role == "core"]
+        if lost:  # its header is the line that was lost: the part is the run's, by its name
+            raise InputError(f"{folder}: run {run} has no engine-core part: {lost[0].path}: {unnamed_part(lost[0])}")
     if len(cores) != 1:
         raise InputError(
             f"{folder}: run {run} has {len(cores)} engine-core parts; merge needs exactly one "
@@ -114,7 +137,7 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
         )
     core = cores[0]
     window = flight_window(folder, parts, core)
-    dropped = [
+    dropped = notes + [
         f"{os.path.basename(p.path)}: {p.cut_lines} line(s) cut mid-write (the process died writing them)"
         for p in parts
         if p.cut_lines
@@ -130,14 +153,13 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
         dropped.append(unobserved_runner(unknown))
     else:
         # A dump comes mid-run: its last step may be one the worker had not finished, even one
-        # that schedules nothing (an announcement), which a whole run's end never cuts.
-        rows, cut_steps = whole_steps(rows, announcements=window is not None)
+        # that only announces a finish, which a whole run's end never cuts.
+        whole, cut_steps = whole_steps(rows, announcements=window is not None)
+        cut_note = lost_steps(rows, cut_steps, salvaged=any(p.damaged for p in parts)) if cut_steps else ""
+        rows = whole
     dropped += unset
     if cut_steps:
-        dropped.append(
-            f"step(s) {', '.join(map(str, cut_steps))}: step {cut_steps[0]} was scheduled, but its worker rows "
-            "never arrived (the run stopped inside it)"
-        )
+        dropped.append(cut_note)
         unapplied = unapply_cut(rows, cut_steps[0])
         if unapplied:
             dropped.append(
@@ -178,6 +200,51 @@ def merge_folder(folder: Path, run: str | None = None) -> Merged:
     header = trace_header(workload, impl_doc, "cpu", outcome, config)
     trace = replace(header, table=rows_to_table(rows), inputs=Inputs.from_dict(inputs) if inputs else None)
     return Merged(Path(), trace, str(run), len(parts), dropped, failures)
+
+
+def salvaged(parts: list[Any], salvage: bool) -> list[str]:
+    """Parts damaged inside (traces/parts.py `Damage`): refused, in one line naming the file and
+    the line; with `salvage`, each keeps what precedes its damage, and a note says so."""
+    notes = []
+    for part in parts:
+        damage = part.damaged
+        if damage is None:
+            continue
+        if not salvage:
+            keeps = (
+                f"merge --salvage keeps the {damage.line - 1} line(s) before it"
+                if damage.line > 1
+                else "it is the header that names the run: merge --salvage keeps nothing of this file"
+            )
+            raise InputError(
+                f"{part.path}: {damage}, and {damage.lines - damage.line} line(s) follow it: a process that dies "
+                "writing leaves only its last line cut, so the file was damaged after it was written; "
+                f"nothing merged ({keeps})"
+            )
+        part.salvage()
+        notes.append(
+            f"{os.path.basename(part.path)}: {damage}: --salvage kept the {damage.line - 1} line(s) before it "
+            f"and dropped the {damage.lines - damage.line + 1} from it on"
+        )
+    return notes
+
+
+def unnamed_part(part: Any) -> str:
+    """What a part with no header line naming its run holds: its header cut or damaged, or nothing."""
+    damage = part.damaged
+    if damage is not None and damage.line == 1:
+        return f"its header line, which names the run, is damaged ({damage.why}; line 1 of {damage.lines})"
+    if part.size == 0:
+        return "empty (0 bytes): its process died before it wrote its header line, which names the run"
+    if part.cut_lines:
+        return f"its only line, the header that names the run, is cut ({part.size} bytes): its process died writing it"
+    return "no header line naming the run"
+
+
+def _line_kind(event: dict[str, Any]) -> str:
+    if event.get("e") == "part":
+        return "a part header with no run id"
+    return f"a {event.get('e')!r} line" if "e" in event else "a JSON object with no 'e' key"
 
 
 @dataclass
@@ -267,29 +334,27 @@ def unobserved_runner(unknown: list[dict[str, str]]) -> str:
 
 def whole_steps(rows: list[dict[str, Any]], announcements: bool = False) -> tuple[list[dict[str, Any]], list[int]]:
     """Drop the trailing steps from the last whole one on: the run stopped inside the first step
-    after it (a scheduled row whose worker row never arrived). Steps that schedule nothing (an
-    abort's or a finish's announcement) are looked through, and go with the cut: a Ctrl-C lands
-    while the worker still runs step s and the core has already stepped s + 1 to announce an
-    abort. A step inside the run with such a row stays: that is a finding (X1), not a cut.
-    `announcements` (a flight recorder's dump, taken mid-run): a trailing step that schedules
-    nothing and has no worker view is cut too, where the worker did record such steps (an
-    earlier one has its worker view): the dump came before the worker finished it."""
+    after it (a scheduled row whose worker row never arrived). Steps that schedule nothing are
+    looked through, and go with the cut: a Ctrl-C lands while the worker still runs step s and
+    the core has already stepped s + 1 to announce an abort. A step inside the run with such a
+    row stays: that is a finding (X1), not a cut.
+
+    A step that schedules nothing has no worker rows of its own: vLLM's engine core calls the
+    worker's execute_model for it, which returns at once, and no sample_tokens follows; the
+    worker observers (V1's and Model Runner V2's alike) write only the announced requests'
+    `worker_kept_finished` there, and nothing at all for a step that announces nothing (an
+    async scheduler's step whose one request has its placeholders at max_tokens already).
+    `announcements` (a flight recorder's dump, taken mid-run): a trailing step that announces a
+    finish is cut when that view is missing: the dump came before the worker ran it. One that
+    announces nothing is never waited for."""
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_step[row["step"]].append(row)
-
-    def seen_by_worker(step: int) -> bool:
-        return any(k.startswith("worker_") and v is not None for r in by_step[step] for k, v in r.items())
-
-    def schedules(step: int) -> bool:
-        return any(r.get("sched_num_scheduled_tokens") for r in by_step[step])
-
-    announced = announcements and any(seen_by_worker(s) for s in by_step if not schedules(s))
     first_cut = None
     for step in sorted(by_step, reverse=True):
         scheduled = [r for r in by_step[step] if r.get("sched_num_scheduled_tokens")]
         if not scheduled:
-            if announced and not seen_by_worker(step):
+            if announcements and any(r.get("worker_kept_finished") is None for r in finishes(by_step[step])):
                 first_cut = step
             continue
         if all(r.get("worker_num_scheduled_tokens") is not None for r in scheduled):
@@ -299,6 +364,27 @@ def whole_steps(rows: list[dict[str, Any]], announcements: bool = False) -> tupl
         return rows, []
     cut = [step for step in sorted(by_step) if step >= first_cut]
     return [r for r in rows if r["step"] < first_cut], cut
+
+
+def finishes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows that announce a request's finish (its id in the step's finished_req_ids)."""
+    return [r for r in rows if r.get("sched_status") == "finished" and not r.get("sched_num_scheduled_tokens")]
+
+
+def lost_steps(rows: list[dict[str, Any]], cut: list[int], salvaged: bool = False) -> str:
+    """The dropped-line for the steps `whole_steps` cut: what the first of them did and what of it
+    never arrived. `salvaged`: a part lost its tail to `merge --salvage`, which may be why."""
+    first = [r for r in rows if r["step"] == cut[0]]
+    steps = ", ".join(map(str, cut))
+    if any(r.get("sched_num_scheduled_tokens") for r in first):
+        why = "the run stopped inside it" + (", or --salvage dropped them" if salvaged else "")
+        return f"step(s) {steps}: step {cut[0]} was scheduled, but its worker rows never arrived ({why})"
+    ids = ", ".join(repr(r["request_id"]) for r in finishes(first))
+    why = "the dump came before the worker ran the step" + (", or --salvage dropped it" if salvaged else "")
+    return (
+        f"step(s) {steps}: step {cut[0]} scheduled nothing and announced the finish of {ids}, but the worker's "
+        f"row of that never arrived ({why})"
+    )
 
 
 def unapply_cut(rows: list[dict[str, Any]], first_cut: int) -> list[int]:
@@ -404,6 +490,7 @@ __all__ = [
     "abort_event",
     "merge_folder",
     "merge_to",
+    "lost_steps",
     "unapply_cut",
     "unobserved_runner",
     "whole_steps",

@@ -174,3 +174,39 @@ def _child_writes(folder: str) -> None:
     child = PartWriter(folder, "child")
     for i in range(300):
         child.write({"e": "step", "step": i})
+
+
+def test_only_the_last_line_can_be_cut_any_other_bad_line_is_damage(tmp_path):
+    """A process killed inside a write leaves a prefix of it and writes nothing more: only its
+    last line can be cut. A bad line with lines after it was damaged after it was written
+    (`Part.damaged`: the first such line, and what a salvage keeps); the lines after it are read."""
+    from specreplay.traces.parts import read_part
+
+    writer = PartWriter(str(tmp_path), "core", {"e": "part", "run": "r", "role": "core"})
+    for step in (1, 2, 3):
+        writer.write({"e": "step", "step": step})
+    writer.close()
+    whole = Path(writer.path).read_bytes()
+    lines = whole.split(b"\n")  # the header, three steps, and "" after the last newline
+
+    def read(data: bytes):
+        Path(writer.path).write_bytes(data)
+        return read_part(writer.path)
+
+    cut = read(whole + b'{"e":"step","st')
+    assert (cut.cut_lines, cut.damaged, len(cut.events)) == (1, None, 4)
+    for bad, why in (
+        (lines[2][:5] + b"\0" * 8 + lines[2][13:], "8 NUL byte(s)"),
+        (b'{"e":"step","step":\xff}', "not UTF-8"),
+        (b"[1, 2]", "a JSON list, not an object"),
+        (b"", "not JSON: Expecting value at column 1"),
+    ):
+        part = read(b"\n".join([lines[0], lines[1], bad, *lines[3:]]))
+        assert part.cut_lines == 0 and part.damaged is not None
+        assert (part.damaged.line, part.damaged.lines, part.damaged.why) == (3, 4, why)
+        assert str(part.damaged) == f"line 3 of 4 is damaged ({why})"
+        assert [e.get("step") for e in part.events] == [None, 1, 3]  # read on past it
+        part.salvage()
+        assert [e.get("step") for e in part.events] == [None, 1]  # what precedes the damage
+    last = read(whole + b"\0" * 40 + b"\n")  # the last line, NUL bytes and all: cut, as before
+    assert (last.cut_lines, last.damaged) == (1, None)
