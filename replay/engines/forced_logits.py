@@ -45,6 +45,8 @@ FORCED_ENV = "SPECREPLAY_LIVE_FORCED"
 #: "1": specreplay's live runs in this process are not forced (the dummy model's own tokens and
 #: the unforced default drafters, as before forced logits; tests recorded against those).
 UNFORCED_ENV = "SPECREPLAY_LIVE_UNFORCED"
+#: The drafter rule of an id the workload does not know: every proposal wrong.
+REJECT_ALL = tokens.DraftRule("none", 0.0)
 #: How far the forced token's logit stands above every other id's.
 MARGIN = 100.0
 TARGET_PATCH = (
@@ -63,12 +65,13 @@ class ForcedRule:
 
     seed: int
     vocab: int
-    acceptance: dict[str, tuple[str, float]] = field(default_factory=dict)
+    #: Each request's drafter rule by position (tokens.DraftRule: its rule, its listed rounds).
+    acceptance: dict[str, tokens.DraftRule] = field(default_factory=dict)
     _hashes: dict[str, int] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of_workload(cls, workload: Any) -> ForcedRule:
-        acceptance = {spec.request_id: workload.acceptance_for(spec) for spec in workload.requests}
+        acceptance = {spec.request_id: workload.draft_rule(spec) for spec in workload.requests}
         return cls(workload.seed, workload.config.vocab_size, acceptance)
 
     def request_hash(self, rid: str | None) -> int:
@@ -89,8 +92,8 @@ class ForcedRule:
             return True
         from specreplay.replay.engines.plugin import external_id
 
-        kind, p = self.acceptance.get(external_id(rid), ("none", 0.0))
-        return not tokens.draft_is_correct(kind, p, self.seed, external_id(rid), position)
+        rule = self.acceptance.get(external_id(rid), REJECT_ALL)
+        return not rule.correct(self.seed, external_id(rid), position)
 
     def next_tokens(self, request_ids: list[str | None], positions: Any, input_ids: Any) -> Any:
         """The target's token after each input: next_token(h(r), p, t) for the i-th token's

@@ -10,11 +10,20 @@ sessions: each `stream_append` sends the session's next input chunk (same id, re
 the last one the end of the stream (AsyncLLM's final one-token request). A replay of a recording
 also steps where the recorded engine scheduled with nothing unfinished (the oracle's
 `announce_steps`, see workloads/recorded_inputs.py).
+
+A conversation's next turn (a request that `follows` another with `after_finish = N`) arrives N
+steps after the step in which the request it follows finished: a client sends the next turn once
+it has the answer. Every engine tells the driver what it saw end, the same way (`notice_ends`,
+with the number of the step whose iteration it ended in, and what ended asked of the engine's
+own state: the scheduler's requests, or a live engine's front end); the driver then schedules
+the turn as an ordinary arrival. A life that ends by an abort or a refusal counts too: the
+client has its last answer. A turn whose request never ends never arrives.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 from specreplay.replay.engines.events import ControlEvent, Resubmit, control_event
 from specreplay.replay.workloads.oracle import Oracle
@@ -28,8 +37,13 @@ class InputDriver:
         self.workload = workload
         self.oracle = oracle
         self.arrivals: dict[int, list[RequestSpec]] = defaultdict(list)
+        # followed request -> the turns that arrive after it finished (`after_finish`)
+        self.after: dict[str, list[RequestSpec]] = defaultdict(list)
         for spec in workload.requests:
-            self.arrivals[spec.arrival_step].append(spec)
+            if spec.after_finish is not None and spec.follows is not None:
+                self.after[spec.follows].append(spec)
+            else:
+                self.arrivals[spec.arrival_step].append(spec)
         self.aborts = sorted(
             [(s.abort_step, s.request_id) for s in workload.requests if s.abort_step]
             + [(e.step, e.request) for e in workload.events if e.when == "after"]
@@ -42,6 +56,7 @@ class InputDriver:
         self.order = {spec.request_id: i for i, spec in enumerate(workload.requests)}  # the row order
         self.spec_of = {spec.request_id: spec for spec in workload.requests}
         self.lives: dict[str, int] = {}  # request id -> submissions so far
+        self.sent: set[str] = set()  # request ids the engine was given (or refused)
         self.turns_sent: dict[str, int] = {}  # streaming request -> input chunks sent after its prompt
         self.appends_left = {rid: len(inputs) - 1 for rid, inputs in oracle.inputs.items()}
         # Per request, each life's max_tokens: its own, then each resubmit's (a recorded client
@@ -53,6 +68,22 @@ class InputDriver:
                 self.max_tokens_of_life[spec.request_id].append(event.max_tokens or spec.max_tokens)
         # Only a recorded oracle has them; a synthetic run steps when its scheduler has requests.
         self.announce_steps = frozenset(getattr(oracle, "announce_steps", ()))
+
+    def notice_ends(self, step: int, ended: Callable[[str], bool]) -> None:
+        """The engine, after step `step`'s iteration (or during it, for what landed before its
+        schedule()): `ended(rid)` says whether the request's life is over. The turns waiting for
+        a request sent to the engine that ended arrive `after_finish` steps later, with the
+        arrivals of that step, in the workload's order. Called again, it changes nothing."""
+        for rid in [r for r in self.after if r in self.sent and ended(r)]:
+            for spec in self.after.pop(rid):
+                due = self.arrivals[step + (spec.after_finish or 1)]
+                due.append(spec)
+                due.sort(key=lambda s: self.order[s.request_id])
+
+    def refused(self, spec: RequestSpec) -> None:
+        """The engine refused this submission (vLLM 0.33 paused: engine_paused): the client has
+        its answer, so a turn that follows it is sent."""
+        self.sent.add(spec.request_id)
 
     def pop_arrivals(self, step: int) -> list[RequestSpec]:
         """Requests arriving with the input queue before step `step`'s schedule()."""
@@ -85,6 +116,7 @@ class InputDriver:
         """A submission of `spec`: its prompt, the life's max_tokens and stop token; counts the life."""
         rid = spec.request_id
         life = self.lives[rid] = self.lives.get(rid, -1) + 1
+        self.sent.add(rid)
         max_tokens = self.max_tokens_of_life[rid]
         return self.oracle.prompt(rid), max_tokens[min(life, len(max_tokens) - 1)], self.oracle.stop_token(rid)
 

@@ -257,6 +257,7 @@ def drive(
                 feed.took(feed.engine.step())
         except Exception as exc:
             return feed.counts, run_outcome(step, crash={"kind": crash_kind(exc), "message": crash_message(exc)})
+        feed.notice_ends(step)
         if progress is not None:
             progress(step, workload.max_steps)
         if feed.done(step):
@@ -334,6 +335,14 @@ class LiveInputs:
         for out in outputs:
             for completion in out.outputs or ():
                 self.counts[out.request_id] = self.counts.get(out.request_id, 0) + len(completion.token_ids)
+
+    def notice_ends(self, step: int) -> None:
+        """Tell the input driver what ended by step `step` (a conversation's next turn follows
+        it: InputDriver.notice_ends): a request its front end no longer tracks, as the client
+        that has its last output (or aborted it) sees it."""
+        if self.inputs.after:
+            states = self.engine.output_processor.request_states
+            self.inputs.notice_ends(step, lambda rid: rid not in states)
 
     def expects_output(self) -> bool:
         """In process: always step (an idle iteration is a step). Multiproc: LLMEngine.step()

@@ -79,6 +79,7 @@ class EngineLoop:
         # vLLM's _process_input_queue: idle callbacks (a pause's cache clear) while the engine
         # has nothing to do, then the input queue: aborts that arrived after an earlier
         # schedule() and were not applied yet (no batch was popped since), arrivals, events.
+        self.notice_ends(self.step_no)  # what ended in the iterations before (a turn may follow it)
         if not self.drains_at_end and self.live_driver_done():
             return False
         self.iteration = self.step_no + 1
@@ -95,7 +96,8 @@ class EngineLoop:
         unfinished = self.sched.has_requests() or self.inputs.steps_to_announce(self.step_no + 1)
         busy = unfinished or self.has_unannounced()
         if not busy and not self.queue:
-            # Idle: nothing to do until the next input.
+            # Idle: nothing to do until the next input (a turn following a request aborted now too).
+            self.notice_ends(self.iteration)
             idle_until = self.inputs.next_input_step(self.step_no)
             if idle_until is None:
                 return False
@@ -116,6 +118,7 @@ class EngineLoop:
             # is an engine step too where the run mirrors a live engine core: the live driver
             # steps it, and its observers number iterations (engines/plugin.py).
             self.step_no += 1
+        self.notice_ends(self.step_no)  # the client has the outputs of this iteration
         if self.step_no >= self.workload.max_steps:
             # A run whose last input and request end at its last step completed (a recording's
             # summary ends at its last step); one with work left was cut.
@@ -140,6 +143,17 @@ class EngineLoop:
             and not self.clear_after_drain
             and self.inputs.next_input_step(self.step_no - 1) is None
         )
+
+    def notice_ends(self, step: int) -> None:
+        """Tell the input driver, which waits for some requests to end before it sends the turns
+        that follow them, what has ended by step `step` (InputDriver.notice_ends)."""
+        if self.inputs.after:
+            self.inputs.notice_ends(step, self.has_ended)
+
+    def has_ended(self, rid: str) -> bool:
+        """Is the request's life over? (The scheduler drops a request once it finishes.)"""
+        req = self.sched.requests.get(rid)
+        return req is None or req.is_finished()
 
     def has_unannounced(self) -> bool:
         """Where the run mirrors a live engine core: requests finished since the last schedule(),
@@ -173,6 +187,7 @@ class EngineLoop:
             # engine_paused error and the scheduler never sees the request. A streaming session's
             # next chunk (an id the scheduler holds) is not new work and goes through.
             self.observer.mark_step_event(f"rejected {spec.request_id}: engine_paused")
+            self.inputs.refused(spec)
             return
         prompt, max_tokens, stop = self.inputs.submit(spec)
         self.sched.add_request(Request(spec.request_id, prompt, max_tokens, stop, resumable=spec.streaming))

@@ -87,6 +87,12 @@ def refuse_workload(workload: Workload) -> None:
                 f"--engine sglang-scheduler: SGLang's AbortReq aborts every request whose id starts with its own "
                 f"(abort_request matches by prefix): aborting {rid!r} would abort {also!r} too; rename one of them"
             )
+    relative = [spec.request_id for spec in workload.requests if spec.after_finish is not None]
+    if relative:
+        raise InputError(
+            f"--engine sglang-scheduler does not yet send a turn when the one before it finishes (request "
+            f"{relative[0]!r} arrives after_finish); give it an arrival_step"
+        )
     streaming = [spec.request_id for spec in workload.requests if spec.streaming]
     if streaming:
         raise InputError(
@@ -115,9 +121,10 @@ def refuse_workload(workload: Workload) -> None:
     # run as the workload asks.
     room = min(config.max_model_len, config.num_blocks * config.block_size) - 1
     for spec in workload.requests:
-        if spec.prompt_len + spec.max_tokens + 1 > room or spec.prompt_len >= room - 5:
+        prompt_len = workload.prompt_len_of(spec.request_id)  # the whole prompt: a prefix or turns included
+        if prompt_len + spec.max_tokens + 1 > room or prompt_len >= room - 5:
             raise InputError(
-                f"--engine sglang-scheduler: request {spec.request_id!r} (prompt_len {spec.prompt_len}, max_tokens "
+                f"--engine sglang-scheduler: request {spec.request_id!r} (prompt_len {prompt_len}, max_tokens "
                 f"{spec.max_tokens}) does not fit SGLang's request limit: prompt_len + max_tokens must be at most "
                 f"min(max_model_len, num_blocks * block_size) - 2 = {room - 1}, prompt_len below {room - 5}"
             )

@@ -8,7 +8,8 @@ request to roomy, KV from one request's worth to plenty) and bent by a mix of pe
 (arrival bursts, budgets at the edge of 1 + k per request, long prompts that chunk, KV pressure that
 preempts, aborts at awkward steps, acceptance patterns per request, idle gaps that leave empty
 steps, sync scheduling, control events: pauses, cache resets, aborts, resubmissions, streaming
-sessions; requests that decode up to max_model_len). Only workloads the implementation applies to
+sessions; requests that decode up to max_model_len; and, in some draws of any profile, prompts
+that share a prefix or continue a conversation). Only workloads the implementation applies to
 are drawn (`Implementation.why_not`: an AsyncScheduler gets async ones). It runs through the
 implementation under test and the checker; what matters comes back small (finding codes, the
 situations the run reached, the settings it drew), never the trace. An engine that takes less than
@@ -142,7 +143,10 @@ def run_candidate(impl_name: str, engine: str, candidate: Candidate) -> CaseResu
         situations(trace),
         trace.num_steps,
         len(trace.workload.requests),
-        settings=settings(workload.config.to_dict(), max(r.prompt_len + r.max_tokens for r in workload.requests)),
+        settings=settings(
+            workload.config.to_dict(),
+            max(workload.prompt_len_of(r.request_id) + r.max_tokens for r in workload.requests),
+        ),
     )
 
 

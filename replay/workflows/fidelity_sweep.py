@@ -128,7 +128,7 @@ def features_of(workload: Any, trace: Any) -> frozenset[str]:
         seen.add("max_num_seqs=1")
     if config.max_num_seqs >= 32:
         seen.add("max_num_seqs>=32")
-    if any(r.prompt_len == 1 for r in workload.requests):
+    if any(workload.prompt_len_of(r.request_id) == 1 for r in workload.requests):
         seen.add("1-token prompt")
     if len({r.arrival_step for r in workload.requests}) > 1:
         seen.add("arrivals over time")

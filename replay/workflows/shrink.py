@@ -3,7 +3,8 @@
 Where it sits: workloads -> models -> impls -> observers -> engines -> traces -> check ->
 **workflows** -> views -> cli, then back to record: the workload in a failing trace's metadata is
 reduced step by step (drop a request, halve or decrement prompts and max_tokens, move arrivals
-earlier, drop aborts, stops and per-request acceptance, drop, move and shrink control events,
+earlier, drop aborts, stops and per-request acceptance, shared prefixes and conversation turns
+(a turn then stands alone), drop, move and shrink control events,
 simplify the acceptance, lower the draft width, the budget and the batch size, relax KV pressure and
 the long-prefill threshold), each candidate replayed through the same implementation and engine and
 kept only if the finding code still fires. Greedy and deterministic: the same trace and code give
@@ -49,9 +50,14 @@ def size(workload: Workload, trace: Trace) -> tuple[int, ...]:
     optional complications (aborts, stop tokens, per-request or random acceptance, control events,
     streaming sessions, a threshold),
     then a smaller engine (draft width, batch size, budget)."""
-    tokens = sum(r.prompt_len + r.max_tokens for r in workload.requests)
+    tokens = sum(workload.prompt_len_of(r.request_id) + r.max_tokens for r in workload.requests)
     extras = sum(
-        (r.abort_step is not None) + (r.stop_at is not None) + (r.acceptance is not None) + r.streaming
+        (r.abort_step is not None)
+        + (r.stop_at is not None)
+        + (r.acceptance is not None)
+        + r.streaming
+        + (r.prefix is not None)
+        + (r.follows is not None)
         for r in workload.requests
     ) + len(workload.events)
     extras += (workload.acceptance not in ("all", "none")) + bool(workload.config.long_prefill_token_threshold)
@@ -181,7 +187,8 @@ def _fewer_requests(w: Workload) -> Iterator[tuple[str, Workload]]:
             yield f"drop requests ..{reqs[half - 1].request_id}", _with_requests(w, reqs[half:])
         for i, r in enumerate(reqs):
             yield f"drop request {r.request_id}", _with_requests(w, reqs[:i] + reqs[i + 1 :])
-    first_arrival = min(r.arrival_step for r in reqs)
+    # A turn sent after the one before it finished has no arrival step of its own.
+    first_arrival = min((r.arrival_step for r in reqs if r.after_finish is None), default=1)
     if first_arrival > 1:
         shift = first_arrival - 1  # aborts move with the arrivals they follow
         earlier = _with_requests(
@@ -236,12 +243,16 @@ def _smaller_requests(w: Workload, keep_prompts: bool = False) -> Iterator[tuple
             )
             yield f"request {rid} max_tokens {r.max_tokens - 1}", _with_request(w, i, max_tokens=r.max_tokens - 1)
         if r.prompt_len > 1 and not keep_prompts:
-            yield (
-                f"request {rid} prompt_len {r.prompt_len // 2}",
-                _with_request(w, i, prompt_len=max(1, r.prompt_len // 2)),
-            )
-            yield f"request {rid} prompt_len {r.prompt_len - 1}", _with_request(w, i, prompt_len=r.prompt_len - 1)
-        if r.arrival_step > 1:
+            for length in (max(1, r.prompt_len // 2), r.prompt_len - 1):
+                own = {"prompt_len": length} if r.prompt is None else {"prompt": r.prompt[:length]}
+                yield f"request {rid} prompt_len {length}", _with_request(w, i, **own)
+        if r.prefix is not None and not keep_prompts:
+            yield f"request {rid} no prefix", _with_request(w, i, prefix=None)
+        if r.follows is not None and not keep_prompts:
+            yield f"request {rid} stands alone", _with_request(w, i, follows=None, after_finish=None)
+        if (r.after_finish or 1) > 1:
+            yield f"request {rid} sent the step after {r.follows} finished", _with_request(w, i, after_finish=1)
+        if r.arrival_step > 1 and r.after_finish is None:
             for arrival in sorted({1, r.arrival_step // 2, r.arrival_step - 1} - {r.arrival_step}):
                 moved = None if r.abort_step is None else max(1, r.abort_step - (r.arrival_step - arrival))
                 yield f"request {rid} arrives at {arrival}", _with_request(w, i, arrival_step=arrival, abort_step=moved)

@@ -8,7 +8,8 @@ each seed gives the same workload on every machine.
 (num_spec_tokens) 0 to 8, lookahead slots (0, k, k + 1 or in between), block sizes 4 to 64,
 max_model_len from exactly the longest request (the drafter skipped and the drafts cut at the
 end) to roomy, KV from one request's worth to plenty; its profiles (explore's) bend the draw
-toward one kind of situation.
+toward one kind of situation. Some of its workloads share prompts (`draw_shared_prompts`): a
+prefix of whole blocks and a part, or a conversation's next turn, for vLLM's prefix caching.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import dataclasses
 import random
 
 from specreplay.replay.workloads.config import EngineConfig
-from specreplay.replay.workloads.workload import Event, RequestSpec, Workload
+from specreplay.replay.workloads.prompts import Prompts
+from specreplay.replay.workloads.workload import Event, Prefix, RequestSpec, Workload
 
 
 def random_workload(seed: int = 0) -> Workload:
@@ -120,7 +122,9 @@ def explore_workload(seed: int, profiles: tuple[str, ...], attempt: int = 0) -> 
                 acceptance=per_request,
             )
         )
-    longest = max(r.prompt_len + r.max_tokens for r in requests)
+    requests, prefixes = draw_shared_prompts(random.Random(f"prompts:{seed}:{attempt}"), requests, block_size, seed)
+    whole = Prompts(Workload(tuple(requests), seed=seed, prefixes=prefixes))
+    longest = max(whole.length(r.request_id) + r.max_tokens for r in requests)
     # Tight: the longest request's last steps have no room for k drafts (the scheduler cuts them,
     # the runner skips the drafter for the whole batch); roomy: nothing reaches the end.
     tight = edge or rng.random() < 0.2
@@ -145,7 +149,53 @@ def explore_workload(seed: int, profiles: tuple[str, ...], attempt: int = 0) -> 
     events: tuple = ()
     if "events" in on:
         requests, events = draw_events(random.Random(f"events:{seed}:{attempt}"), requests, config, last_step=15)
-    return Workload(tuple(requests), config, name=name, seed=seed, acceptance=acceptance, max_steps=400, events=events)
+    return Workload(
+        tuple(requests),
+        config,
+        name=name,
+        seed=seed,
+        acceptance=acceptance,
+        max_steps=400,
+        events=events,
+        prefixes=prefixes,
+    )
+
+
+#: The longest whole prompt and output a shared prompt may make (explore's roomy max_model_len is 256).
+SHARED_PROMPT_ROOM = 220
+
+
+def draw_shared_prompts(
+    rng: random.Random, requests: list[RequestSpec], block_size: int, seed: int
+) -> tuple[list[RequestSpec], tuple[Prefix, ...]]:
+    """Prompts that share tokens, for about a third of explore's workloads, from their own
+    generator (the rest of a seed's draw is the same with or without them): in a quarter, two
+    to four requests start with one prefix of one to three blocks, and half the time part of
+    another (vLLM caches full blocks only); in a fifth, a request becomes the next turn of an
+    earlier one (its prompt that one's prompt and answer, then its own text), sent one to four
+    steps after that one finished, or now and then at its own step. Requests that are aborted
+    take no part (a followed request's answer must be whole)."""
+    prefixes: tuple[Prefix, ...] = ()
+    out = list(requests)
+    if rng.random() < 0.25 and len(out) >= 2:
+        members = rng.sample(range(len(out)), rng.randint(2, min(4, len(out))))
+        blocks = rng.randint(1, max(1, min(3, 96 // block_size)))
+        length = blocks * block_size + rng.choice((0, rng.randint(1, block_size - 1) if block_size > 1 else 0))
+        prefixes = (Prefix("shared", length),)
+        for i in members:
+            if length + out[i].prompt_len + out[i].max_tokens <= SHARED_PROMPT_ROOM:
+                out[i] = dataclasses.replace(out[i], prefix="shared")
+    if rng.random() < 0.2 and len(out) >= 2:
+        j = rng.randrange(1, len(out))
+        i = rng.randrange(j)
+        before, spec = out[i], out[j]
+        after = rng.choice((1, 1, 2, 4, None))  # None: at its own arrival step
+        turn = dataclasses.replace(spec, prefix=None, follows=before.request_id, after_finish=after)
+        if before.abort_step is None and spec.abort_step is None:
+            lengths = Prompts(Workload(tuple(out[:j] + [turn]), seed=seed, prefixes=prefixes))
+            if lengths.length(turn.request_id) + turn.max_tokens <= SHARED_PROMPT_ROOM:
+                out[j] = turn
+    return out, prefixes
 
 
 def random_events(
@@ -176,6 +226,8 @@ def draw_events(
             spec = requests[i]
             if spec.streaming or spec.stop_at is not None or any(e.request == spec.request_id for e in events):
                 continue
+            if _in_conversation(spec, requests) or spec.prefix is not None or spec.follows is not None:
+                continue  # (its whole prompt, which the room below would need, is longer than its own text)
             chunks = [(rng.randint(1, 8), rng.randint(1, 10)) for _ in range(rng.randint(1, 2))]
             total = spec.prompt_len + spec.max_tokens + sum(t + m - 1 for t, m in chunks)
             room = (
@@ -203,7 +255,7 @@ def draw_events(
             events.append(Event(step, "reset_prefix_cache", reset_running=rng.random() < 0.8))
         else:
             spec = rng.choice(requests)
-            if spec.streaming:
+            if spec.streaming or _in_conversation(spec, requests):
                 continue
             step = max(step, spec.arrival_step)
             when = rng.choice(("before", "after"))
@@ -214,3 +266,9 @@ def draw_events(
                 at = step + (when == "after") + rng.randint(0, 4)
                 events.append(Event(max(at, spec.arrival_step + 1), "resubmit", request=spec.request_id))
     return requests, tuple(sorted(events, key=lambda e: e.step))
+
+
+def _in_conversation(spec: RequestSpec, requests: list[RequestSpec]) -> bool:
+    """A followed request (its answer must be whole) or a turn that arrives after_finish (its step
+    is known only in the run): no abort, resubmission or stream for it."""
+    return spec.after_finish is not None or any(r.follows == spec.request_id for r in requests)

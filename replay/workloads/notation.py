@@ -14,6 +14,11 @@ Requests, one token each, `ID:FIELD,FIELD,...[@ARRIVAL]`:
     @3           arrives at step 3 (default 1)    stop2       stop_at 2
     abort5       abort_step 5                     stream      a streaming-input session
     all | none | alternate | random:0.3           this request's acceptance
+    accept=2.0.3     its verification rounds accept 2, 0, 3 drafts (then the workload's rule)
+    prompt=7.1.4     its own text's token ids (instead of pN)
+    prefix=sys       the workload's prefix `sys` first, then its own text (pN: its own text)
+    follows=a        the next turn of a: a's prompt and expected outputs, then its own text; it
+                     arrives the step after a finished, or @+2 two steps after, or @5 at step 5
     `0-10:p3,t12` is eleven requests "0".."10" with the same fields; a bare `a` takes the defaults.
 
 Settings, a key and its value (joined, `k3`, or apart, `budget 40`):
@@ -21,7 +26,10 @@ Settings, a key and its value (joined, `k3`, or apart, `budget 40`):
     block   block_size               blocks  num_blocks   len        max_model_len
     threshold  long_prefill_token_threshold   lookahead  num_lookahead_tokens
     vocab   vocab_size               vllm  vllm_version   async | sync
-    seed N, steps N (max_steps), name NAME, and an acceptance word for the whole workload.
+    apc | noapc  enable_prefix_caching           blockdrop | noblockdrop  eagle_block_drop
+    seed N, steps N (max_steps), name NAME, and an acceptance word for the whole workload;
+    prefix NAME=p300 (a shared prefix of 300 seeded tokens) or prefix NAME=7.1.4 (its ids),
+    once per prefix.
 
 Events, `KIND[(REQUEST)]@STEP[:OPTION,...]`:
     pause@6[:keep|wait|abort][,noclear]      resume@9        reset@4[:running]
@@ -53,6 +61,15 @@ CONFIG_KEYS = {
     "vocab": "vocab_size",
     "vllm": "vllm_version",
 }
+#: Setting word -> (EngineConfig field, value), for the on/off settings.
+FLAG_WORDS = {
+    "async": ("async_scheduling", True),
+    "sync": ("async_scheduling", False),
+    "apc": ("enable_prefix_caching", True),
+    "noapc": ("enable_prefix_caching", False),
+    "blockdrop": ("eagle_block_drop", True),
+    "noblockdrop": ("eagle_block_drop", False),
+}
 #: Setting key -> Workload field.
 WORKLOAD_KEYS = {"seed": "seed", "steps": "max_steps", "name": "name"}
 #: Event kind in the notation -> the workload file's kind.
@@ -66,6 +83,7 @@ EVENT_NAMES = {
 }
 _KIND_NAMES = {kind: name for name, kind in EVENT_NAMES.items()}
 _FIELD = re.compile(r"(p|t|stop|abort)(\d+)")
+_NAMED = re.compile(r"(prompt|prefix|follows|accept)=(.+)")
 _SETTING = re.compile(r"([a-z]+)(.*)")
 _EVENT = re.compile(r"([a-z_]+)(?:\(([^()@:,\s]+)\))?@(\d+)(?::(.*))?")
 _RANGE = re.compile(r"(\d+)-(\d+)")
@@ -97,6 +115,11 @@ def _int(value: str, what: str, where: str) -> int:
     return int(value)
 
 
+def _numbers(text: str, what: str, where: str) -> list[int]:
+    """`7.1.4` -> [7, 1, 4] (token ids, drafts accepted per round)."""
+    return [_int(part, what, where) for part in text.split(".")]
+
+
 def _is_acceptance(word: str) -> bool:
     return word in ACCEPTANCE_KINDS or word.startswith("random:")
 
@@ -107,24 +130,33 @@ def _requests(token: str, where: str) -> list[dict[str, Any]]:
     if not rid:
         raise InputError(f"{where}: {token!r} has no request id (write it as id:p20,t4)")
     item: dict[str, Any] = {}
-    if at:
+    if at and arrival.startswith("+"):  # after the request it follows finished
+        item["after_finish"] = _int(arrival[1:], f"{token!r}: @+", where)
+    elif at:
         item["arrival_step"] = _int(arrival, f"{token!r}: @", where)
     names = {"p": "prompt_len", "t": "max_tokens", "stop": "stop_at", "abort": "abort_step"}
+    named = {"prompt": "prompt", "prefix": "prefix", "follows": "follows", "accept": "acceptance"}
     for field in filter(None, body.split(",")):
         match = _FIELD.fullmatch(field)
+        value: Any
         if match:
-            key = names[match[1]]
+            key, value = names[match[1]], int(match[2])
+        elif (pair := _NAMED.fullmatch(field)) is not None:
+            key, value = named[pair[1]], pair[2]
+            if pair[1] in ("prompt", "accept"):
+                value = _numbers(value, f"{token!r}: {pair[1]}=", where)
         elif field == "stream":
-            key = "streaming"
+            key, value = "streaming", True
         elif _is_acceptance(field):
-            key = "acceptance"
+            key, value = "acceptance", field
         else:
             raise InputError(
-                f"{where}: {token!r}: unknown field {field!r}; use pN, tN, @N, stopN, abortN, stream or an acceptance"
+                f"{where}: {token!r}: unknown field {field!r}; use pN, tN, @N, stopN, abortN, stream, an acceptance, "
+                "accept=N.N, prompt=ID.ID, prefix=NAME or follows=ID"
             )
-        if key in item:
-            raise InputError(f"{where}: {token!r} gives {field!r} twice")
-        item[key] = int(match[2]) if match else (True if key == "streaming" else field)
+        if key in item or (key == "prompt_len" and "prompt" in item) or (key == "prompt" and "prompt_len" in item):
+            raise InputError(f"{where}: {token!r} gives {field!r} twice (or a prompt and pN)")
+        item[key] = value
     span = _RANGE.fullmatch(rid)
     if span is None:
         return [{"id": rid, **item}]
@@ -142,8 +174,15 @@ def _settings(words: list[str], where: str) -> dict[str, Any]:
         word = words[i]
         i += 1
         value: bool | int | str
-        if word in ("async", "sync"):
-            key, target, name, value = word, config, "async_scheduling", word == "async"
+        if word in FLAG_WORDS:
+            name, value = FLAG_WORDS[word]
+            key, target = word, config
+        elif word == "prefix":  # prefix NAME=p300 | prefix NAME=7.1.4, once per prefix
+            if i == len(words):
+                raise InputError(f"{where}: setting 'prefix' needs NAME=pN or NAME=ID.ID")
+            _prefix(words[i], data.setdefault("prefixes", {}), where)
+            i += 1
+            continue
         elif _is_acceptance(word):
             key, target, name, value = "acceptance", data, "acceptance", word
         else:
@@ -154,7 +193,7 @@ def _settings(words: list[str], where: str) -> dict[str, Any]:
             elif key in WORKLOAD_KEYS:
                 target, name = data, WORKLOAD_KEYS[key]
             else:
-                known = ", ".join([*CONFIG_KEYS, *WORKLOAD_KEYS, "async", "sync", "an acceptance"])
+                known = ", ".join([*CONFIG_KEYS, *WORKLOAD_KEYS, *FLAG_WORDS, "prefix", "an acceptance"])
                 raise InputError(f"{where}: unknown setting {word!r}; known: {known}")
             if not text:  # written apart: `budget 40`
                 if i == len(words):
@@ -167,6 +206,18 @@ def _settings(words: list[str], where: str) -> dict[str, Any]:
     if config:
         data["config"] = config
     return data
+
+
+def _prefix(text: str, prefixes: dict[str, Any], where: str) -> None:
+    name, eq, value = text.partition("=")
+    if not name or not eq or not value:
+        raise InputError(f"{where}: prefix {text!r} is not NAME=pN or NAME=ID.ID, like system=p300")
+    if name in prefixes:
+        raise InputError(f"{where}: prefix {name!r} given twice")
+    if value.startswith("p"):
+        prefixes[name] = _int(value[1:], f"prefix {name!r}: p", where)
+    else:
+        prefixes[name] = _numbers(value, f"prefix {name!r}", where)
 
 
 def _event(token: str, where: str) -> dict[str, Any]:
@@ -210,8 +261,9 @@ def notation_of(workload: Workload) -> str:
         value = getattr(workload.config, name)
         if value != getattr(_DEFAULTS.config, name):
             settings.append(f"k{value}" if key == "k" else f"{key} {value}")
-    if workload.config.async_scheduling != _DEFAULTS.config.async_scheduling:
-        settings.append("async" if workload.config.async_scheduling else "sync")
+    for word, (name, value) in FLAG_WORDS.items():
+        if getattr(workload.config, name) == value != getattr(_DEFAULTS.config, name):
+            settings.append(word)
     if workload.acceptance != _DEFAULTS.acceptance:
         settings.append(workload.acceptance)
     for key, name in WORKLOAD_KEYS.items():
@@ -220,28 +272,49 @@ def notation_of(workload: Workload) -> str:
             if name == "name":
                 _spellable(value, "name")
             settings.append(f"{key} {value}")
+    for prefix in workload.prefixes:
+        _spellable(prefix.name, "prefix name", "=")
+        ids = ".".join(map(str, prefix.ids)) if prefix.ids is not None else f"p{prefix.length}"
+        settings.append(f"prefix {prefix.name}={ids}")
     parts = [" ".join(requests), " ".join(settings), " ".join(_render_event(e) for e in workload.events)]
     while parts[-1] == "" and len(parts) > 1:
         parts.pop()
     return " | ".join(parts)
 
 
-def _spellable(text: str, what: str) -> None:
-    if not text or any(mark in text for mark in " \t\n|:,@()"):
-        raise InputError(f"workload notation cannot spell the {what} {text!r} (a space or one of | : , @ ( ))")
+def _spellable(text: str, what: str, marks: str = "") -> None:
+    marks = " \t\n|:,@()" + marks
+    if not text or any(mark in text for mark in marks):
+        shown = " ".join(marks.strip())
+        raise InputError(f"workload notation cannot spell the {what} {text!r} (a space or one of {shown})")
 
 
 def _fields(spec: RequestSpec) -> str:
-    parts = [f"p{spec.prompt_len}", f"t{spec.max_tokens}"]
+    parts = [f"p{spec.prompt_len}" if spec.prompt is None else "prompt=" + ".".join(map(str, spec.prompt))]
+    parts.append(f"t{spec.max_tokens}")
     if spec.stop_at is not None:
         parts.append(f"stop{spec.stop_at}")
     if spec.abort_step is not None:
         parts.append(f"abort{spec.abort_step}")
     if spec.streaming:
         parts.append("stream")
-    if spec.acceptance is not None:
+    if isinstance(spec.acceptance, tuple):
+        parts.append("accept=" + ".".join(map(str, spec.acceptance)))
+    elif spec.acceptance is not None:
         parts.append(spec.acceptance)
-    return ",".join(parts) + (f"@{spec.arrival_step}" if spec.arrival_step != 1 else "")
+    if spec.prefix is not None:
+        _spellable(spec.prefix, "prefix name", "=")
+        parts.append(f"prefix={spec.prefix}")
+    if spec.follows is not None:
+        _spellable(spec.follows, "request id")
+        parts.append(f"follows={spec.follows}")
+    if spec.follows is not None and spec.after_finish is not None:  # after the turn before: @+N, +1 unsaid
+        arrival = f"@+{spec.after_finish}" if spec.after_finish != 1 else ""
+    elif spec.follows is not None:
+        arrival = f"@{spec.arrival_step}"  # a fixed step, even 1 (unsaid, a turn follows the finish)
+    else:
+        arrival = f"@{spec.arrival_step}" if spec.arrival_step != 1 else ""
+    return ",".join(parts) + arrival
 
 
 def _render_requests(specs: tuple[RequestSpec, ...]) -> list[str]:

@@ -2,7 +2,8 @@
 
 Where it sits: **workloads** -> models -> impls -> observers -> engines -> traces -> check ->
 workflows -> views -> cli. The runner's drafter and KV truth, the engine's token check and the
-scheduler's prompts all come from here, so one workload gives the same tokens whatever
+scheduler's prompts all come from here (`prompt`: workloads/prompts.py resolves a request's
+shared prefix or the conversation before it), so one workload gives the same tokens whatever
 implementation or schedule runs it.
 
 A streaming session has one expected sequence per turn: turn t + 1 starts from turn t's
@@ -37,7 +38,13 @@ class Oracle:
         self.specs: dict[str, RequestSpec] = {spec.request_id: spec for spec in workload.requests}
         self._hash = {rid: tokens.request_hash(workload.seed, rid) for rid in self.specs}
         self._expected: dict[tuple[str, int], list[int]] = {}  # (request, turn) -> sequence
+        self._prompts = workload.prompts
         self._acceptance = {rid: workload.acceptance_for(spec) for rid, spec in self.specs.items()}
+        # Requests with listed verification rounds (`acceptance = [2, 0, 3]`): their drafter rule
+        # by position (tokens.DraftRule); the others follow their rule alone.
+        self._listed = {
+            rid: workload.draft_rule(spec) for rid, spec in self.specs.items() if isinstance(spec.acceptance, tuple)
+        }
         self._correct: dict[str, bytearray] = {}  # random acceptance: 1 where the draft is right, by position
         #: Per streaming request: each turn's input (tokens, max_tokens), in the order they arrive.
         self.inputs: dict[str, list[tuple[int, int]]] = {}
@@ -52,15 +59,19 @@ class Oracle:
             if not spec.streaming:
                 continue
             self.inputs[rid] = workload.turns(spec)
-            self._turns[rid] = [(spec.prompt_len, spec.max_tokens)]
-            self._turn_of[rid] = {spec.prompt_len: 0}
+            self._turns[rid] = [self.inputs[rid][0]]
+            self._turn_of[rid] = {self.inputs[rid][0][0]: 0}
 
     def hash(self, rid: str) -> int:
         return self._hash[rid]
 
     def prompt(self, rid: str) -> list[int]:
-        spec = self.specs[rid]
-        return tokens.prompt_tokens(self.workload.seed, rid, spec.prompt_len, self.vocab)
+        """The request's prompt: a shared prefix or the turns before it, then its own text."""
+        return self._prompts.of(rid)
+
+    def prompt_length(self, rid: str) -> int:
+        """Its whole prompt's length (the workload's `prompt_len` counts its own text only)."""
+        return self._prompts.length(rid)
 
     def turn(self, rid: str, prompt_len: int | None) -> int:
         """The turn of a request whose current prompt has `prompt_len` tokens (None: the first)."""
@@ -98,7 +109,8 @@ class Oracle:
         if seq is None:
             extra = 2 * self.workload.config.num_spec_tokens + 2
             if turn == 0:
-                seq = tokens.expected_tokens(self.workload.seed, self.specs[rid], self.vocab, extra)
+                length = self.prompt_length(rid) + self.specs[rid].max_tokens + extra
+                seq = tokens.continue_tokens(self._hash[rid], self._prompts.of(rid), length, self.vocab)
             else:
                 before_len = self._turns[rid][turn - 1][0]
                 seq = self.expected(rid, before_len)
@@ -130,7 +142,7 @@ class Oracle:
         spec = self.specs[rid]
         if spec.stop_at is None:
             return None
-        return self.token_at(rid, spec.prompt_len + spec.stop_at - 1)
+        return self.token_at(rid, self.prompt_length(rid) + spec.stop_at - 1)
 
     def drafts(self, rid: str, first_position: int, k: int, prompt_len: int | None = None) -> list[int]:
         seq = self.expected(rid, prompt_len)
@@ -142,6 +154,10 @@ class Oracle:
 
     def _correctness(self, rid: str, first_position: int, k: int) -> bytes | bytearray | list[bool]:
         """Is the draft for positions first_position.. the true token (the acceptance rule)?"""
+        listed = self._listed.get(rid)
+        if listed is not None:
+            seed = self.workload.seed
+            return [listed.correct(seed, rid, q) for q in range(first_position, first_position + k)]
         kind, p = self._acceptance[rid]
         if kind == "all" or kind == "none":
             return [kind == "all"] * k
@@ -174,7 +190,7 @@ class Oracle:
                 self._extend(rid, seq, first + k)
             true[x] = seq[first : first + k]
             kind = acceptance[rid][0]
-            if kind == "all" or kind == "none":
+            if (kind == "all" or kind == "none") and rid not in self._listed:
                 correct[x] = kind == "all"
             else:
                 correct[x] = self._correctness(rid, first, k)
@@ -185,7 +201,7 @@ class Oracle:
     ) -> int:
         """How many of `tokens`, appended as outputs starting at `first_output_index` (of the
         turn whose prompt has `prompt_len` tokens), differ from the expected outputs."""
-        base = (self.specs[rid].prompt_len if prompt_len is None else prompt_len) + first_output_index
+        base = (self.prompt_length(rid) if prompt_len is None else prompt_len) + first_output_index
         if type(self).token_at is not Oracle.token_at:
             return sum(1 for j, t in enumerate(tokens) if t != self.token_at(rid, base + j, prompt_len))
         seq = self.expected(rid, prompt_len)

@@ -212,10 +212,10 @@ class RecordedOracle(Oracle):
         spec = self.specs[rid]
         if spec.streaming:  # a turn's prompt holds what the turns before it produced: no fixed length
             return
-        if length != spec.prompt_len:
+        if length != self.prompt_length(rid):
             raise InputError(
                 f"recorded outcomes inconsistent at step {row['step']}, request {rid!r}: its prompt has "
-                f"{length} tokens in the rows, {spec.prompt_len} in the workload"
+                f"{length} tokens in the rows, {self.prompt_length(rid)} in the workload"
             )
 
     def _check_row(self, row: dict[str, Any], sampled: list[int], drafts: list[int]) -> None:
@@ -264,7 +264,7 @@ class RecordedOracle(Oracle):
                 seq = self.expected(rid, before_len)[: self.kept_before(rid, turn)] + self.chunk(rid, turn)
             self._chain[(rid, turn)] = seq
             length, max_tokens = (
-                (self.specs[rid].prompt_len, self.specs[rid].max_tokens) if turn == 0 else self._turns[rid][turn]
+                (self.prompt_length(rid), self.specs[rid].max_tokens) if turn == 0 else self._turns[rid][turn]
             )
             self._extend_turn(rid, turn, seq, length + max_tokens + 2 * self.workload.config.num_spec_tokens + 2)
         return seq
@@ -296,7 +296,7 @@ class RecordedOracle(Oracle):
 
     def prompt(self, rid: str) -> list[int]:
         """An attached run's recorded prompt; else the workload's seeded one."""
-        length = self.specs[rid].prompt_len
+        length = self.prompt_length(rid)
         recorded = None if self.recorded_inputs is None else self.recorded_inputs.prompt(rid, length)
         return recorded if recorded is not None else super().prompt(rid)
 

@@ -124,7 +124,7 @@ class SglangRecordedOracle(RecordedOracle):
         if spec.stop_at is None:
             return None
         n = self.received.get(rid) if rid in self.stopped else None
-        return self.token_at(rid, spec.prompt_len + (n or spec.stop_at) - 1)
+        return self.token_at(rid, self.prompt_length(rid) + (n or spec.stop_at) - 1)
 
     def drafts(self, rid: str, first_position: int, k: int, prompt_len: int | None = None) -> list[int]:
         """The recorded proposal for positions first_position.. ; one never recorded (or the rest

@@ -11,21 +11,37 @@ File format (TOML or JSON, same keys)::
     max_steps = 2000         # stop the run after this many engine steps
     [config]                 # any EngineConfig field, see replay/config.py
     max_num_batched_tokens = 40
+    [prefixes]               # optional: named shared prefixes of prompts (workloads/prompts.py)
+    system = 300             # 300 seeded tokens
+    doc = [5, 9, 2]          # or the token ids, each in [0, vocab_size)
     [[requests]]
     id = "0"                 # unique request id
     arrival_step = 1         # engine step before whose schedule() the request is added
-    prompt_len = 3
+    prompt_len = 3           # its own text: seeded tokens (the whole prompt unless prefix/follows)
+    prompt = [7, 1, 4]       # optional, instead: its own text's token ids (prompt_len = their count)
     max_tokens = 12
     abort_step = 5           # optional: aborted before the apply of that step
     stop_at = 4              # optional: its expected 4th output token is a stop token id (finish
                              # "stop" at the first output equal to it, as vLLM's stop_token_ids)
-    acceptance = "none"      # optional: per-request override
+    acceptance = "none"      # optional: per-request override; or a list, [2, 0, 3]: its i-th
+                             # verification round accepts a_i drafts (0..k), then the workload's rule
     streaming = true         # optional: a streaming-input session (vLLM's resumable request), fed
                              # by stream_append events; its stream ends after its last one
+    prefix = "system"        # optional: its prompt is that prefix, then its own text
+    follows = "q0"           # optional: the next turn of a conversation: its prompt is q0's prompt,
+                             # q0's expected outputs (max_tokens, or up to its stop), its own text
+    after_finish = 1         # with follows, instead of arrival_step: added N steps after the step
+                             # in which q0 finished (default 1: the step after, as a client that
+                             # sends the next turn when it has the answer)
     [[events]]               # optional control events, applied in list order within a step
     step = 6                 # engine step they land at
     kind = "pause"           # see EVENT_KINDS below
     mode = "keep"            # pause only: keep | wait | abort (vLLM's PauseMode)
+
+`prompt_len` of a request with a prefix or a conversation before it counts its own text only;
+`Workload.prompt_len_of(id)` is the whole prompt. A followed request has no abort_step, abort or
+resubmit event and is not streaming (its answer is the one whole output); a request arriving
+`after_finish` takes no abort_step or event (its arrival step is known only in the run).
 
 Control events, as vLLM 0.32.0's engine receives them between steps (`when = "before"`, the
 default: with the input queue, before that step's schedule()), or, for an abort only, after the
@@ -57,47 +73,29 @@ from __future__ import annotations
 import json
 import tomllib
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from specreplay.replay.workloads import tokens
 from specreplay.replay.workloads.config import EngineConfig
+from specreplay.replay.workloads.prompts import Prompts
+from specreplay.replay.workloads.request_spec import (
+    ACCEPTANCE_KINDS,
+    Prefix,
+    RequestSpec,
+    check_fits,
+    check_references,
+    parse_acceptance,
+    read_int,
+    read_prefixes,
+    read_request,
+    read_table,
+)
 from specreplay.traces.errors import InputError
 
-ACCEPTANCE_KINDS = ("all", "none", "alternate", "random")
 EVENT_KINDS = ("pause", "resume", "reset_prefix_cache", "abort", "resubmit", "stream_append")
 PAUSE_MODES = ("keep", "wait", "abort")
-
-
-def parse_acceptance(text: str, where: str = "acceptance") -> tuple[str, float]:
-    """'all' | 'none' | 'alternate' | 'random:P' -> (kind, p)."""
-    if not isinstance(text, str):
-        raise InputError(f"{where}: expected a string like 'all' or 'random:0.7', got {text!r}")
-    kind, _, arg = text.partition(":")
-    if kind not in ACCEPTANCE_KINDS:
-        raise InputError(f"{where}: unknown acceptance {text!r}; use all, none, alternate or random:P")
-    if kind == "random":
-        try:
-            p = float(arg)
-        except ValueError:
-            raise InputError(f"{where}: random acceptance needs a probability, like random:0.7") from None
-        if not 0.0 <= p <= 1.0:
-            raise InputError(f"{where}: acceptance probability {p} is outside [0, 1]")
-        return kind, p
-    if arg:
-        raise InputError(f"{where}: acceptance {kind!r} takes no argument")
-    return kind, 1.0 if kind == "all" else 0.0
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-    request_id: str
-    arrival_step: int = 1
-    prompt_len: int = 8
-    max_tokens: int = 16
-    abort_step: int | None = None
-    stop_at: int | None = None
-    acceptance: str | None = None
-    streaming: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,14 +151,35 @@ class Workload:
     acceptance: str = "all"
     max_steps: int = 10_000
     events: tuple[Event, ...] = ()
+    prefixes: tuple[Prefix, ...] = ()
 
     def acceptance_for(self, spec: RequestSpec) -> tuple[str, float]:
-        return parse_acceptance(spec.acceptance or self.acceptance)
+        """The request's acceptance rule (kind, p): its own, else the workload's (also after its
+        listed rounds: `draft_rule`)."""
+        return parse_acceptance(spec.acceptance if isinstance(spec.acceptance, str) else self.acceptance)
+
+    def draft_rule(self, spec: RequestSpec) -> tokens.DraftRule:
+        """The request's drafter rule by position: its listed rounds from its first draft (its
+        whole prompt + 1), then its acceptance rule (tokens.listed_rounds)."""
+        kind, p = self.acceptance_for(spec)
+        if not isinstance(spec.acceptance, tuple):
+            return tokens.DraftRule(kind, p)
+        first = self.prompt_len_of(spec.request_id) + 1
+        return tokens.DraftRule(kind, p, first, tokens.listed_rounds(spec.acceptance))
+
+    @cached_property
+    def prompts(self) -> Prompts:
+        """Every request's prompt token ids (workloads/prompts.py), resolved once."""
+        return Prompts(self)
+
+    def prompt_len_of(self, request_id: str) -> int:
+        """The whole prompt of a request: its prefix or the conversation before it, and its own text."""
+        return self.prompts.length(request_id)
 
     def turns(self, spec: RequestSpec) -> list[tuple[int, int]]:
         """A request's turns as (tokens of input, max_tokens): its prompt, then one per
         stream_append event in order. An ordinary request has one."""
-        turns = [(spec.prompt_len, spec.max_tokens)]
+        turns = [(self.prompt_len_of(spec.request_id), spec.max_tokens)]
         for event in sorted(self.events, key=lambda e: e.step):  # as the engine applies them
             if event.kind == "stream_append" and event.request == spec.request_id:
                 turns.append((event.tokens, event.max_tokens or spec.max_tokens))
@@ -169,26 +188,34 @@ class Workload:
     def to_dict(self) -> dict[str, Any]:
         requests = []
         for spec in self.requests:
-            item = {
-                "id": spec.request_id,
-                "arrival_step": spec.arrival_step,
-                "prompt_len": spec.prompt_len,
-                "max_tokens": spec.max_tokens,
-            }
+            item: dict[str, Any] = {"id": spec.request_id}
+            if spec.after_finish is None:
+                item["arrival_step"] = spec.arrival_step
+            if spec.prompt is None:
+                item["prompt_len"] = spec.prompt_len
+            else:
+                item["prompt"] = list(spec.prompt)
+            item["max_tokens"] = spec.max_tokens
             for key in ("abort_step", "stop_at", "acceptance"):
                 if getattr(spec, key) is not None:
-                    item[key] = getattr(spec, key)
+                    value = getattr(spec, key)
+                    item[key] = list(value) if isinstance(value, tuple) else value
             if spec.streaming:
                 item["streaming"] = True
+            for key in ("prefix", "follows", "after_finish"):
+                if getattr(spec, key) is not None:
+                    item[key] = getattr(spec, key)
             requests.append(item)
-        data = {
+        data: dict[str, Any] = {
             "name": self.name,
             "seed": self.seed,
             "acceptance": self.acceptance,
             "max_steps": self.max_steps,
             "config": self.config.to_dict(),
-            "requests": requests,
         }
+        if self.prefixes:
+            data["prefixes"] = {p.name: p.length if p.ids is None else list(p.ids) for p in self.prefixes}
+        data["requests"] = requests
         if self.events:
             data["events"] = [event.to_dict() for event in self.events]
         return data
@@ -202,33 +229,45 @@ class Workload:
     def from_dict(cls, data: Any, where: str = "workload") -> Workload:
         if not isinstance(data, dict):
             raise InputError(f"{where}: expected a table/object at the top level")
-        known = {"name", "seed", "acceptance", "max_steps", "config", "requests", "events"}
+        known = {"name", "seed", "acceptance", "max_steps", "config", "prefixes", "requests", "events"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
-        config = EngineConfig.from_dict(_table(data.get("config", {}), f"{where}: config"), f"{where}: config")
-        seed = _int(data.get("seed", 0), f"{where}: seed", low=0)
+        config = EngineConfig.from_dict(read_table(data.get("config", {}), f"{where}: config"), f"{where}: config")
+        seed = read_int(data.get("seed", 0), f"{where}: seed", low=0)
         acceptance = data.get("acceptance", "all")
         parse_acceptance(acceptance, f"{where}: acceptance")
-        max_steps = _int(data.get("max_steps", 10_000), f"{where}: max_steps", low=1)
+        max_steps = read_int(data.get("max_steps", 10_000), f"{where}: max_steps", low=1)
         raw_requests = data.get("requests")
         if not isinstance(raw_requests, list) or not raw_requests:
             raise InputError(f"{where}: needs a non-empty list of [[requests]]")
+        prefixes = read_prefixes(data.get("prefixes", {}), f"{where}: prefixes", config)
         requests = []
-        seen: set[str] = set()
+        seen: dict[str, RequestSpec] = {}  # the requests listed so far, by id
         for i, raw in enumerate(raw_requests):
-            requests.append(_request(raw, f"{where}: requests[{i}]", config))
+            requests.append(read_request(raw, f"{where}: requests[{i}]", config))
             if requests[-1].request_id in seen:
                 raise InputError(f"{where}: requests[{i}]: duplicate id {requests[-1].request_id!r}")
-            seen.add(requests[-1].request_id)
+            check_references(requests[-1], seen, prefixes, f"{where}: requests[{i}]")
+            seen[requests[-1].request_id] = requests[-1]
         name = data.get("name", "workload")
         if not isinstance(name, str):
             raise InputError(f"{where}: name must be a string")
+        # The whole prompts (a prefix or a conversation before a request's own text) must fit.
+        lengths = Prompts(cls(tuple(requests), config, seed=seed, prefixes=prefixes))
+        for i, spec in enumerate(requests):
+            check_fits(lengths.length(spec.request_id), spec.max_tokens, config, f"{where}: requests[{i}]", spec)
         raw_events = data.get("events", [])
         if not isinstance(raw_events, list):
             raise InputError(f"{where}: events must be a list of [[events]] tables")
         specs = {spec.request_id: spec for spec in requests}
-        events = tuple(_event(raw, f"{where}: events[{i}]", specs, config) for i, raw in enumerate(raw_events))
+        followers: dict[str, str] = {}  # a followed request -> the first turn that follows it
+        for spec in requests:
+            if spec.follows is not None:
+                followers.setdefault(spec.follows, spec.request_id)
+        events = tuple(
+            _event(raw, f"{where}: events[{i}]", specs, config, lengths, followers) for i, raw in enumerate(raw_events)
+        )
         check_events(events, f"{where}: events")
         workload = cls(
             requests=tuple(requests),
@@ -238,6 +277,7 @@ class Workload:
             acceptance=acceptance,
             max_steps=max_steps,
             events=events,
+            prefixes=prefixes,
         )
         for i, spec in enumerate(requests):
             if spec.streaming:
@@ -277,8 +317,15 @@ def _check_session(workload: Workload, spec: RequestSpec, where: str) -> None:
         )
 
 
-def _event(raw: Any, where: str, specs: dict[str, RequestSpec], config: EngineConfig) -> Event:
-    raw = _table(raw, where)
+def _event(
+    raw: Any,
+    where: str,
+    specs: dict[str, RequestSpec],
+    config: EngineConfig,
+    prompts: Prompts,
+    followers: dict[str, str],
+) -> Event:
+    raw = read_table(raw, where)
     kind = raw.get("kind")
     if kind not in EVENT_KINDS:
         raise InputError(f"{where}: kind must be one of {', '.join(EVENT_KINDS)}, got {kind!r}")
@@ -295,7 +342,7 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec], config: EngineCo
         raise InputError(f"{where}: {kind} takes no {unknown[0]!r}; it takes {', '.join(sorted(allowed))}")
     if "step" not in raw:
         raise InputError(f"{where}: missing 'step'")
-    step = _int(raw["step"], f"{where}: step", low=1)
+    step = read_int(raw["step"], f"{where}: step", low=1)
     when = raw.get("when", "before")
     if when not in ("before", "after"):
         raise InputError(f"{where}: when must be 'before' or 'after', got {when!r}")
@@ -311,6 +358,16 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec], config: EngineCo
             request = str(request)
         if not isinstance(request, str) or request not in specs:
             raise InputError(f"{where}: request must name a request of the workload, got {request!r}")
+        if specs[request].after_finish is not None:
+            raise InputError(
+                f"{where}: request {request!r} arrives after_finish (its step is known only in the run); "
+                "give it an arrival_step to send it events"
+            )
+        if kind in ("abort", "resubmit") and request in followers:
+            raise InputError(
+                f"{where}: request {request!r} is followed by {followers[request]!r}, whose prompt holds its whole "
+                f"answer; {'aborting' if kind == 'abort' else 'resubmitting'} it is not supported"
+            )
         arrival = specs[request].arrival_step
         if step < arrival:
             raise InputError(f"{where}: step {step} is before request {request!r} arrives (arrival_step {arrival})")
@@ -325,11 +382,11 @@ def _event(raw: Any, where: str, specs: dict[str, RequestSpec], config: EngineCo
             raise InputError(f"{where}: request {request!r} is not a streaming request (set streaming = true)")
         if "tokens" not in raw:
             raise InputError(f"{where}: missing 'tokens' (prompt tokens appended)")
-        tokens = _int(raw["tokens"], f"{where}: tokens", low=1)
+        tokens = read_int(raw["tokens"], f"{where}: tokens", low=1)
     if raw.get("max_tokens") is not None:
-        max_tokens = _int(raw["max_tokens"], f"{where}: max_tokens", low=1)
+        max_tokens = read_int(raw["max_tokens"], f"{where}: max_tokens", low=1)
         if kind == "resubmit":  # the life must fit as the request's first had to
-            _check_fits(specs[request].prompt_len, max_tokens, config, where)
+            check_fits(prompts.length(request), max_tokens, config, where, specs[request])
     if kind == "resubmit" and specs[request].streaming:
         raise InputError(
             f"{where}: resubmitting streaming request {request!r} is not supported (the same id "
@@ -371,69 +428,13 @@ def load_workload(path: str | Path, default_version: str | None = None) -> Workl
     return Workload.from_dict(data, str(path))
 
 
-def _table(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise InputError(f"{where}: expected a table/object")
-    return value
-
-
-def _int(value: Any, where: str, low: int | None = None, high: int = 1 << 30) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(f"{where}: expected an integer, got {value!r}")
-    if low is not None and value < low:
-        raise InputError(f"{where}: must be >= {low}, got {value}")
-    if value > high:
-        raise InputError(f"{where}: {value} is unreasonably large (limit {high})")
-    return value
-
-
-def _request(raw: Any, where: str, config: EngineConfig) -> RequestSpec:
-    raw = _table(raw, where)
-    known = {"id", "arrival_step", "prompt_len", "max_tokens", "abort_step", "stop_at", "acceptance", "streaming"}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise InputError(f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
-    if "id" not in raw:
-        raise InputError(f"{where}: missing 'id'")
-    rid = raw["id"]
-    if isinstance(rid, int) and not isinstance(rid, bool):
-        rid = str(rid)
-    if not isinstance(rid, str) or not rid or len(rid) > 200:
-        raise InputError(f"{where}: id must be a non-empty string")
-    spec = RequestSpec(
-        request_id=rid,
-        arrival_step=_int(raw.get("arrival_step", 1), f"{where}: arrival_step", low=1),
-        prompt_len=_int(raw.get("prompt_len", 8), f"{where}: prompt_len", low=1),
-        max_tokens=_int(raw.get("max_tokens", 16), f"{where}: max_tokens", low=1),
-        abort_step=None if raw.get("abort_step") is None else _int(raw["abort_step"], f"{where}: abort_step", low=1),
-        stop_at=None if raw.get("stop_at") is None else _int(raw["stop_at"], f"{where}: stop_at", low=1),
-        acceptance=raw.get("acceptance"),
-        streaming=raw.get("streaming", False),
-    )
-    if not isinstance(spec.streaming, bool):
-        raise InputError(f"{where}: streaming must be true or false")
-    if spec.streaming and spec.stop_at is not None:
-        raise InputError(f"{where}: a streaming request takes no stop_at (its turns end at max_tokens)")
-    if spec.acceptance is not None:
-        parse_acceptance(spec.acceptance, f"{where}: acceptance")
-    _check_fits(spec.prompt_len, spec.max_tokens, config, where)
-    return spec
-
-
-def _check_fits(prompt_len: int, max_tokens: int, config: EngineConfig, where: str) -> None:
-    if prompt_len + max_tokens > config.max_model_len:
-        raise InputError(
-            f"{where}: prompt_len + max_tokens = {prompt_len + max_tokens} exceeds max_model_len {config.max_model_len}"
-        )
-    # Block 0 is vLLM's null block; a request must fit alone (drafts and lookahead included) or
-    # it can never be admitted, or preempts itself forever.
-    longest = min(prompt_len + max_tokens + config.num_spec_tokens + config.num_lookahead_tokens, config.max_model_len)
-    blocks_needed = -(-longest // config.block_size)
-    if blocks_needed > config.num_blocks - 1:
-        raise InputError(
-            f"{where}: needs {blocks_needed} KV blocks alone, the cache has {config.num_blocks - 1} "
-            f"usable (num_blocks {config.num_blocks}, block 0 reserved)"
-        )
-
-
-__all__ = ["Event", "RequestSpec", "Workload", "load_workload", "parse_acceptance"]
+__all__ = [
+    "ACCEPTANCE_KINDS",
+    "EVENT_KINDS",
+    "Event",
+    "Prefix",
+    "RequestSpec",
+    "Workload",
+    "load_workload",
+    "parse_acceptance",
+]

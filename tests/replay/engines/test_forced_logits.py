@@ -14,6 +14,8 @@ test_attached.py. Engines started here: one (V1, about 20 s).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -111,11 +113,18 @@ def test_the_token_survives_the_hidden_states_dtype(dtype):
     assert decode(hidden).tolist() == ids.tolist()
 
 
-def test_the_drafter_rule_is_the_oracles_drafts_as_a_draft_model_is_fed():
+@pytest.mark.parametrize("listed", [False, True])
+def test_the_drafter_rule_is_the_oracles_drafts_as_a_draft_model_is_fed(listed):
     """A draft model's first pass reads true tokens (the step's and the bonus token), its later
     passes its own proposals, wrong ones included: the rule takes a deliberately wrong proposal
-    back before reading it, so every proposal is `Oracle.drafts`' for its position."""
+    back before reading it, so every proposal is `Oracle.drafts`' for its position. Listed
+    rounds (`acceptance = [...]`) are positions the same way."""
     workload = small_workload("random:0.5")
+    if listed:
+        rounds = ((2, 0, 3), (0, 0), (3, 1, 1, 2))
+        workload = dataclasses.replace(
+            workload, requests=tuple(dataclasses.replace(r, acceptance=a) for r, a in zip(workload.requests, rounds))
+        )
     oracle, rule = Oracle(workload), ForcedRule.of_workload(workload)
     for rid in ("0", "1", "2"):
         for last in range(5, 20):  # the position of the last true token

@@ -137,3 +137,28 @@ def test_shrink_to_reads_a_trace_and_writes_the_minimal_one(tmp_path, reentry_x1
     assert "def test_x10_scheduler_output_mutated_does_not_fire" in (tmp_path / "test_min.py").read_text()
     with pytest.raises(InputError, match="not a finding code"):
         shrink_to(source, tmp_path / "x.parquet", code="X99")
+
+
+def test_shared_prompts_shrink_to_plain_ones_and_explicit_ids_to_fewer():
+    """A prefix dropped, a turn standing alone, an explicit prompt cut: each reduction is a valid
+    workload (the candidates a shrink tries), and the size counts whole prompts."""
+    from specreplay.replay.workflows.shrink import candidate_reductions
+    from specreplay.replay.workloads.notation import workload_from_notation
+
+    workload = workload_from_notation("a:prefix=s,p4,t6 b:follows=a,prompt=5.6.7.8,t3@+3 | prefix s=p32")
+    got = {}
+    for label, candidate in candidate_reductions(workload):
+        try:
+            got[label] = Workload.from_dict(candidate.to_dict())
+        except InputError:
+            continue  # as shrink skips it: here, dropping "a", which "b" follows
+    a, b = got["request a no prefix"].requests
+    assert a.prefix is None and got["request a no prefix"].prompt_len_of("b") == 4 + 6 + 4
+    alone = got["request b stands alone"].requests[1]
+    assert (alone.follows, alone.after_finish, alone.prompt) == (None, None, (5, 6, 7, 8))
+    assert got["request b prompt_len 2"].requests[1].prompt == (5, 6)
+    assert got["request b sent the step after a finished"].requests[1].after_finish == 1
+    assert "drop request a" not in got
+    trace = run_workload(workload, resolve("upstream", allow_import=False))
+    for smaller in ("request a no prefix", "request b stands alone"):
+        assert size(got[smaller], trace) < size(workload, trace), smaller

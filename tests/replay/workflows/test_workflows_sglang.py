@@ -47,22 +47,39 @@ def load_test_module(path: Path):
 # ====================================================================== explore
 def test_every_draw_shaped_for_sglang_is_one_it_takes():
     """The shape keeps what SGLang takes and nothing it refuses, for draws of every profile."""
-    kinds = set()
+    kinds, turns = set(), 0
     for seed in range(120):
         profiles = (PROFILES[seed % len(PROFILES)], PROFILES[(seed * 7 + 3) % len(PROFILES)])
         drawn = explore_workload(seed, profiles)
         shaped = candidate_workload(seed, profiles, engine=ENGINE)
         sglang_setup.refuse_workload(shaped)  # raises InputError for anything SGLang cannot take
         assert shaped == candidate_workload(seed, profiles, engine=ENGINE)  # a seed still names one workload
-        # Arrivals, lengths and aborts as drawn; the aborts among the events kept, the rest gone.
-        assert [(r.request_id, r.arrival_step, r.prompt_len, r.max_tokens, r.abort_step) for r in drawn.requests] == [
-            (r.request_id, r.arrival_step, r.prompt_len, r.max_tokens, r.abort_step) for r in shaped.requests
+        # Arrivals, lengths and aborts as drawn; the aborts among the events kept, the rest gone. A
+        # conversation's turn sent after_finish gets a fixed step: that many after its turn before.
+        arrival = {r.request_id: r.arrival_step for r in shaped.requests}
+        assert [
+            (
+                r.request_id,
+                arrival[r.follows] + r.after_finish if r.after_finish and r.follows else r.arrival_step,
+                r.prompt_len,
+                r.max_tokens,
+                r.abort_step,
+                r.prefix,
+                r.follows,
+            )
+            for r in drawn.requests
+        ] == [
+            (r.request_id, r.arrival_step, r.prompt_len, r.max_tokens, r.abort_step, r.prefix, r.follows)
+            for r in shaped.requests
         ]
+        assert not any(r.after_finish for r in shaped.requests)
+        turns += any(r.after_finish for r in drawn.requests)
         assert shaped.events == tuple(e for e in drawn.events if e.kind == "abort")
         assert shaped.config.num_spec_tokens == drawn.config.num_spec_tokens
         assert shaped.config.async_scheduling == drawn.config.async_scheduling
         kinds |= {e.kind for e in drawn.events}
     assert {"pause", "abort", "stream_append"} <= kinds  # the draws had what the shape drops
+    assert turns  # and turns sent after_finish, which it fixes
 
 
 def test_the_vllm_engines_draw_as_before():

@@ -7,11 +7,13 @@ from __future__ import annotations
 from dataclasses import fields
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specreplay.replay.workloads.config import EngineConfig
-from specreplay.replay.workloads.notation import CONFIG_KEYS, notation_of, workload_from_notation
+from specreplay.replay.workloads.notation import CONFIG_KEYS, FLAG_WORDS, notation_of, workload_from_notation
 from specreplay.replay.workloads.scenarios import SCENARIOS, build_scenario
-from specreplay.replay.workloads.workload import Event, RequestSpec, Workload
+from specreplay.replay.workloads.workload import Event, Prefix, RequestSpec, Workload
 from specreplay.traces.errors import InputError
 
 
@@ -169,7 +171,8 @@ def test_the_written_form_is_short_and_names_only_what_differs():
 
 def test_every_engine_setting_has_a_key():
     """A new EngineConfig field must get a key, or notation_of would drop it."""
-    assert {f.name for f in fields(EngineConfig)} == {*CONFIG_KEYS.values(), "async_scheduling"}
+    flags = {name for name, _ in FLAG_WORDS.values()}
+    assert {f.name for f in fields(EngineConfig)} == {*CONFIG_KEYS.values(), *flags}
 
 
 @pytest.mark.parametrize(
@@ -206,3 +209,126 @@ def test_bad_text_is_one_input_error_line(text, message):
 def test_what_the_notation_cannot_spell_is_refused(rid):
     with pytest.raises(InputError, match="cannot spell the request id"):
         notation_of(Workload((RequestSpec(rid),)))
+
+
+# ---------------------------------------------------------------------- real prompts
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("a:prompt=7.1.4,t3", Workload((RequestSpec("a", max_tokens=3, prompt=(7, 1, 4)),))),
+        ("a:t5,accept=2.0.3", Workload((RequestSpec("a", max_tokens=5, acceptance=(2, 0, 3)),))),
+        (
+            "a:prefix=sys,p5 | prefix sys=p40",
+            Workload((RequestSpec("a", prompt_len=5, prefix="sys"),), prefixes=(Prefix("sys", 40),)),
+        ),
+        (
+            "a:prefix=doc | prefix doc=3.2.1",
+            Workload((RequestSpec("a", prefix="doc"),), prefixes=(Prefix("doc", ids=(3, 2, 1)),)),
+        ),
+        ("a b:follows=a", Workload((RequestSpec("a"), RequestSpec("b", follows="a", after_finish=1)))),
+        ("a b:follows=a@+3", Workload((RequestSpec("a"), RequestSpec("b", follows="a", after_finish=3)))),
+        ("a b:follows=a@1", Workload((RequestSpec("a"), RequestSpec("b", follows="a")))),
+        ("a | noapc", Workload((RequestSpec("a"),), EngineConfig(enable_prefix_caching=False))),
+        ("a | blockdrop", Workload((RequestSpec("a"),), EngineConfig(eagle_block_drop=True))),
+    ],
+)
+def test_the_marks_for_real_prompts_build_what_the_constructors_build(text, expected):
+    assert workload_from_notation(text) == expected
+    assert workload_from_notation(notation_of(expected)) == expected
+
+
+def test_the_written_form_of_a_conversation():
+    workload = workload_from_notation("q0:p5,t6,prefix=sys q1:follows=q0,p4,t5@+2 q2:follows=q0,p1@7 | prefix sys=p20")
+    assert notation_of(workload) == (
+        "q0:p5,t6,prefix=sys q1:p4,t5,follows=q0@+2 q2:p1,t16,follows=q0@7 | prefix sys=p20"
+    )
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("a:prompt=", "unknown field 'prompt='"),
+        ("a:prompt=1.x", "prompt= takes a whole number, got 'x'"),
+        ("a:prompt=1.2,p4", "gives 'p4' twice \\(or a prompt and pN\\)"),
+        ("a:accept=1..2", "accept= takes a whole number, got ''"),
+        ("a:accept=9", "9 drafts accepted in a round of at most num_spec_tokens = 3"),
+        ("a:prefix=sys", "prefix 'sys' is not in the workload's"),
+        ("a:follows=b b", "not a request listed before it"),
+        ("a b:follows=a@+x", "@\\+ takes a whole number"),
+        ("a b:p3@+2", "after_finish needs follows"),
+        ("a | prefix", "setting 'prefix' needs NAME=pN or NAME=ID.ID"),
+        ("a | prefix sys", "prefix 'sys' is not NAME=pN or NAME=ID.ID"),
+        ("a | prefix sys=p4 prefix sys=p5", "prefix 'sys' given twice"),
+        ("a | prefix sys=px", "prefix 'sys': p takes a whole number"),
+        ("a | apc noapc", "given twice"),
+    ],
+)
+def test_bad_real_prompt_marks_are_one_input_error_line(text, message):
+    with pytest.raises(InputError, match=message) as caught:
+        workload_from_notation(text)
+    assert "\n" not in str(caught.value) and str(caught.value).startswith("workload notation")
+
+
+def test_a_prefix_name_the_notation_cannot_spell_is_refused():
+    workload = Workload((RequestSpec("a", prefix="x=y"),), prefixes=(Prefix("x=y", 4),))
+    with pytest.raises(InputError, match="cannot spell the prefix name 'x=y'"):
+        notation_of(workload)
+
+
+_IDS = st.text(alphabet="abcxyz019", min_size=1, max_size=3)
+
+
+@st.composite
+def notated_workloads(draw) -> Workload:
+    """Workloads the notation can spell, with every request field, prefixes, turns and flags."""
+    k = draw(st.integers(0, 4))
+    names = draw(st.lists(st.sampled_from(["sys", "doc"]), unique=True, max_size=2))
+    prefixes = tuple(
+        Prefix(n, ids=tuple(draw(st.lists(st.integers(0, 511), min_size=1, max_size=4))))
+        if draw(st.booleans())
+        else Prefix(n, draw(st.integers(1, 40)))
+        for n in names
+    )
+    requests: list[RequestSpec] = []
+    for rid in draw(st.lists(_IDS, unique=True, min_size=1, max_size=5)):
+        followable = [r.request_id for r in requests if r.abort_step is None and not r.streaming]
+        shape = draw(st.sampled_from(["plain", "prefix", "follows"]))
+        follows = draw(st.sampled_from(followable)) if shape == "follows" and followable else None
+        after = draw(st.none() | st.integers(1, 4)) if follows else None
+        streaming = after is None and draw(st.booleans())
+        acceptance = draw(
+            st.none()
+            | st.sampled_from(["all", "none", "alternate", "random:0.25"])
+            | (st.lists(st.integers(0, k), min_size=1, max_size=4).map(tuple) if not streaming else st.none())
+        )
+        requests.append(
+            RequestSpec(
+                rid,
+                arrival_step=1 if after else draw(st.integers(1, 9)),
+                prompt_len=draw(st.integers(1, 12)),
+                max_tokens=draw(st.integers(1, 12)),
+                abort_step=draw(st.none() | st.integers(1, 9)) if not after and not streaming else None,
+                stop_at=draw(st.none() | st.integers(1, 12)) if not streaming else None,
+                acceptance=acceptance,
+                streaming=streaming,
+                prompt=draw(st.none() | st.lists(st.integers(0, 511), min_size=1, max_size=5).map(tuple)),
+                prefix=draw(st.sampled_from(names)) if shape == "prefix" and names else None,
+                follows=follows,
+                after_finish=after,
+            )
+        )
+    config = EngineConfig(
+        num_spec_tokens=k,
+        async_scheduling=draw(st.booleans()),
+        enable_prefix_caching=draw(st.booleans()),
+        eagle_block_drop=k > 0 and draw(st.booleans()),
+    )
+    return Workload(tuple(requests), config, seed=draw(st.integers(0, 99)), prefixes=prefixes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(notated_workloads())
+def test_every_workload_the_notation_spells_survives_a_round_trip(workload):
+    workload = Workload.from_dict(workload.to_dict())  # a valid workload file, first
+    text = notation_of(workload)
+    assert workload_from_notation(text) == workload, text
