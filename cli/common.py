@@ -160,6 +160,13 @@ vllm_version_option = click.option(
     "vllm-scheduler or vllm, the installed one's. Default: a trace's own (replay, gate, shrink), "
     "else the installed vLLM's when modelled, else the newest modelled.",
 )
+prefix_caching_option = click.option(
+    "--prefix-caching/--no-prefix-caching",
+    "prefix_caching",
+    default=None,
+    help="vLLM's automatic prefix caching for the run (its default: on): a new or resumed request starts "
+    "from the longest cached prefix of its tokens. Default: the workload's own (a scenario's: on).",
+)
 executor_option = click.option(
     "--executor",
     type=click.Choice(["inproc", "multiproc"]),

@@ -27,12 +27,15 @@ def info(trace_path, fmt) -> None:
     import json
 
     from specreplay.cli.render import trace_header
+    from specreplay.replay.workflows.cache_report import CacheCounts
     from specreplay.traces.io import open_trace
 
     trace = open_trace(trace_path)
     seen: set[str] = set()
-    for batch in trace.batches(columns=("request_id",)):
+    cache = CacheCounts.of_config(trace.config.to_dict() or (trace.workload.config or WorkloadHeader()).to_dict())
+    for batch in trace.batches(columns=("request_id", *CacheCounts.COLUMNS)):
         seen.update(batch.column("request_id").unique().to_pylist())
+        cache.add(batch)
     doc = {
         "path": str(trace_path),
         "schema_version": trace.schema_version,
@@ -48,6 +51,7 @@ def info(trace_path, fmt) -> None:
         "bytes": trace_path.stat().st_size,
         "volatile": trace.volatile.to_dict(),
         "events": _event_counts(trace.workload),
+        "prefix_cache": cache.to_dict(),
     }
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
@@ -59,6 +63,7 @@ def info(trace_path, fmt) -> None:
         out.print(f"  tokens: {TOKEN_MODES.get(trace.impl.tokens, trace.impl.tokens)}")
     if trace.impl.window:
         out.print(f"  window: {trace.impl.window}")
+    out.print(f"  prefix cache: {cache.line()}")
     for key in (
         "schema_version",
         "specreplay_version",

@@ -26,6 +26,7 @@ from specreplay.cli.common import (
     handle_errors,
     impl_option,
     oracle_option,
+    prefix_caching_option,
     print_table,
     progress,
     runner_option,
@@ -87,6 +88,7 @@ def _exit_if_crashed(recorded) -> None:
 @runner_option
 @drafter_option
 @vllm_version_option
+@prefix_caching_option
 @executor_option
 @device_option
 @click.option(
@@ -128,6 +130,7 @@ def record(
     runner,
     drafter,
     vllm_version,
+    prefix_caching,
     executor,
     device,
     model,
@@ -163,14 +166,14 @@ def record(
         if not attach:
             raise InputError(f"unexpected argument {command[0]!r}; to record a command's vLLM, give --attach")
         asked = (scenario, workload_file, engine, runner, drafter, vllm_version, executor, model, max_steps)
-        if any(asked) or impl_name != "upstream":
+        if any(asked) or prefix_caching is not None or impl_name != "upstream":
             raise InputError("--attach records the command's vLLM as it runs: no workload, engine or implementation")
         return _record_attached(output, command, tokens)
     if tokens is not None:
         raise InputError("--tokens is how an attached recording writes token ids: give it with --attach")
     from specreplay.replay.workflows.record import pick_workload, record_to
 
-    workload = pick_workload(scenario, workload_file, seed, max_steps, vllm_version)
+    workload = pick_workload(scenario, workload_file, seed, max_steps, vllm_version, prefix_caching)
     recorded = record_to(
         output,
         workload,
@@ -346,6 +349,7 @@ def recover(journal, output) -> None:
 @runner_option
 @drafter_option
 @vllm_version_option
+@prefix_caching_option
 @device_option
 @click.option(
     "-o",
@@ -358,7 +362,18 @@ def recover(journal, output) -> None:
 @format_option
 @handle_errors
 def compare(
-    scenario, workload_file, seed, impl_names, engine, runner, drafter, vllm_version, device, output_dir, fmt
+    scenario,
+    workload_file,
+    seed,
+    impl_names,
+    engine,
+    runner,
+    drafter,
+    vllm_version,
+    prefix_caching,
+    device,
+    output_dir,
+    fmt,
 ) -> None:
     """Record one workload under several implementations and show each one's verdict side by side.
 
@@ -373,7 +388,7 @@ def compare(
     from specreplay.replay.workflows.record import compare_defaults, compare_to, pick_workload
 
     live_runner = _runner_for(engine, runner)
-    workload = pick_workload(scenario, workload_file, seed, vllm_version=vllm_version)
+    workload = pick_workload(scenario, workload_file, seed, vllm_version=vllm_version, prefix_caching=prefix_caching)
     left_out: list[tuple[str, str]] = []  # (name, why) of the defaults that do not run here
     if impl_names:
         names = [n.strip() for n in impl_names.split(",") if n.strip()]

@@ -102,6 +102,7 @@ SCHEDULER_HOOKS = (
     "account_rejections",
     "append_output",
     "account_placeholders",
+    "cache_applied",
     "update_draft_token_ids",
     "add_request",
     "finish_requests",

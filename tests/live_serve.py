@@ -108,9 +108,24 @@ def tiny_served_model(config: EngineConfig = SERVE_CONFIG) -> str:
         "model_max_length": config.max_model_len,
         "clean_up_tokenization_spaces": False,
     }
+    doc["chat_template"] = chat_template(words)
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as fh:
         json.dump(doc, fh)
     return folder
+
+
+def chat_template(words: list[str]) -> str:
+    """A chat template of the tiny tokenizer's own words: each message is its role's word, then
+    its content; the generation prompt is the assistant's word. Words only, so a conversation's
+    next turn tokenizes to the previous turn's prompt and answer, then the new message."""
+    system, user, assistant = words[len(SPECIAL_TOKENS) : len(SPECIAL_TOKENS) + 3]
+    return (
+        "{% for m in messages %}"
+        f"{{% if m['role'] == 'system' %}}{system} {{% elif m['role'] == 'user' %}}{user} "
+        f"{{% else %}}{assistant} {{% endif %}}"
+        "{{ m['content'] }} {% endfor %}"
+        f"{{% if add_generation_prompt %}}{assistant}{{% endif %}}"
+    )
 
 
 # ====================================================================== the server
@@ -371,7 +386,10 @@ def server_argv(
         options["--speculative-config"] = json.dumps(spec, separators=(",", ":"))
     if shutdown_timeout is not None:
         options["--shutdown-timeout"] = shutdown_timeout
-    flags = ["--no-enable-prefix-caching", "--enforce-eager", "--disable-uvicorn-access-log"]
+    # vLLM's default is prefix caching on: the flag only where the config turns it off.
+    flags = ["--enforce-eager", "--disable-uvicorn-access-log"]
+    if not config.enable_prefix_caching:
+        flags.append("--no-enable-prefix-caching")
     flags.append("--async-scheduling" if config.async_scheduling else "--no-async-scheduling")
     if log_requests:
         flags.append("--enable-log-requests")
@@ -696,3 +714,114 @@ class Seen:
             time.monotonic() - self.start,
             error,
         )
+
+
+# ====================================================================== client: chat conversations
+@dataclass(frozen=True)
+class ChatPlan:
+    """One conversation the chat client holds: a shared system prompt, a first question, and
+    maybe a second turn (sent once the first answer is in, with that answer in its history)."""
+
+    request_id: str  # the first turn's X-Request-Id; a second turn's is this + "-t2"
+    system: str
+    questions: tuple[str, ...]  # one per turn
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """What the client saw for one turn."""
+
+    request_id: str
+    prompt_token_ids: list[int] | None
+    token_ids: list[int]
+    content: str
+    finish_reason: str | None
+    prompt_tokens: int | None  # usage
+    cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens, where the server says
+    error: str | None = None
+
+
+def plan_chats(
+    num_chats: int = 16,
+    num_second_turns: int = 4,
+    *,
+    system_words: int = 300,
+    max_tokens: int = 16,
+    config: EngineConfig = SERVE_CONFIG,
+    seed: int = 0,
+    prefix: str = "chat-",
+) -> list[ChatPlan]:
+    """`num_chats` conversations sharing one `system_words`-word system prompt, each with its own
+    short question; the first `num_second_turns` ask a second one after the answer."""
+    rng = random.Random(seed)
+    words = vocabulary(config.vocab_size)[len(SPECIAL_TOKENS) + 3 :]  # not the role words
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    system = text(system_words)
+    return [
+        ChatPlan(
+            f"{prefix}{i}",
+            system,
+            (text(rng.randint(4, 12)),) + ((text(rng.randint(4, 12)),) if i < num_second_turns else ()),
+            max_tokens,
+        )
+        for i in range(num_chats)
+    ]
+
+
+def run_chats(server: Server, plans: list[ChatPlan], timeout: float = 300.0) -> list[list[ChatTurn]]:
+    """Every conversation at once through `openai.AsyncOpenAI` chat completions (temperature 0,
+    ignore_eos, return_token_ids): per plan, its turns in order."""
+    from openai import AsyncOpenAI
+
+    async def converse(client: Any, plan: ChatPlan) -> list[ChatTurn]:
+        messages: list[dict[str, str]] = [{"role": "system", "content": plan.system}]
+        turns: list[ChatTurn] = []
+        for t, question in enumerate(plan.questions):
+            request_id = plan.request_id if t == 0 else f"{plan.request_id}-t{t + 1}"
+            messages.append({"role": "user", "content": question})
+            turn = await chat_turn(client, server.model, request_id, messages, plan.max_tokens)
+            turns.append(turn)
+            if turn.error:
+                break
+            messages.append({"role": "assistant", "content": turn.content})
+        return turns
+
+    async def run_all() -> list[list[ChatTurn]]:
+        client = AsyncOpenAI(base_url=server.url + "/v1", api_key="EMPTY", max_retries=0, timeout=timeout)
+        try:
+            return list(await asyncio.gather(*(converse(client, plan) for plan in plans)))
+        finally:
+            await client.close()
+
+    return asyncio.run(run_all())
+
+
+async def chat_turn(client: Any, model: str, request_id: str, messages: list, max_tokens: int) -> ChatTurn:
+    """One chat completion; its failure is returned as data, not raised."""
+    try:
+        response = await client.chat.completions.create(
+            model=model,
+            messages=list(messages),
+            max_tokens=max_tokens,
+            temperature=0.0,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+            extra_headers={"X-Request-Id": request_id},
+        )
+    except Exception as exc:
+        return ChatTurn(request_id, None, [], "", None, None, None, f"{type(exc).__name__}: {exc}"[:300])
+    choice = response.choices[0]
+    usage = response.usage
+    details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
+    return ChatTurn(
+        request_id,
+        (response.model_extra or {}).get("prompt_token_ids"),
+        list((choice.model_extra or {}).get("token_ids") or ()),
+        choice.message.content or "",
+        choice.finish_reason,
+        usage.prompt_tokens if usage is not None else None,
+        getattr(details, "cached_tokens", None) if details is not None else None,
+    )

@@ -130,6 +130,8 @@ class Config(_Json):
     vocab_size: int | None = _kind("int")
     num_lookahead_tokens: int | None = _kind("int")
     vllm_version: str | None = _kind("str")
+    enable_prefix_caching: bool | None = _kind("bool")  # absent: off (written before it was modelled)
+    eagle_block_drop: bool | None = _kind("bool")
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,15 @@ import pyarrow as pa
 #: v7: SGLang's scheduler and worker views (the "(SGLang)" columns: step_forward_mode, sched_kv_*,
 #: sched_seq_len, sched_req_pool_idx, apply_kv_*, apply_skip_reason, the release's columns,
 #: worker_seq_len, worker_new_seq_len) and the skip 'prefill'. Older files read with them null.
-SCHEMA_VERSION = 7
+#: v8: vLLM's prefix caching (sched_num_cached_tokens, sched_cache_hit_blocks,
+#: step_cache_evictions, truth_cache_hit_valid, truth_cache_hit_writer); sched_num_computed_tokens
+#: of an admitted request is the count its step starts from (its prefix-cache hit: 0 before v8,
+#: when nothing was cached). Older files read with the new columns null, and ran without prefix
+#: caching (replay reads their config so: `PREFIX_CACHING_SCHEMA`).
+SCHEMA_VERSION = 8
 OLDEST_READ = 2
+#: The first schema version whose runs may have had prefix caching on.
+PREFIX_CACHING_SCHEMA = 8
 
 #: Status of the request in the scheduler after `schedule()` of this step.
 STATUSES = ("waiting", "running", "preempted", "finished")
@@ -108,6 +115,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         "reset_prefix_cache(running)' (same on every row of the step; '' when none)",
     ),
     (
+        "step_cache_evictions",
+        pa.int32(),
+        True,
+        "scheduler: cached KV blocks this step's schedule() evicted: free blocks holding a prefix-cache hash, "
+        "handed out again and their hash dropped (same on every row of the step; null: no prefix caching)",
+    ),
+    (
         "step_forward_mode",
         _ENUM,
         True,
@@ -141,8 +155,22 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         "sched_num_computed_tokens",
         pa.int32(),
         False,
-        "scheduler: Request.num_computed_tokens before this step's advance (tokens; SGLang: Req.kv.kv_committed_len "
+        "scheduler: Request.num_computed_tokens before this step's advance, as S_m carries it (tokens; a request "
+        "admitted at m: the count its step starts from, its prefix-cache hit; SGLang: Req.kv.kv_committed_len "
         "before the iteration's scheduling)",
+    ),
+    (
+        "sched_num_cached_tokens",
+        pa.int32(),
+        True,
+        "scheduler: on a request's admission (new or resumed), the tokens its prefix-cache hit covered, whole "
+        "blocks of another request's (or its own earlier) KV it starts from (0: none; null: not admitted at m)",
+    ),
+    (
+        "sched_cache_hit_blocks",
+        pa.list_(pa.int32()),
+        True,
+        "scheduler: the block ids of that hit, in order (null: none)",
     ),
     (
         "sched_num_output_placeholders",
@@ -544,6 +572,19 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         "truth: positions r's step wrote into those blocks (tokens)",
     ),
     (
+        "truth_cache_hit_valid",
+        pa.int32(),
+        True,
+        "truth: on a request's admission, how many of the positions its prefix-cache hit covers hold the KV of the "
+        "request's own tokens when its step reads them (0 without a hit; null: not admitted at m)",
+    ),
+    (
+        "truth_cache_hit_writer",
+        pa.string(),
+        True,
+        "truth: who wrote the first hit position that does not ('': never written; null: none)",
+    ),
+    (
         "truth_unfilled_draft_slots",
         pa.int16(),
         True,
@@ -604,6 +645,11 @@ ADDED_IN = {
     "truth_kv_block_owner": 4,
     "truth_kv_unowned_writes": 4,
     "truth_unfilled_draft_slots": 6,
+    "step_cache_evictions": 8,
+    "sched_num_cached_tokens": 8,
+    "sched_cache_hit_blocks": 8,
+    "truth_cache_hit_valid": 8,
+    "truth_cache_hit_writer": 8,
     **{name: 5 for name, _type, _nullable, doc in COLUMNS if doc.startswith("worker (MRV2)")},
     **{name: 7 for name, _type, _nullable, doc in COLUMNS if doc.startswith("(SGLang)")},
 }

@@ -24,6 +24,7 @@ from specreplay.traces.errors import TraceError
 #: (Placeholder counts are deliberately absent: a negative one is a finding, not a broken file.)
 NON_NEGATIVE = (
     "step_total_scheduled_tokens",
+    "step_cache_evictions",
     "sched_num_scheduled_tokens",
     "sched_num_draft_slots",
     "sched_num_tokens",
@@ -47,6 +48,7 @@ NON_NEGATIVE = (
     "truth_kv_foreign_positions",
     "truth_kv_unowned_blocks",
     "truth_kv_unowned_writes",
+    "truth_cache_hit_valid",
     "sched_life",
     "apply_life",
 )
@@ -101,7 +103,14 @@ GROUPS = {
         n
         for n in schema.COLUMN_NAMES
         if n.startswith("truth_")
-        and n not in ("truth_kv_foreign_writer", "truth_kv_block_owner", "truth_unfilled_draft_slots")
+        and n
+        not in (
+            "truth_kv_foreign_writer",
+            "truth_kv_block_owner",
+            "truth_unfilled_draft_slots",
+            "truth_cache_hit_valid",
+            "truth_cache_hit_writer",
+        )
     ),
 }
 

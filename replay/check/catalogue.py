@@ -338,7 +338,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "S1-placeholders-nonnegative",
         "error",
-        15,
+        16,
         "num_output_placeholders >= 0 at all times",
         "INV-S1",
         rules_counters.check_placeholders_nonnegative,
@@ -348,7 +348,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "S2-placeholder-count",
         "error",
-        13,
+        14,
         "P = sum over steps in flight of (1 + draft slots)",
         "INV-S2",
         rules_counters.check_placeholder_count,
@@ -361,7 +361,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "S3-scheduler-computed-tokens",
         "error",
-        10,
+        11,
         "C minus in-flight rejections = tokens valid in the KV cache",
         "INV-S3",
         rules_counters.check_computed_tokens,
@@ -374,7 +374,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "X2-sched-worker-computed",
         "error",
-        9,
+        10,
         "worker C = scheduler C minus rejections of m-1",
         "INV-X2",
         rules_counters.check_computed_tokens,
@@ -387,7 +387,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "X2-worker-kv-position",
         "error",
-        11,
+        12,
         "the worker writes from the first position not yet in its KV",
         "INV-X2",
         rules_counters.check_computed_tokens,
@@ -397,7 +397,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "X2-worker-position-mismatch",
         "error",
-        12,
+        13,
         "CPU num_computed_tokens = device position",
         "INV-X2 (design B)",
         rules_counters.check_computed_tokens,
@@ -411,7 +411,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "S4-decode-identity",
         "error",
-        14,
+        15,
         "num_tokens + P - C = 1 for a decoding request",
         "INV-S4",
         rules_counters.check_decode_identity,
@@ -424,7 +424,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "X3-output-length",
         "error",
-        17,
+        18,
         "worker output length = applied outputs + placeholders (design B)",
         "INV-X3",
         rules_counters.check_output_length,
@@ -437,7 +437,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "L3-in-flight-tokens",
         "error",
-        16,
+        17,
         "num_in_flight_tokens / num_stale_output_tokens = scheduled tokens of the outputs in flight / in flight "
         "across the last cut, never negative",
         "request lives",
@@ -460,7 +460,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "S7-draft-slot-count",
         "error",
-        19,
+        20,
         "k = max(0, min(len(spec), n + C - T - P))",
         "INV-S7",
         rules_drafts.check_draft_slot_count,
@@ -473,7 +473,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "X5-placeholder-drafts",
         "warning",
-        21,
+        22,
         "draft inputs are drafts cached for the request at m-1",
         "INV-X5",
         rules_drafts.check_draft_inputs,
@@ -485,7 +485,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "S6-token-budget",
         "error",
-        20,
+        21,
         "sum of scheduled tokens = total <= max_num_batched_tokens",
         "INV-S6",
         rules_batch.check_budget,
@@ -495,7 +495,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "X1-batch-membership",
         "error",
-        18,
+        19,
         "the worker's batch holds exactly the scheduled requests",
         "INV-X1",
         rules_batch.check_membership,
@@ -579,7 +579,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "S9-step-past-max-tokens",
         "warning",
-        24,
+        25,
         "no step for a request whose outputs in flight or applied already finish it (vLLM's max-tokens skip)",
         "INV-S9",
         rules_waste.check_wasted_steps,
@@ -590,7 +590,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "S10-needless-preemption",
         "warning",
-        36,
+        37,
         "a step preempts for KV blocks only when a request it schedules or preempts needs a block it does not hold",
         "INV-S10",
         rules_preemption.check_needless_preemption,
@@ -604,7 +604,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "T1-wrong-token",
         "error",
-        23,
+        24,
         "applied tokens equal the expected sequence",
         "ground truth",
         rules_truth.check_tokens,
@@ -619,7 +619,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "K1-kv-content",
         "error",
-        22,
+        23,
         "valid KV positions hold the expected tokens",
         "ground truth",
         rules_truth.check_kv_truth,
@@ -631,7 +631,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "K2-kv-foreign-tokens",
         "error",
-        25,
+        26,
         "a request's valid KV positions hold only its own tokens, never another request's",
         "ground truth",
         rules_kv.check_foreign_tokens,
@@ -646,7 +646,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "K3-kv-unowned-block",
         "error",
-        26,
+        27,
         "the worker runs a request on blocks the scheduler's KV manager holds for it, never a freed or another's",
         "ground truth",
         rules_kv.check_block_ownership,
@@ -661,7 +661,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "K4-kv-write-unowned",
         "error",
-        27,
+        28,
         "a step writes KV only into blocks its request still holds",
         "ground truth",
         rules_kv.check_block_ownership,
@@ -674,9 +674,26 @@ CATALOGUE: tuple[Invariant, ...] = (
         ),
     ),
     Invariant(
+        "K6-cache-hit-content",
+        "error",
+        9,
+        "a prefix-cache hit serves only blocks that hold the KV of the tokens their hash names",
+        "ground truth",
+        rules_kv.check_cache_hits,
+        sides=("expected", "actual"),
+        runners=("v1", "v2"),
+        message=lambda e: (
+            f"the request's prefix-cache hit covers {e.expected} tokens, but only the first {e.actual} hold the KV "
+            "of its own tokens: position "
+            + f"{e.actual} holds "
+            + (f"what request {e.other_request!r} wrote there" if e.other_request else "nothing written")
+            + " (a cached block whose KV is not what its hash names: a rejected draft's, or a stale block's)"
+        ),
+    ),
+    Invariant(
         "X12-padding-verified",
         "warning",
-        35,
+        36,
         "every draft slot verified holds a draft the drafter proposed (no padding verified as drafts)",
         "INV-X12",
         rules_waste.check_padding_verified,
@@ -692,7 +709,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "K5-finished-state-kept",
         "error",
-        28,
+        29,
         "the worker drops a finished or aborted request's cached state and row at the step that announces it",
         "request lives",
         rules_kv.check_finished_state,
@@ -706,7 +723,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "M1-device-computed",
         "error",
-        29,
+        30,
         "device num_computed_tokens = scheduler C minus the rejections of its steps in flight",
         "INV-M1",
         rules_mrv2.check_device_computed,
@@ -721,7 +738,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "M1-device-advance",
         "error",
-        30,
+        31,
         "post_update advances the device count by the scheduled tokens less the rejections the scheduler applies",
         "INV-M1",
         rules_mrv2.check_device_computed,
@@ -736,7 +753,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "M2-cpu-mirror",
         "error",
-        31,
+        32,
         "the CPU mirror holds the scheduler's C (the device count plus the rejections in flight)",
         "INV-M2",
         rules_mrv2.check_cpu_mirror,
@@ -751,7 +768,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "M3-draft-origin",
         "warning",
-        32,
+        33,
         "verified drafts were proposed for the request at its last step and follow its last token",
         "INV-M3",
         rules_mrv2.check_draft_origin,
@@ -762,7 +779,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "M4-preempted-as-new",
         "error",
-        33,
+        34,
         "a preempted request's slot is freed, and its next run arrives new with all its tokens as prefill",
         "INV-M4",
         rules_mrv2.check_preempted_as_new,
@@ -773,7 +790,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "M5-slot-holder",
         "error",
-        34,
+        35,
         "a slot holds one request: none runs on a slot another request has taken since",
         "INV-M5",
         rules_mrv2.check_slot_holder,
@@ -789,7 +806,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "G1-committed-past-allocated",
         "error",
-        41,
+        42,
         "kv_committed_len <= kv_allocated_len for a request not finished, after the scheduling and after "
         "process_batch_result",
         "INV-G1",
@@ -801,7 +818,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "G2-committed-past-written",
         "error",
-        42,
+        43,
         "kv_committed_len never exceeds the KV-valid prefix the worker wrote, at the end of every iteration",
         "INV-G2",
         rules_sglang.check_committed_within_written,
@@ -812,7 +829,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "G3-stale-result-applied",
         "error",
-        38,
+        39,
         "a result processed after its request finished or was retracted is skipped and changes nothing",
         "INV-G3",
         rules_sglang.check_stale_results,
@@ -823,7 +840,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "G4-retracted-next-life",
         "error",
-        39,
+        40,
         "a retraction keeps the outputs; the next life starts with an extend over prompt + those outputs, "
         "nothing spliced",
         "INV-G4",
@@ -835,7 +852,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "G5-overcommit-at-finish",
         "warning",
-        43,
+        44,
         "a finish's radix insert keeps no KV that only a forward launched after the request finished computed",
         "INV-G5",
         rules_sglang.check_overcommit_at_finish,
@@ -846,7 +863,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "G6-future-map-order",
         "error",
-        40,
+        41,
         "each decode or verify runs with the seq_len its latest earlier forward of the same life published",
         "INV-G6",
         rules_sglang.check_future_map_order,
@@ -881,7 +898,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "G7-sglang-own-check",
         "error",
-        37,
+        38,
         "SGLang's own invariant checker does not fail (it asserts inside SGLang's loop)",
         "INV-G7",
         rules_run.check_crash,
@@ -898,7 +915,7 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant(
         "G8-delivered-past-max-tokens",
         "error",
-        44,
+        45,
         "the client receives at most max_tokens tokens of a request",
         "INV-G8",
         rules_sglang.check_delivered_within_max_tokens,

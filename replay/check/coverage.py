@@ -51,6 +51,7 @@ TRUTH_INPUTS: dict[str, tuple[str, ...]] = {
     "K2-kv-foreign-tokens": ("truth_kv_foreign_positions",),
     "K3-kv-unowned-block": ("truth_kv_unowned_blocks",),
     "K4-kv-write-unowned": ("truth_kv_unowned_writes",),
+    "K6-cache-hit-content": ("truth_cache_hit_valid",),
     "X12-padding-verified": ("truth_unfilled_draft_slots",),
     "G2-committed-past-written": ("truth_kv_after",),
     "G5-overcommit-at-finish": ("truth_num_computed_tokens",),

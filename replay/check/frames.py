@@ -93,6 +93,8 @@ INT_COLUMNS = (
     ("truth_kv_foreign_positions", 0, False),
     ("truth_kv_unowned_blocks", 0, False),
     ("truth_kv_unowned_writes", 0, False),
+    ("sched_num_cached_tokens", 0, True),
+    ("truth_cache_hit_valid", -1, True),
     # Model Runner V2's worker view (null on a V1 runner's rows)
     ("worker_slot", -1, True),
     ("worker_device_computed_before", 0, True),
@@ -118,6 +120,7 @@ INT_COLUMNS = (
 #: Text columns a rule names in its evidence (the other request of a KV finding): object arrays.
 TEXT_COLUMNS = (
     "truth_kv_foreign_writer",
+    "truth_cache_hit_writer",
     "truth_kv_block_owner",
     "worker_draft_proposed_for",
     "worker_slot_prev_owner",

@@ -3,10 +3,11 @@
 Codes: K2 (a request's valid KV positions hold another request's tokens), K3 (the block table a
 request ran with points at a block the scheduler does not hold for it: freed, or another's), K4
 (a step wrote into such a block), K5 (the worker kept a finished request's state or row past the
-step that announced it). K2 to K4 read the truth columns the reference runner's paged buffer fills
-(observers/truth.py; null in a live engine's trace: then nothing fires), K5 the worker's. Each KV
-finding names the other request: the writer of the foreign tokens, the block's holder. The
-message texts are in the catalogue.
+step that announced it), K6 (a prefix-cache hit served blocks whose KV is not the KV of the
+tokens their hash names). K2 to K4 and K6 read the truth columns the reference runner's paged
+buffer fills (observers/truth.py; null in a live engine's trace: then nothing fires), K5 the
+worker's. Each KV finding names the other request: the writer of the foreign tokens, the block's
+holder, the writer of the first wrong position of a hit. The message texts are in the catalogue.
 """
 
 from __future__ import annotations
@@ -52,3 +53,22 @@ def check_finished_state(frame: Frame, chk: Checker) -> Iterable[Finding]:
     """K5: the worker drops a finished request's state and row at the step that announces it."""
     for i in chk.first_per_request("K5-finished-state-kept", frame, frame.c["worker_kept_finished"]):
         yield chk.finding(frame, "K5-finished-state-kept", i, "requests", False, True)
+
+
+def check_cache_hits(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    """K6: every position a prefix-cache hit covers holds the KV of the request's own token there
+    when its step reads it (a block is served only for the tokens its hash names)."""
+    c = frame.c
+    cached, valid = c["sched_num_cached_tokens"], c["truth_cache_hit_valid"]
+    bad = ~c["truth_cache_hit_valid_is_null"] & ~c["sched_num_cached_tokens_is_null"] & (valid < cached)
+    for i in chk.first_per_request("K6-cache-hit-content", frame, bad):
+        writer = c["truth_cache_hit_writer"][i]
+        yield chk.finding(
+            frame,
+            "K6-cache-hit-content",
+            i,
+            "prefix_cache",
+            int(cached[i]),
+            int(valid[i]),
+            other_request=writer or None,
+        )

@@ -97,6 +97,8 @@ def engine_config_of(vllm_config: Any, scheduler: Any = None) -> tuple[Any, dict
         num_lookahead_tokens=vllm_config.num_lookahead_tokens,
         # The running vLLM's release, so a replay models it; an unmodelled one: the newest model.
         vllm_version=default_vllm_version(),
+        enable_prefix_caching=bool(cache.enable_prefix_caching),
+        eagle_block_drop=bool(spec is not None and spec.use_eagle_block_drop()),
     )
     about = {
         "drafter": (spec.method if spec is not None else None) or "none",
@@ -112,6 +114,7 @@ def part_header(role: str, tokens: str | None = "plain") -> dict[str, Any]:
     import vllm
 
     from specreplay.replay.engines.plugin import applied_patches
+    from specreplay.traces.schema import SCHEMA_VERSION
 
     return {
         "e": "part",
@@ -122,6 +125,9 @@ def part_header(role: str, tokens: str | None = "plain") -> dict[str, Any]:
         "vllm": getattr(vllm, "__version__", "?"),
         "patches": applied_patches(),
         "tokens": tokens,
+        # The trace schema its rows follow: merge stamps the trace with the oldest of a run's parts
+        # (a part without one was written before schema v8), so a diff leaves out what it lacks.
+        "schema": SCHEMA_VERSION,
     }
 
 

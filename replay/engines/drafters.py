@@ -30,6 +30,9 @@ from specreplay.traces.errors import InputError
 DRAFTERS = ("ngram", "ngram_gpu", "eagle", "draft_model")
 #: The drafters that draft with a model of their own, writing KV past the scheduled range.
 MODEL_DRAFTERS = ("eagle", "draft_model")
+#: The drafters vLLM counts as EAGLE-style (SpeculativeConfig.use_eagle): hidden states of the
+#: target model, so a prefix-cache hit recomputes its last block (use_eagle_block_drop).
+EAGLE_DRAFTERS = ("eagle",)
 
 
 def default_drafter(config: EngineConfig) -> str:
@@ -74,10 +77,15 @@ def live_config(config: EngineConfig, drafter: str) -> EngineConfig:
     """The engine config a live run with `drafter` has. The plugin gives the live scheduler the
     config's `num_lookahead_tokens` (so an n-gram run can model an EAGLE-style drafter's slots);
     for a drafter that reserves its own, that is vLLM's value, so the plugin keeps what vLLM set
-    and the trace's config says what ran."""
+    and the trace's config says what ran. An EAGLE head is also vLLM's `use_eagle_block_drop`
+    drafter (the prefix cache's rule for a hit's last block: `eagle_block_drop`)."""
     if drafter not in MODEL_DRAFTERS:
         return config
-    return dataclasses.replace(config, num_lookahead_tokens=lookahead_tokens(drafter, config.num_spec_tokens))
+    return dataclasses.replace(
+        config,
+        num_lookahead_tokens=lookahead_tokens(drafter, config.num_spec_tokens),
+        eagle_block_drop=drafter in EAGLE_DRAFTERS,
+    )
 
 
 def speculative_config(config: EngineConfig, drafter: str, target: str, draft_folder: Any = None) -> dict | None:

@@ -360,14 +360,20 @@ class LiveInputs:
         return True
 
     def done(self, step: int) -> bool:
-        """Nothing left to feed, and nothing left to run: the front end waits for nothing, or the
-        engine core has nothing it may schedule or apply (it holds requests it will never run)."""
+        """Nothing left to feed, and nothing left to run. In process, as EngineCoreProc's busy
+        loop decides (has_work, core.py:1534): the engine core is idle, with nothing
+        unfinished, no finished request left to announce and no batch in flight, whether or not
+        the front end still waits (it does not once the last output is out, but the core still
+        schedules once to announce that request, popping the batch in flight: stopping there
+        would make the run's last step depend on whether an input, even a no-op abort, is still
+        due). Multiproc: the front end waits for nothing (the core drains on its own), or the
+        core went quiet."""
         # next_input_step(step - 1): every input still to come (those of step + 1 included).
         if self.inputs.next_input_step(step - 1) is not None or self.clear_when_idle:
             return False
-        if not self.engine.has_unfinished_requests():
-            return True
-        return self.core_idle() if self.in_process else self.quiet and not self.paused
+        if self.in_process:
+            return self.core_idle()
+        return not self.engine.has_unfinished_requests() or (self.quiet and not self.paused)
 
     def unfinished(self) -> list[str]:
         """Requests the front end still waits for (the engine went idle for good without them)."""

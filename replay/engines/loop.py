@@ -69,9 +69,8 @@ class EngineLoop:
         self.drains_at_end = getattr(oracle, "drains_at_end", True)
         self.iteration = 0  # the engine iteration under way (1-based)
         # True where the run mirrors specreplay's live driver on a live engine core
-        # (workloads/oracle.py `live_driven`): it also steps to announce requests that finished
-        # while nothing else is unfinished, is not idle (a pause's cache clear waits) until it
-        # has, numbers every iteration as a step, and names a crash by its iteration.
+        # (workloads/oracle.py `live_driven`): it numbers every iteration as a step (one that
+        # only applies a batch included) and names a crash by its iteration.
         self.like_live = getattr(oracle, "like_live", False)
 
     def step(self) -> bool:
@@ -90,9 +89,12 @@ class EngineLoop:
         for event in self.inputs.pop_events(self.step_no + 1):
             self.finish_pause_if_idle()  # the engine is idle between two inputs: its callbacks run
             apply_control(event, self)
-        # vLLM's has_requests() also counts finished requests not yet announced; the models'
-        # counts unfinished ones only, so a replay of a recording steps where the recorded engine
-        # announced them (InputDriver.steps_to_announce); a synthetic run numbers its steps as before.
+        # vLLM's has_requests() (scheduler.py:2823) also counts finished requests not yet
+        # announced (has_finished_requests): the engine core schedules once more to announce
+        # them, and that schedule pops the batch still in flight (core.py:724-768). The models'
+        # has_requests() counts unfinished ones only: has_unannounced() adds the others, and a
+        # replay of a recording also steps where the recorded engine announced
+        # (InputDriver.steps_to_announce).
         unfinished = self.sched.has_requests() or self.inputs.steps_to_announce(self.step_no + 1)
         busy = unfinished or self.has_unannounced()
         if not busy and not self.queue:
@@ -156,9 +158,10 @@ class EngineLoop:
         return req is None or req.is_finished()
 
     def has_unannounced(self) -> bool:
-        """Where the run mirrors a live engine core: requests finished since the last schedule(),
-        which vLLM's has_requests() counts (EngineCore steps to announce them, and is not idle)."""
-        return self.like_live and self.sched.has_finished_requests()
+        """Requests finished since the last schedule(), which vLLM's has_requests() counts: its
+        engine core steps to announce them (an empty schedule, which pops the batch still in
+        flight), and is not idle (a pause's cache clear waits) until it has."""
+        return self.sched.has_finished_requests()
 
     def work_left(self) -> bool:
         """Requests to schedule, inputs to come, a cache clear pending or (when the run drains)

@@ -34,6 +34,7 @@ class VllmSchedulerAdapter:
         require_version(config)
         import torch
         from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+        from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
@@ -59,7 +60,7 @@ class VllmSchedulerAdapter:
                 async_scheduling=config.async_scheduling,
                 long_prefill_token_threshold=config.long_prefill_token_threshold,
             )
-            cache = CacheConfig(block_size=config.block_size, enable_prefix_caching=False)
+            cache = CacheConfig(block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching)
             vllm_config = VllmConfig(
                 model_config=model,
                 scheduler_config=sched,
@@ -95,8 +96,13 @@ class VllmSchedulerAdapter:
             raise InputError(
                 f"vllm {type(exc).__name__} while building its scheduler: {' '.join(str(exc).split())[:200]}"
             ) from None
-        init_none_hash(hash)
-        self._hasher = get_request_block_hasher(config.block_size, hash)
+        lookahead = eagle_drafter(self.real, config) if config.eagle_block_drop else 0
+        # As vLLM's EngineCore sets up prefix caching: its configured hash over the block's tokens.
+        hash_fn = get_hash_fn_by_name(cache.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        # vLLM 0.33.0's hasher takes the lookahead (0.32.0's has no such argument, nor needs it).
+        hasher: Any = get_request_block_hasher
+        self._hasher = hasher(config.block_size, hash_fn, *([lookahead] if lookahead else []))
         self.step = 0
         self._outputs: dict[int, Any] = {}  # our step -> the real SchedulerOutput
 
@@ -189,6 +195,25 @@ class VllmSchedulerAdapter:
         from vllm.v1.outputs import DraftTokenIds
 
         self.real.update_draft_token_ids(DraftTokenIds(list(req_ids), [list(d) for d in drafts]))
+
+
+def eagle_drafter(scheduler: Any, config: EngineConfig) -> int:
+    """What an EAGLE-style drafter changes in the scheduler's prefix cache (SpeculativeConfig's
+    use_eagle_block_drop, read when the scheduler is built), set on the built scheduler as vLLM
+    would have set it: the adapter's speculative config is an n-gram one (no draft model to
+    load). vLLM 0.32.0: a hit drops its last block; 0.33.0: each block hash covers the next
+    token instead (num_hash_lookahead_tokens 1, for the request hasher). Returns that lookahead."""
+    from specreplay.replay.models.releases import release_of
+
+    if release_of(config.vllm_version).eagle_hash_lookahead:
+        scheduler.num_hash_lookahead_tokens = 1
+        scheduler.kv_cache_manager.block_pool.num_hash_lookahead_tokens = 1
+        return 1
+    coordinator = scheduler.kv_cache_manager.coordinator
+    coordinator.eagle_group_ids = {0}
+    coordinator.single_type_managers[0].use_eagle = True
+    scheduler.use_eagle_block_drop = True
+    return 0
 
 
 def convert_output(so: Any, step: int) -> SchedulerOutput:

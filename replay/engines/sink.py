@@ -25,9 +25,9 @@ def sink_recorder(sink: Sink):
     """A Recorder whose rows go to `sink` as they are written, keeping in memory only what the
     observers still read: the steps in flight (their row indices, request ids and scheduled
     counts). A server that records for a day holds a few steps, not a day of rows."""
-    from specreplay.replay.observers.recorder import SCHEDULE_COLUMNS, Recorder
+    from specreplay.replay.observers.recorder import SCHEDULE_COLUMNS, STEP_COLUMNS, Recorder
 
-    names = ["step", "step_total_scheduled_tokens", "step_event", *SCHEDULE_COLUMNS]
+    names = [*STEP_COLUMNS, *SCHEDULE_COLUMNS]
     scheduled_at = SCHEDULE_COLUMNS.index("sched_num_scheduled_tokens")
 
     class SinkRecorder(Recorder):
@@ -37,7 +37,7 @@ def sink_recorder(sink: Sink):
             # step -> (its first row index, request ids, scheduled counts), for steps in flight
             self.in_flight: dict[int, tuple[int, list[str], list[int]]] = {}
 
-        def append_step(self, step, total_scheduled, step_event, rows):
+        def append_step(self, step, total_scheduled, step_event, rows, evictions=None):
             first = self.next_row
             self.next_row += len(rows)
             index = {row[0]: first + i for i, row in enumerate(rows)}
@@ -46,7 +46,13 @@ def sink_recorder(sink: Sink):
             for done in [s for s in self.in_flight if s not in self.rows_of_step]:
                 del self.in_flight[done]
             self.in_flight[step] = (first, [row[0] for row in rows], [row[scheduled_at] for row in rows])
-            sink.write({"e": "rows", "names": names, "rows": [[step, total_scheduled, step_event, *r] for r in rows]})
+            sink.write(
+                {
+                    "e": "rows",
+                    "names": names,
+                    "rows": [[step, total_scheduled, step_event, evictions, *r] for r in rows],
+                }
+            )
             return index
 
         def _where(self, at: int) -> tuple[int, str, int]:

@@ -131,10 +131,11 @@ def engine_args(
     """`vllm.LLM`'s keyword arguments for the engine config `config`, the one place they are
     built (the live engine, the attached-overhead benchmark, the attached-recording tests): the
     tiny dummy-weight model unless `model` (a folder or hub name with real weights), no
-    tokenizer, no prefix caching, eager, the config's budget, cache, chunking threshold, mode
-    and k, drafted by `drafter` (engines/drafters.py; default: ngram_gpu async, ngram sync).
-    `forced` (a forced live run, engines/forced_logits.py) with a draft model: its drafting
-    input slot is kept out of the token budget (`drafting_slot_outside_budget`)."""
+    tokenizer, prefix caching as the config has it (vLLM's default: on), eager, the config's
+    budget, cache, chunking threshold, mode and k, drafted by `drafter` (engines/drafters.py;
+    default: ngram_gpu async, ngram sync). `forced` (a forced live run, engines/forced_logits.py)
+    with a draft model: its drafting input slot is kept out of the token budget
+    (`drafting_slot_outside_budget`)."""
     from specreplay.replay.engines import drafters
 
     weights = (
@@ -153,7 +154,7 @@ def engine_args(
         "max_num_seqs": config.max_num_seqs,
         "block_size": config.block_size,
         "num_gpu_blocks_override": config.num_blocks,
-        "enable_prefix_caching": False,
+        "enable_prefix_caching": config.enable_prefix_caching,
         "long_prefill_token_threshold": config.long_prefill_token_threshold,
         "enforce_eager": True,
         "async_scheduling": config.async_scheduling,

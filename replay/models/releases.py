@@ -23,6 +23,14 @@ line numbers are 0.33.0's vllm/v1/core/sched/scheduler.py and vllm/v1/engine/cor
   session_keeps_all_but_last ~1886: the next turn keeps every output token but the last sampled
                              one (asserting none of them is uncomputed); 0.32.0 kept only the
                              computed ones.
+  apply_caches_in_flight     ~2405: an applied output caches the blocks it completes in any
+                             scheduler that books placeholders or drafts, up to C minus the tokens
+                             still in flight, never for a stale output; 0.32.0's AsyncScheduler
+                             alone cached them, up to C - P (its _update_request_with_output).
+  eagle_hash_lookahead       config/vllm.py ~678, kv_cache_utils.py ~966: with an EAGLE-style
+                             drafter each block's hash also covers the token after it (emitted
+                             once that token exists) and a hit keeps its last block; 0.32.0
+                             dropped the last hit block instead.
   paused_rejects_new         core.py ~1796: under a pause in wait or abort mode the engine core
                              refuses a new request (an id the scheduler does not hold) with a
                              retryable `engine_paused` error; 0.32.0 queued it in every mode.
@@ -54,6 +62,8 @@ class Release:
     continuing_requeued_after_cleanup: bool
     session_keeps_all_but_last: bool
     paused_rejects_new: bool
+    apply_caches_in_flight: bool = False
+    eagle_hash_lookahead: bool = False
     mrv2_skip_drafts: bool = False
     mrv2_zero_drafts_needs_k: bool = False
     mrv2_post_update_drafts: bool = False
@@ -74,6 +84,8 @@ _V0_33 = Release(
     continuing_requeued_after_cleanup=True,
     session_keeps_all_but_last=True,
     paused_rejects_new=True,
+    apply_caches_in_flight=True,
+    eagle_hash_lookahead=True,
     mrv2_skip_drafts=True,
     mrv2_zero_drafts_needs_k=True,
     mrv2_post_update_drafts=True,

@@ -50,6 +50,8 @@ class Request:
         "resumable",
         "streaming_queue",
         "output_start",
+        "block_hashes",
+        "cache_salt",
         "_plugin_state",
     )
 
@@ -60,6 +62,7 @@ class Request:
         max_tokens: int,
         stop_token_id: int | None = None,
         resumable: bool = False,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -85,6 +88,12 @@ class Request:
         # StreamingUpdate or None (the end of the stream) each; None for an ordinary request.
         self.resumable = resumable
         self.streaming_queue: deque[Any] | None = None
+        # Prefix caching: the hashes of its full blocks of known tokens, computed as far as they
+        # are needed (models/kv.py block_hashes_of), and vLLM's cache salt (SamplingParams'
+        # cache_salt: an extra key of the first block's hash, so only requests with the same salt
+        # share a prefix).
+        self.block_hashes: list[int] = []
+        self.cache_salt = cache_salt
         self._plugin_state: dict[str, Any] | None = None  # see plugin_state; made on first use
 
     @property

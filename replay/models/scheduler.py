@@ -16,13 +16,14 @@ Hooks, in the order a step uses them:
   assign_draft_slots(req, n) -> list[int]               the draft slots booked inside n
   admit_waiting(plan)                                   the waiting queue (new and resumed)
   update_after_schedule(out)                            C += n; (async) placeholders
-  update_from_output(out, model_output)                 per scheduled request, the five below; stops
+  update_from_output(out, model_output)                 per scheduled request, the six below; stops
     request_for_output(out, rid) -> Request | None      whose output it is (None: ignored)
     take_output(req, n, generated) -> stale             in-flight count, stale share, its assert
     discard_output(req, stale, generated) -> bool       finished/aborted, or stale in drop mode
     account_rejections(req, slots, generated, stale)    C and P back by the rejected drafts
     append_output(req, tokens, stale) -> (tokens, fin)  appends, stop check, cut after a stop
       account_placeholders(req, tokens, stale)          (async) P -= appended tokens, its assert
+    cache_applied(req, was_running, stale, had_placeholders)  prefix caching: the blocks it completed
   update_draft_token_ids(req_ids, drafts)               sync mode: real drafts from the worker
 
 Serving Model Runner V2 (`use_v2_model_runner`, set by the runner family the run builds,
@@ -95,7 +96,7 @@ class StepPlan:
 
 
 class Scheduler:
-    """vLLM's `Scheduler` (one batch in flight): FCFS, chunked prefill, no prefix caching."""
+    """vLLM's `Scheduler` (one batch in flight): FCFS, chunked prefill, prefix caching."""
 
     is_async = False
     #: True when the runner is Model Runner V2 (resumed requests go out as new ones).
@@ -115,7 +116,15 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.preempted_req_ids: set[str] = set()
         self.prev_step_scheduled_req_ids: set[str] = set()
-        self.kv = BlockPool(config.num_blocks, config.block_size, config.max_model_len)
+        self.kv = BlockPool(
+            config.num_blocks,
+            config.block_size,
+            config.max_model_len,
+            enable_caching=config.enable_prefix_caching,
+            drop_last_hit_block=config.eagle_block_drop,
+            hash_lookahead=1 if config.eagle_block_drop and self.release.eagle_hash_lookahead else 0,
+        )
+        self.block_size = config.block_size  # vLLM's name: what an observer reads
         self.step = 0
         self.pause_state = "unpaused"
 
@@ -192,6 +201,7 @@ class Scheduler:
             keep_end = req.num_computed_tokens
         kept = req.all_token_ids[req.num_prompt_tokens : keep_end]
         del req.all_token_ids[keep_end:]
+        del req.block_hashes[keep_end // self.config.block_size :]  # the cut block's hash goes too
         req.prompt_token_ids = req.prompt_token_ids + kept + update.prompt_token_ids  # vLLM extends in place
         req.all_token_ids.extend(update.prompt_token_ids)
         req.num_prompt_tokens = len(req.prompt_token_ids)
@@ -200,6 +210,11 @@ class Scheduler:
         if req.status == Status.WAITING_FOR_STREAMING_REQ:
             self.num_waiting_for_streaming_input -= 1
         req.status = Status.WAITING
+
+    @property
+    def kv_cache_manager(self) -> BlockPool:
+        """vLLM's name for the scheduler's KV cache (its `block_pool` is the same object here)."""
+        return self.kv
 
     def has_finished_requests(self) -> bool:
         """vLLM's: requests finished since the last schedule(), which announces them."""
@@ -222,14 +237,15 @@ class Scheduler:
         """vLLM 0.32's Scheduler.reset_prefix_cache: with `reset_running_requests`, preempt every
         running request (from the tail, so they come back in order) in drop mode: their in-flight
         outputs are ignored when they return, and they may resume in the very next schedule().
-        The cache itself resets only if no request holds KV blocks; returns whether it did."""
+        The cache itself resets (every hash forgotten) only if no request holds KV blocks;
+        returns whether it did."""
         if reset_running_requests:
             while self.running:
                 self.preempt_request(self.running.pop(), drop_stale_output=True)
             # As if nothing was scheduled last step: the resumed requests get their full
             # token lists, and the worker drops them from its batch first.
             self.prev_step_scheduled_req_ids.clear()
-        return self.kv.num_used_blocks() == 0
+        return self.kv.reset_prefix_cache()
 
     def finish_requests(self, request_ids: list[str], status: Status = Status.FINISHED_ABORTED) -> list[str]:
         """Abort (or otherwise finish) requests from outside update_from_output; returns the ids
@@ -315,7 +331,9 @@ class Scheduler:
         """Allocate KV slots for `req`, preempting from the tail of `running` (FCFS) until they
         fit. False if `req` itself had to be preempted."""
         while True:
-            new = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n, self.config.num_lookahead_tokens)
+            new = self.kv.allocate_slots(
+                req.request_id, req.num_computed_tokens, n, self.config.num_lookahead_tokens, request=req
+            )
             if new is not None:
                 plan.new_blocks[req.request_id] = new
                 return True
@@ -378,8 +396,15 @@ class Scheduler:
                 # still in flight, and resuming now would deliver it out of order. Next step.
                 skipped[id(queue)].append(queue.popleft())
                 continue
-            need = req.num_tokens - req.num_computed_tokens
-            padded = self._pad_to_draft_width(req, need, plan)
+            # A request with nothing computed (new, or resumed) starts from the longest prefix
+            # the cache holds of its tokens (none without prefix caching); a streaming session's
+            # next turn keeps what it computed and looks nothing up.
+            if req.num_computed_tokens == 0 and req.resumable and self.kv.hash_lookahead:
+                req.block_hashes.clear()  # 0.33: a discarded streaming token may be in a lookahead hash
+            hit, computed = self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)
+            computed = computed or req.num_computed_tokens
+            need = req.num_tokens - computed
+            padded = self._pad_to_draft_width(req, need, plan, computed)
             if padded is None:
                 break  # the padded step does not fit the budget: vLLM prefers not to schedule
             n = padded
@@ -389,15 +414,22 @@ class Scheduler:
             if n <= 0:  # vLLM: assert num_new_tokens > 0
                 raise EngineCrash(
                     f"scheduler assert: request {req.request_id!r} admitted with {n} tokens to "
-                    f"schedule (num_computed_tokens {req.num_computed_tokens} >= num_tokens "
+                    f"schedule (num_computed_tokens {computed} >= num_tokens "
                     f"{req.num_tokens})",
                     kind="scheduler-assert",
                 )
             # vLLM 0.32 admits a waiting request only if its whole sequence fits in the free
             # blocks (scheduler_reserve_full_isl, on by default), not just this chunk.
-            if not self.kv.fits(req.request_id, req.num_tokens):
+            if not self.kv.fits(req.request_id, req.num_tokens, hit):
                 break
-            new = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n, self.config.num_lookahead_tokens)
+            new = self.kv.allocate_slots(
+                req.request_id,
+                req.num_computed_tokens,
+                n,
+                self.config.num_lookahead_tokens,
+                new_computed_blocks=hit,
+                request=req,
+            )
             if new is None:
                 break
             if padded != need and n != padded:  # vLLM asserts this only once the blocks are allocated
@@ -413,18 +445,20 @@ class Scheduler:
             plan.num_scheduled[req.request_id] = n
             self.charge_budget(plan, req, n)
             req.status = Status.RUNNING
+            req.num_computed_tokens = computed
             if padded != need:
                 plan.spec[req.request_id] = [-1] * self.k  # the padding's placeholder drafts
         self.kv_holding.extendleft(reversed(skipped[id(self.kv_holding)]))
         self.waiting.extendleft(reversed(skipped[id(self.waiting)]))
 
-    def _pad_to_draft_width(self, req: Request, n: int, plan: StepPlan) -> int | None:
+    def _pad_to_draft_width(self, req: Request, n: int, plan: StepPlan, computed: int) -> int | None:
         """vLLM 0.32 pads an admission that needs exactly 1 token to 1 + k tokens (k placeholder
         drafts) so the step keeps a uniform spec-decode shape, when no running request scheduled
-        in this step is mid-prefill. None: the padded step does not fit the budget."""
-        if not (self.k and n == 1 and not plan.prefill_scheduled and (plan.running or req.num_computed_tokens > 0)):
+        in this step is mid-prefill (`computed`: what the admission starts from, its prefix-cache
+        hit included). None: the padded step does not fit the budget."""
+        if not (self.k and n == 1 and not plan.prefill_scheduled and (plan.running or computed > 0)):
             return n
-        if req.num_computed_tokens + 1 + self.k + 1 > self.config.max_model_len:
+        if computed + 1 + self.k + 1 > self.config.max_model_len:
             return n
         return 1 + self.k if 1 + self.k <= plan.budget else None
 
@@ -505,7 +539,9 @@ class Scheduler:
                 continue
             self.account_rejections(req, spec.get(rid), generated, stale)
             if generated:
+                running, had_placeholders = req.status == Status.RUNNING, req.num_output_placeholders > 0
                 _, finish = self.append_output(req, generated, stale)
+                self.cache_applied(req, running, stale, had_placeholders)
                 if finish:
                     # As vLLM: the stop is handled at once (a streaming session may start its
                     # next turn here), the queues are tidied after the loop.
@@ -597,6 +633,19 @@ class Scheduler:
                 del tokens[count:]
                 break
         return tokens, finish
+
+    def cache_applied(self, req: Request, was_running: bool, stale: bool, had_placeholders: bool) -> None:
+        """Prefix caching: the blocks an applied output completes are cached at once (not only at
+        the request's next allocation), for a request that was running. 0.33.0: in any
+        scheduler with placeholders or drafts, up to C less the tokens still in flight, never for
+        a stale output; 0.32.0: only the AsyncScheduler, up to C - P (`release`)."""
+        if not was_running:
+            return
+        if self.release.apply_caches_in_flight:
+            if not stale and (had_placeholders or self.k > 0):
+                self.kv.cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
+        elif self.is_async:
+            self.kv.cache_blocks(req, req.num_computed_tokens - req.num_output_placeholders)
 
     def update_draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> None:
         """Sync mode only: the worker's real drafts become the requests' spec lists."""

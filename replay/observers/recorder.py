@@ -43,9 +43,12 @@ class Recorder:
         self.cols: dict[str, list] = {name: [] for name in schema.COLUMN_NAMES}
         self.rows_of_step: dict[int, dict[str, int]] = {}  # steps whose output is not yet applied
 
-    def append_step(self, step: int, total_scheduled: int, step_event: str, rows: list[tuple]) -> dict[str, int]:
-        """The scheduler's rows of `step` (tuples in SCHEDULE_COLUMNS order); the later columns
-        are null until the worker and the apply fill them. Returns request id -> row index."""
+    def append_step(
+        self, step: int, total_scheduled: int, step_event: str, rows: list[tuple], evictions: int | None = None
+    ) -> dict[str, int]:
+        """The scheduler's rows of `step` (tuples in SCHEDULE_COLUMNS order) and its step columns
+        (STEP_COLUMNS: the arguments, in order); the later columns are null until the worker and
+        the apply fill them. Returns request id -> row index."""
         c = self.cols
         first = len(c["step"])
         count = len(rows)
@@ -53,6 +56,7 @@ class Recorder:
         c["step"].extend([step] * count)
         c["step_total_scheduled_tokens"].extend([total_scheduled] * count)
         c["step_event"].extend([step_event] * count)
+        c["step_cache_evictions"].extend([evictions] * count)
         if count:
             for name, values in zip(SCHEDULE_COLUMNS, zip(*rows)):
                 c[name].extend(values)

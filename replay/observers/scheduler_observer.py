@@ -119,6 +119,11 @@ class SchedulerObserver:
         # Control events since the last schedule(), written on the next step's rows.
         self.request_events: dict[str, str] = {}
         self.step_events: list[str] = []
+        # The prefix cache's evictions, counted by `attach` (None: the scheduler caches nothing),
+        # and the count before the coming schedule().
+        self.evictions: int | None = None
+        self._evictions_before = 0
+        self.block_size = getattr(scheduler, "block_size", 0)
         # Ids a cache reset preempted before the coming schedule(): the SchedulerOutput lists them
         # in preempted_req_ids, but not that schedule() preempted them. Kept apart from the row's
         # event, which a later one (an abort, a resubmission) may outrank.
@@ -174,6 +179,24 @@ class SchedulerObserver:
             # All -1: the async placeholders (one C-level count instead of min and max).
             append((t, of(r), num_spec, num_spec > 0 and spec.count(-1) == num_spec))
         self._before_schedule = snap
+        if self.evictions is not None:
+            self._evictions_before = self.evictions
+
+    def admissions(self, so: Any) -> dict[str, tuple[int, list[int] | None]]:
+        """The requests `so` admits (new ones, and V1's resumed ones), each with the count its
+        step starts from as `so` carries it (its prefix-cache hit: vLLM's NewRequestData and
+        CachedRequestData num_computed_tokens) and its blocks (the first hit ones are shared)."""
+        x = self.ext
+        found: dict[str, tuple[int, list[int] | None]] = {}
+        for d in so.scheduled_new_reqs:
+            found[x(d.req_id)] = (d.num_computed_tokens, _group0(d.block_ids))
+        cached = so.scheduled_cached_reqs
+        resumed = cached.resumed_req_ids
+        if resumed:
+            for i, rid in enumerate(cached.req_ids):
+                if rid in resumed:
+                    found[x(rid)] = (cached.num_computed_tokens[i], _group0(cached.new_block_ids[i]))
+        return found
 
     def after_schedule(self, so: Any, step: int) -> None:
         if self._same_ids:  # the common case: the trace's ids are the scheduler's, no renaming
@@ -190,6 +213,8 @@ class SchedulerObserver:
             resumed = {x(rid) for rid in so.scheduled_cached_reqs.resumed_req_ids}
             announced = {x(rid) for rid in so.finished_req_ids}
         skips = self.skip_reasons(so)
+        admitted = self.admissions(so)
+        bs = self.block_size
         events, self.request_events = self.request_events, {}
         rows = list(self._before_schedule)
         if announced:
@@ -207,6 +232,15 @@ class SchedulerObserver:
             n = scheduled.get(rid, 0)
             finished = r.is_finished()
             name = status_name(r.status)
+            computed, cached, hit_blocks = was[0], None, None
+            admission = admitted.get(rid) if n else None
+            if admission is not None:
+                # As S_m carries it: the prefix-cache hit the step starts from (the counter was
+                # 0 before schedule(); a streaming session's next turn keeps its own, no hit).
+                computed, blocks = admission
+                cached = computed - was[0]
+                if cached > 0 and bs and blocks is not None:
+                    hit_blocks = list(blocks[: cached // bs])
             if n:
                 # How a scheduled request entered this step: new, resumed from preemption, cached
                 # (it ran the step before) or re-entering (running, but skipped the step before).
@@ -237,7 +271,9 @@ class SchedulerObserver:
                     skip,
                     n,
                     slots.get(rid, 0),
-                    was[0],  # num_computed_tokens
+                    computed,  # num_computed_tokens
+                    cached,
+                    hit_blocks,
                     was[1],  # num_output_placeholders
                     was[2],  # num_tokens
                     was[3],  # num_output_tokens
@@ -251,7 +287,8 @@ class SchedulerObserver:
                     was[5],  # num_stale_output_tokens
                 )
             )
-        self.rec.append_step(step, so.total_num_scheduled_tokens, "; ".join(self.step_events), out)
+        evicted = None if self.evictions is None else self.evictions - self._evictions_before
+        self.rec.append_step(step, so.total_num_scheduled_tokens, "; ".join(self.step_events), out, evicted)
         self.step_events = []
         self.prev_scheduled = set(scheduled)
 
@@ -454,3 +491,33 @@ def attach(observer: SchedulerObserver, step_of: Callable[[Any], int], apply_ste
         return result
 
     s.add_request, s.schedule, s.update_from_output = add_request, schedule_, update_from_output
+    count_evictions(observer)
+
+
+def count_evictions(observer: SchedulerObserver) -> None:
+    """Count the prefix cache's evictions: wrap the block pool's `_maybe_evict_cached_block`
+    (vLLM's, and the reference's of the same name: a free block handed out again loses its hash)
+    on the instance. Nothing to count where the scheduler caches nothing."""
+    pool = getattr(getattr(observer.scheduler, "kv_cache_manager", None), "block_pool", None)
+    evict = getattr(pool, "_maybe_evict_cached_block", None)
+    if evict is None or not getattr(pool, "enable_caching", False):
+        return
+    observer.evictions = 0
+
+    @functools.wraps(evict)
+    def maybe_evict(block, *a, **kw):
+        evicted = evict(block, *a, **kw)
+        if evicted:
+            observer.evictions += 1
+        return evicted
+
+    pool._maybe_evict_cached_block = maybe_evict
+
+
+def _group0(block_ids: Any) -> list[int] | None:
+    """vLLM's block ids per KV cache group (a tuple of lists; None: no new blocks), or the
+    reference's one list: the first group's."""
+    if not block_ids:
+        return None if block_ids is None else []
+    first = block_ids[0]
+    return list(first) if isinstance(first, (list, tuple)) else list(block_ids)

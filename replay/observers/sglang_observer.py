@@ -224,6 +224,8 @@ class SglangObserver:
                     n,
                     self.k if n and mode == VERIFY else 0,
                     self.committed_before.get(rid, 0),  # sched_num_computed_tokens: committed before
+                    None,  # sched_num_cached_tokens: vLLM's prefix cache (SGLang's radix cache is its own)
+                    None,  # sched_cache_hit_blocks
                     0,  # sched_num_output_placeholders
                     prompt + output,
                     output,

@@ -22,8 +22,18 @@ truth_* columns:
     truth_kv_unowned_writes     positions the step wrote into such blocks (K4)
 
 Block ownership is the scheduler's, as its outputs state it (`models.kv.BlockLedger`: blocks
-given with each new, resumed or cached request, released with each finished or preempted id),
-never the worker's own tables.
+given with each new, resumed or cached request, released with each finished or preempted id;
+the blocks a prefix-cache hit covers are shared with whoever holds them), never the worker's own
+tables.
+
+A request admitted with a prefix-cache hit (its `num_computed_tokens` in the step's output) starts
+from KV another request life wrote (or its own earlier life). When its step has run, the hit's
+positions are read back as the step's forward reads them (its own writes and every earlier one
+landed): each must hold the request's own token, whoever wrote it. How many do is
+`truth_cache_hit_valid` (and who wrote the first that does not, `truth_cache_hit_writer`): a block
+served for a hash that names other tokens than it holds (a rejected draft's KV, a stale block)
+shows there (K6). The hit's positions are the request's valid prefix from then on, whoever wrote
+them.
 
 A streaming session's next turn keeps the positions both the old turn's valid prefix and the
 scheduler's computed count cover, each read back against the new turn's expected tokens.
@@ -47,23 +57,33 @@ class KvTruth(RunnerObserver):
         self.oracle = oracle
         self.writer = writer
         self.block_size = block_size
-        self.ledger = BlockLedger()
+        self.ledger = BlockLedger(block_size)
         self.valid: dict[str, int] = {}  # request -> valid leading positions
         self.ok: dict[str, bool] = {}
         self.step: int | None = None
         self.before: dict[str, int] = {}
         self.inputs: Any = None
         self.released: set[str] = set()  # preempted: their blocks are gone until they resume
+        self.returning: set[str] = set()  # preempted requests this step admits again as new ones
         self.tables: dict[str, list[int]] = {}  # the block table last read back, per request
         self.users: dict[int, set[str]] = {}  # block -> the requests whose table (as last read) holds it
-        self.evidence: dict[str, dict[str, Any]] = {}  # this step's K2/K3/K4 values per request
+        self.evidence: dict[str, dict[str, Any]] = {}  # this step's K2/K3/K4/K6 values per request
+        # Per request, the leading positions its prefix-cache hit covered (written by whoever
+        # cached them), and the requests admitted with a hit at this step (checked once it ran).
+        self.shared: dict[str, int] = {}
+        self.hits: dict[str, int] = {}
 
     def on_execute(self, runner: Any, so: Any) -> None:
         self.step = getattr(so, "_specreplay_step", None)
         self.inputs = None
         self.evidence = {}
+        self.hits = {}
         self.ledger.apply(so)  # the SchedulerOutput as the scheduler made it (before any worker edit)
-        self.released -= {data.req_id for data in so.scheduled_new_reqs}
+        new_ids = {data.req_id for data in so.scheduled_new_reqs}
+        # Model Runner V2: a preempted request comes back as a new one (its KV is gone but for a
+        # prefix-cache hit); a streaming session's next turn also arrives new, keeping its KV.
+        self.returning = new_ids & (self.released | set(so.preempted_req_ids))
+        self.released -= new_ids
         self.released -= set(so.scheduled_cached_reqs.resumed_req_ids)
         self.released |= set(so.preempted_req_ids) - set(so.scheduled_cached_reqs.resumed_req_ids)
 
@@ -72,17 +92,30 @@ class KvTruth(RunnerObserver):
         for rid in so.finished_req_ids:
             self.valid.pop(rid, None)
             self.ok.pop(rid, None)
+            self.shared.pop(rid, None)
             self.retable(rid, None)
         for data in so.scheduled_new_reqs:
             rid = data.req_id
-            if rid in self.valid:  # a streaming session's next turn keeps what was computed
+            if (
+                rid in self.valid and rid not in self.returning
+            ):  # a streaming session's next turn keeps what it computed
                 self.valid[rid] = self.reread_kept(runner, rid, min(self.valid[rid], data.num_computed_tokens))
             else:
-                self.valid[rid] = data.num_computed_tokens
-                self.ok[rid] = True
-        for rid in so.scheduled_cached_reqs.resumed_req_ids:
-            self.valid[rid] = 0  # its old blocks were freed at preemption: nothing valid remains
+                self.admitted(rid, data.num_computed_tokens)
+        cached = so.scheduled_cached_reqs
+        if cached.resumed_req_ids:
+            for i, rid in enumerate(cached.req_ids):
+                if rid in cached.resumed_req_ids:
+                    # Its old blocks were freed at preemption: only a prefix-cache hit is there.
+                    self.admitted(rid, cached.num_computed_tokens[i])
         self.before = dict(self.valid)
+
+    def admitted(self, rid: str, hit: int) -> None:
+        """`rid` (re)starts from `hit` positions of cached KV (0: none), checked once its step ran."""
+        self.valid[rid] = hit
+        self.ok[rid] = True
+        self.shared[rid] = hit
+        self.hits[rid] = hit  # 0: none, and truth_cache_hit_valid says 0 of 0
 
     def reread_kept(self, runner: Any, rid: str, kept: int) -> int:
         """A streaming session's next turn: how many of the `kept` leading positions hold the new
@@ -101,9 +134,14 @@ class KvTruth(RunnerObserver):
             return 0
         tokens, writers = runner.read_kv([table[p // bs] * bs + p % bs for p in range(reach)], landed=True)
         expected = self.oracle.expected(rid, len(st.prompt_token_ids))
-        handle = st.kv_handle
+        handle, shared = st.kv_handle, self.shared.get(rid, 0)
         good = 0
-        while good < reach and good < len(expected) and writers[good] == handle and tokens[good] == expected[good]:
+        while (
+            good < reach
+            and good < len(expected)
+            and (writers[good] == handle or good < shared)
+            and tokens[good] == expected[good]
+        ):
             good += 1
         if good < kept:
             self.ok[rid] = False
@@ -115,27 +153,30 @@ class KvTruth(RunnerObserver):
         the positions written into it: K4."""
         self.inputs = inputs
         bs = self.block_size
-        owners = self.ledger.owner
+        ledger = self.ledger
         for x, rid in enumerate(inputs.rows):
             blocks = runner.kv_block_table(rid)
             start, n = inputs.starts[x], inputs.num_scheduled[x]
             if not (0 <= start // bs and (start + n - 1) // bs < len(blocks)):
                 self.ok[rid] = False
-            if blocks == self.ledger.held.get(rid, []):
+            if blocks == ledger.held.get(rid, []):
                 continue  # the table is exactly what the scheduler holds for it
-            foreign = [j for j, b in enumerate(blocks) if owners.get(b) != rid]
+            foreign = [j for j, b in enumerate(blocks) if not ledger.holds(rid, b)]
             if foreign:
                 first = max(start, 0) // bs
                 last = min((start + n - 1) // bs, len(blocks) - 1)
                 writes = sum(min(start + n, (j + 1) * bs) - max(start, j * bs) for j in foreign if first <= j <= last)
+                holders = ledger.holders.get(blocks[foreign[0]])
                 self.evidence[rid] = {
                     "truth_kv_unowned_blocks": len(foreign),
-                    "truth_kv_block_owner": owners.get(blocks[foreign[0]], ""),
+                    "truth_kv_block_owner": holders[0] if holders else "",
                     "truth_kv_unowned_writes": writes,
                 }
 
     def on_sampled(self, runner: Any, output: Any = None) -> None:
         inputs = self.inputs
+        if self.hits:
+            self.check_hits(runner)
         host = inputs.input_ids.tolist()  # after the clamp: what the model really read
         counts = runner.valid_sampled_token_count_cpu
         begin = 0
@@ -160,6 +201,43 @@ class KvTruth(RunnerObserver):
                 after = max(before, start + kept)
             self.valid[rid] = after
         self.read_back(runner)
+
+    def check_hits(self, runner: Any) -> None:
+        """The positions each prefix-cache hit of this step covered, read back as the step's
+        forward read them (every write issued so far landed, this step's own included: a
+        request computing the hit's blocks in the same step writes them before the attention
+        reads them): each must hold the request's own token, whoever wrote it. The first that
+        does not ends what the request really starts from."""
+        bs = self.block_size
+        plan: list[tuple[str, int]] = []
+        slots: list[int] = []
+        for rid, hit in self.hits.items():
+            if hit <= 0:
+                self.evidence.setdefault(rid, {})["truth_cache_hit_valid"] = 0
+                continue
+            st = runner.requests.get(rid)
+            if st is None:
+                continue
+            table = runner.kv_block_table(rid)
+            reach = min(hit, len(table) * bs)
+            plan.append((rid, reach))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(reach))
+        tokens, writers = runner.read_kv(slots, landed=True) if slots else ([], [])
+        at = 0
+        for rid, reach in plan:
+            hit = self.hits[rid]
+            expected = self.oracle.expected(rid, len(runner.requests[rid].prompt_token_ids))
+            good = 0
+            while good < reach and good < len(expected) and tokens[at + good] == expected[good]:
+                good += 1
+            found = self.evidence.setdefault(rid, {})
+            found["truth_cache_hit_valid"] = good
+            if good < hit:
+                w = writers[at + good] if good < reach else -1
+                found["truth_cache_hit_writer"] = runner.kv_writers[w] if w >= 0 else ""
+                self.valid[rid] = self.before[rid] = self.shared[rid] = good
+                self.ok[rid] = False
+            at += reach
 
     def read_back(self, runner: Any) -> None:
         """Read each request's valid positions back from the blocks another request's write of
@@ -199,15 +277,17 @@ class KvTruth(RunnerObserver):
         at = 0
         for rid, handle, positions in plan:
             expected = self.oracle.expected(rid, len(runner.requests[rid].prompt_token_ids))
+            shared = self.shared.get(rid, 0)  # a prefix-cache hit's positions: anyone's writes
             bad = None
             foreign = 0
             other = None
             for i, p in enumerate(positions):
                 w = writers[at + i]
-                if w != handle and w >= 0:
+                own = w == handle or p < shared
+                if not own and w >= 0:
                     foreign += 1
                     other = other if other is not None else runner.kv_writers[w]
-                if bad is None and (w != handle or p >= len(expected) or tokens[at + i] != expected[p]):
+                if bad is None and (not own or p >= len(expected) or tokens[at + i] != expected[p]):
                     bad = p
             at += len(positions)
             if bad is not None:

@@ -124,6 +124,12 @@ def features_of(workload: Any, trace: Any) -> frozenset[str]:
     }
     if config.long_prefill_token_threshold:
         seen.add("long-prefill threshold")
+    if not config.enable_prefix_caching:
+        seen.add("prefix caching off")
+    if config.eagle_block_drop:
+        seen.add("eagle block drop")
+    if workload.prefixes or any(r.follows for r in workload.requests):
+        seen.add("shared prompts")
     if config.max_num_seqs == 1:
         seen.add("max_num_seqs=1")
     if config.max_num_seqs >= 32:
@@ -151,6 +157,8 @@ def features_of(workload: Any, trace: Any) -> frozenset[str]:
         "drafts cut by the budget": bool(k and (cut & budget_spent).any()),
         "stale output": (df.apply_outcome == "stale_delivered").any(),
         "dropped output": (df.apply_outcome == "dropped").any(),
+        "prefix-cache hit": (df.sched_num_cached_tokens.fillna(0) > 0).any(),
+        "cache eviction": (df.step_cache_evictions.fillna(0) > 0).any(),
     }
     seen.update(name for name, hit in situations.items() if hit)
     seen.add(f"outcome {trace.outcome.status}")

@@ -161,10 +161,10 @@ def _golden_plan(golden, where: str, options: GateOptions):
         live_runner_of,
         may_be_recording,
         plan_replay,
+        recorded_workload,
         runner_of,
         runner_on,
     )
-    from specreplay.replay.workloads.workload import Workload
 
     # A live engine makes its own outcomes: on one, a golden reruns its workload.
     oracle = options.oracle or ("synthetic" if options.engine and not engine(options.engine).takes_oracle else None)
@@ -176,7 +176,7 @@ def _golden_plan(golden, where: str, options: GateOptions):
             recording = golden.read()
             oracle = default_oracle(recording)
     if oracle == "synthetic":
-        workload = Workload.from_dict(golden.workload.to_dict(), f"{where}: workload metadata")
+        workload = recorded_workload(golden, where)
         engine_name = options.engine or golden.impl.engine_or_reference()
         own = live_runner_of(golden) if may_be_recording(golden.impl) else runner_of(golden)
         return ReplayPlan(

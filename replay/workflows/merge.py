@@ -73,7 +73,7 @@ def merge_folder(folder: Path, run: str | None = None, salvage: bool = False) ->
     from specreplay.replay.engines.run import trace_header
     from specreplay.replay.engines.sink import rows_to_table
     from specreplay.replay.impls.registry import resolve
-    from specreplay.replay.workloads.config import EngineConfig
+    from specreplay.replay.workloads.config import BEFORE_PREFIX_CACHING, EngineConfig
     from specreplay.traces.parts import (
         collect_inputs,
         merge_rows,
@@ -145,7 +145,8 @@ def merge_folder(folder: Path, run: str | None = None, salvage: bool = False) ->
     config_event = next((e for e in core.events if e.get("e") == "config"), None)
     if config_event is None:
         raise InputError(f"{folder}: run {run}'s engine-core part has no config line (cut before its first write)")
-    config = EngineConfig(**config_event["config"])
+    # A part written before prefix caching was modelled ran without it (its key is absent).
+    config = EngineConfig(**{**BEFORE_PREFIX_CACHING, **config_event["config"]})
     rows = merge_rows(parts)
     unknown = unknown_runners(parts)
     if unknown:  # no worker rows will ever come: the scheduler view is all there is, nothing cut
@@ -198,7 +199,12 @@ def merge_folder(folder: Path, run: str | None = None, salvage: bool = False) ->
     else:
         outcome = run_outcome(last_step, partial="; ".join(dropped) if dropped else None)
     header = trace_header(workload, impl_doc, "cpu", outcome, config)
-    trace = replace(header, table=rows_to_table(rows), inputs=Inputs.from_dict(inputs) if inputs else None)
+    trace = replace(
+        header,
+        table=rows_to_table(rows),
+        inputs=Inputs.from_dict(inputs) if inputs else None,
+        schema_version=parts_schema(parts),
+    )
     return Merged(Path(), trace, str(run), len(parts), dropped, failures)
 
 
@@ -305,6 +311,16 @@ def crash_line(parts: list[Any], window: FlightWindow | None) -> dict[str, Any] 
         "message": str(found.get("message")),
         "request": found.get("request"),
     }
+
+
+def parts_schema(parts: list[Any]) -> int:
+    """The trace schema a run's rows follow: its parts' oldest (a part header without one was
+    written before schema v8 added it, by a specreplay whose rows were v7's). A diff of the merged
+    trace leaves out the columns its parts did not record."""
+    from specreplay.traces import schema
+
+    versions = [int(p.header.get("schema", 7)) for p in parts if p.header]
+    return min(versions, default=schema.SCHEMA_VERSION)
 
 
 def token_mode_of(folder: Path, parts: list[Any]) -> str:

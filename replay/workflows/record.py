@@ -76,10 +76,12 @@ def pick_workload(
     seed: int | None = None,
     max_steps: int | None = None,
     vllm_version: str | None = None,
+    prefix_caching: bool | None = None,
 ) -> Workload:
     """Exactly one of a built-in scenario (seed default 0) or a workload file (seed, when given,
     overrides the file's); `max_steps` overrides the workload's own. `vllm_version`: the release
-    to model; None: a workload file's own, else the default (engines/vllm_setup.py)."""
+    to model; None: a workload file's own, else the default (engines/vllm_setup.py).
+    `prefix_caching`: on or off; None: the workload's own."""
     from specreplay.replay.engines.vllm_setup import default_vllm_version
     from specreplay.replay.workloads.scenarios import build_scenario
     from specreplay.replay.workloads.workload import load_workload
@@ -92,6 +94,8 @@ def pick_workload(
         workload = load_workload(workload_file, default_vllm_version())
         workload = workload if seed is None else replace(workload, seed=seed)
         workload = workload if vllm_version is None else workload.at_version(vllm_version)
+    if prefix_caching is not None:
+        workload = replace(workload, config=replace(workload.config, enable_prefix_caching=prefix_caching))
     return workload if max_steps is None else replace(workload, max_steps=max_steps)
 
 

@@ -119,11 +119,27 @@ def trace_workload(trace: Trace, where: str) -> Workload:
     block size up: the config metadata holds what ran, the workload what was asked)."""
     from specreplay.replay.workloads.config import EngineConfig
 
-    workload = Workload.from_dict(trace.workload.to_dict(), f"{where}: workload metadata")
+    workload = recorded_workload(trace, where)
     config = trace.config.to_dict()
     if config:
+        config = {**_legacy_config(trace), **config}
         workload = replace(workload, config=EngineConfig.from_dict(config, f"{where}: config metadata"))
     return workload
+
+
+def recorded_workload(trace: Any, where: str) -> Workload:
+    """The workload a trace (or an opened trace file) stores, as it ran: a trace written before
+    prefix caching was modelled (schema < 8) ran without it, whatever the defaults say now."""
+    doc = trace.workload.to_dict()
+    doc["config"] = {**_legacy_config(trace), **doc.get("config", {})}
+    return Workload.from_dict(doc, f"{where}: workload metadata")
+
+
+def _legacy_config(trace: Any) -> dict[str, Any]:
+    from specreplay.replay.workloads.config import BEFORE_PREFIX_CACHING
+    from specreplay.traces.schema import PREFIX_CACHING_SCHEMA
+
+    return dict(BEFORE_PREFIX_CACHING) if trace.schema_version < PREFIX_CACHING_SCHEMA else {}
 
 
 def observed_workload(trace: Trace, workload: Workload) -> Workload:

@@ -414,7 +414,7 @@ def shrink_to(
     this vLLM release (default: the one the trace ran as). `runner`: the runner family the
     candidates run on (default: the trace's own)."""
     from specreplay.replay.impls.registry import resolve
-    from specreplay.replay.workflows.replaying import ORACLES, default_oracle, plan_replay, runner_of
+    from specreplay.replay.workflows.replaying import ORACLES, default_oracle, plan_replay, recorded_workload, runner_of
     from specreplay.traces.io import read_trace, write_trace
 
     trace = read_trace(source)
@@ -423,7 +423,7 @@ def shrink_to(
         raise InputError(f"--oracle {mode}: unknown; known: {', '.join(ORACLES)}")
     outcomes = None
     if mode == "synthetic":  # the workload as written, on its seeded model: as before recordings
-        workload = Workload.from_dict(trace.workload.to_dict(), f"{source}: workload metadata")
+        workload = recorded_workload(trace, str(source))
         implementation = resolve(impl or trace.impl_name, allow_import=impl is not None)
         engine = engine or trace.impl.engine_or_reference()
         runner = runner or runner_of(trace)

@@ -15,6 +15,10 @@ from specreplay.traces.errors import InputError
 MODELLED_VERSIONS = ("0.32.0", "0.33.0")
 #: Traces and workloads from before versions were modelled were all 0.32.0's.
 EARLIEST_VERSION = MODELLED_VERSIONS[0]
+#: What a trace written before prefix caching was modelled (trace schema < 8) ran with: the
+#: reference models had none, and the live engine turned it off. A workload file that leaves
+#: `enable_prefix_caching` out gets vLLM's default (on).
+BEFORE_PREFIX_CACHING = {"enable_prefix_caching": False}
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,13 @@ class EngineConfig:
     vocab_size: int = 512
     num_lookahead_tokens: int = 0  # KV slots past each scheduled range: 0 ngram, k EAGLE/draft model, k+1 DFlash
     vllm_version: str = EARLIEST_VERSION  # the vLLM release the engine behaves as (MODELLED_VERSIONS)
+    # vLLM's automatic prefix caching (CacheConfig.enable_prefix_caching), on by default as in
+    # vLLM: full blocks of known tokens are cached by hash and a new or resumed request starts
+    # from the longest cached prefix of its tokens (replay/models/kv.py).
+    enable_prefix_caching: bool = True
+    # vLLM's use_eagle_block_drop (an EAGLE-style drafter: eagle, eagle3, mtp, dflash): a
+    # prefix-cache hit gives back its last block, recomputed for the drafter's hidden states.
+    eagle_block_drop: bool = False
 
     @property
     def depth(self) -> int:
@@ -88,6 +99,8 @@ class EngineConfig:
                 f"{where}: num_lookahead_tokens {self.num_lookahead_tokens} is above num_spec_tokens + 1 "
                 f"({self.num_spec_tokens + 1}), the most any vLLM drafter reserves"
             )
+        if self.eagle_block_drop and not self.num_spec_tokens:
+            raise InputError(f"{where}: eagle_block_drop needs a drafter (num_spec_tokens > 0), as in vLLM")
         if self.num_spec_tokens > 16:
             raise InputError(f"{where}: num_spec_tokens {self.num_spec_tokens} is above 16")
         if self.vocab_size > 1 << 20 or self.max_model_len > 1 << 20 or self.block_size > 1 << 12:

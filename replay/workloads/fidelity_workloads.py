@@ -19,7 +19,10 @@ What one seed draws (docs/fidelity.md has the table):
 - 1 to 16 requests: 1-token prompts, short and long prompts, 1 to 40 output tokens, arrivals at
   step 1, spread out or in bursts, aborts, stop tokens, acceptance per request;
 - control events for about 40% of seeds (pause/resume in each mode, cache resets, aborts before
-  and after a schedule, resubmissions, streaming sessions); sync for about 30%.
+  and after a schedule, resubmissions, streaming sessions); sync for about 30%;
+- prefix caching on (vLLM's default) for about 85% of seeds; shared prompt prefixes and
+  conversation turns (explore's draw, generators.draw_shared_prompts, from a generator of its own);
+  with lookahead k, an EAGLE-style drafter's rule for a hit's last block for about a third.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import dataclasses
 import random
 
 from specreplay.replay.workloads.config import EngineConfig
-from specreplay.replay.workloads.generators import draw_events
+from specreplay.replay.workloads.generators import draw_events, draw_shared_prompts
+from specreplay.replay.workloads.prompts import Prompts
 from specreplay.replay.workloads.workload import RequestSpec, Workload
 
 ACCEPTANCES = ("all", "none", "alternate", "random:0.2", "random:0.5", "random:0.8")
@@ -46,7 +50,8 @@ def fidelity_workload(seed: int) -> Workload:
     requests = _requests(rng, k)
     max_num_seqs = rng.choice(MAX_NUM_SEQS)
     budget = _budget(rng, k, max_num_seqs, len(requests))
-    longest = max(r.prompt_len + r.max_tokens for r in requests)
+    requests, prefixes = draw_shared_prompts(random.Random(f"fidelity-prompts:{seed}"), requests, block_size, seed)
+    longest = _longest(requests, prefixes, seed)
     # Tight: the last tokens of the longest request have no room for k drafts (vLLM trims them,
     # then schedules none); roomy: nothing reaches the end.
     max_model_len = rng.choice((longest, longest + rng.randint(1, max(1, k)), max(longest, 256), 512))
@@ -63,6 +68,7 @@ def fidelity_workload(seed: int) -> Workload:
         long_prefill_token_threshold=min(rng.choice(THRESHOLDS), max_model_len),
         num_lookahead_tokens=lookahead,
     )
+    config = _cache_settings(random.Random(f"fidelity-cache:{seed}"), config)
     events: tuple = ()
     if rng.random() < 0.4:
         requests, events = draw_events(rng, requests, config, last_step=30)
@@ -74,7 +80,22 @@ def fidelity_workload(seed: int) -> Workload:
         acceptance=rng.choice(ACCEPTANCES),
         max_steps=2000,
         events=events,
+        prefixes=prefixes,
     )
+
+
+def _longest(requests: list[RequestSpec], prefixes: tuple, seed: int) -> int:
+    """The longest whole prompt (a shared prefix, a conversation's earlier turns) and output."""
+    whole = Prompts(Workload(tuple(requests), seed=seed, prefixes=prefixes))
+    return max(whole.length(r.request_id) + r.max_tokens for r in requests)
+
+
+def _cache_settings(rng: random.Random, config: EngineConfig) -> EngineConfig:
+    """Prefix caching off for about 15% of seeds; an EAGLE-style drafter's rule for a hit's last
+    block for about a third of those whose lookahead is k (EAGLE reserves k slots)."""
+    on = rng.random() >= 0.15
+    eagle = on and config.num_spec_tokens > 0 and config.num_lookahead_tokens == config.num_spec_tokens
+    return dataclasses.replace(config, enable_prefix_caching=on, eagle_block_drop=eagle and rng.random() < 1 / 3)
 
 
 def runner_workload(seed: int) -> Workload:
@@ -95,7 +116,8 @@ def runner_workload(seed: int) -> Workload:
     requests = _requests(rng, k, small=True)
     max_num_seqs = rng.choice((1, 2, 3, 4, 8))
     budget = _budget(rng, k, max_num_seqs, len(requests))
-    longest = max(r.prompt_len + r.max_tokens for r in requests)
+    requests, prefixes = draw_shared_prompts(random.Random(f"runner-prompts:{seed}"), requests, block_size, seed)
+    longest = _longest(requests, prefixes, seed)
     max_model_len = rng.choice((longest, longest, longest + rng.randint(1, max(1, k)), longest + 32, 128))
     max_model_len = max(max_model_len, longest)
     # One request of max_model_len, in blocks of a CPU's attention too (it rounds the block size
@@ -116,6 +138,8 @@ def runner_workload(seed: int) -> Workload:
         long_prefill_token_threshold=min(rng.choice(THRESHOLDS), max_model_len),
         num_lookahead_tokens=lookahead,
     )
+    # The live engine's drafter decides EAGLE's rule for itself: only caching on or off here.
+    config = dataclasses.replace(config, enable_prefix_caching=random.Random(f"runner-cache:{seed}").random() >= 0.15)
     events: tuple = ()
     if rng.random() < 0.4:
         requests, events = draw_events(rng, requests, config, last_step=16)
@@ -128,6 +152,7 @@ def runner_workload(seed: int) -> Workload:
         acceptance=rng.choice(ACCEPTANCES),
         max_steps=400,
         events=events,
+        prefixes=prefixes,
     )
 
 

@@ -212,12 +212,11 @@ class Oracle:
 
 def live_driven(oracle: Oracle) -> Oracle:
     """`oracle`, for a run stepped as specreplay drives a live vLLM in process (engines/live.py),
-    so that the two traces compare row for row (the runner differential). vLLM's engine core
-    counts requests finished since the last schedule() in has_requests(): it schedules to
-    announce them, and is not idle (a pause's cache clear waits) until it has. Every iteration
-    is a step, one that only applies a batch included, and a crash is named by the iteration it
-    happened in. The driver stops once its front end waits for nothing, leaving the batches in
-    flight unapplied."""
-    oracle.drains_at_end = False
+    so that the two traces compare row for row (the runner differential). Every iteration is a
+    step, one that only applies a batch included, and a crash is named by the iteration it
+    happened in. The driver steps until the engine core is idle (EngineCoreProc's has_work), so
+    the run drains: the requests that finished last are announced by a schedule of their own,
+    which applies the batch still in flight (engines/loop.py has_unannounced)."""
+    oracle.drains_at_end = True
     oracle.like_live = True  # engines/loop.py: what else the loop then does as the live driver
     return oracle

@@ -130,8 +130,9 @@ class RecordedOracle(Oracle):
         self.announce_steps = inputs.announce_steps if inputs is not None else frozenset()
         self.drafter = drafter
         self.source = ""  # the recording's path, for the replay's metadata
-        # A live engine stops stepping once its front end waits for nothing: the batches still
-        # in flight then are never applied. A replay of its recording stops there too.
+        # The live driver steps until the engine core is idle (its batches applied, its finished
+        # requests announced); a recording made before it did stopped once its front end waited
+        # for nothing, and its replay stops where the recording did (replaying.plan_replay).
         self.drains_at_end = True
         self.trace_inputs: Inputs | None = None  # the recording's inputs metadata, kept by a replay of it
         self.tokens: str | None = None  # how the recording wrote token ids (traces/pseudonym.py): so does its replay

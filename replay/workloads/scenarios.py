@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.generators import random_workload
+from specreplay.replay.workloads.request_spec import Prefix
 from specreplay.replay.workloads.workload import Event, RequestSpec, Workload
 from specreplay.traces.errors import InputError
 
@@ -165,6 +166,37 @@ def streaming_preempt(seed: int = 32) -> Workload:
     )
 
 
+def shared_prefix(seed: int = 0) -> Workload:
+    """vLLM's prefix caching under chat traffic (async, k = 3, blocks of 16): four conversations
+    share a 48-token system prompt (three blocks), two of them send a second turn (the first
+    turn's prompt and answer, then new text) a step or two after their answer, and a long
+    unrelated prompt arrives at step 8. The later conversations start from the cached system
+    prompt, a second turn from its whole first turn; a cache tight enough to evict cached blocks
+    and to preempt a second turn, which comes back to its own blocks still cached; and a cache
+    reset with the requests running at step 18 (every hash forgotten once they are preempted)."""
+    config = EngineConfig(max_num_batched_tokens=40, num_spec_tokens=3, block_size=16, num_blocks=12, max_model_len=128)
+    requests = (
+        RequestSpec("c0", prompt_len=5, max_tokens=12, prefix="system"),
+        RequestSpec("c1", prompt_len=7, max_tokens=14, prefix="system"),
+        RequestSpec("c2", arrival_step=3, prompt_len=4, max_tokens=20, prefix="system"),
+        RequestSpec("c3", arrival_step=6, prompt_len=9, max_tokens=10, prefix="system"),
+        RequestSpec("c0b", prompt_len=6, max_tokens=10, follows="c0", after_finish=1),
+        RequestSpec("c1b", prompt_len=3, max_tokens=12, follows="c1", after_finish=2),
+        RequestSpec("x", arrival_step=8, prompt_len=70, max_tokens=8),
+    )
+    events = (Event(18, "reset_prefix_cache", reset_running=True),)
+    return Workload(
+        requests,
+        config,
+        name="shared-prefix",
+        seed=seed,
+        acceptance="random:0.6",
+        max_steps=400,
+        events=events,
+        prefixes=(Prefix("system", 48),),
+    )
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -211,6 +243,12 @@ SCENARIOS = {
             streaming_preempt,
             "vLLM 0.32.0 loses a streaming session preempted with a "
             "step in flight whose stale output ends its turn (E2: never scheduled again)",
+        ),
+        Scenario(
+            "shared-prefix",
+            shared_prefix,
+            "prefix caching under chat traffic: four conversations share a system prompt, two send a second "
+            "turn; hits, evictions, a second turn preempted and back to its cached blocks, a cache reset",
         ),
         Scenario(
             "random",

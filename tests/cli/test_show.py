@@ -58,7 +58,7 @@ def test_svg_saves_the_same_picture(reentry, tmp_path):
 def test_open_ended_steps_stop_at_the_trace_end(reentry):
     out = show(reentry, "--request", "10", "--steps", "5:")
     header = out.splitlines()[1].split()
-    assert header == ["5", "6", "7", "8"]
+    assert header == ["5", "6", "7", "8", "9"]
 
 
 def test_show_bad_input(reentry):
@@ -170,6 +170,6 @@ def test_a_clean_trace_with_many_requests_shows_a_few_and_says_so(tmp_path, monk
     )
     monkeypatch.chdir(tmp_path)  # a short path in the header: a long one (xdist's popen-gw0/ in it) wraps the line
     out = show(path.name, width=200)
-    assert "(steps 1:64 of 101; --steps picks others); 12 of 64 requests (--request picks others)" in out
+    assert "(steps 1:64 of 102; --steps picks others); 12 of 64 requests (--request picks others)" in out
     lanes = {line.split()[0] for line in out.splitlines() if line.split()[1:2] == ["sched"]}
     assert len(lanes) == 12

@@ -25,6 +25,8 @@ OBSERVER_ROW = (
     "sched_num_scheduled_tokens",
     "sched_num_draft_slots",
     "sched_num_computed_tokens",
+    "sched_num_cached_tokens",
+    "sched_cache_hit_blocks",
     "sched_num_output_placeholders",
     "sched_num_tokens",
     "sched_num_output_tokens",
@@ -51,7 +53,7 @@ def test_every_column_has_one_writer_and_the_writers_partition_the_schema():
 
 
 def test_the_recorders_lists_are_the_schemas():
-    assert recorder.STEP_COLUMNS == ("step", "step_total_scheduled_tokens", "step_event")
+    assert recorder.STEP_COLUMNS == ("step", "step_total_scheduled_tokens", "step_event", "step_cache_evictions")
     assert recorder.SCHEDULE_COLUMNS == OBSERVER_ROW
     # Filled after the rows are appended: the apply, worker and truth columns, and SGLang's own
     # step and scheduler columns (the vLLM observer's tuple leaves them out: null on its rows).

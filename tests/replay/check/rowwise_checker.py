@@ -520,6 +520,18 @@ def check_foreign_tokens(rows: TraceRows) -> Iterator[Finding]:
                 break
 
 
+def check_cache_hits(rows: TraceRows) -> Iterator[Finding]:
+    """K6: every position a prefix-cache hit covers holds the request's own token when read."""
+    c = rows.col
+    for idx in rows.by_request.values():
+        for i in idx:
+            cached, valid = c["sched_num_cached_tokens"][i], c["truth_cache_hit_valid"][i]
+            if valid is not None and cached is not None and valid < cached:
+                writer = c["truth_cache_hit_writer"][i]
+                yield _f(rows, "K6-cache-hit-content", i, "prefix_cache", cached, valid, other_request=writer or None)
+                break
+
+
 def check_block_ownership(rows: TraceRows) -> Iterator[Finding]:
     """K3: a request runs on blocks the scheduler holds for it; K4: its step writes only there."""
     c = rows.col
@@ -1057,6 +1069,7 @@ CHECKS: dict[str, Callable[[TraceRows], Iterator[Finding]]] = {
     "K1-kv-content": check_kv_truth,
     "K2-kv-foreign-tokens": check_foreign_tokens,
     "K3-kv-unowned-block": check_block_ownership,
+    "K6-cache-hit-content": check_cache_hits,
     "K5-finished-state-kept": check_finished_state,
     "E1-engine-crash": check_crash,
     "E2-run-incomplete": check_run_completes,

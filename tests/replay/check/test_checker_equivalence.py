@@ -92,6 +92,7 @@ _KEPT = {
     "request_id",
     "truth_kv_foreign_writer",
     "truth_kv_block_owner",
+    "truth_cache_hit_writer",
     "worker_draft_proposed_for",
     "worker_slot_prev_owner",
     "apply_finish_reason",

@@ -27,6 +27,8 @@ def test_the_ground_truth_columns_are_the_ones_the_schema_says_hold_truth():
         "truth_kv_block_owner",
         "truth_kv_unowned_writes",
         "truth_unfilled_draft_slots",
+        "truth_cache_hit_valid",
+        "truth_cache_hit_writer",
     }
     # What a vLLM trace with no ground truth leaves unchecked, in catalogue order (SGLang's G codes
     # are not about it: test_sglang_traces.py holds an SGLang trace's list).

@@ -491,6 +491,22 @@ CASES = [
         message="preempted at step 6 although no request the step scheduled or preempted needed a KV block it did not already hold (1 scheduled, each within its own blocks): the 2 or more blocks it held are freed for nothing, and it prefills again",
     ),
     Case(
+        "K6-cache-hit-content",
+        ("stale-hit",),
+        12,
+        "a",
+        "prefix_cache",
+        8,
+        4,
+        expected=8,
+        actual=4,
+        life=1,
+        detail={"other_request": "b"},
+        message="the request's prefix-cache hit covers 8 tokens, but only the first 4 hold the KV of its own tokens: "
+        "position 4 holds what request 'b' wrote there (a cached block whose KV is not what its hash names: a "
+        "rejected draft's, or a stale block's)",
+    ),
+    Case(
         "S2-placeholder-count",
         ("resubmit", "sched_num_output_placeholders", 12, "1", 9),
         12,
@@ -521,6 +537,12 @@ def _run(name: str):
 
         workload = workload_from_notation("a:p40,t8 b:p4,t20 | k3 sync len 48")
         return run_workload(workload, resolve("upstream", allow_import=False))
+    if name == "stale-hit":  # a cached block handed out again with its hash, then hit: K6
+        from specreplay.replay.workloads.notation import workload_from_notation
+        from tests.replay.models.test_prefix_cache_truth import REUSED, VARIANTS
+
+        workload = workload_from_notation(REUSED)
+        return run_workload(workload, resolve(f"{VARIANTS}:KeepsHashOnReuse", allow_import=True))
     if name == "limit":  # reentry cut by the step limit: E2
         workload = dataclasses.replace(build_scenario("reentry"), max_steps=3)
         return run_workload(workload, resolve("upstream", allow_import=False))

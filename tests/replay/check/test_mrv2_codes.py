@@ -135,13 +135,22 @@ def test_the_upstream_reentry_on_mrv2_passes_the_whole_checker():
     assert report.unchecked == unchecked and not report.findings
 
 
-def test_upstream_preemptions_have_no_mrv2_finding():
+def test_upstream_preemptions_have_no_mrv2_error():
+    """Preempted requests come back as new lives on fresh slots, and nothing is flagged but the
+    waste prefix caching brings: request 1 comes back at step 12 with its 32 tokens still cached,
+    needs 1 token, and vLLM pads that admission to 1 + k with placeholder drafts, which the fresh
+    slot's zeroed draft row verifies (M3, a warning: the slots are wasted)."""
     trace = _recorded("upstream", "preempting")
     rows = trace.table.to_pylist()
     assert sum(r["sched_preempted"] for r in rows) >= 2
     assert all(r["worker_freed_preempted"] for r in rows if r["sched_preempted"])
     assert any(r["worker_new_life"] and r["worker_prefill_len"] > r["sched_num_prompt_tokens"] for r in rows)
-    assert check_trace(trace) == []
+    found = check_trace(trace)
+    assert [(f.code, f.step, f.request_id, f.facts()["reason"]) for f in found] == [
+        ("M3-draft-origin", 12, "1", "padding")
+    ]
+    padded = next(r for r in rows if (r["step"], r["request_id"]) == (12, "1"))
+    assert (padded["sched_num_cached_tokens"], padded["sched_num_scheduled_tokens"]) == (32, 4)
 
 
 def test_upstream_slot_reuse_while_the_previous_owner_s_last_step_is_in_flight_is_no_finding():
@@ -181,7 +190,7 @@ def test_a_runner_that_keeps_a_preempted_request_s_slot():
     trace = _recorded("KEEPS_PREEMPTED", "preempting")
     found = findings_of(trace, "M4-preempted-as-new")
     assert found and all(f.facts()["reason"] == "kept" for f in found)
-    assert codes(trace) == {"M4-preempted-as-new"}
+    assert codes(trace) - {"M3-draft-origin"} == {"M4-preempted-as-new"}  # M3: upstream's padded re-admission
 
 
 def test_a_runner_that_puts_a_new_request_on_a_running_one_s_slot():

@@ -20,6 +20,7 @@ NEED_TRUTH = [
     "K2-kv-foreign-tokens",
     "K3-kv-unowned-block",
     "K4-kv-write-unowned",
+    "K6-cache-hit-content",
     "X12-padding-verified",
 ]
 NOT_CHECKED = f"no ground truth: {', '.join(NEED_TRUTH)} not checked"

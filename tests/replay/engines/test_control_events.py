@@ -71,7 +71,10 @@ def test_streaming_append_turns_keep_the_kv_and_drop_the_ended_turns_step():
     assert list(new_turns.sched_num_computed_tokens) == [0, 11, 19]  # the KV kept: all but the last token
     assert list(s[s.apply_outcome == "dropped"].step) == [5, 9]  # in flight when each turn ended
     assert (s.truth_kv_ok.dropna()).all() and (s.apply_token_mismatches.dropna() == 0).all()
-    assert s.sched_status.iloc[-1] == "running" and s.apply_finish_reason.iloc[-2] == "length"
+    # Its last turn ends by length at step 22's output; step 23, in flight, is ignored; step 24
+    # only announces the session finished (vLLM's engine core steps to announce it).
+    assert s.apply_finish_reason.iloc[-3] == "length" and s.sched_status.iloc[-2] == "running"
+    assert s.sched_status.iloc[-1] == "finished" and s.sched_finished_announced.iloc[-1]
 
 
 def test_resubmission_with_a_step_in_flight_is_vllms_bug_and_life_guard_fixes_it():
@@ -90,10 +93,12 @@ def test_resubmission_with_a_step_in_flight_is_vllms_bug_and_life_guard_fixes_it
 
 def test_streaming_preempt_is_vllms_lost_session():
     trace, findings, df = run("streaming-preempt")
-    assert trace.outcome.to_dict() == {"status": "completed", "step": 9, "unfinished": ["6"]}
+    # Step 10 schedules nothing: it announces request 5, finished by step 8's output.
+    assert trace.outcome.to_dict() == {"status": "completed", "step": 10, "unfinished": ["6"]}
     assert errors(findings) == {"E2-run-incomplete"}
     s = df[df.request_id == "6"]
-    assert s.sched_preempted.iloc[-1]
+    assert s.sched_preempted.iloc[-2]  # preempted at step 9; at 10, in no queue, it only waits
+    assert s.sched_status.iloc[-1] == "waiting" and s.sched_num_tokens.iloc[-1] < s.sched_num_prompt_tokens.iloc[-1]
     # Its stale output, delivered after the preemption, ended the turn.
     assert s[s.apply_outcome == "stale_delivered"].apply_finish_reason.tolist() == ["length"]
 

@@ -66,11 +66,15 @@ def test_bad_drafter_choices_are_one_line():
 def test_the_model_drafters_keep_the_lookahead_vllm_reserves_for_them():
     """vLLM reserves k lookahead slots for EAGLE and draft models (VllmConfig.num_lookahead_tokens);
     the plugin gives the live scheduler the config's value, so the config carries vLLM's. An n-gram
-    run keeps the workload's (0, or one that models an EAGLE-style drafter's slots)."""
+    run keeps the workload's (0, or one that models an EAGLE-style drafter's slots). EAGLE is also
+    vLLM's use_eagle_block_drop drafter: a prefix-cache hit recomputes its last block."""
     modelled = replace(ASYNC, num_lookahead_tokens=1)
     for drafter in DRAFTERS:
         expected = 2 if drafter in ("eagle", "draft_model") else 1
-        assert live_config(modelled, drafter) == replace(modelled, num_lookahead_tokens=expected)
+        eagle = drafter == "eagle"
+        assert live_config(modelled, drafter) == replace(
+            modelled, num_lookahead_tokens=expected, eagle_block_drop=eagle
+        )
 
 
 @pytest.mark.parametrize("command", ["record", "compare"])

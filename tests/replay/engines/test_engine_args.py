@@ -23,6 +23,7 @@ def test_every_field_of_the_config_reaches_the_engine():
         num_blocks=40,
         max_model_len=200,
         long_prefill_token_threshold=8,
+        enable_prefix_caching=False,
     )
     args = engine_args(config, seed=7)
     assert args["long_prefill_token_threshold"] == 8  # the copies this replaced dropped it
@@ -33,6 +34,7 @@ def test_every_field_of_the_config_reaches_the_engine():
     assert args["load_format"] == "dummy" and args["dtype"] == "float32"
     with open(os.path.join(args["model"], "config.json")) as fh:  # the tiny model, written on the fly
         assert json.load(fh)["vocab_size"] == config.vocab_size
+    assert engine_args(EngineConfig())["enable_prefix_caching"] is True  # vLLM's default, the config's too
     real = engine_args(config, model="/models/mine")
     assert real["model"] == "/models/mine" and real["dtype"] == "auto" and "load_format" not in real
 

@@ -24,6 +24,7 @@ from specreplay.replay.models.sglang_worker import SglangReferenceWorker
 from specreplay.replay.workloads.notation import workload_from_notation
 from specreplay.traces.errors import InputError
 from specreplay.traces.io import read_trace, write_trace
+from specreplay.traces.schema import SCHEMA_VERSION
 
 sglang = pytest.mark.sglang
 UPSTREAM = resolve("upstream", allow_import=False)
@@ -72,7 +73,7 @@ def test_each_mode_records_a_valid_trace_of_what_the_client_received(tmp_path, m
     assert trace.outcome.engine_output_tokens == {"a": 9, "b": 5, "c": 3, "d": 4}
     assert trace.impl.engine == "sglang-scheduler" and trace.impl.runner_family == "sglang"
     again = read_trace(write_trace(trace, tmp_path / "t.parquet"))  # validated on write and on read
-    assert again.table.equals(trace.table) and again.schema_version == 7
+    assert again.table.equals(trace.table) and again.schema_version == SCHEMA_VERSION
     all_rows = rows(trace)
     assert {r["step_forward_mode"] for r in all_rows} - {None} == {"extend", "target_verify" if k else "decode"}
     # Every token the scheduler appended is the oracle's, and the KV cache holds what it should.

@@ -25,10 +25,10 @@ def teeing_recorder(folders: dict[str, bool]):
             super().__init__(*a, **kw)
             self.sinks = [sink_recorder(PartWriter(f, "core", columnar=c)) for f, c in folders.items()]
 
-        def append_step(self, step, total_scheduled, step_event, rows):
-            index = super().append_step(step, total_scheduled, step_event, rows)
+        def append_step(self, step, total_scheduled, step_event, rows, evictions=None):
+            index = super().append_step(step, total_scheduled, step_event, rows, evictions)
             for sink in self.sinks:
-                assert sink.append_step(step, total_scheduled, step_event, rows) == index
+                assert sink.append_step(step, total_scheduled, step_event, rows, evictions) == index
             return index
 
         def fill(self, at, values):

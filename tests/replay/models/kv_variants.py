@@ -55,3 +55,25 @@ class LingeringRunner(GPUModelRunner):
         self.lingering = {rid for rid in out.finished_req_ids if rid in self.requests}
         for rid in self.lingering:
             self.input_batch.remove_request(rid)  # the row goes (the sweep would take it anyway)
+
+
+class KeepsHashOnReuse(AsyncScheduler):
+    """Hands a free cached block out again without dropping its hash (vLLM's eviction, skipped):
+    the prefix cache still offers the block for the tokens it held, while the request it went to
+    writes its own there. A later hit reads that request's KV as its own prefix (K6)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv._maybe_evict_cached_block = lambda block: False
+
+
+class CachesAtFinish(AsyncScheduler):
+    """Caches every full block of a finished request's known tokens when it frees them (a "save
+    at finish" that forgets the KV of its last tokens was never computed): the block holding the
+    last sampled token, whose KV no step wrote, or a rejected draft's KV where that token goes, is
+    served as a hit to a request that continues the conversation (K6)."""
+
+    def free_blocks(self, req):
+        if req.status.finished and req.request_id in self.kv.blocks:
+            self.kv.cache_blocks(req, req.num_tokens)
+        super().free_blocks(req)

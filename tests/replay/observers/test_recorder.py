@@ -3,12 +3,13 @@ paths), and every schema column is filled from exactly one place."""
 
 from __future__ import annotations
 
+from specreplay.replay.observers import recorder
 from specreplay.replay.observers.recorder import Recorder
 
 
 def test_fill_columns_is_fill_row_by_row():
     one, bulk = Recorder(), Recorder()
-    rows = [(str(i),) + (None,) * 19 for i in range(5)]
+    rows = [(str(i),) + (None,) * (len(recorder.SCHEDULE_COLUMNS) - 1) for i in range(5)]
     for rec in (one, bulk):
         rec.append_step(1, 5, "", rows)
     values = {"worker_row": [4, 3, 2], "worker_draft_ids": [[1], [], [2, 3]]}
@@ -37,7 +38,7 @@ APPLY_FILLS = [
 def test_fill_column_groups_is_fill_row_by_row():
     """The apply columns written column by column land as the old per-row fills did."""
     one, bulk = Recorder(), Recorder()
-    rows = [(str(i),) + (None,) * 19 for i in range(5)]
+    rows = [(str(i),) + (None,) * (len(recorder.SCHEDULE_COLUMNS) - 1) for i in range(5)]
     for rec in (one, bulk):
         rec.append_step(1, 5, "", rows)
     for at, values in APPLY_FILLS:
@@ -51,10 +52,7 @@ def test_the_recorder_fills_every_schema_column_once_per_row():
     """The scheduler observer fills columns in bulk from its row tuples: each schema column must come from
     exactly one place (the step, the step total, a scheduler field, or the later apply, worker and
     truth groups), or a trace would shift columns against each other."""
-    from specreplay.replay.observers import recorder
     from specreplay.traces import schema
 
-    sources = (
-        ("step", "step_total_scheduled_tokens", "step_event") + recorder.SCHEDULE_COLUMNS + recorder._LATER_COLUMNS
-    )
+    sources = recorder.STEP_COLUMNS + recorder.SCHEDULE_COLUMNS + recorder._LATER_COLUMNS
     assert sorted(sources) == sorted(schema.COLUMN_NAMES)

@@ -51,7 +51,7 @@ def test_request_10_of_the_reentry_trace(reentry):
     worker's batch, back at step 4 with 1 token and 3 draft slots fed as -1 placeholders."""
     trace, findings = reentry
     timeline = build_timeline(trace, findings, requests=["10"], field_name="num_computed_tokens")
-    assert (timeline.first_step, timeline.last_step) == (1, trace.num_steps) == (1, 8)
+    assert (timeline.first_step, timeline.last_step) == (1, trace.num_steps) == (1, 9)
     got = lanes(timeline)
     assert list(got) == [("10", "sched"), ("10", "worker"), ("10", "sched C"), ("10", "worker C"), ("10", "findings")]
     assert [got[("10", "sched")][s] for s in range(1, 9)] == ["N3", "b", "b", "R1+3", "1+3", "1+3", "1+3", "1+3"]
@@ -97,7 +97,7 @@ def test_a_step_window_and_a_trace_file_give_the_same_cells(reentry, tmp_path):
     )
     assert lanes(from_file) == lanes(window)
     open_ended = build_timeline(trace, findings, requests=["10"], steps=(6, 1 << 40))
-    assert (open_ended.first_step, open_ended.last_step) == (6, 8)
+    assert (open_ended.first_step, open_ended.last_step) == (6, 9)
     assert build_timeline(trace, findings, requests=["no-such-request"]).lanes == []
 
 

@@ -40,6 +40,10 @@ MUST_REACH = {
     "drafts cut by the budget",
     "stale output",
     "dropped output",
+    "shared prompts",
+    "prefix-cache hit",
+    "cache eviction",
+    "prefix caching off",
     *(f"event {kind}" for kind in ("abort", "pause", "resume", "resubmit", "reset_prefix_cache", "stream_append")),
 }
 #: Replayed on the real scheduler too (the reference replays them all): the scenarios and these.
@@ -52,7 +56,7 @@ def sweep(runner: str, folder: Path) -> RunnerReport:
 
 def check_identical(report: RunnerReport, runner: str) -> None:
     scenarios = differential_scenarios()
-    assert len(scenarios) == 6, scenarios  # all but random (seeded here) and streaming-preempt (4 KV blocks)
+    assert len(scenarios) == 7, scenarios  # all but random (seeded here) and streaming-preempt (4 KV blocks)
     assert len(report.cases) == len(scenarios) + SEEDS
     assert not [c.tag for c in report.cases if c.refused], "the generator draws only configs vLLM builds"
     assert not report.differing, [(c.tag, c.first) for c in report.differing]

@@ -98,7 +98,7 @@ def test_a_live_recording_shrinks_on_its_outcomes_and_the_finding_stays(live, sh
     recording, minimal = read_trace(live), read_trace(shrunk.output)
     assert (shrunk.oracle, shrunk.engine, shrunk.impl) == ("recorded", "reference", "upstream")
     assert where(recording, X5) == [(5, "10")]  # request 10 re-enters after a budget skip
-    assert shrunk.before[:2] == (11, 10)
+    assert shrunk.before[:2] == (11, 11)  # 11 requests, 11 steps (the last one announces the last finish)
     assert shrunk.after[0] < 11 and shrunk.after[1] < 10 and shrunk.after[2] < shrunk.before[2]
     # The finding at its shrunk place: request 10 still re-enters with 3 placeholder drafts, earlier.
     [(step, rid)] = where(minimal, X5)

@@ -208,20 +208,23 @@ def test_a_resubmit_s_max_tokens_must_fit():
 # ---------------------------------------------------------------------------- the engine loop
 def test_a_replay_steps_where_the_recorded_engine_announced_finished_requests():
     """vLLM's engine core schedules once more after its last request finishes (has_requests()
-    counts finished ids until a schedule() announces them); the models do not. Told where the
-    recorded engine did, the replay steps there, then idles to the next arrival."""
+    counts finished ids until a schedule() announces them), and so do the models; then the engine
+    idles to the next arrival. A replay told where the recorded engine announced steps there too."""
     w = workload({"id": "a", "prompt_len": 4, "max_tokens": 3}, {"id": "b", "arrival_step": 12, "prompt_len": 4})
     trace = run_workload(w, UPSTREAM)
     df = trace.table.to_pandas()
-    done = int(df[df.request_id == "a"].apply_step.max())  # a's last output was applied in this iteration
-    assert done + 1 not in set(df.step)  # the reference idles from there to b's arrival
-    given = RecordedInputs({}, {}, {}, frozenset({done + 1}))
-    oracle = RecordedOracle(w, trace.table, inputs=given)
-    oracle.drains_at_end = False
-    replayed = run_workload(w, UPSTREAM, oracle=oracle).table.to_pandas()
-    announce = replayed[replayed.step == done + 1]
-    assert announce.request_id.tolist() == ["a"] and announce.sched_finished_announced.tolist() == [True]
-    assert replayed[replayed.request_id == "b"].step.min() == 12
+    a = df[df.request_id == "a"]
+    done = int(a[a.apply_finish_reason == "length"].apply_step.item())  # the iteration a finished in
+    for ran in (df, None):
+        if ran is None:
+            given = RecordedInputs({}, {}, {}, frozenset({done + 1}))
+            oracle = RecordedOracle(w, trace.table, inputs=given)
+            oracle.drains_at_end = False
+            ran = run_workload(w, UPSTREAM, oracle=oracle).table.to_pandas()
+        announce = ran[ran.step == done + 1]
+        assert announce.request_id.tolist() == ["a"] and announce.sched_finished_announced.tolist() == [True]
+        assert sorted(set(ran.step)) == [*range(1, done + 2), *range(12, int(ran.step.max()) + 1)]  # idle between
+        assert ran[ran.request_id == "b"].step.min() == 12
 
 
 def test_a_run_that_ends_at_its_last_step_completed():
