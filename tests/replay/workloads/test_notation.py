@@ -15,6 +15,7 @@ from specreplay.replay.workloads.notation import CONFIG_KEYS, FLAG_WORDS, notati
 from specreplay.replay.workloads.scenarios import SCENARIOS, build_scenario
 from specreplay.replay.workloads.workload import Event, Prefix, RequestSpec, Workload
 from specreplay.traces.errors import InputError
+from tests.replay.workloads.strategies import workloads
 
 
 def test_the_issue_s_example_reads_as_written():
@@ -278,52 +279,9 @@ def test_a_prefix_name_the_notation_cannot_spell_is_refused():
 _IDS = st.text(alphabet="abcxyz019", min_size=1, max_size=3)
 
 
-@st.composite
-def notated_workloads(draw) -> Workload:
+def notated_workloads():
     """Workloads the notation can spell, with every request field, prefixes, turns and flags."""
-    k = draw(st.integers(0, 4))
-    names = draw(st.lists(st.sampled_from(["sys", "doc"]), unique=True, max_size=2))
-    prefixes = tuple(
-        Prefix(n, ids=tuple(draw(st.lists(st.integers(0, 511), min_size=1, max_size=4))))
-        if draw(st.booleans())
-        else Prefix(n, draw(st.integers(1, 40)))
-        for n in names
-    )
-    requests: list[RequestSpec] = []
-    for rid in draw(st.lists(_IDS, unique=True, min_size=1, max_size=5)):
-        followable = [r.request_id for r in requests if r.abort_step is None and not r.streaming]
-        shape = draw(st.sampled_from(["plain", "prefix", "follows"]))
-        follows = draw(st.sampled_from(followable)) if shape == "follows" and followable else None
-        after = draw(st.none() | st.integers(1, 4)) if follows else None
-        streaming = after is None and draw(st.booleans())
-        acceptance = draw(
-            st.none()
-            | st.sampled_from(["all", "none", "alternate", "random:0.25"])
-            | (st.lists(st.integers(0, k), min_size=1, max_size=4).map(tuple) if not streaming else st.none())
-        )
-        requests.append(
-            RequestSpec(
-                rid,
-                arrival_step=1 if after else draw(st.integers(1, 9)),
-                prompt_len=draw(st.integers(1, 12)),
-                max_tokens=draw(st.integers(1, 12)),
-                abort_step=draw(st.none() | st.integers(1, 9)) if not after and not streaming else None,
-                stop_at=draw(st.none() | st.integers(1, 12)) if not streaming else None,
-                acceptance=acceptance,
-                streaming=streaming,
-                prompt=draw(st.none() | st.lists(st.integers(0, 511), min_size=1, max_size=5).map(tuple)),
-                prefix=draw(st.sampled_from(names)) if shape == "prefix" and names else None,
-                follows=follows,
-                after_finish=after,
-            )
-        )
-    config = EngineConfig(
-        num_spec_tokens=k,
-        async_scheduling=draw(st.booleans()),
-        enable_prefix_caching=draw(st.booleans()),
-        eagle_block_drop=k > 0 and draw(st.booleans()),
-    )
-    return Workload(tuple(requests), config, seed=draw(st.integers(0, 99)), prefixes=prefixes)
+    return workloads(ids=_IDS, engine_flags=True)
 
 
 @settings(max_examples=200, deadline=None)

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.scenarios import SCENARIOS, build_scenario
-from specreplay.replay.workloads.workload import Prefix, RequestSpec, Workload, load_workload
+from specreplay.replay.workloads.workload import Prefix, Workload, load_workload
 from specreplay.traces.errors import InputError
+from tests.replay.workloads.strategies import workloads
 
 CORPUS = Path(__file__).resolve().parents[3] / "replay" / "corpus"
 
@@ -93,54 +93,14 @@ def test_the_shipped_goldens_workloads_read_and_write_back_unchanged(path):
 
 
 # ---------------------------------------------------------------------- round trip
-@st.composite
-def workloads(draw) -> Workload:
+def file_workloads():
     """Workloads with every new field: explicit prompts, prefixes (seeded and given), turns (at a
-    fixed step or after the finish of one listed before), acceptance lists."""
-    k = draw(st.integers(0, 4))
-    vocab = draw(st.sampled_from([16, 512]))
-    ids = st.lists(st.integers(0, vocab - 1), min_size=1, max_size=6).map(tuple)
-    names = draw(st.lists(st.sampled_from(["sys", "doc", "p"]), unique=True, max_size=2))
-    prefixes = tuple(
-        Prefix(n, ids=draw(ids)) if draw(st.booleans()) else Prefix(n, draw(st.integers(1, 40))) for n in names
-    )
-    requests: list[RequestSpec] = []
-    for i in range(draw(st.integers(1, 5))):
-        rid = f"r{i}"
-        prompt = draw(st.none() | ids)
-        followable = [r.request_id for r in requests if r.abort_step is None and not r.streaming]
-        shape = draw(st.sampled_from(["plain", "prefix", "follows"]))
-        prefix = draw(st.sampled_from(names)) if shape == "prefix" and names else None
-        follows = draw(st.sampled_from(followable)) if shape == "follows" and followable else None
-        after = draw(st.none() | st.integers(1, 4)) if follows else None
-        streaming = after is None and prompt is None and draw(st.booleans())
-        acceptance = draw(
-            st.none()
-            | st.sampled_from(["all", "none", "alternate", "random:0.5"])
-            | (st.lists(st.integers(0, k), min_size=1, max_size=4).map(tuple) if not streaming else st.none())
-        )
-        requests.append(
-            RequestSpec(
-                rid,
-                arrival_step=1 if after else draw(st.integers(1, 9)),
-                prompt_len=draw(st.integers(1, 12)),
-                max_tokens=draw(st.integers(1, 12)),
-                abort_step=draw(st.none() | st.integers(1, 9)) if not after and not streaming else None,
-                stop_at=draw(st.none() | st.integers(1, 12)) if not streaming else None,
-                acceptance=acceptance,
-                streaming=streaming,
-                prompt=prompt,
-                prefix=prefix,
-                follows=follows,
-                after_finish=after,
-            )
-        )
-    config = EngineConfig(num_spec_tokens=k, vocab_size=vocab, num_lookahead_tokens=0)
-    return Workload(tuple(requests), config, seed=draw(st.integers(0, 99)), prefixes=prefixes)
+    fixed step or after the finish of one listed before), acceptance lists, small vocabularies."""
+    return workloads(vocabs=(16, 512))
 
 
 @settings(max_examples=150, deadline=None)
-@given(workloads())
+@given(file_workloads())
 def test_every_field_survives_a_round_trip_through_the_file_format(workload):
     data = workload.to_dict()
     again = Workload.from_dict(json.loads(json.dumps(data)))
