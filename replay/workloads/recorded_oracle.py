@@ -23,7 +23,11 @@ one is. One rule each for what the recording never observed:
   token (a wrong input never yields the right token by chance);
 - **a proposal the recording never verified**: a fixed-k drafter proposes tokens that are
   rejected (the expected token + 1); an n-gram drafter proposes nothing (no valid draft; the
-  reference Model Runner V2 then pads the slot with the last sampled token, as vLLM's does).
+  reference Model Runner V2 then pads the slot with the last sampled token, as vLLM's does);
+- **the part of a GPU n-gram proposal the scheduler cut** (it booked fewer slots than
+  placeholders: max_model_len, the token budget; the worker kept every one): rejected tokens up
+  to the k it booked for. The drafter's count was at least the booking, and the runner trims a
+  later booking against it while the drafter sits out a step near max_model_len.
 
 A Model Runner V2 recording (`runner_family` v2) verifies whatever its slot holds: every draft a
 row fed, the n-gram speculator's padding included, is that slot's proposal for that position.
@@ -164,8 +168,7 @@ class RecordedOracle(Oracle):
         for i, row, seen, first_draft, drafts in self._worker_rows(table, COLUMNS):
             if self._drafts_are_proposals(row, drafts):
                 seen.drafts.setdefault(first_draft, drafts)
-                proposed = row["sched_spec_len"] if self.drafter == "ngram" and not self.slot_drafts else len(drafts)
-                seen.proposed.setdefault(first_draft, max(proposed, len(drafts)))
+                seen.proposed.setdefault(first_draft, max(self._proposal_length(row, drafts), len(drafts)))
             sampled = row["apply_sampled_token_ids"]
             full = full_sampled[i]
             if full and full[: len(sampled or ())] == list(sampled or ()):
@@ -189,6 +192,24 @@ class RecordedOracle(Oracle):
                 self._note(seen, position, sampled[0])
             for j, token in enumerate(sampled[1:], start=1):  # answers to accepted drafts
                 self._note(seen, position + j, token)
+
+    def _proposal_length(self, row: dict[str, Any], drafts: list[int]) -> int:
+        """How many drafts the drafter proposed for a row's first draft position. The CPU n-gram
+        drafter's proposal is the request's spec tokens. The GPU one books k placeholders and the
+        runner trims them to the valid count, so the drafts the row kept are the proposal, except
+        where the scheduler booked fewer slots than placeholders (max_model_len, the token budget)
+        and the worker kept every one: the drafter's count was then at least the booking, and the
+        runner keeps that count for the row while the drafter sits out a step near max_model_len
+        (the next booking is trimmed against it), so the proposal is the whole k it booked."""
+        if self.slot_drafts:
+            return len(drafts)
+        if self.drafter == "ngram":
+            return row["sched_spec_len"]
+        booked = row["sched_num_draft_slots"] or 0
+        spec_len = row["sched_spec_len"] or 0
+        if self.drafter == "ngram_gpu" and booked < spec_len and len(drafts) == booked:
+            return spec_len
+        return len(drafts)
 
     def _drafts_are_proposals(self, row: dict[str, Any], drafts: list[int]) -> bool:
         """Drafts the drafter proposed (not placeholders nobody filled): under async scheduling
