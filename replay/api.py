@@ -9,10 +9,17 @@ name starting with `_` that is not listed below, is internal and may change.
 
     from specreplay.replay.api import AsyncScheduler, SchedulerOutput
 
+The hook tables are version API_VERSION ("0.3"). An implementation is checked when it is
+loaded, before anything runs (impls/hook_api.py): a hook written in a previous form still runs,
+through an adapter, with one HookDeprecationWarning naming the new form and the version that
+removes the old one; any other mismatch is one line and exit 2. CHANGELOG.md lists every change.
+
 What a variant subclasses:
     Scheduler, AsyncScheduler       the reference schedulers (vLLM's sync and async scheduler)
     GPUModelRunner                  the reference runner (vLLM's V1 GPUModelRunner)
     Implementation                  a scheduler + runner + executor pairing, with real-vLLM forms
+    LifeGuardScheduler, ClearStalePlaceholdersScheduler, DropReentryDraftsRunner, NoClampRunner
+                                    the built-in variants (life-guard, sched-clear, pr30796, noclamp)
 What its hooks receive and return:
     SchedulerOutput, NewRequestData, CachedRequestData, ModelRunnerOutput    the messages
     Request, Status, StreamingUpdate, StepPlan, BlockPool, Release      scheduler side
@@ -21,6 +28,7 @@ What its hooks receive and return:
     EngineCrash, NegativeInputIdError, MalformedSchedulerOutput              what a hook raises
                                     for something the real engine would die on
     PAUSE_STATES                    the values `set_pause_state` takes
+    API_VERSION, HookDeprecationWarning    the hook tables' version; the warning an old form gets
 The hooks and the state, by name (the docs' tables list the same; a test holds them equal):
     SCHEDULER_HOOKS, RUNNER_HOOKS, IMPLEMENTATION_HOOKS, SCHEDULER_STATE, RUNNER_STATE
 
@@ -34,7 +42,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names, for type checkers and the package map (tests/test_architecture.py)
+    from specreplay.replay.impls.hook_api import API_VERSION, HookDeprecationWarning
     from specreplay.replay.impls.registry import Implementation
+    from specreplay.replay.impls.variants import (
+        ClearStalePlaceholdersScheduler,
+        DropReentryDraftsRunner,
+        LifeGuardScheduler,
+        NoClampRunner,
+    )
     from specreplay.replay.models.input_batch import CachedRequestState, InputBatch
     from specreplay.replay.models.kv import BlockPool
     from specreplay.replay.models.messages import (
@@ -79,6 +94,12 @@ _HOME = {
     "BlockPool": "specreplay.replay.models.kv",
     "Release": "specreplay.replay.models.releases",
     "Implementation": "specreplay.replay.impls.registry",
+    "API_VERSION": "specreplay.replay.impls.hook_api",
+    "HookDeprecationWarning": "specreplay.replay.impls.hook_api",
+    "LifeGuardScheduler": "specreplay.replay.impls.variants",
+    "ClearStalePlaceholdersScheduler": "specreplay.replay.impls.variants",
+    "DropReentryDraftsRunner": "specreplay.replay.impls.variants",
+    "NoClampRunner": "specreplay.replay.impls.variants",
     "EngineConfig": "specreplay.replay.workloads.config",
     "Oracle": "specreplay.replay.workloads.oracle",
 }
@@ -167,7 +188,13 @@ RUNNER_STATE = (
 
 #: Every public name (the lazily resolved ones are `_HOME`'s keys; a test holds the two equal).
 __all__ = [
+    "API_VERSION",
     "AsyncScheduler",
+    "ClearStalePlaceholdersScheduler",
+    "DropReentryDraftsRunner",
+    "HookDeprecationWarning",
+    "LifeGuardScheduler",
+    "NoClampRunner",
     "BlockPool",
     "CachedRequestData",
     "CachedRequestState",

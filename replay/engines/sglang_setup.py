@@ -201,6 +201,14 @@ def prepare() -> None:
     quiet_logs()
 
 
+def ready_for_user_code() -> None:
+    """Where SGLang is installed, make this process ready to import it (`prepare`) before a
+    user's `--impl` module is imported: an SGLang variant imports sglang at its top, as any
+    module would, and needs nothing but specreplay's public API. Nothing where it is not."""
+    if installed_sglang_version() is not None:
+        prepare()
+
+
 def quiet_logs() -> None:
     """SGLang logs at INFO through the root logger (and warns on a retraction); errors only."""
     import logging

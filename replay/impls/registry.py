@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from specreplay.replay.impls.hook_api import checked
 from specreplay.replay.models.messages import SchedulerOutput
 from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
 from specreplay.replay.workloads.config import EngineConfig
@@ -124,7 +125,8 @@ class Implementation:
             )
         self.require_vllm_form("reference")
         default = AsyncScheduler if config.async_scheduling else Scheduler
-        return (self.scheduler or default)(config)
+        # A class handed over in Python (not through --impl) is held to the hook API here.
+        return checked(self.scheduler or default)(config)
 
     def require_real_forms(self, engine: str, *, runner: bool = False) -> None:
         """Refuse, in one line, a variant that has no form for the real classes `engine` runs:
@@ -195,7 +197,7 @@ class Implementation:
                 f"{self.name} changes the real runner only; it has no form for the reference runner "
                 "(give it a runner, or pass --engine vllm)"
             )
-        return (self.runner or default or self._runner_class())(config, oracle, device)
+        return checked(self.runner or default or self._runner_class())(config, oracle, device)
 
     def deliver(self, out: SchedulerOutput) -> SchedulerOutput:
         """How the scheduler output reaches the worker (the engine's hook)."""
@@ -365,6 +367,16 @@ def _importable_from_here() -> None:
         sys.path.insert(0, here)
 
 
+def _checked_parts(impl: Implementation) -> Implementation:
+    """A user's Implementation with the scheduler and runner classes it carries held to the hook
+    API (impls/hook_api.py), previous forms adapted."""
+    return replace(
+        impl,
+        scheduler=checked(impl.scheduler) if impl.scheduler is not None else None,
+        runner=checked(impl.runner) if impl.runner is not None else None,
+    )
+
+
 def _load(spec: str) -> Implementation:
     from specreplay.replay.impls.sglang_forms import form_of
     from specreplay.replay.models.runner import GPUModelRunner
@@ -380,13 +392,14 @@ def _load(spec: str) -> Implementation:
     except AttributeError:
         raise InputError(f"module {module_name!r} has no attribute {attr!r}") from None
     if isinstance(obj, Implementation):
-        return replace(obj, name=spec, user_code=True)
+        checked(type(obj))  # its own hooks (deliver, why_not): no previous forms, a mismatch refused
+        return _checked_parts(replace(obj, name=spec, user_code=True))
     if isinstance(obj, type) and issubclass(obj, Implementation):
-        return obj(name=spec, description=_summary(obj, spec), user_code=True)
+        return _checked_parts(checked(obj)(name=spec, description=_summary(obj, spec), user_code=True))
     if isinstance(obj, type) and issubclass(obj, Scheduler):
-        return Implementation(spec, _summary(obj, "user scheduler"), scheduler=obj, user_code=True)
+        return Implementation(spec, _summary(obj, "user scheduler"), scheduler=checked(obj), user_code=True)
     if isinstance(obj, type) and issubclass(obj, GPUModelRunner):
-        return Implementation(spec, _summary(obj, "user runner"), runner=obj, user_code=True)
+        return Implementation(spec, _summary(obj, "user runner"), runner=checked(obj), user_code=True)
     form = form_of(obj) if isinstance(obj, type) else None
     if form is not None:
         return Implementation(spec, _summary(obj, "user SGLang scheduler"), sglang_scheduler=form, user_code=True)

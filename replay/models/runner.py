@@ -441,9 +441,9 @@ class GPUModelRunner(PagedKV):
         token_rows: list[int],
         draft_at: list[int],
         draft_slots: list[int],
-        rows: list[str],
-        token_of: list[int],
-        draft_of: list[int],
+        rows: list[str] | None = None,
+        token_of: list[int] | None = None,
+        draft_of: list[int] | None = None,
     ) -> None:
         """vLLM's _prepare_input_ids under async scheduling, on the device: each row that was in the
         previous step's map gets that step's last sampled token at its last non-draft input

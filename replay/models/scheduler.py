@@ -51,6 +51,7 @@ Worked example of the async counters for one decoding request, k = 3, all drafts
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -570,7 +571,7 @@ class Scheduler:
         output (the life-guard variant narrows this to the object the step was scheduled for)."""
         return self.requests.get(rid)
 
-    def take_output(self, req: Request, n: int, generated: list[int]) -> bool:
+    def take_output(self, req: Request, n: int, generated: Sequence[int] = ()) -> bool:
         """The output of `n` scheduled tokens (`generated`, the worker's tokens for the request,
         [] if it returned none) has come back: it leaves the in-flight count, and
         drains the stale share if the request has one. Returns whether the output is stale
@@ -590,7 +591,7 @@ class Scheduler:
             )
         return True
 
-    def discard_output(self, req: Request, stale: bool, generated: list[int]) -> bool:
+    def discard_output(self, req: Request, stale: bool, generated: Sequence[int] = ()) -> bool:
         """True: nothing of this output (`generated`) is used, neither its rejections nor its
         tokens (they come after this). A request finished or aborted while the step
         was in flight ignores it; a stale output in drop mode (a cache reset, a streaming

@@ -39,6 +39,18 @@ def _no_progress(label: str) -> AbstractContextManager[None]:
     return nullcontext(None)
 
 
+def resolve_impl(name: str, *, allow_import: bool, executor: str | None = None) -> Any:
+    """`--impl NAME` as the registry resolves it (impls/registry.py `resolve`); a user's
+    `module:attr` is imported in a process made ready for SGLang where it is installed, and its
+    hooks are held to the public API there (impls/hook_api.py)."""
+    from specreplay.replay.engines.sglang_setup import ready_for_user_code
+    from specreplay.replay.impls.registry import resolve
+
+    if allow_import and ":" in name:
+        ready_for_user_code()
+    return resolve(name, allow_import=allow_import, executor=executor)
+
+
 @dataclass
 class Recorded:
     """A trace written to `path`. `findings` runs the checker on first use; `unchecked` names
@@ -126,11 +138,10 @@ def record_to(
     is no error here: the run ends as crashed and its trace is written (engines/crash.py).
     On success the journal is removed."""
     from specreplay.replay.engines.run import run_workload
-    from specreplay.replay.impls.registry import resolve
     from specreplay.traces.io import write_trace
     from specreplay.traces.journal import holds_steps
 
-    implementation = resolve(impl, allow_import=allow_import, executor=executor)
+    implementation = resolve_impl(impl, allow_import=allow_import, executor=executor)
     check_device(device)
     journal = _claim_journal(output)
     with (progress or _no_progress)(f"{workload.name} via {implementation.name}") as update:
@@ -295,14 +306,13 @@ def compare_to(
     after the workload and the implementation) and check each one. Refuses, before recording
     any, when one of them does not apply to the workload (`Implementation.why_not`)."""
     from specreplay.replay.check.findings import verdict
-    from specreplay.replay.impls.registry import resolve
 
     if not impls:
         raise InputError("--impls: give at least one implementation name")
     for name in impls:
-        impl = resolve(name, allow_import=True)
+        impl = resolve_impl(name, allow_import=True)
         if impl.why_not(workload.config) is not None:
-            others = ",".join(n for n in impls if resolve(n, allow_import=True).why_not(workload.config) is None)
+            others = ",".join(n for n in impls if resolve_impl(n, allow_import=True).why_not(workload.config) is None)
             hint = f" (--impls {others} apply)" if others else ""
             raise InputError(
                 f"{name} does not apply to workload {workload.name!r}: {impl.why_not(workload.config)}{hint}"
@@ -358,13 +368,12 @@ def runner_mismatch(impls: Sequence[str], engine: str, runner: str | None) -> li
     on a live vLLM its real runner form, on a loop engine its reference runner form."""
     from specreplay.replay.engines.registry import DEFAULT_RUNNER, family_of_reference
     from specreplay.replay.engines.registry import engine as engine_entry
-    from specreplay.replay.impls.registry import resolve
 
     live = engine_entry(engine).drives_itself
     family = _live_runner(runner) if live else (runner or DEFAULT_RUNNER)
     out = []
     for name in impls:
-        impl = resolve(name, allow_import=True)
+        impl = resolve_impl(name, allow_import=True)
         if live and impl.real_runner is not None and impl.real_runner_family != family:
             out.append((name, impl.real_runner_family))
         if not live and impl.runner is not None:

@@ -162,12 +162,15 @@ def test_every_sglang_hook_the_page_names_is_sglang_s_with_those_parameters():
 @sglang
 def test_the_page_s_example_runs_from_module_attr_and_releases_one_more_at_a_length_finish(tmp_path, monkeypatch):
     # Fenced `py`: test_public_api runs the page's `python` blocks in the main environment, without SGLang.
+    # The module imports sglang at its top: `--impl` (workflows/record.py resolve_impl) readies the process first.
+    from specreplay.replay.workflows.record import resolve_impl
+
     code = sglang_section().split("```py\n", 1)[1].split("```", 1)[0]
     (tmp_path / "myfix.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     text = "a:p4,t6 b:p3,t9 | k0 async"
     mine = run_workload(
-        workload_from_notation(text), resolve("myfix:NoInflightSkip", allow_import=True), engine="sglang-scheduler"
+        workload_from_notation(text), resolve_impl("myfix:NoInflightSkip", allow_import=True), engine="sglang-scheduler"
     )
     assert mine.impl.scheduler == "myfix.NoInflightSkip(DrivenScheduler)"
     g5 = [f for f in check_trace(mine) if f.code == "G5-overcommit-at-finish"]
