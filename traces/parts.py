@@ -36,6 +36,7 @@ import os
 import threading
 import time
 import weakref
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -453,3 +454,42 @@ __all__ = [
     "unknown_runners",
     "writer_cpu_s",
 ]
+
+
+def whole_steps(rows: list[dict[str, Any]], announcements: bool = False) -> tuple[list[dict[str, Any]], list[int]]:
+    """Drop the trailing steps from the last whole one on: the run stopped inside the first step
+    after it (a scheduled row whose worker row never arrived). Steps that schedule nothing are
+    looked through, and go with the cut: a Ctrl-C lands while the worker still runs step s and
+    the core has already stepped s + 1 to announce an abort. A step inside the run with such a
+    row stays: that is a finding (X1), not a cut.
+
+    A step that schedules nothing has no worker rows of its own: vLLM's engine core calls the
+    worker's execute_model for it, which returns at once, and no sample_tokens follows; the
+    worker observers (V1's and Model Runner V2's alike) write only the announced requests'
+    `worker_kept_finished` there, and nothing at all for a step that announces nothing (an
+    async scheduler's step whose one request has its placeholders at max_tokens already).
+    `announcements` (a flight recorder's dump, taken mid-run): a trailing step that announces a
+    finish is cut when that view is missing: the dump came before the worker ran it. One that
+    announces nothing is never waited for."""
+    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_step[row["step"]].append(row)
+    first_cut = None
+    for step in sorted(by_step, reverse=True):
+        scheduled = [r for r in by_step[step] if r.get("sched_num_scheduled_tokens")]
+        if not scheduled:
+            if announcements and any(r.get("worker_kept_finished") is None for r in finishes(by_step[step])):
+                first_cut = step
+            continue
+        if all(r.get("worker_num_scheduled_tokens") is not None for r in scheduled):
+            break
+        first_cut = step
+    if first_cut is None:
+        return rows, []
+    cut = [step for step in sorted(by_step) if step >= first_cut]
+    return [r for r in rows if r["step"] < first_cut], cut
+
+
+def finishes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows that announce a request's finish (its id in the step's finished_req_ids)."""
+    return [r for r in rows if r.get("sched_status") == "finished" and not r.get("sched_num_scheduled_tokens")]

@@ -43,7 +43,15 @@ from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError, ObserverError
 from specreplay.traces.header import Inputs, Outcome
-from specreplay.traces.parts import collect_inputs, merge_rows, observer_failures, ran_classes, read_parts
+from specreplay.traces.journal import JournalWriter
+from specreplay.traces.parts import (
+    collect_inputs,
+    merge_rows,
+    observer_failures,
+    ran_classes,
+    read_parts,
+    whole_steps,
+)
 from specreplay.traces.trace import Trace
 
 
@@ -56,14 +64,16 @@ def run_live(
     runner: str | None = None,
     drafter: str | None = None,
     forced: bool | None = None,
+    journal: str | os.PathLike[str] | None = None,
 ) -> Trace:
     """`model`: a model folder or hub name with real weights; None: the tiny dummy-weight model.
     `runner`: the runner family vLLM builds (engines/registry.py; default: what vLLM itself picks
     where Triton counts as present, Model Runner V2). `drafter`: engines/drafters.py's (default:
     a forced run's draft_model, else ngram_gpu async, ngram sync). `forced`: the engine samples
     the oracle's tokens (engines/forced_logits.py); default: with the tiny dummy-weight model
-    (real weights sample their own) unless SPECREPLAY_LIVE_UNFORCED=1."""
-    from specreplay.replay.engines.run import trace_header
+    (real weights sample their own) unless SPECREPLAY_LIVE_UNFORCED=1. `journal`: where the
+    whole steps the observers' part files hold go when the run ends by an exception (specreplay's
+    own failure, Ctrl-C), for `specreplay recover`, as the other engines keep theirs."""
     from specreplay.replay.engines.vllm_setup import refuse_engine_without_kernels, require_version
 
     family = runner_family(runner or DEFAULT_LIVE_RUNNER)
@@ -81,7 +91,7 @@ def run_live(
     if not cpu_triton.compatible(mrv2_on_cpu):
         # This process imported vLLM with Triton decided the other way (vLLM decides once, at
         # import): the run goes to a fresh process of its own.
-        return run_live_in_child(workload, impl, device, model, family.name, drafter, forced)
+        return run_live_in_child(workload, impl, device, model, family.name, drafter, forced, journal)
     if mrv2_on_cpu:
         cpu_triton.apply()  # before vLLM is imported: it decides once whether Triton is present
     vllm = require_version(workload.config, "--engine vllm")
@@ -110,6 +120,15 @@ def run_live(
         llm = build_llm(vllm, config, model, workload.seed, drafter, forced)
         counts, outcome = drive(llm, workload, progress, in_process)
         outcome = replace(outcome, engine_output_tokens=counts)
+    except BaseException:
+        if journal is not None and llm is not None:
+            parts = read_parts(sink)
+            header = live_header(parts, workload, impl, device, model, drafter, forced, family, config, on_cpu, outcome)
+            rows, _ = whole_steps(merge_rows(parts))
+            writer = JournalWriter(journal, header)
+            writer.append(sink_files.rows_to_table(rows))
+            writer.close()
+        raise
     finally:
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
@@ -128,7 +147,28 @@ def run_live(
     if failures:  # specreplay's own failure, not the engine's crash (observers/guard.py)
         raise ObserverError(failures[0])
     rows = merge_rows(parts)
-    # The inputs as the engine core took them: under multiproc their steps are the observed ones.
+    header = live_header(parts, workload, impl, device, model, drafter, forced, family, config, on_cpu, outcome)
+    return replace(header, table=sink_files.rows_to_table(rows))
+
+
+def live_header(
+    parts: list[Any],
+    workload: Workload,
+    impl: Implementation,
+    device: str,
+    model: str | None,
+    drafter: str,
+    forced: bool,
+    family: RunnerFamily,
+    config: EngineConfig,
+    on_cpu: bool,
+    outcome: Outcome,
+) -> Trace:
+    """A live run's trace metadata from its part files: what the engine's processes ran, as their
+    plugin saw it, and the inputs as the engine core took them (under multiproc their steps are
+    the observed ones)."""
+    from specreplay.replay.engines.run import trace_header
+
     inputs = collect_inputs(parts)
     ran = ran_classes(parts)
     impl_doc = engine("vllm").describe(
@@ -143,7 +183,7 @@ def run_live(
         runner_family=ran.get("runner_family", family.name),
     )
     header = trace_header(workload, impl_doc, "cpu" if on_cpu else device, outcome, config)
-    return replace(header, table=sink_files.rows_to_table(rows), inputs=Inputs.from_dict(inputs) if inputs else None)
+    return replace(header, inputs=Inputs.from_dict(inputs) if inputs else None)
 
 
 def forced_patches(parts: list[Any], forced: bool, drafter: str) -> list[str]:
@@ -196,6 +236,7 @@ def run_live_in_child(
     runner: str,
     drafter: str,
     forced: bool | None = None,
+    journal: str | os.PathLike[str] | None = None,
 ) -> Trace:
     """`run_live` in a fresh process (spawned: nothing of this one's vLLM or Triton carried
     over); its exceptions (a one-line InputError, an observer's failure) come back as raised."""
@@ -203,7 +244,7 @@ def run_live_in_child(
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(run_live, workload, impl, device, model, None, runner, drafter, forced).result()
+        return pool.submit(run_live, workload, impl, device, model, None, runner, drafter, forced, journal).result()
 
 
 def build_llm(

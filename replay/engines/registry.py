@@ -28,7 +28,6 @@ runner a loop engine drives; the worker SGLang's scheduler feeds):
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +35,7 @@ from specreplay.traces.errors import InputError
 from specreplay.traces.header import ImplHeader
 
 if TYPE_CHECKING:
+    from specreplay.replay.engines.run_request import RunRequest
     from specreplay.replay.impls.registry import Implementation
     from specreplay.replay.workloads.config import EngineConfig
     from specreplay.replay.workloads.oracle import Oracle
@@ -259,19 +259,9 @@ class Engine:
         """Did the recorded inputs land at the workload's steps (else: where the engine took them)?"""
         return True
 
-    def run(
-        self,
-        workload: Any,
-        impl: Implementation,
-        device: str,
-        model: str | None,
-        progress: Callable | None,
-        runner: str | None = None,
-        drafter: str | None = None,
-        oracle: Oracle | None = None,
-    ):
-        """Run the whole workload (an engine that `drives_itself`; the others are driven by the
-        loop), on `oracle`'s outcomes where it `takes_oracle` (None: the workload's)."""
+    def run(self, request: RunRequest) -> Any:
+        """Run the whole request (an engine that `drives_itself`; the others are driven by the
+        loop), on its oracle's outcomes where it `takes_oracle`, keeping its journal."""
         raise InputError(f"--engine {self.name} is driven by the engine loop, it does not run by itself")
 
     def describe(
@@ -344,20 +334,11 @@ class LiveEngine(Engine):
         # Multiproc: inputs cross sockets and land when the engine core polls.
         return executor != "multiproc"
 
-    def run(
-        self,
-        workload: Any,
-        impl: Implementation,
-        device: str,
-        model: str | None,
-        progress: Callable | None,
-        runner: str | None = None,
-        drafter: str | None = None,
-        oracle: Oracle | None = None,
-    ):
+    def run(self, request: RunRequest) -> Any:
         from specreplay.replay.engines.live import run_live
 
-        return run_live(workload, impl, device, model, progress, runner, drafter)
+        r = request
+        return run_live(r.workload, r.impl, r.device, r.model, r.progress, r.runner, r.drafter, journal=r.journal)
 
 
 @dataclass(frozen=True)
@@ -367,17 +348,7 @@ class AttachedEngine(LiveEngine):
     def inputs_at_workload_steps(self, executor: str | None) -> bool:
         return True  # its workload is made from the inputs where the engine core took them (merge)
 
-    def run(
-        self,
-        workload: Any,
-        impl: Implementation,
-        device: str,
-        model: str | None,
-        progress: Callable | None,
-        runner: str | None = None,
-        drafter: str | None = None,
-        oracle: Oracle | None = None,
-    ):
+    def run(self, request: RunRequest) -> Any:
         raise InputError(f"{self.name} is recorded in place (specreplay record --attach), not run from a workload")
 
 
@@ -408,24 +379,17 @@ class SglangEngine(Engine):
             "executor": impl.executor,
         }
 
-    def run(
-        self,
-        workload: Any,
-        impl: Implementation,
-        device: str,
-        model: str | None,
-        progress: Callable | None,
-        runner: str | None = None,
-        drafter: str | None = None,
-        oracle: Oracle | None = None,
-    ):
-        if model is not None:
+    def run(self, request: RunRequest) -> Any:
+        if request.model is not None:
             raise InputError(f"--model is for --engine vllm; --engine {self.name} runs the reference SGLang worker")
-        if drafter is not None:
+        if request.drafter is not None:
             raise InputError(f"--drafter is for --engine vllm; --engine {self.name} drafts with the oracle (EAGLE v2)")
         from specreplay.replay.engines.sglang_loop import run_sglang
 
-        return run_sglang(workload, impl, device, oracle, progress)
+        r = request
+        return run_sglang(
+            r.workload, r.impl, r.device, r.oracle, r.progress, journal=r.journal, flush_every=r.flush_every
+        )
 
 
 ENGINES: dict[str, Engine] = {

@@ -26,6 +26,7 @@ from specreplay.replay.engines.loop import EngineLoop
 from specreplay.replay.engines.outcome import run_outcome
 from specreplay.replay.engines.registry import DEFAULT_RUNNER, refuse_outcomes_on
 from specreplay.replay.engines.registry import engine as engine_entry
+from specreplay.replay.engines.run_request import ProgressFn, RunRequest
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.observers.recorder import FLUSH_EVERY
 from specreplay.replay.workloads.oracle import Oracle
@@ -35,8 +36,6 @@ from specreplay.traces.errors import InputError
 from specreplay.traces.header import Config, ImplHeader, Outcome, OutcomesNote, Volatile, WorkloadHeader
 from specreplay.traces.journal import JournalWriter
 from specreplay.traces.trace import Trace
-
-ProgressFn = Callable[[int, int], None]  # (steps done, max steps)
 
 
 def run_workload(
@@ -76,7 +75,8 @@ def run_workload(
     if oracle is not None:  # a recording's outcomes drive only its own family's engines
         refuse_outcomes_on(engine, getattr(oracle, "vllm_outcomes", entry.serves_vllm))
     if entry.drives_itself:  # a live vLLM (its observers write part files as they go), SGLang's loop
-        trace = entry.run(workload, impl, device, model, progress, runner, drafter, oracle=oracle)
+        request = RunRequest(workload, impl, device, progress, model, runner, drafter, oracle, journal, flush_every)
+        trace = entry.run(request)
         return on_outcomes(trace, oracle) if getattr(oracle, "recorded", False) else trace
     if model is not None:
         raise InputError("--model is for --engine vllm (a live engine); the other engines run the reference model")

@@ -37,7 +37,7 @@ import os
 import random
 import tempfile
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,17 +46,17 @@ from specreplay.replay.engines.crash import crash_outcome
 from specreplay.replay.engines.events import Abort
 from specreplay.replay.engines.inputs import InputDriver
 from specreplay.replay.engines.outcome import run_outcome
+from specreplay.replay.engines.run_request import ProgressFn
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.models.sglang_worker import SglangReferenceWorker
-from specreplay.replay.observers.recorder import Recorder
+from specreplay.replay.observers.recorder import FLUSH_EVERY, Recorder
 from specreplay.replay.observers.sglang_observer import SglangObserver, attach
 from specreplay.replay.observers.sglang_truth import SglangTruth
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
+from specreplay.traces.journal import JournalWriter
 from specreplay.traces.trace import Trace
-
-ProgressFn = Callable[[int, int], None]
 
 
 class StepLimit(Exception):
@@ -67,12 +67,19 @@ class ScriptedReceiver:
     """Stands in for `Scheduler.request_receiver` (module docstring)."""
 
     def __init__(
-        self, scheduler: Any, workload: Workload, oracle: Oracle, observer: SglangObserver, progress: ProgressFn | None
+        self,
+        scheduler: Any,
+        workload: Workload,
+        oracle: Oracle,
+        observer: SglangObserver,
+        progress: ProgressFn | None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.inputs = InputDriver(workload, oracle)
         self.observer = observer
         self.progress = progress
+        self.recorder = recorder  # its settled rows go to the run's journal as the iterations pass
         self.max_steps = workload.max_steps
         self.iteration = 0
 
@@ -88,6 +95,8 @@ class ScriptedReceiver:
             self.iteration = self.max_steps
             raise StepLimit
         self.observer.set_iteration(step)
+        if self.recorder is not None:
+            self.recorder.maybe_flush(step)
         if self.progress is not None:
             self.progress(step, self.max_steps)
         inputs = self.inputs
@@ -222,11 +231,14 @@ def run_sglang(
     oracle: Oracle | None = None,
     progress: ProgressFn | None = None,
     worker_class: type[SglangReferenceWorker] = SglangReferenceWorker,
+    journal: str | os.PathLike[str] | None = None,
+    flush_every: int = FLUSH_EVERY,
 ) -> Trace:
     """Run `workload` on SGLang's scheduler with the reference SGLang worker (`worker_class`: it
     or a subclass) on `device`, taking its outcomes from `oracle` (default: the workload's), and
-    return the trace. Refused in one line before anything is built: what SGLang cannot take."""
-    from specreplay.replay.engines.registry import engine
+    return the trace. Refused in one line before anything is built: what SGLang cannot take.
+    `journal`: where the settled rows go every `flush_every` iterations, and everything recorded
+    on any exception, as the loop engines keep theirs (engines/run.py)."""
     from specreplay.replay.engines.run import fewer_full_collections, trace_header
 
     sglang_setup.refuse_workload(workload)
@@ -242,8 +254,14 @@ def run_sglang(
     # seed 0, two test runs) would pick the same port and one would fail to bind it. Reseeded from
     # the OS; the new Scheduler seeds it again for its run, so the trace does not change.
     random.seed()
+    writer: JournalWriter | None = None
     with tempfile.TemporaryDirectory(prefix="specreplay-sglang-") as folder, sglang_checks(), fewer_full_collections():
         scheduler = sglang_setup.build_scheduler(config, worker, Path(folder), workload.seed, impl)
+        scheduler_class = type(scheduler)
+        header = trace_header(workload, _described(impl, scheduler_class, worker_class, config), device, run_outcome(0))
+        if journal is not None:
+            writer = JournalWriter(journal, header)
+            recorder.journal, recorder.flush_every = writer, flush_every
         try:
             order = {spec.request_id: i for i, spec in enumerate(workload.requests)}
             truth = SglangTruth(oracle, KvView(scheduler, worker))
@@ -251,7 +269,7 @@ def run_sglang(
             attach(observer, lambda: worker.last_forward)
             refuse_capped(scheduler, workload)
             received = capture_outputs(scheduler)
-            receiver = ScriptedReceiver(scheduler, workload, oracle, observer, progress)
+            receiver = ScriptedReceiver(scheduler, workload, oracle, observer, progress, recorder)
             scheduler.request_receiver = receiver
             try:
                 scheduler.run_event_loop()  # returns once the ShutdownReq's gracefully_exit is seen
@@ -264,10 +282,22 @@ def run_sglang(
                     raise
                 outcome = run_outcome(receiver.iteration, crash=crash)
             outcome = dataclasses.replace(outcome, engine_output_tokens=dict(received))
-            scheduler_class = type(scheduler)
         finally:
+            # Whatever ended the run (its end, a crash, specreplay's own failure, Ctrl-C): what
+            # was recorded is in the journal before anything propagates.
+            recorder.flush(everything=True)
+            if writer is not None:
+                writer.close()
             sglang_setup.close_scheduler(scheduler)
-    impl_doc = engine("sglang-scheduler").describe(
+    return dataclasses.replace(header, table=recorder.table(), outcome=outcome)
+
+
+def _described(impl: Implementation, scheduler_class: type, worker_class: type, config: Any) -> Any:
+    """What ran, for the trace header: the Scheduler class built (the variant's on the driver's)
+    and the reference worker."""
+    from specreplay.replay.engines.registry import engine
+
+    return engine("sglang-scheduler").describe(
         impl,
         scheduler_class.__module__ + "." + scheduler_class.__qualname__,
         f"{worker_class.__module__}.{worker_class.__qualname__}",
@@ -275,8 +305,6 @@ def run_sglang(
         runner_family="sglang",
         patches=list(sglang_setup.PATCHES),
     )
-    header = trace_header(workload, impl_doc, device, outcome)
-    return dataclasses.replace(header, table=recorder.table())
 
 
 __all__ = ["KvView", "ScriptedReceiver", "StepLimit", "run_sglang"]

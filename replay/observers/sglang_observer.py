@@ -255,6 +255,8 @@ class SglangObserver:
             if all(launch.step != step for launch in self.launched):
                 del self.rec.rows_of_step[step]  # nothing will write to that step's rows again
         self.prev_scheduled = {r.rid for r in batch.reqs} if batch is not None else set()
+        if batch is None:
+            self.rec.step_done(self.iteration)  # nothing runs: both views of the iteration are in
 
     def mode_of(self, batch: Any) -> str:
         """The forward mode the batch runs as: the scheduler's, a spec decode batch as the verify it is."""
@@ -323,6 +325,7 @@ class SglangObserver:
             self.rec.fill_columns(
                 truth_at, {name: [truth[rid][name] for rid in truth if rid in index] for name in names}
             )
+        self.rec.step_done(step)  # both views in: a journal flush after an exception keeps the step
 
     # ------------------------------------------------------------------ what the result did
     def before_apply(self, batch: Any, result: Any) -> None:

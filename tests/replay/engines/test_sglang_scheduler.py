@@ -476,3 +476,70 @@ def test_without_sglang_the_engine_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(sglang_setup, "installed_sglang_version", lambda: "0.5.9")
     with pytest.raises(InputError, match=r"from \.venv-sglang \(this environment has sglang 0\.5\.9\)$"):
         run_workload(workload_from_notation("a:p4,t4 | async"), UPSTREAM, engine="sglang-scheduler")
+
+
+# ====================================================================== the journal, as the loop engines keep it
+def _long_sglang_workload():
+    """Long enough that a kill lands mid-run: 16 requests decoding 300 tokens each, overlap, EAGLE v2."""
+    return workload_from_notation(" ".join(f"r{i}:p8,t300" for i in range(16)) + " | k3 async steps 2000 name long")
+
+
+@sglang
+def test_a_killed_sglang_recording_keeps_its_flushed_steps_and_recovers(tmp_path):
+    """`record --engine sglang-scheduler` killed (SIGKILL) mid-run: its journal holds whole steps,
+    and `recover` makes of them a partial trace whose rows are the full run's, step for step."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from specreplay.traces.journal import holds_steps, journal_path, recover
+
+    workload = _long_sglang_workload()
+    spec = tmp_path / "long.json"
+    spec.write_text(json.dumps(workload.to_dict()))
+    out = tmp_path / "killed.parquet"
+    command = [sys.executable, "-m", "specreplay.cli", "record", "--engine", "sglang-scheduler"]
+    command += ["--workload", str(spec), "-o", str(out), "--flush-every", "4"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    journal = journal_path(out)
+    deadline = time.monotonic() + 300
+    while not (journal.exists() and holds_steps(journal)) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # still running once steps were flushed
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()
+    recovered = recover(journal)
+    assert recovered.outcome.status == "partial" and recovered.num_rows > 0
+    full = run_workload(workload, UPSTREAM, engine="sglang-scheduler")
+    last = recovered.outcome.step
+    assert last < full.num_steps
+    whole = sum(1 for s in full.table["step"].to_pylist() if s <= last)
+    prefix = full.table.slice(0, whole)
+    for name in recovered.table.column_names:  # values, not encodings (a prefix has fewer enum values)
+        assert recovered.table[name].to_pylist() == prefix[name].to_pylist(), name
+    assert recovered.impl.scheduler == full.impl.scheduler and recovered.impl.runner_family == "sglang"
+
+
+@sglang
+def test_an_sglang_run_that_ends_by_specreplays_own_exception_leaves_its_journal(tmp_path, monkeypatch):
+    """An exception that is no engine crash (here: the observer failing at iteration 40) propagates,
+    and what was recorded before it is in the journal."""
+    from specreplay.replay.engines.sglang_loop import run_sglang
+    from specreplay.replay.observers.sglang_observer import SglangObserver
+    from specreplay.traces.journal import recover
+
+    original = SglangObserver.set_iteration
+
+    def failing(self, iteration):
+        if iteration == 40:
+            raise KeyboardInterrupt  # Ctrl-C: never the engine's outcome
+        original(self, iteration)
+
+    monkeypatch.setattr(SglangObserver, "set_iteration", failing)
+    journal = tmp_path / "run.parquet.partial"
+    with pytest.raises(KeyboardInterrupt):
+        run_sglang(_long_sglang_workload(), UPSTREAM, journal=journal, flush_every=4)
+    recovered = recover(journal)
+    assert recovered.outcome.status == "partial" and 30 <= recovered.outcome.step < 40

@@ -165,3 +165,28 @@ def test_an_observer_failure_is_specreplays_own_not_an_engine_crash(tmp_path, mo
     ours = [line for line in result.output.strip().splitlines() if "[dump_input.py" not in line and line.strip()]
     assert "a specreplay bug" in result.output and len([x for x in ours if x.startswith("error:")]) == 1, ours
     assert not out.exists()
+
+
+def test_a_live_run_stopped_by_ctrl_c_leaves_a_journal_of_its_whole_steps(tmp_path, monkeypatch):
+    """Ctrl-C in the middle of a live run (here raised at step 6 of the driver): what the
+    observers wrote so far goes to the journal, whole steps only, and `recover` reads it."""
+    from specreplay.replay.engines import live as live_module
+    from specreplay.traces.journal import recover
+
+    original = live_module.LiveInputs.notice_ends
+
+    def interrupted(self, step):
+        if step == 6:
+            raise KeyboardInterrupt
+        return original(self, step)
+
+    monkeypatch.setattr(live_module.LiveInputs, "notice_ends", interrupted)
+    journal = tmp_path / "live.parquet.partial"
+    with pytest.raises(KeyboardInterrupt):
+        run_workload(reentry(), resolve("upstream", allow_import=False), engine="vllm", runner="v1", journal=journal)
+    recovered = recover(journal)
+    assert recovered.outcome.status == "partial" and 3 <= recovered.outcome.step <= 6
+    df = recovered.table.to_pandas()
+    scheduled = df[df.sched_num_scheduled_tokens > 0]
+    assert len(scheduled) and scheduled.worker_num_scheduled_tokens.notna().all()  # whole steps
+    assert recovered.impl.engine == "vllm" and recovered.impl.runner_family == "v1"
