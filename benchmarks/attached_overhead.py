@@ -37,7 +37,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from specreplay.replay.engines.vllm_setup import engine_args
+    from specreplay.replay.families.vllm.setup import engine_args
     from specreplay.replay.observers.guard import GUARD
     from specreplay.replay.workloads.config import EngineConfig
     from specreplay.traces.parts import flush_all

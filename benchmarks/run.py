@@ -94,7 +94,7 @@ def reference_run(workload: Workload, device: str = "cpu") -> int:
 
 def have_vllm() -> bool:
     try:
-        from specreplay.replay.engines.vllm_setup import load_vllm
+        from specreplay.replay.families.vllm.setup import load_vllm
 
         load_vllm()
         return True
@@ -108,7 +108,7 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
     is built and the requests added before the timed loop."""
     from vllm.v1.outputs import ModelRunnerOutput
 
-    from specreplay.replay.engines.real_scheduler import VllmSchedulerAdapter
+    from specreplay.replay.families.vllm.real_scheduler import VllmSchedulerAdapter
     from specreplay.replay.models.request import Request
     from specreplay.replay.workloads.oracle import Oracle
 
@@ -119,8 +119,8 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
     sched = adapter.real
     sink = None
     if tap:
-        from specreplay.replay.engines import plugin
-        from specreplay.replay.engines import sink as sink_files
+        from specreplay.replay.families.vllm import plugin
+        from specreplay.replay.families.vllm import sink as sink_files
         from specreplay.replay.impls.registry import resolve
 
         sink = sink_files.new_sink()  # the live engine's scheduler observer, as its plugin attaches it
@@ -148,7 +148,7 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
                     continue
             sched.update_from_output(*queue.pop())
         if sink:
-            from specreplay.replay.engines import sink as sink_files
+            from specreplay.replay.families.vllm import sink as sink_files
 
             sink_files.clean_sink(sink)
         return done

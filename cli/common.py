@@ -17,8 +17,8 @@ from typing import Any
 
 import click
 
-from specreplay.replay.engines.drafters import DRAFTERS
 from specreplay.replay.engines.registry import RUNNERS, choosable_engines
+from specreplay.replay.families.vllm.drafters import DRAFTERS
 from specreplay.replay.workloads.config import MODELLED_VERSIONS
 from specreplay.traces.errors import InputError, one_line
 from specreplay.traces.header import ImplHeader

@@ -120,12 +120,12 @@ def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
 def _story(out, trace, first) -> None:
     """The first finding's request over the steps up to it."""
     from specreplay.cli.render import story_columns, story_table
-    from specreplay.replay.views.timeline import runner_family_of
+    from specreplay.traces.families import family_of
 
-    family = runner_family_of(trace)
+    family = family_of(trace.impl)
     columns = tuple(dict.fromkeys(("request_id",) + tuple(name for name, _ in story_columns(family))))
     rows = trace.rows_of(first.request_id, first.step - STORY_STEPS, first.step, columns)
-    print_table(out, story_table(rows, first.request_id, first.step, family=family))
+    print_table(out, story_table(rows, first.request_id, first.step, family))
 
 
 def _compare_two(loaded, paths: list[str], fmt: str, fail_on: str) -> int:

@@ -29,7 +29,9 @@ from specreplay.cli.common import (
     runner_option,
     vllm_version_option,
 )
+from specreplay.replay.engines.registry import DEFAULT_ENGINE
 from specreplay.traces.errors import InputError
+from specreplay.traces.families import EngineLine
 
 
 @click.command(context_settings=CONTEXT)
@@ -80,14 +82,14 @@ def explore(
       specreplay shrink found/X10-scheduler-output-mutated.parquet -o min.parquet --emit-pytest test_min.py
       specreplay explore --engine sglang-scheduler --budget 100 -o found-sglang/
     """
-    from specreplay.replay.engines.vllm_setup import default_vllm_version
+    from specreplay.replay.families.vllm.setup import default_vllm_version
     from specreplay.replay.workflows.explore import explore_to
 
     with _progress(budget) as update:
         report = explore_to(
             output_dir,
             impl_name,
-            engine=engine or "reference",
+            engine=engine or DEFAULT_ENGINE,
             seed=seed,
             budget=budget,
             seconds=seconds,
@@ -114,7 +116,9 @@ def _report(report) -> None:
 
     # The vLLM release the models follow; SGLang's scheduler is its own release (the trace header's `models`).
     release = (
-        f"vLLM {summary.get('vllm_version') or 'default'}, " if engine_entry(summary["engine"]).serves_vllm else ""
+        f"vLLM {summary.get('vllm_version') or 'default'}, "
+        if engine_entry(summary["engine"]).line is EngineLine.VLLM
+        else ""
     )
     out.print(
         f"explored {summary['workloads']} workloads through {summary['impl']} ({summary['engine']} engine, "

@@ -145,7 +145,7 @@ def scenarios(matrix: bool, reference_only: bool, runners: tuple[str, ...], fmt:
             click.echo(f"{s.name:{width}} {s.summary}")
         return
     from specreplay.cli.render import bug_matrix_markdown, bug_matrix_table
-    from specreplay.replay.engines.sglang_setup import require_sglang
+    from specreplay.replay.families.sglang.setup import require_sglang
     from specreplay.replay.workflows.bug_matrix import MATRIX_RUNNERS, SGLANG, bug_matrix
 
     vllm_runners = tuple(r for r in runners if r != SGLANG) if runners else MATRIX_RUNNERS

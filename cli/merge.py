@@ -1,7 +1,7 @@
 """`specreplay merge`: the part files of an attached vLLM run into one trace.
 
 Where it sits: cli over the merge workflow (replay/workflows/merge.py). A vLLM process started
-with `SPECREPLAY_RECORD=DIR` (engines/attached.py) leaves one part file per process in DIR; this
+with `SPECREPLAY_RECORD=DIR` (families/vllm/attached.py) leaves one part file per process in DIR; this
 command joins them, says what it dropped and why, and prints the one-line check `record` prints.
 """
 

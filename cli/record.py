@@ -35,6 +35,7 @@ from specreplay.cli.common import (
     vllm_version_option,
     workload_options,
 )
+from specreplay.replay.engines.registry import DEFAULT_ENGINE
 from specreplay.replay.workflows.record import (  # light: the engines load when a command runs
     DEFAULT_COMPARE,
     FLUSH_EVERY,
@@ -179,7 +180,7 @@ def record(
         workload,
         impl_name,
         executor=executor,
-        engine=engine or "reference",
+        engine=engine or DEFAULT_ENGINE,
         device=device,
         model=model,
         flush_every=flush_every,
@@ -220,7 +221,7 @@ def _record_attached(output: Path, command: tuple[str, ...], tokens: str | None)
 def _mrv2_interpreter():
     """The command's environment for Model Runner V2 on a CPU: the user asked for it
     (VLLM_USE_V2_MODEL_RUNNER=1), and there it runs Triton's kernels in Triton's interpreter,
-    which must be on from the process's start (engines/cpu_triton.py): TRITON_INTERPRET=1 for
+    which must be on from the process's start (families/vllm/mrv2/cpu_triton.py): TRITON_INTERPRET=1 for
     the command, never on a GPU (its kernels compile there) and never for a runner not asked for
     (the recorder does not change which runner the user's vLLM picks). Set for the command's
     start only; this process's environment is restored."""
@@ -393,12 +394,12 @@ def compare(
     if impl_names:
         names = [n.strip() for n in impl_names.split(",") if n.strip()]
     else:
-        names, left_out = compare_defaults(engine or "reference", live_runner, workload)
+        names, left_out = compare_defaults(engine or DEFAULT_ENGINE, live_runner, workload)
     comparison = compare_to(
         output_dir,
         workload,
         names,
-        engine=engine or "reference",
+        engine=engine or DEFAULT_ENGINE,
         device=device,
         progress=progress,
         runner=live_runner,

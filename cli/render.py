@@ -14,6 +14,7 @@ import pyarrow as pa
 from rich.table import Table
 
 from specreplay.replay.check.findings import Finding, verdict
+from specreplay.traces.families import EngineLine, FamilyTraits, WorkerView, traits
 from specreplay.traces.io import TraceFile
 from specreplay.traces.trace import Trace
 
@@ -117,35 +118,51 @@ STORY_COLUMNS_SGLANG = _SCHED_STORY + (
     ("apply_kv_committed_len", "c'"),
     ("truth_num_computed_tokens", "KV"),
 )
-#: What the runner family adds to a story's title.
-RUNNER_TITLES = {"v2": " on Model Runner V2", "sglang": " on SGLang's scheduler"}
+#: What each worker view's story columns mean (traces/families.py: a family's `view`).
 _STORY_TITLES = {
-    "v1": "C P T: scheduler before the step; pm: in the worker's prev map; dr: drafts cached for it; wn: tokens "
-    "the worker ran; wC: worker after correction; KV: valid in cache",
-    "v2": "C P T: scheduler before the step; slot: its slot in MRV2's req_states; q: query length run; dC dC': "
-    "device num_computed_tokens before / after post_update; cpu: the CPU mirror; from: the step that proposed "
-    "the drafts it verified; base: the device count they follow; acc rej: accepted, rejected",
-    "sglang": "C: kv_committed_len before the iteration; T: seqlen; c a: committed, allocated after its scheduling; "
-    "wL: the seq_len the worker ran with; wn: tokens it ran; acc: drafts accepted; wL': the seq_len it published; "
-    "c': committed after the apply; KV: valid in cache",
+    WorkerView.PERSISTENT_BATCH: (
+        "C P T: scheduler before the step; pm: in the worker's prev map; dr: drafts cached for it; wn: tokens "
+        "the worker ran; wC: worker after correction; KV: valid in cache"
+    ),
+    WorkerView.SLOTS: (
+        "C P T: scheduler before the step; slot: its slot in MRV2's req_states; q: query length run; dC dC': "
+        "device num_computed_tokens before / after post_update; cpu: the CPU mirror; from: the step that proposed "
+        "the drafts it verified; base: the device count they follow; acc rej: accepted, rejected"
+    ),
+    WorkerView.SGLANG_ROWS: (
+        "C: kv_committed_len before the iteration; T: seqlen; c a: committed, allocated after its scheduling; "
+        "wL: the seq_len the worker ran with; wn: tokens it ran; acc: drafts accepted; wL': the seq_len it "
+        "published; c': committed after the apply; KV: valid in cache"
+    ),
 }
 
 
-def story_columns(family: str = "v1") -> tuple[tuple[str, str], ...]:
-    """The story's (column, label) pairs for a trace of runner family `family` ("v1", "v2", "sglang")."""
-    return {"v2": STORY_COLUMNS_MRV2, "sglang": STORY_COLUMNS_SGLANG}.get(family, STORY_COLUMNS)
+#: The story's (column, label) pairs for each worker view.
+_STORY_COLUMNS = {
+    WorkerView.PERSISTENT_BATCH: STORY_COLUMNS,
+    WorkerView.SLOTS: STORY_COLUMNS_MRV2,
+    WorkerView.SGLANG_ROWS: STORY_COLUMNS_SGLANG,
+}
 
 
-def story_table(rows: pa.Table, request_id: str, upto_step: int, steps_before: int = 8, family: str = "v1") -> Table:
+def story_columns(family: FamilyTraits | None = None) -> tuple[tuple[str, str], ...]:
+    """The story's (column, label) pairs for a trace of runner family `family` (its traits;
+    None: the default family's)."""
+    return _STORY_COLUMNS[(family or traits(None)).view]
+
+
+def story_table(
+    rows: pa.Table, request_id: str, upto_step: int, family: FamilyTraits | None = None, steps_before: int = 8
+) -> Table:
     """The request's rows over the steps up to a finding: what each side did, in the worker view
     of the trace's runner family. `rows` holds at least those rows and `story_columns(family)`
     (`TraceFile.rows_of`, or a whole trace's table)."""
     from rich import box
 
+    family = family or traits(None)
     columns = story_columns(family)
-    runner = RUNNER_TITLES.get(family, "")
     table = Table(
-        title=f"request {request_id!r}{runner} up to step {upto_step} ({_STORY_TITLES[family]})",
+        title=f"request {request_id!r}{family.shown_as} up to step {upto_step} ({_STORY_TITLES[family.view]})",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         padding=(0, 1),
@@ -215,11 +232,11 @@ def _matrix_rows(cells: list[Any]) -> tuple[list[tuple[str, str]], list[tuple[An
     registry order, and per known bug (in order) its cells by column."""
     from specreplay.replay.workloads.known_bugs import KNOWN_BUGS
 
-    vllm = [c for c in cells if c.runner != "sglang"]
+    vllm = [c for c in cells if traits(c.runner).line is EngineLine.VLLM]
     versions = list(dict.fromkeys(c.version for c in vllm))
     runners = list(dict.fromkeys(c.runner for c in vllm))
     columns = [(v, r) for v in versions for r in runners]
-    columns += list(dict.fromkeys((c.version, c.runner) for c in cells if c.runner == "sglang"))
+    columns += list(dict.fromkeys((c.version, c.runner) for c in cells if traits(c.runner).line is not EngineLine.VLLM))
     by_bug: dict[str, dict[tuple[str, str], Any]] = defaultdict(dict)
     for c in cells:
         by_bug[c.bug][(c.version, c.runner)] = c
@@ -250,7 +267,7 @@ def bug_matrix_markdown(cells: list[Any]) -> str:
 
 def _column_name(version: str, runner: str) -> str:
     """A matrix column: a vLLM release and runner family (`0.32.0 v1`), or SGLang's (`sglang 0.5.23`)."""
-    return f"sglang {version}" if runner == "sglang" else f"{version} {runner}"
+    return f"{version} {runner}" if traits(runner).line is EngineLine.VLLM else f"{runner} {version}"
 
 
 def bug_matrix_table(cells: list[Any]) -> Table:

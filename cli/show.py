@@ -15,6 +15,7 @@ import click
 from specreplay.cli.common import CONTEXT, console, handle_errors, trace_argument
 from specreplay.replay.views.timeline import FIELDS  # plain data, no torch: --help stays fast
 from specreplay.traces.errors import InputError
+from specreplay.traces.families import traits
 
 STYLES = {
     "ok": "green",
@@ -72,7 +73,6 @@ def show(trace_path, requests, steps_text, field_name, svg_file) -> None:
       specreplay show reentry.parquet --request 10
       specreplay show reentry.parquet --request 10 --steps 1:8 --field num_computed_tokens --svg reentry.svg
     """
-    from specreplay.cli.render import RUNNER_TITLES
     from specreplay.replay.check.checker import NEEDED, check_batches
     from specreplay.replay.views.timeline import build_timeline, default_steps
     from specreplay.traces.io import open_trace
@@ -93,7 +93,7 @@ def show(trace_path, requests, steps_text, field_name, svg_file) -> None:
         if steps or window is None
         else f" (steps {window[0]}:{window[1]} of {trace.num_steps}; --steps picks others)"
     )
-    runner = RUNNER_TITLES.get(timeline.runner_family, "")
+    runner = traits(timeline.runner_family).shown_as
     title = f"{trace_path}: {trace.workload.name or '?'} via {trace.impl_name}{runner}, {len(findings)} findings{note}"
     shown = len({lane.request_id for lane in timeline.lanes})
     if not requests and shown < timeline.requests_in_range:

@@ -1,6 +1,6 @@
 """`specreplay snapshot`: ask the flight recorders of a running vLLM to write their window out.
 
-Where it sits: cli over engines/flight.py. A vLLM started with `SPECREPLAY_RECORD=DIR` and
+Where it sits: cli over families/vllm/flight.py. A vLLM started with `SPECREPLAY_RECORD=DIR` and
 `SPECREPLAY_WINDOW=STEPS` keeps each process's last steps in memory; this command names a dump,
 sends SIGUSR1 to every process recording into DIR, waits until each has written its parts under
 `DIR/<dump>/`, and prints how to merge them. The engine goes on serving.
@@ -32,7 +32,7 @@ def snapshot(folder, timeout) -> None:
       specreplay snapshot rec/
       specreplay merge rec/snapshot-20261203T101500Z -o window.parquet
     """
-    from specreplay.replay.engines.flight import (
+    from specreplay.replay.families.vllm.flight import (
         ask_for_windows,
         dump_name,
         live_recorders,

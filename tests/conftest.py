@@ -101,7 +101,7 @@ def pytest_collection_modifyitems(config, items):
 def skip_sglang_tests(items) -> None:
     """Tests marked sglang skip unless sglang 0.5.23 is installed here (its own environment);
     there (SPECREPLAY_SGLANG_ENV=1) its absence is one line and exit code 4."""
-    from specreplay.replay.engines.sglang_setup import SGLANG_VERSION, installed_sglang_version
+    from specreplay.replay.families.sglang.setup import SGLANG_VERSION, installed_sglang_version
 
     marked = [item for item in items if item.get_closest_marker("sglang") is not None]
     found = installed_sglang_version() if marked else SGLANG_VERSION
@@ -135,7 +135,7 @@ HEAVY = (  # measured on 2 cores under load (issue 26): the first is about a thi
     "test_replay_recorded.py",
     "test_runner_differential_v1.py",
     # Every test that starts Model Runner V2, on one worker: its process imports vLLM once with
-    # Triton's interpreter (a V1 run there goes to a child process, engines/live.py).
+    # Triton's interpreter (a V1 run there goes to a child process, families/vllm/live.py).
     "mrv2",
     "live-multiproc",
     "test_fuzz.py",
@@ -229,7 +229,7 @@ def reentry_traces():
 @pytest.fixture(scope="session")
 def live_reentry_trace():
     """The reentry scenario on a live tiny vLLM engine (upstream, engine core in this process),
-    forced (engines/forced_logits.py: the oracle's tokens, draft_model drafting the scenario's):
+    forced (families/vllm/forced_logits.py: the oracle's tokens, draft_model drafting the scenario's):
     a trace with token ground truth and none for the KV cache, recorded once. Only tests marked
     `vllm` may use it."""
     return run_workload(build_scenario("reentry"), resolve("upstream", allow_import=False), engine="vllm", runner="v1")

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specreplay.replay.engines.live import cpu_attention_config
-from specreplay.replay.engines.vllm_setup import speculative_config, tiny_model_dir
+from specreplay.replay.families.vllm.live import cpu_attention_config
+from specreplay.replay.families.vllm.setup import speculative_config, tiny_model_dir
 from specreplay.replay.workloads.config import EngineConfig
 from tests.processes import alive, descendants, group_members, kill_tree, wait_gone
 
@@ -58,7 +58,7 @@ SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: the config's bos 1 and
 SITECUSTOMIZE = f"""\
 import os
 if os.environ.get({PATCH_ENV!r}) == "1":
-    from specreplay.replay.engines.plugin import apply_cpu_patches
+    from specreplay.replay.families.vllm.plugin import apply_cpu_patches
 
     apply_cpu_patches()
 """

@@ -4,6 +4,12 @@ Read from the source with ast, function-level imports included, so a lazy import
 dependency. A module may import its own package and the packages its row allows; traces/ is the
 base layer everyone may use; cli/ may use everything. The public API (replay/api.py) is a facade
 over workloads, models and impls; the old flat paths are ordinary deprecated re-exports.
+
+The engine families (replay/families/: vllm with v1/, mrv2/ and releases/, sglang) cut across the
+stages: each module of a family has a role, named by its file (`ROLES`: a runner or worker is a
+model, an observer an observer, variants an implementation, outcomes a workload's oracle, the rest
+engine machinery), and is held to its role's row; a stage may import a family module whose role
+is a stage it may import (or its own).
 """
 
 from __future__ import annotations
@@ -29,6 +35,45 @@ ALLOWED = {
     "workflows": {"workloads", "models", "impls", "observers", "engines", "check"},
     "views": set(),
 }
+#: A family module's stage, by its file name (replay/families/*/...): what it may import, and who
+#: may import it. Names not listed are engine machinery (setup, loop, plugin, live, ...).
+ROLES = {
+    "runner": "models",
+    "worker": "models",
+    "batch": "models",
+    "states": "models",
+    "input_batch": "models",
+    "releases": "models",
+    "observer": "observers",
+    "truth": "observers",
+    "variants": "impls",
+    "forms": "impls",
+    "outcomes": "workloads",
+    "recorded_inputs": "workloads",
+    "shape": "workloads",
+}
+FAMILIES = ROOT / "families"
+
+
+def role_of(name: str) -> str:
+    """The stage of `specreplay.replay.families....` name `name` (a module, or a name in one; a
+    release module: models; a family's package itself: families)."""
+    parts = name.split(".")[3:]
+    for end in range(len(parts), 0, -1):  # the module that defines the name: its longest prefix that is a file
+        if FAMILIES.joinpath(*parts[:end]).with_suffix(".py").exists():
+            module = parts[:end]
+            return "models" if "releases" in module else ROLES.get(module[-1], "engines")
+    return "families"
+
+
+def family_modules() -> list[Path]:
+    return sorted(p for p in FAMILIES.rglob("*.py") if p.name != "__init__.py")
+
+
+def dotted(path: Path) -> str:
+    return "specreplay." + ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+
+
 #: Packages whose modules import no torch when they load (a function may, when it needs it:
 #: asking whether CUDA is there), so `specreplay diff`, `show` and `--help` start fast.
 NO_TORCH = ("check", "views", "observers", "workloads", "workflows", "impls")
@@ -40,9 +85,9 @@ DEPRECATED = {
     "checker": "specreplay.replay.check.checker",
     "engine": "specreplay.replay.engines.run",
     "messages": "specreplay.replay.models.messages",
-    "runner": "specreplay.replay.models.runner",
+    "runner": "specreplay.replay.families.vllm.v1.runner",
     "scheduler": "specreplay.replay.models.scheduler",
-    "variants": "specreplay.replay.impls.variants",
+    "variants": "specreplay.replay.families.vllm.variants",
     "workload": "specreplay.replay.workloads.workload",
 }
 
@@ -70,8 +115,13 @@ def top_level_imports(path: Path) -> set[str]:
 
 
 def replay_package(name: str) -> str | None:
+    """The stage `name` belongs to: its package, or for a family module its role."""
     parts = name.split(".")
-    return parts[2] if parts[:2] == ["specreplay", "replay"] and len(parts) > 2 else None
+    if parts[:2] != ["specreplay", "replay"] or len(parts) <= 2:
+        return None
+    if parts[2] == "families":
+        return role_of(name)
+    return parts[2]
 
 
 def test_every_replay_module_sits_in_a_package_of_the_map():
@@ -79,7 +129,11 @@ def test_every_replay_module_sits_in_a_package_of_the_map():
     # At the top: the public API and the deprecated re-exports of the old flat paths, nothing else.
     assert loose == sorted(["api", *DEPRECATED])
     packages = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").exists())
-    assert packages == sorted(ALLOWED)
+    assert packages == sorted([*ALLOWED, "families"])
+    # Every family module has a role the map knows.
+    assert all(role_of(dotted(p)) in ALLOWED for p in family_modules())
+    assert role_of("specreplay.replay.families.vllm.v1.runner.GPUModelRunner") == "models"
+    assert role_of("specreplay.replay.families.sglang.setup") == "engines"
 
 
 def sys_modules_assignments(path: Path) -> list[int]:
@@ -139,7 +193,14 @@ def test_each_package_imports_only_the_stages_before_it():
                 other = replay_package(name)
                 if other is not None and other != package and other in ALLOWED and other not in allowed:
                     violations.append(f"replay/{package}/{path.name} imports {name}")
-    assert checked > 30
+    for path in family_modules():
+        checked += 1
+        role = role_of(dotted(path))
+        for name in imports_of(path):
+            other = replay_package(name)
+            if other is not None and other != role and other in ALLOWED and other not in ALLOWED[role]:
+                violations.append(f"{path.relative_to(ROOT)} ({role}) imports {name}")
+    assert checked > 60
     assert not violations, "\n".join(violations)
 
 

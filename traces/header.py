@@ -231,7 +231,7 @@ class Outcome(_Json):
 @dataclass(frozen=True)
 class Inputs(_Json):
     """The recorded inputs of a live or attached vLLM run (`specreplay.inputs`): request lives,
-    aborts, streamed chunks and engine events, validated by `replay.workloads.recorded_inputs`."""
+    aborts, streamed chunks and engine events, validated by `replay.families.vllm.recorded_inputs`."""
 
     PART = "inputs"
 

@@ -2,7 +2,7 @@
 
 Where it sits: workloads -> models -> impls -> observers -> engines -> **traces** -> check ->
 workflows -> views -> cli, beside the journal (traces/journal.py). The observers inside a live or
-attached vLLM's processes (replay/engines/sink.py, plugin.py, attached.py) each append to their own
+attached vLLM's processes (replay/families/vllm/sink.py, plugin.py, attached.py) each append to their own
 part file under one folder, one JSON object a line, queued on the engine's thread and written by a
 background thread 20 ms after the first event since its last write (it sleeps while nothing is
 queued), so a process killed outright loses at most its last 20 ms and the line it was writing,
@@ -21,7 +21,7 @@ writer a fraction of the `patch` lines it replaces, which merge still reads),
 `ran` (the scheduler or runner class that ran), `unknown_runner` (a runner class specreplay does
 not observe), `not_recorded` (what a process could not record, and why), `error` (the guard's report of specreplay's own
 failure), `config` and `step` (attached: the engine config read from vLLM, each schedule()),
-`crashed` (the engine died: the step, vLLM's kind and message: engines/flight.py), `window` (the
+`crashed` (the engine died: the step, vLLM's kind and message: families/vllm/flight.py), `window` (the
 second line of a flight recorder's dump: the steps it holds, traces/window.py),
 and the recorded inputs `request`, `stream`, `abort`, `event` (replay/observers/input_observer.py).
 """
@@ -165,8 +165,11 @@ class PartWriter:
         return path
 
     def __del__(self) -> None:  # dropped unclosed: what it queued still goes out, its fd is freed
-        with contextlib.suppress(Exception):
+        # A plain try: at interpreter exit the module's globals (contextlib) may already be gone.
+        try:
             self.close()
+        except Exception:
+            pass
 
     def close(self) -> None:
         self.flush()

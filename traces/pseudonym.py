@@ -3,7 +3,7 @@
 Where it sits: workloads -> models -> impls -> observers -> engines -> **traces** -> check ->
 workflows -> views -> cli, beside the part files' format (traces/parts.py). A recording of a
 deployment holds its users' prompts and outputs as token ids. With `SPECREPLAY_TOKENS=pseudonym`
-(engines/attached.py) every token id a part file holds goes through one permutation of the
+(families/vllm/attached.py) every token id a part file holds goes through one permutation of the
 vocabulary `[0, vocab)`, drawn from a key per recording, on the part writer's background thread
 (never the engine's): the prompts and stop token ids of the recorded inputs, and the trace columns
 that hold ids (`TOKEN_COLUMNS`). A permutation is a bijection, so every equality the engines

@@ -438,7 +438,7 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         "worker: on the row announcing r finished, r's cached state or batch row outlived _update_states "
         "(null: not announced at this step)",
     ),
-    # ---- worker view, Model Runner V2 only (vllm/v1/worker/gpu/; observers/mrv2_observer.py) ----
+    # ---- worker view, Model Runner V2 only (vllm/v1/worker/gpu/; families/vllm/mrv2/observer.py) ----
     (
         "worker_slot",
         pa.int16(),
@@ -515,7 +515,7 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         True,
         "worker (MRV2): on the row of the step listing r preempted, its slot was freed (null: not listed)",
     ),
-    # ---- worker view, SGLang only (models/sglang_worker.py; observers/sglang_observer.py) ----
+    # ---- worker view, SGLang only (families/sglang/worker.py; families/sglang/observer.py) ----
     (
         "worker_seq_len",
         pa.int32(),

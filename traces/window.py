@@ -5,7 +5,7 @@ workflows -> views -> cli, beside the part files (traces/parts.py), with no know
 With `SPECREPLAY_WINDOW=STEPS` beside `SPECREPLAY_RECORD=DIR`, a part writer keeps its encoded
 lines here instead of writing them: the lines of the last STEPS engine steps, plus the lines no
 step owns (the part's header, the engine config, what ran, specreplay's own errors). A dump
-(engines/flight.py: the engine died, SIGUSR1, `specreplay snapshot`) writes them as an ordinary
+(families/vllm/flight.py: the engine died, SIGUSR1, `specreplay snapshot`) writes them as an ordinary
 part under `DIR/<dump>/`, its second line a `window` line saying which steps it holds.
 
 What a window replays. A replay starts from an empty engine (traces/parts.py's inputs, the

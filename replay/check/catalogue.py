@@ -979,3 +979,9 @@ def about_the_worker_view(code: str) -> bool:
     """A code that compares with the worker's view (the cross-view X codes, MRV2's M codes, K5):
     not checked on a recording whose runner specreplay does not observe (UNOBSERVED_RUNNER)."""
     return code[0] in "XM" or code == "K5-finished-state-kept"
+
+
+def not_on_mrv2(code: str) -> bool:
+    """A code that does not run on a Model Runner V2 trace: about V1's runner state alone (or
+    another engine's scheduler)."""
+    return code in BY_CODE and "v2" not in BY_CODE[code].runners

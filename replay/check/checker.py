@@ -42,6 +42,7 @@ from specreplay.replay.check.findings import Finding
 from specreplay.replay.check.frames import LOOKBACK, NEEDED, Frame
 from specreplay.replay.check.framework import Checker
 from specreplay.replay.check.limits import max_tokens_by_life
+from specreplay.traces.families import family_name
 from specreplay.traces.trace import Trace
 
 #: Within one step and request, the order of codes (the catalogue's `rank`).
@@ -113,5 +114,5 @@ def unchecked_codes(trace) -> list[str]:
         (row.code for row in CATALOGUE),
         seen,
         limits_known=bool(max_tokens_by_life(trace.workload)),
-        runner_family=trace.impl.runner_family or "v1",
+        runner_family=family_name(trace.impl),
     )

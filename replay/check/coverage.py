@@ -4,7 +4,7 @@ Where it sits: inside check, beside the catalogue. A few rules compare a view ag
 truth: the reference runner's KV cache and the workload's expected tokens, kept in the columns the
 schema documents as "truth: ..." (`GROUND_TRUTH`). A live vLLM engine's KV cache is not read, so
 its trace holds the KV columns null in every row (`KV_TRUTH`'s codes: S3, X2-worker-kv-position,
-K1-K4); its tokens have ground truth when the run was forced (engines/forced_logits.py: the
+K1-K4); its tokens have ground truth when the run was forced (families/vllm/forced_logits.py: the
 engine samples the oracle's tokens and the scheduler observer counts wrong ones, T1), not when it
 was not (real weights, an attached user's engine). On such a trace those rules find nothing, not
 because the views agree with the truth but because there is none to compare with; `unchecked`
@@ -33,8 +33,9 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 
-from specreplay.replay.check.catalogue import BY_CODE, CATALOGUE, VLLM_RUNNERS, about_the_worker_view
+from specreplay.replay.check.catalogue import BY_CODE, CATALOGUE, about_the_worker_view, not_on_mrv2
 from specreplay.traces import schema
+from specreplay.traces.families import BASELINE_FAMILY, DEFAULT_FAMILY, EngineLine, traits
 from specreplay.traces.header import UNOBSERVED_RUNNER
 
 #: The columns that hold ground truth, as the schema documents them ("truth: ...").
@@ -62,7 +63,7 @@ DRAFTER_TRUTH: tuple[str, ...] = ("X12-padding-verified",)
 #: The codes whose ground truth a live engine's trace never has, forced or not: the KV cache's (the
 #: reference runner's record of every slot; a live engine's KV cache is not read) and the
 #: drafter's. T1's truth is the oracle's tokens, which a forced live run has
-#: (engines/forced_logits.py).
+#: (families/vllm/forced_logits.py).
 KV_TRUTH: tuple[str, ...] = tuple(code for code in TRUTH_INPUTS if code != "T1-wrong-token")
 
 
@@ -87,7 +88,7 @@ def columns_with_values(batch: pa.Table | pa.RecordBatch) -> set[str]:
 
 
 def unchecked(
-    codes: Iterable[str], with_values: set[str], limits_known: bool = True, runner_family: str = "v1"
+    codes: Iterable[str], with_values: set[str], limits_known: bool = True, runner_family: str = DEFAULT_FAMILY
 ) -> list[str]:
     """The codes of `codes` that could not run: every ground-truth column they read is in none
     of the trace's rows (`with_values`: the columns that hold a value somewhere), or they need
@@ -98,15 +99,16 @@ def unchecked(
     wanted = set(codes)
     out = []
     blind = runner_family == UNOBSERVED_RUNNER
-    runner_family = "v1" if blind else runner_family  # what needs no worker view is checked as on V1
+    runner_family = BASELINE_FAMILY if blind else runner_family  # what needs no worker view: as on V1
     for row in CATALOGUE:
         if row.code not in wanted:
             continue
-        if blind and (about_the_worker_view(row.code) or "v1" not in row.runners):
+        if blind and (about_the_worker_view(row.code) or BASELINE_FAMILY not in row.runners):
             out.append(row.code)  # no worker view was recorded: every code that compares with it
             continue
         if runner_family not in row.runners:
-            if runner_family != "v1" and "v1" in row.runners and runner_family in VLLM_RUNNERS:
+            baseline_code = BASELINE_FAMILY in row.runners and runner_family != BASELINE_FAMILY
+            if baseline_code and traits(runner_family).line is EngineLine.VLLM:
                 out.append(row.code)
             continue
         if (TRUTH_INPUTS.get(row.code) and not with_values.intersection(TRUTH_INPUTS[row.code])) or (
@@ -114,11 +116,6 @@ def unchecked(
         ):
             out.append(row.code)
     return out
-
-
-def not_for_mrv2(code: str) -> bool:
-    """A code about V1's runner state alone: not checked on a Model Runner V2 trace."""
-    return "v2" not in BY_CODE[code].runners if code in BY_CODE else False
 
 
 def notes(unchecked_codes: list[str], runner_family: str | None = None) -> list[str]:
@@ -149,8 +146,8 @@ def for_the_runner(unchecked_codes: list[str]) -> list[str]:
     A V1-runner code that reads ground truth (X12: the V1 reference drafter's record) is unchecked
     on a V1 trace without truth too; it is the runner's only where the trace is MRV2's, which the
     V1-runner codes that read no truth, unchecked on MRV2 traces alone, say."""
-    mrv2 = any(not_for_mrv2(code) and code not in TRUTH_INPUTS for code in unchecked_codes)
-    return [code for code in unchecked_codes if not_for_mrv2(code) and (mrv2 or code not in TRUTH_INPUTS)]
+    mrv2 = any(not_on_mrv2(code) and code not in TRUTH_INPUTS for code in unchecked_codes)
+    return [code for code in unchecked_codes if not_on_mrv2(code) and (mrv2 or code not in TRUTH_INPUTS)]
 
 
 def why(code: str, unchecked_codes: list[str] | None = None) -> str:

@@ -42,6 +42,7 @@ from specreplay.replay.check.frames import (
     row_range,
 )
 from specreplay.replay.check.limits import Limits
+from specreplay.traces.families import BASELINE_FAMILY, DEFAULT_FAMILY
 from specreplay.traces.header import UNOBSERVED_RUNNER, Config, Outcome, coerce
 
 
@@ -70,11 +71,13 @@ class Checker:
         # The worker runner the trace recorded (engines/registry.py: v1, v2 = Model Runner V2,
         # sglang = SGLang's scheduler; an old trace names none: v1). Codes about another runner's
         # state, or another engine's scheduler, do not run on it (coverage.py says which it lists).
-        self.runner_family = runner_family or "v1"
+        self.runner_family = runner_family or DEFAULT_FAMILY
         rows = catalogue.CATALOGUE if invariants is None else tuple(invariants)
         if self.runner_family == UNOBSERVED_RUNNER:  # the scheduler view only: what needs no worker runs
             self.not_for_runner = tuple(row.code for row in rows if catalogue.about_the_worker_view(row.code))
-            rows = tuple(row for row in rows if not catalogue.about_the_worker_view(row.code) and "v1" in row.runners)
+            rows = tuple(
+                row for row in rows if not catalogue.about_the_worker_view(row.code) and BASELINE_FAMILY in row.runners
+            )
         else:
             self.not_for_runner = tuple(row.code for row in rows if self.runner_family not in row.runners)
             rows = tuple(row for row in rows if self.runner_family in row.runners)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from specreplay.replay.check.findings import Finding
 from specreplay.replay.check.rules_sglang import own_check
+from specreplay.traces.families import EngineLine, traits
 
 if TYPE_CHECKING:
     from specreplay.replay.check.frames import Frame
@@ -67,7 +68,11 @@ def check_crash(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
     marker = "request '"
     if rid is None and marker in message:
         rid = message.split(marker, 1)[1].split("'", 1)[0]
-    check = own_check(chk.outcome.message, chk.outcome.where) if chk.runner_family == "sglang" else None
+    check = (
+        own_check(chk.outcome.message, chk.outcome.where)
+        if traits(chk.runner_family).line is EngineLine.SGLANG
+        else None
+    )
     if check is not None:
         yield chk.run_finding(
             "G7-sglang-own-check",

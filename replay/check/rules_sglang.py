@@ -372,7 +372,7 @@ class OwnCheck:
     pattern: str  # how its failure message starts (a regular expression)
 
 
-#: SGLang's invariant checks the driver turns on (engines/sglang_setup.py CHECKS), and their
+#: SGLang's invariant checks the driver turns on (families/sglang/setup.py CHECKS), and their
 #: failures: an assert, or (its strict idle mode, on by default) a ValueError.
 OWN_CHECKS = (
     OwnCheck(

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from specreplay.replay.check.coverage import GROUND_TRUTH, columns_with_values
 from specreplay.replay.check.findings import Finding
 from specreplay.traces import schema
+from specreplay.traces.families import family_name
 from specreplay.traces.trace import Trace
 from specreplay.traces.validate import as_numpy
 from specreplay.traces.window import NOT_REPRODUCED_BY_A_WINDOW
@@ -141,8 +142,7 @@ def _window(trace) -> bool:
 
 def _family(trace) -> str:
     """The runner family whose worker view a trace holds (v1 where none is named)."""
-    impl = getattr(trace, "impl", None)
-    return getattr(impl, "runner_family", None) or "v1"
+    return family_name(getattr(trace, "impl", None))
 
 
 def _aligned(batches_a: Iterator, batches_b: Iterator) -> Iterator[tuple[pa.Table, pa.Table]]:

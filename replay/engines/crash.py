@@ -46,6 +46,16 @@ INHERITED = ("specreplay.replay.models", "specreplay.replay.impls", "vllm", "sgl
 #: Where the classes a variant subclasses live: its bases there are not the variant's own code.
 BASES = ("specreplay.replay.models", "vllm", "specreplay.replay.impls.registry", "builtins")
 OWN = "specreplay"
+#: A family's modules (replay/families/), by the role their file name gives them (as
+#: tests/test_architecture.py's ROLES): its reference models are inherited and subclassed as the
+#: models are; its built-in variants and their forms are inherited as the implementations are.
+FAMILIES = "specreplay.replay.families."
+MODEL_ROLES = frozenset({"runner", "worker", "batch", "states", "input_batch"})
+VARIANT_ROLES = frozenset({"variants", "forms"})
+
+
+def _family_role(module: str) -> str | None:
+    return module.rsplit(".", 1)[-1] if module.startswith(FAMILIES) else None
 
 
 def crash_outcome(exc: BaseException, impl: Implementation, scheduler: tuple[Any, ...], runner: Any) -> Outcome | None:
@@ -147,7 +157,7 @@ def variant_modules(impl: Implementation) -> frozenset[str]:
     for part in parts:
         for obj in part.__mro__ if isinstance(part, type) else (part,):
             module = getattr(obj, "__module__", None) or ""
-            if module and not _under(module, BASES):
+            if module and not _under(module, BASES) and _family_role(module) not in MODEL_ROLES:
                 found.add(module)
     return frozenset(found)
 
@@ -156,7 +166,7 @@ def _owner(frame: FrameType, variant: frozenset[str]) -> str | None:
     module = frame.f_globals.get("__name__", "")
     if module in variant:
         return "variant"
-    if _under(module, INHERITED):
+    if _under(module, INHERITED) or _family_role(module) in MODEL_ROLES | VARIANT_ROLES:
         return "inherited"
     if _under(module, (OWN,)):
         return "own"

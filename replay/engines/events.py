@@ -5,7 +5,7 @@ workflows -> views -> cli. A workload's `[[events]]` are records of the file for
 (workloads/workload.py `Event`, unchanged: the trace's workload metadata holds them as written); the
 engines take each as one of the classes below (`control_event`, the one place a kind string is
 read), and `apply_control` hands it to the engine's `ControlTarget`: the reference and
-real-scheduler loop (engines/loop.py) and the live engine's input side (engines/live.py) each
+real-scheduler loop (engines/loop.py) and the live engine's input side (families/vllm/live.py) each
 implement the six calls, in their own terms (the scheduler's methods, or vLLM's engine API), and
 nothing else dispatches on a kind.
 """

@@ -9,7 +9,7 @@ as typed values (engines/events.py) that each engine applies through `apply_cont
 sessions: each `stream_append` sends the session's next input chunk (same id, resumable), and after
 the last one the end of the stream (AsyncLLM's final one-token request). A replay of a recording
 also steps where the recorded engine scheduled with nothing unfinished (the oracle's
-`announce_steps`, see workloads/recorded_inputs.py).
+`announce_steps`, see families/vllm/recorded_inputs.py).
 
 A conversation's next turn (a request that `follows` another with `after_finish = N`) arrives N
 steps after the step in which the request it follows finished: a client sends the next turn once
@@ -66,8 +66,8 @@ class InputDriver:
             if isinstance(event, Resubmit):
                 spec = self.spec_of[event.request]
                 self.max_tokens_of_life[spec.request_id].append(event.max_tokens or spec.max_tokens)
-        # Only a recorded oracle has them; a synthetic run steps when its scheduler has requests.
-        self.announce_steps = frozenset(getattr(oracle, "announce_steps", ()))
+        # A synthetic oracle has none: its run steps when its scheduler has requests.
+        self.announce_steps = frozenset(oracle.announce_steps)
 
     def notice_ends(self, step: int, ended: Callable[[str], bool]) -> None:
         """The engine, after step `step`'s iteration (or during it, for what landed before its

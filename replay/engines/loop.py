@@ -66,12 +66,12 @@ class EngineLoop:
         self.outcome: Outcome = run_outcome(0)  # until the run says otherwise (engines/run.py)
         # False for a replay of a live recording: stop, as the live engine did, once nothing is
         # left to feed or schedule, leaving the batches in flight unapplied.
-        self.drains_at_end = getattr(oracle, "drains_at_end", True)
+        self.drains_at_end = parts.oracle.drains_at_end
         self.iteration = 0  # the engine iteration under way (1-based)
         # True where the run mirrors specreplay's live driver on a live engine core
         # (workloads/oracle.py `live_driven`): it numbers every iteration as a step (one that
         # only applies a batch included) and names a crash by its iteration.
-        self.like_live = getattr(oracle, "like_live", False)
+        self.like_live = parts.oracle.like_live
 
     def step(self) -> bool:
         """One engine iteration, as vLLM's step_with_batch_queue orders it. False when done."""
@@ -118,7 +118,7 @@ class EngineLoop:
         if not busy and self.like_live:
             # An iteration that only applied a batch (nothing to schedule, paused or finished)
             # is an engine step too where the run mirrors a live engine core: the live driver
-            # steps it, and its observers number iterations (engines/plugin.py).
+            # steps it, and its observers number iterations (families/vllm/plugin.py).
             self.step_no += 1
         self.notice_ends(self.step_no)  # the client has the outputs of this iteration
         if self.step_no >= self.workload.max_steps:
@@ -135,7 +135,7 @@ class EngineLoop:
         return self.iteration if self.like_live else self.step_no
 
     def live_driver_done(self) -> bool:
-        """What specreplay's live driver asks after each iteration (engines/live.py `done`):
+        """What specreplay's live driver asks after each iteration (families/vllm/live.py `done`):
         nothing left to feed (this step's inputs are still to come) and its front end waits for
         nothing. It then stops, leaving the batches in flight unapplied; an iteration in which
         inputs landed always runs."""

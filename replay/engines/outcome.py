@@ -1,7 +1,7 @@
 """A run's outcome: how it ended, built in one place for every engine and for a merged recording.
 
 Where it sits: workloads -> models -> impls -> observers -> **engines** -> traces -> check ->
-workflows -> views -> cli. The engine loop (engines/run.py), the live engine (engines/live.py) and a
+workflows -> views -> cli. The engine loop (engines/run.py), the live engine (families/vllm/live.py) and a
 merge of an attached recording (workflows/merge.py) each say what happened; `run_outcome` turns it
 into the trace's outcome metadata (the checker's E-codes and the CLI's exit status read it).
 """

@@ -14,15 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from specreplay.replay.engines.registry import DEFAULT_RUNNER, runner_family
-from specreplay.replay.engines.registry import engine as engine_entry
+from specreplay.replay.engines.registry import DEFAULT_RUNNER, loop_engine, runner_family
+from specreplay.replay.families.vllm.v1.observer import RecorderWriter
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.models.messages import ModelRunnerOutput, SchedulerOutput
 from specreplay.replay.models.request import Request
 from specreplay.replay.observers.recorder import Recorder
 from specreplay.replay.observers.scheduler_observer import SchedulerObserver, attach
 from specreplay.replay.observers.truth import KvTruth
-from specreplay.replay.observers.worker_observer import RecorderWriter, ReferenceReader, WorkerObserver, attach_runner
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
 
@@ -99,7 +98,7 @@ def wire(
     oracle = oracle or Oracle(workload)
     family = runner_family(runner)
     family.refuse(impl)  # before anything is built
-    scheduler, observed = engine_entry(engine).build_scheduler(impl, config)
+    scheduler, observed = loop_engine(engine).build_scheduler(impl, config)
     family.serve(observed)
     built = family.build(impl, config, oracle, device)
     recorder = Recorder()
@@ -113,11 +112,5 @@ def wire(
     )
     attach(observer, step_of=lambda so: step_now(), apply_step=step_now)
     writer = RecorderWriter(recorder)
-    truth = KvTruth(oracle, writer, config.block_size)
-    if family.observed_like_live:
-        # The observer that records the real runner of this family, reading device values at once.
-        family.attach(built, writer).reads.immediate = True
-        attach_runner(built, [truth], ReferenceReader)
-    else:
-        attach_runner(built, [WorkerObserver(writer, ReferenceReader), truth], ReferenceReader)
+    family.observe_reference_runner(built, writer, KvTruth(oracle, writer, config.block_size))
     return EngineParts(impl, oracle, scheduler, observed, built, recorder, observer)

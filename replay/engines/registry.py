@@ -11,18 +11,18 @@ torch and the engines' modules load only when an entry builds or runs something.
 Engines:
   reference       specreplay's models of vLLM's schedulers, the reference runner
   vllm-scheduler  the installed vLLM's real Scheduler / AsyncScheduler, the reference runner
-  vllm            a live tiny vLLM engine: its own scheduler and model runner (engines/live.py)
-  vllm (attached) a user's own vLLM recorded in place (engines/attached.py; what merge names)
+  vllm            a live tiny vLLM engine: its own scheduler and model runner (families/vllm/live.py)
+  vllm (attached) a user's own vLLM recorded in place (families/vllm/attached.py; what merge names)
   sglang-scheduler  SGLang 0.5.23's real scheduler, driven through its own event loop, with the
-                  reference SGLang worker (engines/sglang_loop.py; its own environment)
+                  reference SGLang worker (families/sglang/loop.py; its own environment)
 
 Runner families (the vLLM runner a live engine runs and its worker observer; the reference
 runner a loop engine drives; the worker SGLang's scheduler feeds):
-  v1              vLLM's V1 GPUModelRunner (replay/models/runner.py; observers/worker_observer.py)
-  v2              vLLM's Model Runner V2, vllm/v1/worker/gpu/ (replay/models/mrv2_runner.py;
-                  observers/mrv2_observer.py records the real one and the reference alike)
-  sglang          SGLang's TpModelWorker / EAGLEWorkerV2 (replay/models/sglang_worker.py, behind
-                  engines/sglang_workers.py; observers/sglang_observer.py)
+  v1              vLLM's V1 GPUModelRunner (replay/families/vllm/v1/runner.py; families/vllm/v1/observer.py)
+  v2              vLLM's Model Runner V2, vllm/v1/worker/gpu/ (replay/families/vllm/mrv2/runner.py;
+                  families/vllm/mrv2/observer.py records the real one and the reference alike)
+  sglang          SGLang's TpModelWorker / EAGLEWorkerV2 (replay/families/sglang/worker.py, behind
+                  families/sglang/workers.py; families/sglang/observer.py)
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specreplay.traces.errors import InputError
+from specreplay.traces.families import EngineLine, traits
 from specreplay.traces.header import ImplHeader
 
 if TYPE_CHECKING:
@@ -59,17 +60,40 @@ class RunnerFamily:
     real: str  # module:attr of the runner class it models (vLLM's; SGLang's worker for sglang)
     observe: str | None  # module:attr of `observe(runner, writer, external_id)`: its worker observer on a live vLLM
     env: str  # VLLM_USE_V2_MODEL_RUNNER's value that makes vLLM build this family's runner ("": not vLLM's)
-    # The reference is watched by the family's own worker observer (the one that records the real
-    # runner), not the V1 WorkerObserver: its trace has exactly a live trace's worker columns.
-    observed_like_live: bool = False
+    # module:attr of `observe_reference(runner, writer, truth)`: the family's observers on its
+    # reference runner (an MRV2 reference is watched by the observer that records the real MRV2,
+    # so its trace has exactly a live trace's worker columns).
+    observe_reference: str | None = "specreplay.replay.families.vllm.v1.observer:observe_reference"
+    # module:attr of `recorded_oracle(workload, trace, slot_drafts=, context=)` and of
+    # `has_outcomes(table)`: a recording's outcomes as a replay's oracle (families/*/outcomes.py).
+    outcomes: str = "specreplay.replay.families.vllm.outcomes:recorded_oracle"
+    has_outcomes: str = "specreplay.replay.families.vllm.outcomes:has_outcomes"
     # vLLM's scheduler serves this runner with `use_v2_model_runner` (resumed requests sent as new).
     scheduler_v2_mode: bool = False
     # A row verifies whatever its slot holds (every draft fed is a proposal, an n-gram slot's
     # padding included) and the worker view records every sampled token (`worker_sampled_ids`):
-    # what a replay on the recorded outcomes reads (workloads/recorded_oracle.py).
+    # what a replay on the recorded outcomes reads (families/vllm/outcomes.py).
     verifies_slot_drafts: bool = False
-    # Its workers serve vLLM's scheduler (the reference, the real one, a live vLLM); False: SGLang's.
-    serves_vllm: bool = True
+
+    @property
+    def line(self) -> EngineLine:
+        """The engine line whose scheduler its workers serve (traces/families.py)."""
+        return traits(self.name).line
+
+    def observe_reference_runner(self, runner: Any, writer: Any, truth: Any) -> None:
+        """Attach the family's worker observer and the KV truth to its reference runner."""
+        if self.observe_reference is None:
+            raise InputError(f"runner family {self.name} ({self.summary}) is not driven by specreplay's loop")
+        _load(self.observe_reference)(runner, writer, truth)
+
+    def recorded_oracle(self, workload: Any, trace: Any, context: Any) -> Oracle:
+        """The oracle of a recording of this family: its recorded outcomes (refused in one line
+        when it has none), `context` what the replay knows of the recording."""
+        return _load(self.outcomes)(workload, trace, slot_drafts=self.verifies_slot_drafts, context=context)
+
+    def holds_outcomes(self, table: Any) -> bool:
+        """Do a recording's rows carry the outcomes this family's recorded oracle reads?"""
+        return bool(_load(self.has_outcomes)(table))
 
     def reference_class(self) -> type:
         if self.reference is None:
@@ -132,30 +156,32 @@ RUNNERS: dict[str, RunnerFamily] = {
         RunnerFamily(
             "v1",
             "vLLM's V1 GPUModelRunner",
-            reference="specreplay.replay.models.runner:GPUModelRunner",
+            reference="specreplay.replay.families.vllm.v1.runner:GPUModelRunner",
             real="vllm.v1.worker.gpu_model_runner:GPUModelRunner",
-            observe="specreplay.replay.observers.worker_observer:observe_v1",
+            observe="specreplay.replay.families.vllm.v1.observer:observe_v1",
             env="0",
         ),
         RunnerFamily(
             "v2",
             "vLLM's Model Runner V2 (vllm/v1/worker/gpu/)",
-            reference="specreplay.replay.models.mrv2_runner:ModelRunnerV2",
+            reference="specreplay.replay.families.vllm.mrv2.runner:ModelRunnerV2",
             real="vllm.v1.worker.gpu.model_runner:GPUModelRunner",
-            observe="specreplay.replay.observers.mrv2_observer:observe_mrv2",
+            observe="specreplay.replay.families.vllm.mrv2.observer:observe_mrv2",
             env="1",
-            observed_like_live=True,
+            observe_reference="specreplay.replay.families.vllm.mrv2.observer:observe_reference",
             scheduler_v2_mode=True,
             verifies_slot_drafts=True,
         ),
         RunnerFamily(
             "sglang",
             "the reference SGLang worker (SGLang's TpModelWorker / EAGLEWorkerV2 contract)",
-            reference="specreplay.replay.models.sglang_worker:SglangReferenceWorker",
+            reference="specreplay.replay.families.sglang.worker:SglangReferenceWorker",
             real="sglang.srt.managers.tp_worker:TpModelWorker",
-            observe=None,  # observers/sglang_observer.py, attached by engines/sglang_loop.py
+            observe=None,  # families/sglang/observer.py, attached by families/sglang/loop.py
             env="",
-            serves_vllm=False,
+            observe_reference=None,  # SGLang's event loop attaches its own (families/sglang/loop.py)
+            outcomes="specreplay.replay.families.sglang.outcomes:sglang_recorded_oracle",
+            has_outcomes="specreplay.replay.families.sglang.outcomes:has_sglang_outcomes",
         ),
     )
 }
@@ -163,7 +189,7 @@ RUNNERS: dict[str, RunnerFamily] = {
 DEFAULT_RUNNER = "v1"
 #: The runner a live vLLM builds when not told: what vLLM 0.32.0 / 0.33.0 pick wherever Triton
 #: counts as present (config/vllm.py use_v2_model_runner), as it does on a GPU and, with
-#: engines/cpu_triton.py, on these CPU machines.
+#: families/vllm/mrv2/cpu_triton.py, on these CPU machines.
 DEFAULT_LIVE_RUNNER = "v2"
 
 
@@ -195,7 +221,6 @@ class Engine:
     needs_vllm: bool = False
     real_scheduler: bool = False  # runs a variant's real_scheduler form (vLLM's class)
     real_runner: bool = False  # runs a variant's real_runner form (vLLM's GPUModelRunner)
-    drives_itself: bool = False  # its own busy loop (a live vLLM, SGLang's scheduler); the input driver only feeds it
     runner: str | None = DEFAULT_RUNNER  # the runner family a loop engine builds; None: vLLM's own
     # module:attr of `shape(workload) -> Workload`: what of a drawn workload (explore's, drawn
     # across vLLM's settings and events) this engine takes; None: every draw as it is.
@@ -206,9 +231,46 @@ class Engine:
         return workload if self.shape is None else _load(self.shape)(workload)
 
     @property
-    def serves_vllm(self) -> bool:
-        """Is it vLLM's scheduler (the reference, the real one, a live vLLM)? False: SGLang's."""
-        return self.runner is None or RUNNERS[self.runner].serves_vllm
+    def line(self) -> EngineLine:
+        """Whose scheduler it runs: vLLM's (the reference, the real one, a live vLLM) or SGLang's."""
+        return EngineLine.VLLM if self.runner is None else RUNNERS[self.runner].line
+
+    @property
+    def makes_own_outcomes(self) -> bool:
+        """Does it sample its own tokens (a live vLLM), so that no recording's outcomes can drive it?"""
+        return not self.takes_oracle
+
+    @property
+    def recordings_drain(self) -> bool:
+        """Did a recording of this engine step until its batches were applied (the loop engines,
+        SGLang's loop)? A live vLLM's recording made before its driver drained stopped once its
+        front end waited for nothing (a newer one says so in its outcomes note)."""
+        return self.takes_oracle
+
+    @property
+    def runner_form(self) -> str:
+        """Which form of a variant's runner it runs, for a message: its real runner form (a live
+        vLLM builds vLLM's runner) or its reference runner form."""
+        return "real runner form" if self.real_runner else "reference runner form"
+
+    def runner_built(self, runner: str | None) -> str:
+        """The runner family a run asking for `runner` builds (None: the engine's default)."""
+        return runner or (DEFAULT_LIVE_RUNNER if self.real_runner else self.runner or DEFAULT_RUNNER)
+
+    def runner_form_family(self, impl: Implementation) -> str | None:
+        """The runner family of the form of `impl`'s runner this engine runs; None: it has none
+        (the engine builds its family's own runner)."""
+        if self.real_runner:
+            return impl.real_runner_family if impl.real_runner is not None else None
+        if impl.runner is None:
+            return None
+        own = family_of_reference(impl.runner)
+        return own.name if own is not None else None
+
+    def stops_on(self, exc: Exception) -> bool:
+        """Does this engine refuse a workload by raising `exc` while it builds vLLM (its config
+        rejected: a run of a sweep that vLLM itself would refuse)?"""
+        return self.needs_vllm and "vllm rejects" in str(exc)
 
     def runner_for(self, runner: str | None) -> str | None:
         """The runner family a run asks for (`--runner`; None: the engine's default), once it is
@@ -216,8 +278,8 @@ class Engine:
         if runner is None:
             return None
         family = runner_family(runner)
-        if family.serves_vllm != self.serves_vllm:
-            fits = ", ".join(n for n, f in RUNNERS.items() if f.serves_vllm == self.serves_vllm)
+        if family.line is not self.line:
+            fits = ", ".join(n for n, f in RUNNERS.items() if f.line is self.line)
             raise InputError(
                 f"--runner {runner} ({family.summary}) does not run on --engine {self.name}; it takes {fits}"
             )
@@ -231,10 +293,6 @@ class Engine:
         impl.require_vllm_form(self.name)
         if self.real_scheduler or self.real_runner:
             impl.require_real_forms(self.name, runner=self.real_runner)
-
-    def build_scheduler(self, impl: Implementation, config: EngineConfig) -> tuple[Any, Any]:
-        """(what the loop calls, the vLLM-shaped scheduler the observer watches)."""
-        raise InputError(f"--engine {self.name} drives itself: there is no scheduler to build for the loop")
 
     def models(self, config: EngineConfig) -> str:
         """What the trace header calls the models that ran."""
@@ -260,9 +318,9 @@ class Engine:
         return True
 
     def run(self, request: RunRequest) -> Any:
-        """Run the whole request (an engine that `drives_itself`; the others are driven by the
-        loop), on its oracle's outcomes where it `takes_oracle`, keeping its journal."""
-        raise InputError(f"--engine {self.name} is driven by the engine loop, it does not run by itself")
+        """Run the whole request, on its oracle's outcomes where it `takes_oracle`, keeping its
+        journal: the loop drives a `LoopEngine`, a `SelfDrivenEngine` runs itself."""
+        raise NotImplementedError
 
     def describe(
         self,
@@ -295,16 +353,37 @@ class Engine:
 
 
 @dataclass(frozen=True)
-class ReferenceEngine(Engine):
+class LoopEngine(Engine):
+    """An engine specreplay's loop drives (engines/loop.py): a scheduler it builds, the reference
+    runner of a runner family, the observers attached in this process."""
+
+    def build_scheduler(self, impl: Implementation, config: EngineConfig) -> tuple[Any, Any]:
+        """(what the loop calls, the vLLM-shaped scheduler the observer watches)."""
+        raise NotImplementedError
+
+    def run(self, request: RunRequest) -> Any:
+        from specreplay.replay.engines.run import run_loop
+
+        return run_loop(self, request)
+
+
+@dataclass(frozen=True)
+class SelfDrivenEngine(Engine):
+    """An engine with its own busy loop (a live vLLM, SGLang's scheduler): the input driver only
+    feeds it, and it runs the whole request itself."""
+
+
+@dataclass(frozen=True)
+class ReferenceEngine(LoopEngine):
     def build_scheduler(self, impl: Implementation, config: EngineConfig) -> tuple[Any, Any]:
         scheduler = impl.make_scheduler(config)
         return scheduler, scheduler
 
 
 @dataclass(frozen=True)
-class RealSchedulerEngine(Engine):
+class RealSchedulerEngine(LoopEngine):
     def build_scheduler(self, impl: Implementation, config: EngineConfig) -> tuple[Any, Any]:
-        from specreplay.replay.engines.real_scheduler import VllmSchedulerAdapter
+        from specreplay.replay.families.vllm.real_scheduler import VllmSchedulerAdapter
 
         adapter = VllmSchedulerAdapter(config, impl.real_scheduler_class(self.real_base(config), config))
         return adapter, adapter.real  # the observer watches the real scheduler, not the adapter
@@ -315,13 +394,13 @@ class RealSchedulerEngine(Engine):
         return f"vllm {vllm.__version__}"
 
     def real_base(self, config: EngineConfig) -> type | None:
-        from specreplay.replay.engines.vllm_setup import real_scheduler_class
+        from specreplay.replay.families.vllm.setup import real_scheduler_class
 
         return real_scheduler_class(config.async_scheduling)
 
 
 @dataclass(frozen=True)
-class LiveEngine(Engine):
+class LiveEngine(SelfDrivenEngine):
     def models(self, config: EngineConfig) -> str:
         import vllm
 
@@ -335,7 +414,7 @@ class LiveEngine(Engine):
         return executor != "multiproc"
 
     def run(self, request: RunRequest) -> Any:
-        from specreplay.replay.engines.live import run_live
+        from specreplay.replay.families.vllm.live import run_live
 
         r = request
         return run_live(r.workload, r.impl, r.device, r.model, r.progress, r.runner, r.drafter, journal=r.journal)
@@ -353,8 +432,8 @@ class AttachedEngine(LiveEngine):
 
 
 @dataclass(frozen=True)
-class SglangEngine(Engine):
-    """SGLang's real scheduler in its own event loop, with the reference SGLang worker (engines/sglang_loop.py)."""
+class SglangEngine(SelfDrivenEngine):
+    """SGLang's real scheduler in its own event loop, with the reference SGLang worker (families/sglang/loop.py)."""
 
     def refuse(self, impl: Implementation, config: EngineConfig, where: str = "the workload") -> None:
         """A variant runs here in its SGLang form (`Implementation.sglang_scheduler`, a subclass of
@@ -363,14 +442,14 @@ class SglangEngine(Engine):
         impl.require_sglang_form(self.name)
 
     def models(self, config: EngineConfig) -> str:
-        from specreplay.replay.engines.sglang_setup import installed_sglang_version
+        from specreplay.replay.families.sglang.setup import installed_sglang_version
 
         return f"sglang {installed_sglang_version()} scheduler + specreplay's reference SGLang worker"
 
     def expected(self, impl: Implementation, config: EngineConfig, runner: str | None = None) -> dict[str, str] | None:
-        """The Scheduler class the run builds (the variant's on the driver's: engines/sglang_workers.py),
-        the reference SGLang worker, the executor: as engines/sglang_loop.py names what ran."""
-        from specreplay.replay.engines.sglang_workers import scheduler_class
+        """The Scheduler class the run builds (the variant's on the driver's: families/sglang/workers.py),
+        the reference SGLang worker, the executor: as families/sglang/loop.py names what ran."""
+        from specreplay.replay.families.sglang.workers import scheduler_class
         from specreplay.replay.impls.registry import qualified_name
 
         return {
@@ -384,7 +463,7 @@ class SglangEngine(Engine):
             raise InputError(f"--model is for --engine vllm; --engine {self.name} runs the reference SGLang worker")
         if request.drafter is not None:
             raise InputError(f"--drafter is for --engine vllm; --engine {self.name} drafts with the oracle (EAGLE v2)")
-        from specreplay.replay.engines.sglang_loop import run_sglang
+        from specreplay.replay.families.sglang.loop import run_sglang
 
         r = request
         return run_sglang(
@@ -409,7 +488,6 @@ ENGINES: dict[str, Engine] = {
             needs_vllm=True,
             real_scheduler=True,
             real_runner=True,
-            drives_itself=True,
             runner=None,
         ),
         AttachedEngine(
@@ -417,16 +495,14 @@ ENGINES: dict[str, Engine] = {
             "a user's own vLLM, recorded in place (SPECREPLAY_RECORD) and merged",
             choosable=False,
             needs_vllm=True,
-            drives_itself=True,
             runner=None,
         ),
         SglangEngine(
             "sglang-scheduler",
             "SGLang 0.5.23's real scheduler (overlap, EAGLE v2) with the reference SGLang worker",
             takes_oracle=True,
-            drives_itself=True,
             runner="sglang",
-            shape="specreplay.replay.workloads.sglang_shape:taken_by_sglang",
+            shape="specreplay.replay.families.sglang.shape:taken_by_sglang",
         ),
     )
 }
@@ -452,28 +528,35 @@ def choosable_engines() -> tuple[str, ...]:
     return tuple(name for name, entry in ENGINES.items() if entry.choosable)
 
 
+def loop_engine(name: str) -> LoopEngine:
+    """The loop engine `name` (a self-driven engine's name here is a bug of specreplay's)."""
+    entry = engine(name)
+    if not isinstance(entry, LoopEngine):
+        raise TypeError(f"{name} runs its own loop; specreplay's loop does not drive it")
+    return entry
+
+
 def loop_engines() -> tuple[str, ...]:
     """The engines specreplay's loop drives (a scheduler and a reference runner), the default first."""
-    return tuple(name for name, entry in ENGINES.items() if not entry.drives_itself)
+    return tuple(name for name, entry in ENGINES.items() if isinstance(entry, LoopEngine))
 
 
-def outcome_engines(vllm_outcomes: bool = True) -> tuple[str, ...]:
+def outcome_engines(line: EngineLine = EngineLine.VLLM) -> tuple[str, ...]:
     """The engines a recording's outcomes can drive, the default first: those that take an oracle
-    (a live engine makes its own) and run the scheduler of the recording's family, vLLM's or, for
-    an SGLang recording's outcomes (`vllm_outcomes` False), SGLang's."""
-    return tuple(name for name, entry in ENGINES.items() if entry.takes_oracle and entry.serves_vllm == vllm_outcomes)
+    (a live engine makes its own) and run the scheduler of the recording's engine line."""
+    return tuple(name for name, entry in ENGINES.items() if entry.takes_oracle and entry.line is line)
 
 
 def replay_engines() -> tuple[str, ...]:
     """The engines a vLLM recording's outcomes can drive, the default first."""
-    return outcome_engines(vllm_outcomes=True)
+    return outcome_engines(EngineLine.VLLM)
 
 
-def refuse_outcomes_on(name: str, vllm_outcomes: bool) -> None:
-    """One InputError line when a recording's outcomes (a vLLM recording's, or an SGLang one's when
-    `vllm_outcomes` is False) cannot drive engine `name`: a live engine makes its own; an engine of
-    the other family reads another worker's columns, which cannot stand for its own."""
-    engines = outcome_engines(vllm_outcomes)
+def refuse_outcomes_on(name: str, line: EngineLine) -> None:
+    """One InputError line when a recording's outcomes (of engine line `line`) cannot drive engine
+    `name`: a live engine makes its own; an engine of the other line reads another worker's
+    columns, which cannot stand for its own."""
+    engines = outcome_engines(line)
     if name in engines:
         return
     if not engine(name).takes_oracle:  # an unknown name: its own line
@@ -481,7 +564,7 @@ def refuse_outcomes_on(name: str, vllm_outcomes: bool) -> None:
             f"--engine {name}: a live engine makes its own outcomes; replay a recording's through "
             f"{' or '.join(engines)} (or --oracle synthetic to run its workload live again)"
         )
-    if vllm_outcomes:
+    if line is EngineLine.VLLM:
         ours = "a vLLM recording: its outcomes are in vLLM's runner's columns (applied outputs, placeholder drafts)"
         theirs = "SGLang's"
     else:
@@ -500,7 +583,9 @@ __all__ = [
     "ENGINES",
     "RUNNERS",
     "Engine",
+    "LoopEngine",
     "RunnerFamily",
+    "SelfDrivenEngine",
     "choosable_engines",
     "engine",
     "engine_of",

@@ -24,7 +24,7 @@ from typing import Any
 from specreplay.replay.engines.crash import crash_outcome
 from specreplay.replay.engines.loop import EngineLoop
 from specreplay.replay.engines.outcome import run_outcome
-from specreplay.replay.engines.registry import DEFAULT_RUNNER, refuse_outcomes_on
+from specreplay.replay.engines.registry import DEFAULT_RUNNER, LoopEngine, refuse_outcomes_on
 from specreplay.replay.engines.registry import engine as engine_entry
 from specreplay.replay.engines.run_request import ProgressFn, RunRequest
 from specreplay.replay.impls.registry import Implementation
@@ -64,7 +64,7 @@ def run_workload(
 
     `engine`, `runner`: entries of engines/registry.py (a runner family: what a loop engine's
     reference runner models, default v1; the runner a live vLLM builds, default what vLLM picks).
-    `drafter`: what a live vLLM drafts with (engines/drafters.py; default ngram_gpu async, ngram sync).
+    `drafter`: what a live vLLM drafts with (families/vllm/drafters.py; default ngram_gpu async, ngram sync).
 
     An implementation that does not apply to the workload (an AsyncScheduler variant on a
     synchronous workload, ...: `Implementation.why_not`) raises `NotApplicable`, before anything
@@ -72,40 +72,46 @@ def run_workload(
     entry = engine_entry(engine)
     entry.refuse(impl, workload.config, f"workload {workload.name!r}")  # once per run, before anything is built
     entry.runner_for(runner)  # a family whose workers serve this engine's scheduler
-    if oracle is not None:  # a recording's outcomes drive only its own family's engines
-        refuse_outcomes_on(engine, getattr(oracle, "vllm_outcomes", entry.serves_vllm))
-    if entry.drives_itself:  # a live vLLM (its observers write part files as they go), SGLang's loop
-        request = RunRequest(workload, impl, device, progress, model, runner, drafter, oracle, journal, flush_every)
-        trace = entry.run(request)
-        return on_outcomes(trace, oracle) if getattr(oracle, "recorded", False) else trace
-    if model is not None:
+    if oracle is not None and oracle.recorded:  # a recording's outcomes drive only its own engine line's engines
+        refuse_outcomes_on(engine, oracle.line)
+    request = RunRequest(workload, impl, device, progress, model, runner, drafter, oracle, journal, flush_every)
+    trace = entry.run(request)  # the loop drives a LoopEngine; a SelfDrivenEngine runs itself
+    return on_outcomes(trace, oracle) if oracle is not None and oracle.recorded else trace
+
+
+def run_loop(entry: LoopEngine, request: RunRequest) -> Trace:
+    """Drive `request` through specreplay's loop on `entry` (the reference or the real scheduler,
+    a reference runner): one header, the journal, the crash outcome."""
+    r = request
+    if r.model is not None:
         raise InputError("--model is for --engine vllm (a live engine); the other engines run the reference model")
-    if drafter is not None:
-        raise InputError(f"--drafter is for --engine vllm (a live engine); --engine {engine} drafts with the oracle")
-    loop = _built(impl, EngineLoop, workload, impl, device, engine, oracle, runner or DEFAULT_RUNNER)
-    ran = entry.describe(impl, loop.parts.observed, loop.parts.runner, workload.config)
-    header = trace_header(workload, ran, device, loop.outcome)
-    writer = JournalWriter(journal, header) if journal is not None else None
+    if r.drafter is not None:
+        raise InputError(
+            f"--drafter is for --engine vllm (a live engine); --engine {entry.name} drafts with the oracle"
+        )
+    loop = _built(r.impl, EngineLoop, r.workload, r.impl, r.device, entry.name, r.oracle, r.runner or DEFAULT_RUNNER)
+    ran = entry.describe(r.impl, loop.parts.observed, loop.parts.runner, r.workload.config)
+    header = trace_header(r.workload, ran, r.device, loop.outcome)
+    writer = JournalWriter(r.journal, header) if r.journal is not None else None
     with fewer_full_collections():
-        trace = _run(loop, header, progress, writer, flush_every)
-    return on_outcomes(trace, oracle) if getattr(oracle, "recorded", False) else trace
+        return _run(loop, header, r.progress, writer, r.flush_every)
 
 
-def on_outcomes(trace: Trace, oracle: Any) -> Trace:
+def on_outcomes(trace: Trace, oracle: Oracle) -> Trace:
     """A run on a recording's outcomes, noted so that it replays as a recording too: the drafter
     they came from (the checker's X11 asks it), what they gave and what their rules filled, where
     the recording stopped (`info` shows it), and the recording's inputs."""
-    note = {
-        "source": oracle.source,
-        "drafter": oracle.drafter,
-        "drains_at_end": oracle.drains_at_end,
-        "recorded": oracle.summary(),
-        "filled": oracle.unobserved(trace.table),
-    }
-    inputs = trace.inputs if trace.inputs is not None else getattr(oracle, "trace_inputs", None)
+    note = OutcomesNote(
+        source=oracle.context.source,
+        drafter=oracle.drafter,
+        drains_at_end=oracle.drains_at_end,
+        recorded=oracle.summary(),
+        filled=oracle.unobserved(trace.table),
+    )
+    inputs = trace.inputs if trace.inputs is not None else oracle.context.trace_inputs
     # A pseudonymised recording's replay holds the same permuted ids: it says so too.
-    tokens = getattr(oracle, "tokens", None) or trace.impl.tokens
-    impl = dataclasses.replace(trace.impl, drafter=oracle.drafter, outcomes=OutcomesNote(**note), tokens=tokens)
+    tokens = oracle.context.tokens or trace.impl.tokens
+    impl = dataclasses.replace(trace.impl, drafter=oracle.drafter, outcomes=note, tokens=tokens)
     return dataclasses.replace(trace, impl=impl, inputs=inputs)
 
 

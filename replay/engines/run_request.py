@@ -36,7 +36,7 @@ class RunRequest:
     progress: ProgressFn | None = None
     model: str | None = None  # a live vLLM's model (None: the tiny dummy-weight one)
     runner: str | None = None  # the runner family (engines/registry.py; None: the engine's default)
-    drafter: str | None = None  # a live vLLM's drafter (engines/drafters.py)
+    drafter: str | None = None  # a live vLLM's drafter (families/vllm/drafters.py)
     oracle: Oracle | None = None  # the outcomes (None: the workload's synthetic ones)
     journal: str | os.PathLike[str] | None = None  # where settled rows go while it runs (traces/journal.py)
     flush_every: int = FLUSH_EVERY

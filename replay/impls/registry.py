@@ -7,7 +7,7 @@ the real form on vLLM's classes), never by its name. A name from a trace resolve
 registry; `module:attr` (loaded only when the user passes it on the command line) may name an
 `Implementation`, a `Scheduler` subclass or a `GPUModelRunner` subclass, or (on
 `--engine sglang-scheduler`) a subclass of SGLang's Scheduler or of its batch result processor
-(impls/sglang_forms.py).
+(families/sglang/forms.py).
 
 Built-ins:
   upstream      vLLM 0.32.0 behaviour
@@ -19,7 +19,7 @@ Built-ins:
   noclamp       the runner of vLLM <= 0.22: no clamp, a -1 draft slot reaches the embedding
   life-guard    the scheduler remembers which request object (life) each step was scheduled for
                 and gives the output to that object only: the fix for same-id resubmission
-On SGLang's scheduler (`--engine sglang-scheduler`, impls/sglang_variants.py):
+On SGLang's scheduler (`--engine sglang-scheduler`, families/sglang/variants.py):
   sglang-stale-commit   #23456 re-introduced: a late verify result of a finished or retracted
                         request still commits its accept length (EAGLE v2, overlap)
   sglang-finish-trim    the over-commit at finish fixed: the position a decode in flight booked
@@ -70,7 +70,7 @@ class Implementation:
     # variant's subclass. None with `runner` set: no live form.
     real_runner: Callable[[type], type] | None = None
     real_runner_family: str = "v1"  # the runner family (engines/registry.py) real_runner subclasses
-    # The variant on SGLang's scheduler (--engine sglang-scheduler; impls/sglang_forms.py): takes the
+    # The variant on SGLang's scheduler (--engine sglang-scheduler; families/sglang/forms.py): takes the
     # Scheduler class the engine runs, returns the variant's subclass of it; it may declare a
     # `why_not(config)`. None: SGLang runs as released (or, with a vLLM part set, no SGLang form).
     sglang_scheduler: Callable[[type], type] | None = None
@@ -250,7 +250,7 @@ class Implementation:
         }
 
     def _runner_class(self) -> type:
-        from specreplay.replay.models.runner import GPUModelRunner
+        from specreplay.replay.families.vllm.v1.runner import GPUModelRunner
 
         return self.runner or GPUModelRunner
 
@@ -275,7 +275,8 @@ def qualified_name(cls: type) -> str:
 
 
 def _builtin() -> dict[str, Implementation]:
-    from specreplay.replay.impls import sglang_variants, variants
+    from specreplay.replay.families.sglang import variants as sglang_variants
+    from specreplay.replay.families.vllm import variants
 
     items = [
         Implementation("upstream", "vLLM 0.32.0 behaviour (AsyncScheduler + V1 GPUModelRunner)"),
@@ -378,8 +379,8 @@ def _checked_parts(impl: Implementation) -> Implementation:
 
 
 def _load(spec: str) -> Implementation:
-    from specreplay.replay.impls.sglang_forms import form_of
-    from specreplay.replay.models.runner import GPUModelRunner
+    from specreplay.replay.families.sglang.forms import form_of
+    from specreplay.replay.families.vllm.v1.runner import GPUModelRunner
 
     module_name, _, attr = spec.partition(":")
     _importable_from_here()
@@ -405,6 +406,6 @@ def _load(spec: str) -> Implementation:
         return Implementation(spec, _summary(obj, "user SGLang scheduler"), sglang_scheduler=form, user_code=True)
     raise InputError(
         f"{spec} is a {type(obj).__name__}; expected an Implementation, or a subclass of "
-        "specreplay.replay.models.scheduler.Scheduler or specreplay.replay.models.runner.GPUModelRunner "
+        "specreplay.replay.models.scheduler.Scheduler or specreplay.replay.families.vllm.v1.runner.GPUModelRunner "
         "(or, for --engine sglang-scheduler, of SGLang's Scheduler or SchedulerBatchResultProcessor)"
     )

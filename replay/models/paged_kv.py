@@ -1,8 +1,8 @@
 """The paged KV buffer both reference runners write: vLLM's cache layout, each slot marked by its writer.
 
 Where it sits: workloads -> **models** -> impls -> observers -> engines -> traces -> check ->
-workflows -> views -> cli, worker side. A mixin of the V1 reference runner (models/runner.py) and
-the reference Model Runner V2 (models/mrv2_runner.py): one KV model for both, so the KV ground
+workflows -> views -> cli, worker side. A mixin of the V1 reference runner (families/vllm/v1/runner.py) and
+the reference Model Runner V2 (families/vllm/mrv2/runner.py): one KV model for both, so the KV ground
 truth (observers/truth.py) reads either the same way.
 
 A buffer of `num_blocks * block_size` slots; a position p of a row is written at slot

@@ -35,7 +35,7 @@ line numbers are 0.33.0's vllm/v1/core/sched/scheduler.py and vllm/v1/engine/cor
                              refuses a new request (an id the scheduler does not hold) with a
                              retryable `engine_paused` error; 0.32.0 queued it in every mode.
 
-Model Runner V2 (vllm/v1/worker/gpu/; the reference: models/mrv2_runner.py):
+Model Runner V2 (vllm/v1/worker/gpu/; the reference: families/vllm/mrv2/runner.py):
 
   mrv2_skip_drafts           0.33.0's SchedulerOutput.skip_drafts: on a step whose drafts no later
                              step can use, a lookahead drafter (EAGLE, MTP, draft model) proposes
@@ -49,6 +49,8 @@ Model Runner V2 (vllm/v1/worker/gpu/; the reference: models/mrv2_runner.py):
 
 from __future__ import annotations
 
+import functools
+import importlib
 from dataclasses import dataclass
 
 from specreplay.replay.workloads.config import MODELLED_VERSIONS
@@ -69,30 +71,21 @@ class Release:
     mrv2_post_update_drafts: bool = False
 
 
-_V0_32 = Release(
-    "0.32.0",
-    stop_rewinds_computed=False,
-    placeholders_resolve_returned=False,
-    continuing_requeued_after_cleanup=False,
-    session_keeps_all_but_last=False,
-    paused_rejects_new=False,
-)
-_V0_33 = Release(
-    "0.33.0",
-    stop_rewinds_computed=True,
-    placeholders_resolve_returned=True,
-    continuing_requeued_after_cleanup=True,
-    session_keeps_all_but_last=True,
-    paused_rejects_new=True,
-    apply_caches_in_flight=True,
-    eagle_hash_lookahead=True,
-    mrv2_skip_drafts=True,
-    mrv2_zero_drafts_needs_k=True,
-    mrv2_post_update_drafts=True,
-)
-RELEASES = {release.version: release for release in (_V0_32, _V0_33)}
-assert tuple(RELEASES) == MODELLED_VERSIONS, "every modelled version has its Release, in order"
+def module_of(version: str) -> str:
+    """The module of the vLLM family that defines `version`'s Release: 0.33.0 -> releases/v0_33.py."""
+    major, minor, *_ = version.split(".")
+    return f"specreplay.replay.families.vllm.releases.v{major}_{minor}"
 
 
+@functools.cache
 def release_of(version: str) -> Release:
-    return RELEASES[version]
+    """The Release of a modelled version (workloads/config.py MODELLED_VERSIONS), read from its
+    module in the vLLM family (a release is data the models read: one module each)."""
+    release = importlib.import_module(module_of(version)).RELEASE
+    assert release.version == version, (module_of(version), release.version)
+    return release
+
+
+def releases() -> dict[str, Release]:
+    """Every modelled release, oldest first."""
+    return {version: release_of(version) for version in MODELLED_VERSIONS}

@@ -2,7 +2,7 @@
 
 Where it sits: workloads -> models -> impls -> **observers** -> engines -> traces -> check ->
 workflows -> views -> cli. When specreplay drives the engine, it knows the inputs (they are its
-workload). When it is attached to someone else's vLLM (`SPECREPLAY_RECORD`, engines/attached.py), it
+workload). When it is attached to someone else's vLLM (`SPECREPLAY_RECORD`, families/vllm/attached.py), it
 does not: this observer wraps the scheduler's entry points from outside and writes one event per
 input, by vLLM's names:
 
@@ -20,8 +20,8 @@ engines. An abort is told apart by where vLLM lands it: one that reached the sch
 before `update_from_output` came through the early-aborts queue with that batch in flight (its
 row says `aborted`); any other also marks the next step's row with the `abort` event, as the
 input queue's aborts are marked on the other engines. The events go to `write` (a sink's part
-file); engines/attached.py turns them into the trace's recorded inputs, and the live engine
-(engines/plugin.py) records its rows through the same observer.
+file); families/vllm/attached.py turns them into the trace's recorded inputs, and the live engine
+(families/vllm/plugin.py) records its rows through the same observer.
 """
 
 from __future__ import annotations

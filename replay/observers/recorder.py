@@ -2,7 +2,7 @@
 
 Where it sits: workloads -> models -> impls -> **observers** -> engines -> traces -> check ->
 workflows -> views -> cli. The observers (observers/scheduler_observer.py,
-observers/worker_observer.py, observers/truth.py) write here: the scheduler observer appends one row
+families/vllm/v1/observer.py, observers/truth.py) write here: the scheduler observer appends one row
 per request at E1(m), the worker observer and the KV truth fill that step's worker and truth columns
 at E3(m), and the scheduler observer fills its apply columns at E4(j). Values go straight into
 per-column lists (no per-row objects); an earlier step's rows are patched in place by index.
@@ -88,7 +88,7 @@ class Recorder:
     def fill_column_groups(self, groups: list[tuple[list[int], dict[str, list]]]) -> None:
         """Groups of rows filled column by column, in order (an output's apply columns: the rows
         it was given to, then the ignored ones): the same as filling them row by row. A live
-        sink's recorder (engines/sink.py) writes each group as one `cols` line."""
+        sink's recorder (families/vllm/sink.py) writes each group as one `cols` line."""
         for rows, columns in groups:
             if rows:
                 self.fill_columns(rows, columns)
@@ -142,7 +142,7 @@ class Recorder:
 #: The step's columns (append_step's own arguments) and the per-row scheduler columns, in the order
 #: of the scheduler observer's row tuples: both schema order (traces/schema.py WRITTEN_BY). SGLang's
 #: own step and scheduler columns (schema.SGLANG_ONLY) are not in them: null on a vLLM row, the
-#: SGLang observer fills them once its rows are appended (observers/sglang_observer.py).
+#: SGLang observer fills them once its rows are appended (families/sglang/observer.py).
 STEP_COLUMNS = tuple(n for n in schema.columns_written_by("step") if n not in schema.SGLANG_ONLY)
 SCHEDULE_COLUMNS = tuple(n for n in schema.columns_written_by("scheduler") if n not in schema.SGLANG_ONLY)
 #: Columns filled after the rows are appended (apply, worker, truth, SGLang's own): null until then.

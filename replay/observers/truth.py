@@ -2,7 +2,7 @@
 
 Where it sits: workloads -> models -> impls -> **observers** -> engines -> traces -> check ->
 workflows -> views -> cli. An observer of either reference runner (V1's, attached with the worker
-observer, observers/worker_observer.py; the reference MRV2's, with the MRV2 observer). The runner
+observer, families/vllm/v1/observer.py; the reference MRV2's, with the MRV2 observer). The runner
 keeps a paged KV buffer as vLLM's cache is laid out (models/paged_kv.py: slot = block * block_size
 + offset, through the block table the worker runs each request with, `kv_block_table`), each slot
 marked with the token id written there and the request life that wrote it; a step's writes land
@@ -48,8 +48,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from specreplay.replay.families.vllm.v1.observer import RowWriter, RunnerObserver
 from specreplay.replay.models.kv import BlockLedger
-from specreplay.replay.observers.worker_observer import RowWriter, RunnerObserver
 
 
 class KvTruth(RunnerObserver):

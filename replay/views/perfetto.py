@@ -32,6 +32,7 @@ from specreplay.replay.views.timeline import (
     sched_cell,
     short_code,
 )
+from specreplay.traces.families import WorkerView, traits
 
 STEP_US = 1000  # one engine step = 1 ms on the timeline
 SCHED_TID, WORKER_TID = 1, 2
@@ -89,8 +90,8 @@ def export_events(
     events: list[dict[str, Any]] = []
     pids: dict[str, int] = {}
     flows: list[tuple[int, int, int, str]] = []  # (pid, scheduled step, applied step, id)
-    family = runner_family_of(trace)
-    extra = {"v2": MRV2_COLUMNS + _MRV2_SLICE, "sglang": _SGLANG_COLUMNS}.get(family, ())
+    view = traits(runner_family_of(trace)).view
+    extra = {WorkerView.SLOTS: MRV2_COLUMNS + _MRV2_SLICE, WorkerView.SGLANG_ROWS: _SGLANG_COLUMNS}.get(view, ())
     batches = trace.batches(columns=_COLUMNS + extra)
     import pyarrow.compute as pc
 
@@ -129,7 +130,7 @@ def export_events(
                     _meta(pid, SCHED_TID, "thread_name", "scheduler"),
                     _meta(pid, WORKER_TID, "thread_name", "worker"),
                 ]
-            events += _row_events(row, pid, (step - first) * STEP_US, family)
+            events += _row_events(row, pid, (step - first) * STEP_US, view)
             slices.setdefault(pid, set()).add(step)
             # An arrow per output update_from_output used; one popped while the engine drained
             # (no schedule() since its own) has no later step to point at.
@@ -182,11 +183,13 @@ _SGLANG_COLUMNS = (
 )
 
 
-def _row_events(row: dict[str, Any], pid: int, ts: int, family: str = "v1") -> list[dict[str, Any]]:
+def _row_events(
+    row: dict[str, Any], pid: int, ts: int, view: WorkerView = WorkerView.PERSISTENT_BATCH
+) -> list[dict[str, Any]]:
     """One row's scheduler slice, worker slice (if it ran) and counters."""
-    if family == "sglang":
+    if view is WorkerView.SGLANG_ROWS:
         return _sglang_row_events(row, pid, ts)
-    mrv2 = family == "v2"
+    mrv2 = view is WorkerView.SLOTS
     step = row["step"]
     events = [
         {

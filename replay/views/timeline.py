@@ -6,8 +6,8 @@ requests and steps asked for) and its findings, and returns lanes of short cells
 state at each step (scheduled n tokens with k draft slots, new, re-entering, resumed, skipped by the
 budget or the max-tokens rule, waiting, preempted, finished), the worker's (in the batch with what
 it executed, or not), the findings that fire there and, on demand, a counter on both sides. A
-Model Runner V2 trace (`trace.impl.runner_family == "v2"`) has no persistent batch to show: its
-worker lane reads MRV2's own columns (traces/schema.py, "worker (MRV2)"), with two lanes more per
+Model Runner V2 trace (worker view `WorkerView.SLOTS`, traces/families.py) has no persistent
+batch to show: its worker lane reads MRV2's own columns (traces/schema.py, "worker (MRV2)"), with two lanes more per
 request, the slot it holds in `req_states` and where the drafts it verified came from (the step
 whose propose wrote them, and whether they were written for it, at the position it is at).
 `cli/show.py` draws it with rich; `replay/perfetto.py` exports the same rows as trace events.
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from specreplay.traces.families import DEFAULT_FAMILY, WorkerView, family_name, traits
 
 #: Cell glyphs, explained in the legend. A cell is at most `CELL` characters.
 CELL = 5
@@ -48,6 +50,8 @@ LEGEND_MRV2 = (
 )
 #: What an SGLang trace's cells add (its scheduler runs a prefill batch before any decode).
 LEGEND_SGLANG = (("f", "skipped: the iteration ran a prefill batch, which SGLang schedules first"),)
+#: The glyphs each worker view adds to the common legend.
+_VIEW_LEGEND = {WorkerView.PERSISTENT_BATCH: (), WorkerView.SLOTS: LEGEND_MRV2, WorkerView.SGLANG_ROWS: LEGEND_SGLANG}
 
 _COLUMNS = (
     "step",
@@ -128,18 +132,22 @@ class Timeline:
     lanes: list[Lane]
     findings: dict[tuple[int, str], list[Any]]  # (step, request) -> findings
     requests_in_range: int = 0  # requests with rows in the steps shown (lanes show at most MAX_DEFAULT_REQUESTS)
-    runner_family: str = "v1"  # the runner family whose worker view the lanes show
+    runner_family: str = DEFAULT_FAMILY  # the runner family whose worker view the lanes show
 
 
 def runner_family_of(trace) -> str:
-    """ "v1", "v2" or "sglang": the runner family whose worker view a trace holds (traces before
-    schema v5 name none: V1's)."""
-    return trace.impl.runner_family or "v1"
+    """The runner family whose worker view a trace holds (traces before schema v5 name none: V1's)."""
+    return family_name(trace.impl)
+
+
+def shows_slots(family: str) -> bool:
+    """Whether the family's worker view is MRV2's slots (lanes for the slot and the drafts' origin)."""
+    return traits(family).view is WorkerView.SLOTS
 
 
 def legend(family: str) -> tuple[tuple[str, str], ...]:
     """The glyphs a timeline of that runner family's trace uses."""
-    return LEGEND + (LEGEND_MRV2 if family == "v2" else ()) + (LEGEND_SGLANG if family == "sglang" else ())
+    return LEGEND + _VIEW_LEGEND[traits(family).view]
 
 
 def amount(n: int, k: int) -> str:
@@ -262,8 +270,8 @@ def build_timeline(
     import pyarrow.compute as pc
 
     family = runner_family_of(trace)
-    fields = FIELDS_MRV2 if family == "v2" else FIELDS
-    columns = list(_COLUMNS) + (list(MRV2_COLUMNS) if family == "v2" else [])
+    fields = FIELDS_MRV2 if shows_slots(family) else FIELDS
+    columns = list(_COLUMNS) + (list(MRV2_COLUMNS) if shows_slots(family) else [])
     if field_name:
         columns += [c for c in fields[field_name] if c and c not in columns]
     batches = trace.batches(columns=tuple(columns))
@@ -313,12 +321,12 @@ def request_lanes(
     lo: int,
     hi: int,
     field_name: str | None,
-    family: str = "v1",
+    family: str = DEFAULT_FAMILY,
 ) -> list[Lane]:
     """One request's lanes over steps lo..hi: scheduler, worker (on MRV2 also its slot and its
     drafts' origin), the chosen field, findings."""
     sched, worker, marks = Lane(rid, "sched"), Lane(rid, "worker"), Lane(rid, "findings")
-    mrv2 = family == "v2"
+    mrv2 = shows_slots(family)
     fields = FIELDS_MRV2 if mrv2 else FIELDS
     slots, origins = Lane(rid, "worker slot"), Lane(rid, "worker from")
     extra = (

@@ -1,6 +1,6 @@
 """Attach: run a command that starts vLLM (a server, a script) with the recorder on, then merge.
 
-Where it sits: workflows, over engines/attached.py (what records inside the command's vLLM
+Where it sits: workflows, over families/vllm/attached.py (what records inside the command's vLLM
 processes) and workflows/merge.py. What `specreplay record --attach -o OUT -- COMMAND` calls.
 
 The command runs with `SPECREPLAY_RECORD` set to a parts folder next to the output
@@ -47,7 +47,7 @@ def attach_to(
 ) -> Attached:
     """Run `command` with the recorder attached and merge what it recorded into `output`.
     `tokens`: the token mode (traces/pseudonym.py; None: the command's environment says)."""
-    from specreplay.replay.engines.attached import RECORD_ENV, RUN_ENV
+    from specreplay.replay.families.vllm.attached import RECORD_ENV, RUN_ENV
     from specreplay.traces.pseudonym import TOKENS_ENV, key_path
 
     if not command:

@@ -37,11 +37,12 @@ from specreplay.replay.check.checker import check_trace
 from specreplay.replay.engines.registry import RUNNERS, runner_family
 from specreplay.replay.engines.registry import engine as engine_entry
 from specreplay.replay.engines.run import run_workload
-from specreplay.replay.engines.vllm_setup import installed_vllm_version, load_vllm
+from specreplay.replay.families.vllm.setup import installed_vllm_version, load_vllm
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.config import MODELLED_VERSIONS
 from specreplay.replay.workloads.known_bugs import KNOWN_BUGS, KnownBug
 from specreplay.traces.errors import InputError
+from specreplay.traces.families import EngineLine
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def real_scheduler_for(version: str) -> bool:
 
 
 #: The vLLM runner families a matrix measures: those with a reference runner.
-MATRIX_RUNNERS = tuple(name for name, family in RUNNERS.items() if family.reference and family.serves_vllm)
+MATRIX_RUNNERS = tuple(name for name, family in RUNNERS.items() if family.reference and family.line is EngineLine.VLLM)
 NOT_APPLICABLE = "does not apply"
 #: The SGLang column: SGLang's runner family, at the release specreplay drives.
 SGLANG = "sglang"
@@ -80,7 +81,7 @@ SGLANG = "sglang"
 
 def sglang_here() -> bool:
     """Whether SGLang's column can be measured here: sglang 0.5.23 imports (its own environment)."""
-    from specreplay.replay.engines.sglang_setup import require_sglang
+    from specreplay.replay.families.sglang.setup import require_sglang
 
     try:
         require_sglang()
@@ -93,7 +94,7 @@ def measure(bug: KnownBug, version: str, real: bool, runner: str = "v1") -> Cell
     """Run `bug`'s workload as `version` on runner family `runner`, on its real scheduler when `real`."""
     code = bug.code_on(runner)
     family = runner_family(runner)
-    if not engine_entry(bug.engine).serves_vllm:
+    if engine_entry(bug.engine).line is not EngineLine.VLLM:
         evidence = f"{code} is about the state of --engine {bug.engine}"
         return Cell(bug.key, version, runner, False, evidence, f"{family.summary}: nothing to run", NOT_APPLICABLE)
     if runner not in BY_CODE[code].runners:
@@ -120,7 +121,7 @@ def measure(bug: KnownBug, version: str, real: bool, runner: str = "v1") -> Cell
 
 def measure_on_sglang(bug: KnownBug) -> Cell:
     """Run `bug`'s workload on SGLang 0.5.23's real scheduler (module docstring: the verdicts)."""
-    from specreplay.replay.engines.sglang_setup import installed_sglang_version
+    from specreplay.replay.families.sglang.setup import installed_sglang_version
 
     version = installed_sglang_version()
     measured_on = f"sglang {version} scheduler + reference SGLang worker"
@@ -129,7 +130,7 @@ def measure_on_sglang(bug: KnownBug) -> Cell:
     except InputError as exc:  # a control event, a config SGLang does not take
         return Cell(bug.key, version, SGLANG, False, str(exc), f"{measured_on}: nothing ran", NOT_APPLICABLE)
     found = check_trace(trace)
-    if engine_entry(bug.engine).serves_vllm:  # a vLLM failure's workload, run on SGLang too
+    if engine_entry(bug.engine).line is EngineLine.VLLM:  # a vLLM failure's workload, run on SGLang too
         if not found:
             return Cell(bug.key, version, SGLANG, False, "no finding", measured_on, "absent")
         first = found[0]

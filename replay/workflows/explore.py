@@ -14,7 +14,7 @@ are drawn (`Implementation.why_not`: an AsyncScheduler gets async ones). It runs
 implementation under test and the checker; what matters comes back small (finding codes, the
 situations the run reached, the settings it drew), never the trace. An engine that takes less than
 vLLM's settings and events (SGLang's scheduler: arrivals and aborts) gets each draw as it takes it
-(its registry entry's `shape`: workloads/sglang_shape.py), so none is spent on a refusal.
+(its registry entry's `shape`: families/sglang/shape.py), so none is spent on a refusal.
 
 Coverage guidance: a profile whose candidates reach a situation no earlier candidate reached
 (re-entry, preemption with output in flight, the drafter skipped near max_model_len, ...;

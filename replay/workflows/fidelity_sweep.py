@@ -89,7 +89,7 @@ def compare_seed(impl_name: str, seed: int) -> FidelityCase:
     """Run one seed on both engines (module level: process pools import it)."""
     from specreplay.replay.check.tracediff import diff_traces
     from specreplay.replay.engines.run import run_workload
-    from specreplay.replay.engines.vllm_setup import installed_vllm_version
+    from specreplay.replay.families.vllm.setup import installed_vllm_version
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.fidelity_workloads import fidelity_workload
 
@@ -103,7 +103,7 @@ def compare_seed(impl_name: str, seed: int) -> FidelityCase:
         try:
             traces.append(run_workload(workload, impl, engine=engine))
         except InputError as exc:
-            if not registry.engine(engine).needs_vllm or "vllm rejects" not in str(exc):
+            if not registry.engine(engine).stops_on(exc):
                 raise  # the workload or the setup is bad: not a finding about the reference
             return FidelityCase(seed, False, f"vLLM rejects a config the reference accepts: {exc}", rejected=str(exc))
     diff = diff_traces(traces[0], traces[1])
@@ -173,7 +173,7 @@ def fidelity_sweep(
     progress: Callable[[int, FidelityCase], None] | None = None,
 ) -> FidelityReport:
     """Compare seeds start .. start + count - 1, in `jobs` processes; cases come back in seed order."""
-    from specreplay.replay.engines.vllm_setup import load_vllm
+    from specreplay.replay.families.vllm.setup import load_vllm
 
     vllm = load_vllm("specreplay fidelity")  # no vLLM: one line on how to install it, before any work
     from specreplay.replay.impls.registry import resolve
@@ -207,7 +207,7 @@ def fidelity_to(output_dir: Path | None, impl_name: str = "upstream", **sweep: A
     if output_dir is None:
         return report
     from specreplay.replay.engines.run import run_workload
-    from specreplay.replay.engines.vllm_setup import installed_vllm_version
+    from specreplay.replay.families.vllm.setup import installed_vllm_version
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.fidelity_workloads import fidelity_workload
     from specreplay.traces.io import write_trace

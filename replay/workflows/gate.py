@@ -167,7 +167,7 @@ def _golden_plan(golden, where: str, options: GateOptions):
     )
 
     # A live engine makes its own outcomes: on one, a golden reruns its workload.
-    oracle = options.oracle or ("synthetic" if options.engine and not engine(options.engine).takes_oracle else None)
+    oracle = options.oracle or ("synthetic" if options.engine and engine(options.engine).makes_own_outcomes else None)
     recording = None
     if oracle is None:
         if not may_be_recording(golden.impl):

@@ -1,6 +1,6 @@
 """Merge: the part files an attached vLLM wrote (`SPECREPLAY_RECORD=DIR`) into one trace.
 
-Where it sits: workflows, over engines (what wrote the part files: engines/attached.py) ->
+Where it sits: workflows, over engines (what wrote the part files: families/vllm/attached.py) ->
 traces (their format and readers: traces/parts.py). What `specreplay merge DIR -o run.parquet` and
 `specreplay record --attach` call.
 
@@ -25,7 +25,7 @@ The trace's workload is a summary of the recorded inputs in specreplay's workloa
 (prompt lengths, max_tokens, arrival steps, events), so `info`, `show` and the checker read it
 as any other; the exact inputs (prompt token ids, stop token ids, min_tokens, ignore_eos, each
 life and chunk) are kept beside it in the trace's `inputs` metadata, from which a replay takes
-its prompts, chunks and stop tokens (workloads/recorded_inputs.py). Its steps are the recorded
+its prompts, chunks and stop tokens (families/vllm/recorded_inputs.py). Its steps are the recorded
 engine's (schedule() calls), and each abort lands where the rows say vLLM took it.
 """
 
@@ -72,7 +72,7 @@ def merge_folder(folder: Path, run: str | None = None, salvage: bool = False) ->
     from specreplay.replay.engines.outcome import run_outcome
     from specreplay.replay.engines.registry import ATTACHED
     from specreplay.replay.engines.run import trace_header
-    from specreplay.replay.engines.sink import rows_to_table
+    from specreplay.replay.families.vllm.sink import rows_to_table
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.config import BEFORE_PREFIX_CACHING, EngineConfig
     from specreplay.traces.parts import (
@@ -101,7 +101,7 @@ def merge_folder(folder: Path, run: str | None = None, salvage: bool = False) ->
     parts = [p for p in read if p.run is not None]
     if not parts:
         dumps = sorted(d.name for d in folder.iterdir() if d.is_dir() and any(d.glob("*.jsonl")))
-        if dumps:  # a flight recorder's folder (engines/flight.py): its dumps are the parts folders
+        if dumps:  # a flight recorder's folder (families/vllm/flight.py): its dumps are the parts folders
             listing = ", ".join(str(folder / d) for d in dumps[:5]) + (" ..." if len(dumps) > 5 else "")
             raise InputError(f"{folder}: a flight recorder's folder: merge one of its {len(dumps)} dump(s): {listing}")
         if unnamed:
@@ -194,7 +194,7 @@ def merge_folder(folder: Path, run: str | None = None, salvage: bool = False) ->
         impl_doc = replace(impl_doc, window=window.note)
     failures = observer_failures(parts)
     dropped += [f"recording stopped: {failure}" for failure in failures]
-    if crash is not None:  # the engine died (engines/flight.py): how a replay that dies the same way ends
+    if crash is not None:  # the engine died (families/vllm/flight.py): how a replay that dies the same way ends
         named = {"request": crash["request"]} if crash.get("request") else {}
         outcome = run_outcome(crash["at"], crash={"kind": crash["kind"], "message": crash["message"], **named})
     else:
@@ -301,7 +301,7 @@ def flight_window(folder: Path, parts: list[Any], core: Any) -> FlightWindow | N
 
 
 def crash_line(parts: list[Any], window: FlightWindow | None) -> dict[str, Any] | None:
-    """The engine core's `crashed` line (engines/flight.py), its step in the trace's numbering."""
+    """The engine core's `crashed` line (families/vllm/flight.py), its step in the trace's numbering."""
     found = next((e for p in parts for e in p.events if e.get("e") == "crashed"), None)
     if found is None:
         return None

@@ -26,6 +26,7 @@ from typing import Any
 from specreplay.replay.observers.recorder import FLUSH_EVERY
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
+from specreplay.traces.families import EngineLine
 from specreplay.traces.journal import SUFFIX
 from specreplay.traces.trace import Trace
 
@@ -43,7 +44,7 @@ def resolve_impl(name: str, *, allow_import: bool, executor: str | None = None) 
     """`--impl NAME` as the registry resolves it (impls/registry.py `resolve`); a user's
     `module:attr` is imported in a process made ready for SGLang where it is installed, and its
     hooks are held to the public API there (impls/hook_api.py)."""
-    from specreplay.replay.engines.sglang_setup import ready_for_user_code
+    from specreplay.replay.families.sglang.setup import ready_for_user_code
     from specreplay.replay.impls.registry import resolve
 
     if allow_import and ":" in name:
@@ -92,9 +93,9 @@ def pick_workload(
 ) -> Workload:
     """Exactly one of a built-in scenario (seed default 0) or a workload file (seed, when given,
     overrides the file's); `max_steps` overrides the workload's own. `vllm_version`: the release
-    to model; None: a workload file's own, else the default (engines/vllm_setup.py).
+    to model; None: a workload file's own, else the default (families/vllm/setup.py).
     `prefix_caching`: on or off; None: the workload's own."""
-    from specreplay.replay.engines.vllm_setup import default_vllm_version
+    from specreplay.replay.families.vllm.setup import default_vllm_version
     from specreplay.replay.workloads.scenarios import build_scenario
     from specreplay.replay.workloads.workload import load_workload
 
@@ -264,10 +265,9 @@ def compare_defaults(engine: str, runner: str | None, workload: Workload) -> tup
     from specreplay.replay.impls.registry import NotApplicable, registry
 
     entry = engine_entry(engine)
-    if entry.serves_vllm:
-        form = "real runner form" if entry.drives_itself else "reference runner form"
+    if entry.line is EngineLine.VLLM:
         left_out = [
-            (name, f"its {form} is for --runner {family}")
+            (name, f"its {entry.runner_form} is for --runner {family}")
             for name, family in runner_mismatch(DEFAULT_COMPARE, engine, runner)
         ]
         return [n for n in DEFAULT_COMPARE if n not in dict(left_out)], left_out
@@ -324,10 +324,10 @@ def compare_to(
         hint = f" (--impls {','.join(fits)} run on it)" if fits else ""
         from specreplay.replay.engines.registry import engine as engine_entry
 
-        live = engine_entry(engine).drives_itself
-        asked, form = (_live_runner(runner), "real runner form") if live else (runner, "reference runner form")
+        entry = engine_entry(engine)
         raise InputError(
-            f"{name}'s {form} subclasses the {family} runner; --runner {asked} builds another: "
+            f"{name}'s {entry.runner_form} subclasses the {family} runner; --runner {entry.runner_built(runner)} "
+            "builds another: "
             f"pass --runner {family}{hint}"
         )
     if output_dir.exists() and not output_dir.is_dir():
@@ -356,28 +356,17 @@ def compare_to(
     return Comparison(workload, results)
 
 
-def _live_runner(runner: str | None) -> str:
-    from specreplay.replay.engines.registry import DEFAULT_LIVE_RUNNER
-
-    return runner or DEFAULT_LIVE_RUNNER
-
-
 def runner_mismatch(impls: Sequence[str], engine: str, runner: str | None) -> list[tuple[str, str]]:
     """(name, family) of each implementation whose runner form is for another runner family than
     the one `engine` and `runner` run (pr30796 edits V1's runner: MRV2 has no such state to change):
     on a live vLLM its real runner form, on a loop engine its reference runner form."""
-    from specreplay.replay.engines.registry import DEFAULT_RUNNER, family_of_reference
     from specreplay.replay.engines.registry import engine as engine_entry
 
-    live = engine_entry(engine).drives_itself
-    family = _live_runner(runner) if live else (runner or DEFAULT_RUNNER)
+    entry = engine_entry(engine)
+    built = entry.runner_built(runner)
     out = []
     for name in impls:
-        impl = resolve_impl(name, allow_import=True)
-        if live and impl.real_runner is not None and impl.real_runner_family != family:
-            out.append((name, impl.real_runner_family))
-        if not live and impl.runner is not None:
-            own = family_of_reference(impl.runner)
-            if own is not None and own.name != family:
-                out.append((name, own.name))
+        own = entry.runner_form_family(resolve_impl(name, allow_import=True))
+        if own is not None and own != built:
+            out.append((name, own))
     return out

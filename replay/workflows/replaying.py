@@ -7,12 +7,12 @@ recording means the same run to each.
 
 The oracle: a trace recorded from a live or attached vLLM carries the only truth there is, its
 outcomes (schema v3: the sampled tokens, the drafts verified), and a replay runs on them
-(`workloads/recorded_oracle.py`) through the reference or the real scheduler. A trace recorded on the
+(`families/vllm/outcomes.py`) through the reference or the real scheduler. A trace recorded on the
 reference or the real scheduler came from its workload's seeded model, which its workload
 regenerates whole: it replays on that (`synthetic`), unless told `recorded`.
 
 An SGLang trace (`--engine sglang-scheduler`) replays on its recorded outcomes by default, on
-SGLang's scheduler (`workloads/recorded_sglang.py`): its worker view holds every token and draft
+SGLang's scheduler (`families/sglang/outcomes.py`): its worker view holds every token and draft
 at known positions, so the replay is step-exact whatever the workload's seeded model gives (another
 specreplay release's, a recording of a real SGLang server once one can be attached). Outcomes drive
 only the engines of their own family: a vLLM recording's worker columns are vLLM's runner's, an
@@ -29,14 +29,17 @@ from typing import TYPE_CHECKING, Any
 from specreplay.replay.engines.registry import (
     DEFAULT_ENGINE,
     RUNNERS,
+    RunnerFamily,
     engine_of,
     outcome_engines,
     refuse_outcomes_on,
     replay_engines,
 )
 from specreplay.replay.engines.registry import engine as engine_entry
+from specreplay.replay.workloads.oracle import ReplayContext
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
+from specreplay.traces.families import EngineLine, family_name, line_families
 from specreplay.traces.header import ImplHeader
 from specreplay.traces.trace import Trace
 
@@ -58,17 +61,23 @@ class ReplayPlan:
 
 
 def runner_of(trace: Any) -> str | None:
-    """The runner family `trace` ran (v1 for one from before runners were named); None for a
-    runner specreplay did not observe (the rerun takes the default)."""
-    family = trace.impl.runner_family or "v1"
+    """The runner family `trace` ran (traces/families.py: V1's for one from before runners were
+    named); None for a runner specreplay did not observe (the rerun takes the default)."""
+    family = family_name(trace.impl)
     return family if family in RUNNERS else None
 
 
-def serves_vllm(impl: ImplHeader) -> bool:
-    """Is the trace's engine vLLM's (the reference, the real scheduler, a live or attached vLLM)?
-    False: SGLang's. An engine this specreplay does not know counts as vLLM's, as ever."""
+def line_of(impl: ImplHeader) -> EngineLine:
+    """The engine line of a trace's engine: vLLM's (the reference, the real scheduler, a live or
+    attached vLLM) or SGLang's. An engine this specreplay does not know counts as vLLM's, as ever."""
     entry = engine_of(impl)
-    return entry is None or entry.serves_vllm
+    return entry.line if entry is not None else EngineLine.VLLM
+
+
+def outcomes_family(trace: Any) -> RunnerFamily:
+    """The runner family whose recorded oracle reads the trace's outcomes: its own, or for a
+    runner specreplay did not observe, its engine line's first."""
+    return RUNNERS.get(family_name(trace.impl)) or RUNNERS[line_families(line_of(trace.impl))[0]]
 
 
 def runner_on(runner: str | None, engine: str) -> str | None:
@@ -76,15 +85,15 @@ def runner_on(runner: str | None, engine: str) -> str | None:
     (the engine's default: a vLLM trace's workload run on SGLang takes SGLang's worker)."""
     if runner is None or runner not in RUNNERS:
         return runner
-    return runner if RUNNERS[runner].serves_vllm == engine_entry(engine).serves_vllm else None
+    return runner if RUNNERS[runner].line is engine_entry(engine).line else None
 
 
 def live_runner_of(trace: Any) -> str | None:
     """The runner family a live rerun of `trace` builds: the one that ran, for a live or attached
-    vLLM's trace (v1 for one from before runners were named); None (the default) for the others."""
+    vLLM's trace (V1's for one from before runners were named); None (the default) for the others."""
     if not may_be_recording(trace.impl):
         return None
-    return trace.impl.runner_family or "v1"
+    return family_name(trace.impl)
 
 
 def default_oracle(trace: Trace) -> str:
@@ -96,10 +105,7 @@ def default_oracle(trace: Trace) -> str:
 
 def has_recorded_outcomes(trace: Trace) -> bool:
     """Do the trace's rows carry outcomes its engine family's recorded oracle reads?"""
-    from specreplay.replay.workloads.recorded_oracle import has_outcomes
-    from specreplay.replay.workloads.recorded_sglang import has_sglang_outcomes
-
-    return has_outcomes(trace.table) if serves_vllm(trace.impl) else has_sglang_outcomes(trace.table)
+    return outcomes_family(trace).holds_outcomes(trace.table)
 
 
 def may_be_recording(impl: ImplHeader) -> bool:
@@ -145,7 +151,7 @@ def _legacy_config(trace: Any) -> dict[str, Any]:
 def observed_workload(trace: Trace, workload: Workload) -> Workload:
     """A multiprocess live recording's workload with its inputs at the steps the engine core took
     them (its recorded inputs: over sockets they land when the core polls, not at the workload's
-    step); the prompts, chunks and stops come from the same inputs (workloads/recorded_inputs.py).
+    step); the prompts, chunks and stops come from the same inputs (families/vllm/recorded_inputs.py).
     Any other trace ran its inputs at its workload's steps."""
     from specreplay.replay.workflows.merge import workload_of
 
@@ -169,9 +175,6 @@ def plan_replay(
     the trace no recording: `may_be_recording`). `workload`: a part of the trace's (shrink),
     default the whole; the recorded outcomes of what remains drive it. `runner`: the runner
     family to rerun it on (default: its own; the other one is the cross-runner what-if)."""
-    from specreplay.replay.workloads.recorded_oracle import recorded_oracle
-    from specreplay.replay.workloads.recorded_sglang import sglang_recorded_oracle
-
     if not isinstance(trace, Trace):  # a TraceFile: its header, a Trace without rows
         trace = trace.header
     mode = oracle or default_oracle(trace)
@@ -187,29 +190,28 @@ def plan_replay(
         own = live_runner_of(trace) if may_be_recording(trace.impl) else runner_of(trace)
         engine = engine or recorded_engine
         return ReplayPlan(workload, engine, executor, None, runner or runner_on(own, engine))
-    engines = outcome_engines(serves_vllm(trace.impl))
+    line = line_of(trace.impl)
+    engines = outcome_engines(line)
     engine = engine or (recorded_engine if recorded_engine in engines else engines[0])
-    refuse_outcomes_on(engine, serves_vllm(trace.impl))
+    refuse_outcomes_on(engine, line)
     own = runner_of(trace)
-    if serves_vllm(trace.impl):
-        slot_drafts = own is not None and RUNNERS[own].verifies_slot_drafts
-        outcomes = recorded_oracle(workload, trace, slot_drafts=slot_drafts)
-    else:
-        outcomes = sglang_recorded_oracle(workload, trace)
-    outcomes.source = where
     # Where the recording stopped: a live engine's left its last batches unapplied; a replay of it
     # stopped as the recording did (its note says so).
     ran_on = trace.impl.outcomes
     drains = ran_on.drains_at_end if ran_on is not None else None
     recorded_entry = engine_of(trace.impl)
-    outcomes.drains_at_end = (
-        drains if drains is not None else recorded_entry is not None and recorded_entry.takes_oracle
-    )
+    if drains is None:
+        drains = recorded_entry is not None and recorded_entry.recordings_drain
     # A live engine core in the recording's process (in process, attached to a program's LLM)
     # was stepped an iteration at a time, as specreplay's live driver steps it: the replay steps
-    # as that driver does (workloads/oracle.py `live_driven`). A multiprocess core numbers its
+    # as that driver does (workloads/oracle.py `LIVE_DRIVEN`). A multiprocess core numbers its
     # steps by schedule() calls, and its recording names the steps it announced on.
-    outcomes.like_live = not outcomes.drains_at_end and executor != "multiproc"
-    outcomes.trace_inputs = trace.inputs
-    outcomes.tokens = trace.impl.tokens
+    context = ReplayContext(
+        source=where,
+        drains_at_end=drains,
+        like_live=not drains and executor != "multiproc",
+        trace_inputs=trace.inputs,
+        tokens=trace.impl.tokens,
+    )
+    outcomes = outcomes_family(trace).recorded_oracle(workload, trace, context)
     return ReplayPlan(workload, engine, executor, outcomes, runner or own)

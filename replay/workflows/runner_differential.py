@@ -6,7 +6,7 @@ small workloads: workloads/fidelity_workloads.py `runner_workload`) runs twice o
 family (V1's GPUModelRunner or Model Runner V2):
 
 - live (`--engine vllm`, in process), forced: the real scheduler and the real runner sample the
-  oracle's tokens for what they feed and draft the workload's drafts (engines/forced_logits.py);
+  oracle's tokens for what they feed and draft the workload's drafts (families/vllm/forced_logits.py);
 - on the reference engine: the reference scheduler and reference runner of the same family, on the
   engine config that ran live, with the same oracle, stepped as the live driver steps vLLM
   (workloads/oracle.py `live_driven`).
@@ -18,7 +18,7 @@ reference scheduler to the real one under one reference runner; this one holds t
 two sides' agreement, to vLLM's.
 
 The live runs go to worker processes of their own (spawned): vLLM decides at import whether
-Triton is present, and MRV2 on a CPU needs it while V1 crashes with it (engines/cpu_triton.py), so
+Triton is present, and MRV2 on a CPU needs it while V1 crashes with it (families/vllm/mrv2/cpu_triton.py), so
 a sweep's processes import vLLM for its runner whatever the calling process did. Each builds one
 engine after another (about a second each, most of it vLLM's start; a step 10-100 ms).
 """
@@ -92,8 +92,8 @@ class RunnerReport:
 def live_takes(workload: Any) -> bool:
     """What a live in-process vLLM takes: a KV cache that holds one request of max_model_len
     (its first block is the null block; vLLM refuses the engine otherwise) and no pause in wait
-    mode (its in-process engine core refuses it: engines/live.py refuse_undrivable)."""
-    from specreplay.replay.engines.live import cpu_attention_config
+    mode (its in-process engine core refuses it: families/vllm/live.py refuse_undrivable)."""
+    from specreplay.replay.families.vllm.live import cpu_attention_config
 
     config = cpu_attention_config(workload.config)
     waits = any(e.kind == "pause" and e.mode == "wait" for e in workload.events)
@@ -109,7 +109,7 @@ def differential_scenarios() -> tuple[str, ...]:
 
 def workload_of(tag: str) -> Any:
     """The workload a case names, a scenario or runner-<seed>, at the installed vLLM's release."""
-    from specreplay.replay.engines.vllm_setup import installed_vllm_version
+    from specreplay.replay.families.vllm.setup import installed_vllm_version
     from specreplay.replay.workloads.fidelity_workloads import runner_workload
     from specreplay.replay.workloads.scenarios import build_scenario
 
@@ -129,7 +129,7 @@ def compare_live(tag: str, runner: str, impl_name: str = "upstream", output_dir:
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workflows.fidelity_sweep import features_of
     from specreplay.replay.workflows.replaying import trace_workload
-    from specreplay.replay.workloads.oracle import Oracle, live_driven
+    from specreplay.replay.workloads.oracle import live_driven
 
     impl = resolve(impl_name, allow_import=True)
     workload = workload_of(tag)
@@ -140,7 +140,7 @@ def compare_live(tag: str, runner: str, impl_name: str = "upstream", output_dir:
             raise  # the workload or the setup is bad: not a finding about the reference
         return RunnerCase(tag, False, refused=str(exc))
     ran = trace_workload(live, tag)  # the config the live engine ran (a CPU rounds block sizes up)
-    reference = run_workload(ran, impl, engine="reference", runner=runner, oracle=live_driven(Oracle(ran)))
+    reference = run_workload(ran, impl, engine="reference", runner=runner, oracle=live_driven(ran))
     if output_dir is not None:
         from specreplay.traces.io import write_trace
 
@@ -156,7 +156,7 @@ def compare_live(tag: str, runner: str, impl_name: str = "upstream", output_dir:
 def _compare_in_worker(args: tuple[str, str, str, str | None]) -> RunnerCase:
     import os
 
-    from specreplay.replay.engines import forced_logits
+    from specreplay.replay.families.vllm import forced_logits
 
     os.environ.pop(forced_logits.UNFORCED_ENV, None)  # the differential is of forced runs
     with _heap_kept_frozen():
@@ -215,7 +215,7 @@ def runner_differential(
     from concurrent.futures import ProcessPoolExecutor
 
     from specreplay.replay.engines.registry import runner_family
-    from specreplay.replay.engines.vllm_setup import load_vllm
+    from specreplay.replay.families.vllm.setup import load_vllm
     from specreplay.replay.impls.registry import resolve
 
     family = runner_family(runner).name  # a bad name fails here, once

@@ -31,6 +31,7 @@ from typing import Any
 
 from specreplay.replay.workloads.workload import RequestSpec, Workload
 from specreplay.traces.errors import InputError
+from specreplay.traces.families import EngineLine
 from specreplay.traces.header import Inputs
 from specreplay.traces.trace import Trace
 
@@ -365,7 +366,7 @@ def _environment(engine: str) -> str:
     """What an emitted test needs beyond specreplay: SGLang's scheduler runs in its own environment."""
     from specreplay.replay.engines.registry import engine as engine_entry
 
-    if engine_entry(engine).serves_vllm:
+    if engine_entry(engine).line is EngineLine.VLLM:
         return ""
     return "\nRun it where SGLang is installed (scripts/sglang.sh install: docs/sglang.md)."
 

@@ -121,7 +121,7 @@ def runner_workload(seed: int) -> Workload:
     max_model_len = rng.choice((longest, longest, longest + rng.randint(1, max(1, k)), longest + 32, 128))
     max_model_len = max(max_model_len, longest)
     # One request of max_model_len, in blocks of a CPU's attention too (it rounds the block size
-    # up to a multiple of 32 and keeps the tokens, engines/live.py).
+    # up to a multiple of 32 and keeps the tokens, families/vllm/live.py).
     unit = max(block_size, 32)
     one_request = -(-max_model_len // unit) * unit // block_size
     # Tight for about half the seeds: room for one request of max_model_len and a block or two,

@@ -19,21 +19,64 @@ is asked row by row).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
 from specreplay.replay.workloads import tokens
 from specreplay.replay.workloads.workload import RequestSpec, Workload
+from specreplay.traces.families import EngineLine
+from specreplay.traces.header import Inputs
+
+
+@dataclass(frozen=True)
+class ReplayContext:
+    """What a replay's oracle knows of the recording whose outcomes it holds, fixed when it is
+    built (workflows/replaying.py `plan_replay`): where the recording is, how its run stepped,
+    its inputs metadata and how it wrote token ids."""
+
+    source: str = ""  # the recording's path, for the replay's metadata
+    # The recording's engine stepped until its batches were applied (the loop engines, a live run
+    # driven to idle); False: it stopped once nothing was left to feed or schedule.
+    drains_at_end: bool = True
+    # An in-process live engine core: stepped an iteration at a time, as specreplay's live driver
+    # steps it (every iteration numbered as a step).
+    like_live: bool = False
+    trace_inputs: Inputs | None = None  # the recording's inputs metadata, kept by its replay
+    tokens: str | None = None  # how the recording wrote token ids (traces/pseudonym.py)
 
 
 class Oracle:
-    #: How the run these outcomes drive steps (engines/loop.py). By default as the shipped goldens
-    #: were recorded: it steps while requests are unfinished and drains its batches at the end.
-    #: `live_driven` makes it step as specreplay's driver steps a live vLLM in process.
-    drains_at_end = True
-    like_live = False
+    """The tokens a correct engine produces, and the drafter's proposals. Its contract with the
+    engines is its attributes, every one defaulted here: the engines read them, never probe."""
 
-    def __init__(self, workload: Workload) -> None:
+    #: Outcomes read from a recording (a replay: workloads of the families' `outcomes` modules);
+    #: the run's metadata notes them (engines/run.py `on_outcomes`).
+    recorded = False
+    #: The engine line whose scheduler and worker a recording's outcomes are for (a synthetic
+    #: oracle's tokens are every engine's).
+    line = EngineLine.VLLM
+    #: What the reference runner drafts with: the seeded fixed-k drafter, or a recording's drafter.
+    drafter = "fixed"
+    #: Steps where the recorded engine stepped with nothing unfinished (only a recording has them).
+    announce_steps: frozenset[int] = frozenset()
+    #: What the replay knows of its recording (the defaults: a synthetic run, as the shipped goldens
+    #: were recorded: it steps while requests are unfinished and drains its batches at the end).
+    context = ReplayContext()
+
+    @property
+    def drains_at_end(self) -> bool:
+        return self.context.drains_at_end
+
+    @property
+    def like_live(self) -> bool:
+        return self.context.like_live
+
+    def __init__(self, workload: Workload, context: ReplayContext | None = None) -> None:
         self.workload = workload
+        if context is not None:
+            self.context = context
         self.vocab = workload.config.vocab_size
         self.specs: dict[str, RequestSpec] = {spec.request_id: spec for spec in workload.requests}
         self._hash = {rid: tokens.request_hash(workload.seed, rid) for rid in self.specs}
@@ -64,6 +107,15 @@ class Oracle:
 
     def hash(self, rid: str) -> int:
         return self._hash[rid]
+
+    def summary(self) -> dict[str, int]:
+        """What a recording gave (token positions, proposals, conflicts): a recorded oracle says;
+        the workload's own tokens were given by nothing."""
+        return {}
+
+    def unobserved(self, table: Any) -> dict[str, int]:
+        """On a replay's rows, what a recorded oracle filled by its rules: nothing here."""
+        return {}
 
     def prompt(self, rid: str) -> list[int]:
         """The request's prompt: a shared prefix or the turns before it, then its own text."""
@@ -210,13 +262,15 @@ class Oracle:
         return sum(1 for t, e in zip(tokens, seq[base : base + len(tokens)]) if t != e)
 
 
-def live_driven(oracle: Oracle) -> Oracle:
-    """`oracle`, for a run stepped as specreplay drives a live vLLM in process (engines/live.py),
-    so that the two traces compare row for row (the runner differential). Every iteration is a
-    step, one that only applies a batch included, and a crash is named by the iteration it
-    happened in. The driver steps until the engine core is idle (EngineCoreProc's has_work), so
-    the run drains: the requests that finished last are announced by a schedule of their own,
-    which applies the batch still in flight (engines/loop.py has_unannounced)."""
-    oracle.drains_at_end = True
-    oracle.like_live = True  # engines/loop.py: what else the loop then does as the live driver
-    return oracle
+#: How specreplay's driver steps a live vLLM in process (families/vllm/live.py): every iteration is
+#: a step, one that only applies a batch included, and a crash is named by the iteration it
+#: happened in. The driver steps until the engine core is idle (EngineCoreProc's has_work), so the
+#: run drains: the requests that finished last are announced by a schedule of their own, which
+#: applies the batch still in flight (engines/loop.py has_unannounced).
+LIVE_DRIVEN = ReplayContext(drains_at_end=True, like_live=True)
+
+
+def live_driven(workload: Workload) -> Oracle:
+    """The workload's oracle, for a run stepped as specreplay drives a live vLLM in process, so
+    that the two traces compare row for row (the runner differential)."""
+    return Oracle(workload, context=LIVE_DRIVEN)

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from specreplay.cli.main import main
 from specreplay.replay.engines.run import run_workload
-from specreplay.replay.engines.vllm_setup import default_vllm_version, installed_vllm_version
+from specreplay.replay.families.vllm.setup import default_vllm_version, installed_vllm_version
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workflows.gate import corpus_dir
 from specreplay.replay.workloads.config import MODELLED_VERSIONS
@@ -124,7 +124,7 @@ def test_a_paused_engine_refuses_new_requests_in_0_33_only():
 
 
 def test_engine_vllm_on_a_wheel_without_cpu_kernels_is_one_line(monkeypatch):
-    from specreplay.replay.engines import vllm_setup
+    from specreplay.replay.families.vllm import setup as vllm_setup
     from specreplay.traces.errors import InputError
 
     monkeypatch.setattr(vllm_setup, "installed_vllm", lambda: ("vllm", "0.33.0"))

@@ -97,18 +97,21 @@ def test_a_scheduler_that_applies_is_the_one_that_ran_and_info_shows_it(here):
     assert done.returncode == 0, done.stderr
     info = json.loads(specreplay(here, "info", "q.parquet", "--format", "json").stdout)
     assert info["impl"]["scheduler"] == "mine.Quiet"
-    assert info["impl"]["runner"] == "specreplay.replay.models.runner.GPUModelRunner"
+    assert info["impl"]["runner"] == "specreplay.replay.families.vllm.v1.runner.GPUModelRunner"
     assert info["impl"]["executor"] == "inproc"
     assert info["impl"]["models"] == "specreplay reference of vllm 0.32.0"
     text = specreplay(here, "info", "q.parquet").stdout
-    assert "ran: scheduler mine.Quiet, runner specreplay.replay.models.runner.GPUModelRunner, executor inproc" in text
+    assert (
+        "ran: scheduler mine.Quiet, runner specreplay.replay.families.vllm.v1.runner.GPUModelRunner, executor inproc"
+        in text
+    )
 
 
 def test_a_builtin_runner_variant_is_named_by_its_class(here):
     done = specreplay(here, "record", "--scenario", "reentry", "--impl", "pr30796-copy", "-o", "p.parquet")
     assert done.returncode in (0, 1), done.stderr
     impl = json.loads(specreplay(here, "info", "p.parquet", "--format", "json").stdout)["impl"]
-    assert impl["runner"] == "specreplay.replay.impls.variants.DropReentryDraftsRunner"
+    assert impl["runner"] == "specreplay.replay.families.vllm.variants.DropReentryDraftsRunner"
     assert impl["scheduler"] == "specreplay.replay.models.scheduler.AsyncScheduler"
     assert impl["executor"] == "multiproc"
 

@@ -3,7 +3,7 @@ shape the KV ground truth's re-read of a streaming turn's kept positions is for.
 
 Test support, loaded as a user's plugin would be: `--impl tests.replay.check.broken_turns:NAME`
 (from the repository root). It overrides one hook of the reference GPUModelRunner
-(replay/models/runner.py):
+(replay/families/vllm/v1/runner.py):
 
     KeepsEndedTurnToken  at a streaming session's next turn, counts one more position as
                          computed than the scheduler sent: the ended turn's last sampled token,
@@ -15,7 +15,7 @@ Test support, loaded as a user's plugin would be: `--impl tests.replay.check.bro
 
 from __future__ import annotations
 
-from specreplay.replay.models.runner import GPUModelRunner
+from specreplay.replay.families.vllm.v1.runner import GPUModelRunner
 
 
 class KeepsEndedTurnToken(GPUModelRunner):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specreplay.replay.engines import sglang_setup
+from specreplay.replay.families.sglang import setup as sglang_setup
 
 sglang_setup.prepare()  # a module that imports SGLang's scheduler prepares it first (the CPU patches)
 

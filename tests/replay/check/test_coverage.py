@@ -129,7 +129,7 @@ def test_a_model_runner_v2_trace_lists_the_v1_runner_codes_as_not_checked(reentr
 
 
 def test_a_forced_live_trace_checks_its_tokens_and_names_the_kv_codes_it_cannot(reentry_traces):
-    """A forced live trace (engines/forced_logits.py) has the oracle's token ground truth but none
+    """A forced live trace (families/vllm/forced_logits.py) has the oracle's token ground truth but none
     for the KV cache: T1 runs, the KV codes are listed, and the note and each code's reason say which."""
     from specreplay.cli.render import unchecked_note
     from specreplay.replay.check.coverage import KV_TRUTH, why

@@ -89,7 +89,7 @@ LATE = Workload(
 def _recorded(impl: str, workload: str):
     workloads = {w.name: w for w in (TWO, PREEMPTING, LATE, build_scenario("reentry"))}
     name = impl if impl == "upstream" else f"tests.replay.check.mrv2_variants:{impl}"
-    # Unforced (engines/forced_logits.py): the evidence below is the dummy model's and n-gram's.
+    # Unforced (families/vllm/forced_logits.py): the evidence below is the dummy model's and n-gram's.
     with unforced():
         trace = run_workload(workloads[workload], resolve(name, allow_import=True), engine="vllm", runner="v2")
     assert trace.impl.runner_family == "v2"
@@ -99,7 +99,7 @@ def _recorded(impl: str, workload: str):
 
 @contextlib.contextmanager
 def unforced():
-    from specreplay.replay.engines.forced_logits import UNFORCED_ENV
+    from specreplay.replay.families.vllm.forced_logits import UNFORCED_ENV
 
     saved = os.environ.get(UNFORCED_ENV)
     os.environ[UNFORCED_ENV] = "1"

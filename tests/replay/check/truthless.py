@@ -24,7 +24,7 @@ NEED_TRUTH = [
     "X12-padding-verified",
 ]
 NOT_CHECKED = f"no ground truth: {', '.join(NEED_TRUTH)} not checked"
-#: A forced live trace (engines/forced_logits.py): the oracle's token ground truth, none for the KV
+#: A forced live trace (families/vllm/forced_logits.py): the oracle's token ground truth, none for the KV
 #: cache. What it leaves unchecked, and the note every report gives.
 NEED_KV_TRUTH = [code for code in NEED_TRUTH if code != "T1-wrong-token"]
 FORCED_NOT_CHECKED = (

@@ -21,7 +21,7 @@ import time
 
 from vllm import LLM, SamplingParams
 
-from specreplay.replay.engines.vllm_setup import engine_args
+from specreplay.replay.families.vllm.setup import engine_args
 from specreplay.replay.workloads.config import EngineConfig
 
 WAVES = (

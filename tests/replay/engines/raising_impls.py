@@ -8,8 +8,8 @@ part in itself (no class-level state) and breaks at CRASH_STEP.
 
 from __future__ import annotations
 
+from specreplay.replay.families.vllm.v1.runner import GPUModelRunner
 from specreplay.replay.impls.registry import Implementation
-from specreplay.replay.models.runner import GPUModelRunner
 from specreplay.replay.models.scheduler import AsyncScheduler
 from specreplay.traces.errors import InputError
 

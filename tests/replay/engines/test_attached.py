@@ -99,7 +99,7 @@ def recorded(tmp_path_factory):
     """The program under SPECREPLAY_RECORD, with a forced-logits workload file in its environment
     too (SPECREPLAY_LIVE_FORCED, as a live run's children get it): an attached recording never
     forces the user's engine, whatever its environment holds."""
-    from specreplay.replay.engines.forced_logits import FORCED_ENV, write_workload
+    from specreplay.replay.families.vllm.forced_logits import FORCED_ENV, write_workload
     from specreplay.replay.workloads.scenarios import build_scenario
 
     base = tmp_path_factory.mktemp("attached")
@@ -124,11 +124,11 @@ def test_an_in_process_program_records_and_merges(recorded):
 
 
 def test_an_attached_engine_is_never_forced(recorded):
-    """The recorder changes nothing the user's engine runs: no forced logits (engines/forced_logits.py)
+    """The recorder changes nothing the user's engine runs: no forced logits (families/vllm/forced_logits.py)
     though the fixture's environment names a forced workload, so the tokens are the user's model's
     and the trace has no token ground truth (T1 unchecked)."""
     from specreplay.replay.check.checker import unchecked_codes
-    from specreplay.replay.engines.forced_logits import DRAFT_PATCH, TARGET_PATCH
+    from specreplay.replay.families.vllm.forced_logits import DRAFT_PATCH, TARGET_PATCH
     from specreplay.traces.io import read_trace
 
     folder, client, base = recorded
@@ -139,7 +139,7 @@ def test_an_attached_engine_is_never_forced(recorded):
     assert trace.table.column("apply_token_mismatches").null_count == trace.num_rows
     assert "T1-wrong-token" in unchecked_codes(trace)
     # What the program received is not what a forced engine samples: the oracle's next tokens.
-    from specreplay.replay.engines.forced_logits import ForcedRule
+    from specreplay.replay.families.vllm.forced_logits import ForcedRule
 
     rule = ForcedRule(0, trace.config.vocab_size)  # the forced workload's seed
     sent = {r["id"]: r for r in trace.inputs.requests}
@@ -261,7 +261,7 @@ def test_a_pseudonymised_recording_is_the_plain_one_through_its_key_and_replays(
 def test_a_token_mode_it_cannot_honour_records_nothing_and_says_why(tmp_path, monkeypatch):
     """SPECREPLAY_TOKENS set to a mode specreplay does not know: the process records no row (never
     the plain ids of a user who asked for something else), one line says why, merge repeats it."""
-    from specreplay.replay.engines.attached import recording_sink
+    from specreplay.replay.families.vllm.attached import recording_sink
 
     monkeypatch.setenv("SPECREPLAY_TOKENS", "hashed")
     monkeypatch.setenv("SPECREPLAY_RUN_ID", "run-x")
@@ -275,7 +275,7 @@ def test_a_token_mode_it_cannot_honour_records_nothing_and_says_why(tmp_path, mo
 
 def test_unset_the_plugin_installs_nothing(tmp_path):
     script = (
-        "from specreplay.replay.engines.plugin import register; register()\n"
+        "from specreplay.replay.families.vllm.plugin import register; register()\n"
         "from vllm.v1.engine.core import EngineCore\n"
         "from vllm.v1.worker.gpu_model_runner import GPUModelRunner\n"
         "print(getattr(EngineCore, '_specreplay_patched', False), GPUModelRunner.execute_model.__module__)\n"
@@ -382,7 +382,7 @@ def test_record_attach_records_both_views_on_mrv2(tmp_path):
     for it, VLLM_USE_V2_MODEL_RUNNER=1) under `record --attach`, which turns Triton's interpreter
     on for it on a CPU: the scheduler view and MRV2's worker view, every request, the tokens the
     program received, the abort where it landed."""
-    from specreplay.replay.engines import cpu_triton
+    from specreplay.replay.families.vllm.mrv2 import cpu_triton
     from specreplay.traces.io import read_trace
 
     out, client = tmp_path / "run.parquet", tmp_path / "client.json"

@@ -1,4 +1,4 @@
-"""`--drafter`: the speculative config each live drafter asks vLLM for (engines/drafters.py), built
+"""`--drafter`: the speculative config each live drafter asks vLLM for (families/vllm/drafters.py), built
 without starting an engine; the live recordings are in test_mrv2_drafters.py."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from specreplay.cli.main import main
-from specreplay.replay.engines.drafters import DRAFTERS, live_config
-from specreplay.replay.engines.vllm_setup import engine_args, speculative_config
+from specreplay.replay.families.vllm.drafters import DRAFTERS, live_config
+from specreplay.replay.families.vllm.setup import engine_args, speculative_config
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.traces.errors import InputError
 
@@ -88,11 +88,11 @@ def test_drafter_off_the_live_engine_is_one_line(command, tmp_path):
 
 
 def test_a_forced_live_run_drafts_with_the_draft_model_and_keeps_its_slot_out_of_the_budget():
-    """Forced logits (engines/forced_logits.py): the default drafter is the draft model (its draft
+    """Forced logits (families/vllm/forced_logits.py): the default drafter is the draft model (its draft
     logits follow the workload's rule), and vLLM's one drafting input slot per request is kept
     out of the token budget, which stays the workload's; --drafter still picks, k = 0 drafts
     nothing, and an unforced run's budget is vLLM's as asked."""
-    from specreplay.replay.engines.drafters import FORCED_DRAFTER, drafter_for
+    from specreplay.replay.families.vllm.drafters import FORCED_DRAFTER, drafter_for
 
     assert FORCED_DRAFTER == "draft_model"
     assert drafter_for(ASYNC, None, forced=True) == drafter_for(SYNC, None, forced=True) == "draft_model"

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from specreplay.replay.engines.vllm_setup import engine_args
+from specreplay.replay.families.vllm.setup import engine_args
 from specreplay.replay.workloads.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -40,7 +40,11 @@ def test_every_field_of_the_config_reaches_the_engine():
 
 
 def test_the_arguments_are_built_nowhere_else():
-    callers = ["replay/engines/live.py", "benchmarks/attached_overhead.py", "tests/replay/engines/attached_llm.py"]
+    callers = [
+        "replay/families/vllm/live.py",
+        "benchmarks/attached_overhead.py",
+        "tests/replay/engines/attached_llm.py",
+    ]
     for caller in callers:
         assert "engine_args(" in (ROOT / caller).read_text(), caller
     elsewhere = [
@@ -49,4 +53,4 @@ def test_the_arguments_are_built_nowhere_else():
         for path in (ROOT / folder).rglob("*.py")
         if path != Path(__file__) and "num_gpu_blocks_override" in path.read_text()
     ]
-    assert elsewhere == ["replay/engines/vllm_setup.py"]
+    assert elsewhere == ["replay/families/vllm/setup.py"]

@@ -9,8 +9,8 @@ import pytest
 
 from specreplay.replay.engines import events
 from specreplay.replay.engines.events import ControlTarget, apply_control, control_event
-from specreplay.replay.engines.live import LiveInputs
 from specreplay.replay.engines.loop import EngineLoop
+from specreplay.replay.families.vllm.live import LiveInputs
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.replay.workloads.workload import EVENT_KINDS, Event
 

@@ -1,4 +1,4 @@
-"""What the flight recorder leaves beside its dumps (engines/flight.py): a recorder's `window-PID.live`
+"""What the flight recorder leaves beside its dumps (families/vllm/flight.py): a recorder's `window-PID.live`
 marker goes with its process, and `snapshot.request` once its dump is written; the marker of a
 recorder killed outright is removed by whoever looks next (a recorder starting, a snapshot), so a
 later snapshot never signals a pid that may be someone else's by then.
@@ -23,7 +23,7 @@ from specreplay.cli.main import main
 RECORDER = textwrap.dedent(
     """
     import os, sys, time
-    from specreplay.replay.engines.flight import flight_recorder_started
+    from specreplay.replay.families.vllm.flight import flight_recorder_started
     from specreplay.traces.parts import PartWriter
 
     folder = sys.argv[1]

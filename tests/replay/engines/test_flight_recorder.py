@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from specreplay.cli.main import main
-from specreplay.replay.engines.attached import RECORD_ENV
+from specreplay.replay.families.vllm.attached import RECORD_ENV
 from specreplay.traces.online_checks import DUMP_ON_ENV
 from specreplay.traces.window import NOT_REPRODUCED_BY_A_WINDOW, WINDOW_ENV
 from tests.live_serve import plan_openai_requests, run_openai_clients, start_server

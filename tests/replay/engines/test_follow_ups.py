@@ -120,7 +120,7 @@ def test_a_turn_after_a_request_refused_while_paused_on_vllm_0_33_is_sent():
 
 
 def test_sglang_s_scheduler_refuses_after_finish_in_one_line():
-    from specreplay.replay.engines.sglang_setup import refuse_workload
+    from specreplay.replay.families.sglang.setup import refuse_workload
 
     with pytest.raises(InputError, match="request 'b' arrives after_finish.*give it an arrival_step"):
         refuse_workload(workload_from_notation("a:p4 b:follows=a,p2"))
@@ -143,7 +143,7 @@ def test_a_live_engine_sends_the_turns_at_the_reference_s_steps(tmp_path):
     """In process, forced: the live driver learns of a finish from its front end, the loop from
     its scheduler; the steps agree, every token checks (T1), the forced drafter accepts the
     listed rounds, and the recording replays to itself on its recorded outcomes."""
-    from specreplay.replay.engines.vllm_setup import installed_vllm_version
+    from specreplay.replay.families.vllm.setup import installed_vllm_version
     from specreplay.replay.workflows.record import replay_to
     from specreplay.replay.workflows.replaying import trace_workload
     from specreplay.replay.workloads.oracle import live_driven
@@ -152,7 +152,7 @@ def test_a_live_engine_sends_the_turns_at_the_reference_s_steps(tmp_path):
     workload = workload_from_notation(CONVERSATION).at_version(installed_vllm_version())
     live = run_workload(workload, upstream(), engine="vllm", runner="v1")
     ran = trace_workload(live, "conversation")
-    reference = run_workload(ran, upstream(), runner="v1", oracle=live_driven(Oracle(ran)))
+    reference = run_workload(ran, upstream(), runner="v1", oracle=live_driven(ran))
     assert live.outcome.status == "completed"
     assert arrivals(live) == arrivals(reference)
     assert arrivals(live)["q1"] > arrivals(live)["q0"]

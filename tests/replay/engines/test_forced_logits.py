@@ -1,4 +1,4 @@
-"""Forced logits (engines/forced_logits.py): a live vLLM engine samples the oracle's tokens as a
+"""Forced logits (families/vllm/forced_logits.py): a live vLLM engine samples the oracle's tokens as a
 function of the request, position and input id it fed, and a draft model drafts the workload's.
 
 The first tests need no vLLM: the rule on the layouts the runners feed (V1: the persistent batch's
@@ -19,7 +19,7 @@ import dataclasses
 import pytest
 import torch
 
-from specreplay.replay.engines.forced_logits import (
+from specreplay.replay.families.vllm.forced_logits import (
     CORRUPT_ENV,
     DRAFT_PATCH,
     MARGIN,
@@ -184,7 +184,7 @@ def test_the_seed_recorded_live_on_v1_is_the_reference_engines_run_row_for_row(l
     from specreplay.replay.check.checker import check_trace, unchecked_codes
     from specreplay.replay.check.coverage import kv_truth_codes
     from specreplay.replay.engines.run import run_workload
-    from specreplay.replay.engines.vllm_setup import DRAFT_BUDGET_PATCH
+    from specreplay.replay.families.vllm.setup import DRAFT_BUDGET_PATCH
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.scenarios import build_scenario
 

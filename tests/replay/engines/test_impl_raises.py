@@ -146,7 +146,7 @@ def test_specreplays_own_failures_are_never_the_engines(tmp_path, workload, monk
     code, is specreplay's (exit 3, one line, no trace), even when the implementation catches the
     observer's and raises another."""
     from specreplay.replay.engines.loop import EngineLoop
-    from specreplay.replay.observers.worker_observer import WorkerObserver
+    from specreplay.replay.families.vllm.v1.observer import WorkerObserver
 
     def observer_bug(self, runner, so):
         raise ValueError("observer bug")

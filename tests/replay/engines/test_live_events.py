@@ -1,5 +1,5 @@
-"""`--engine vllm` drives control events through the live engine's own API (engines/live.py), and
-the observers see them from the engine core's scheduler calls (engines/plugin.py, the input
+"""`--engine vllm` drives control events through the live engine's own API (families/vllm/live.py), and
+the observers see them from the engine core's scheduler calls (families/vllm/plugin.py, the input
 observer): the event scenarios land on the same rows as on `--engine vllm-scheduler`.
 
 Each scenario runs once per module (about 40 s of live engine each on a 2-core CPU). The live
@@ -21,8 +21,8 @@ from click.testing import CliRunner
 
 from specreplay.cli.main import main
 from specreplay.replay.check.checker import check_trace
-from specreplay.replay.engines.live import cpu_attention_config
 from specreplay.replay.engines.run import run_workload
+from specreplay.replay.families.vllm.live import cpu_attention_config
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads import known_bugs
 from specreplay.replay.workloads.scenarios import build_scenario

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from specreplay.replay.engines.vllm_setup import engine_args
+from specreplay.replay.families.vllm.setup import engine_args
 from specreplay.replay.workflows.record import record_to
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.workload import RequestSpec, Workload
@@ -39,9 +39,9 @@ def workload(drafter: str, is_async: bool) -> Workload:
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    """Unforced (engines/forced_logits.py): the dummy model's own tokens, as docs/recording.md's
+    """Unforced (families/vllm/forced_logits.py): the dummy model's own tokens, as docs/recording.md's
     drafter table was measured (forced runs: test_forced_logits.py, test_vllm_live_mrv2.py)."""
-    from specreplay.replay.engines.forced_logits import UNFORCED_ENV
+    from specreplay.replay.families.vllm.forced_logits import UNFORCED_ENV
 
     folder = tmp_path_factory.mktemp("drafters")
     with pytest.MonkeyPatch.context() as env:

@@ -12,13 +12,14 @@ from specreplay.cli.common import engine_option
 from specreplay.replay.engines import registry
 from specreplay.replay.engines.registry import RunnerFamily, engine, runner_family
 from specreplay.replay.engines.run import run_workload
+from specreplay.replay.families.vllm.v1.runner import GPUModelRunner
 from specreplay.replay.impls.registry import Implementation, NotApplicable, resolve
-from specreplay.replay.models.runner import GPUModelRunner
 from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
 from specreplay.replay.workflows.replaying import REPLAY_ENGINES
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.traces.errors import InputError
+from specreplay.traces.families import EngineLine
 from specreplay.traces.header import ImplHeader
 
 SYNC = EngineConfig(async_scheduling=False)
@@ -36,11 +37,16 @@ def test_the_entries_say_what_each_engine_supports():
     assert registry.loop_engines() == ("reference", "vllm-scheduler")
     ref, real, live, attached = (engine(n) for n in ("reference", "vllm-scheduler", "vllm", "vllm (attached)"))
     sglang = engine("sglang-scheduler")
-    assert sglang.takes_oracle and sglang.drives_itself and not sglang.needs_vllm and sglang.runner == "sglang"
-    assert not sglang.serves_vllm and all(e.serves_vllm for e in (ref, real, live, attached))
+    assert sglang.takes_oracle and not sglang.needs_vllm and sglang.runner == "sglang"
+    assert isinstance(sglang, registry.SelfDrivenEngine) and not isinstance(sglang, registry.LoopEngine)
+    assert sglang.line is EngineLine.SGLANG and all(e.line is EngineLine.VLLM for e in (ref, real, live, attached))
     assert ref.takes_oracle and not ref.needs_vllm and not ref.real_scheduler and ref.runner == "v1"
     assert real.takes_oracle and real.needs_vllm and real.real_scheduler and not real.real_runner
-    assert not live.takes_oracle and live.real_scheduler and live.real_runner and live.drives_itself
+    assert not live.takes_oracle and live.real_scheduler and live.real_runner
+    assert isinstance(live, registry.SelfDrivenEngine) and isinstance(attached, registry.SelfDrivenEngine)
+    assert all(isinstance(e, registry.LoopEngine) for e in (ref, real))
+    with pytest.raises(TypeError, match="runs its own loop"):
+        registry.loop_engine("sglang-scheduler")
     assert live.runner is None  # a live vLLM runs its own runner, no family of ours
     assert not attached.choosable and attached is registry.ATTACHED
     # A multiprocess live engine takes its inputs when its core polls; an attached recording's
@@ -143,7 +149,7 @@ def test_a_runner_family_is_an_entry_the_wiring_builds(monkeypatch):
         "the V1 runner, counting",
         reference=f"{__name__}:CountingRunner",
         real="vllm.v1.worker.gpu_model_runner:GPUModelRunner",
-        observe="specreplay.replay.observers.worker_observer:observe_v1",
+        observe="specreplay.replay.families.vllm.v1.observer:observe_v1",
         env="0",
     )
     monkeypatch.setitem(registry.RUNNERS, "counting", family)
@@ -152,7 +158,7 @@ def test_a_runner_family_is_an_entry_the_wiring_builds(monkeypatch):
     trace = run_workload(build_scenario("reentry"), upstream, runner="counting")
     assert trace.impl.runner == f"{__name__}.CountingRunner" and CountingRunner.steps > 0
     default = run_workload(build_scenario("reentry"), upstream)
-    assert default.impl.runner == "specreplay.replay.models.runner.GPUModelRunner"
+    assert default.impl.runner == "specreplay.replay.families.vllm.v1.runner.GPUModelRunner"
     assert default.table.equals(trace.table)  # the same model, another class
     # A variant's own runner comes first, in any family.
     noclamp = run_workload(build_scenario("reentry"), builtin("noclamp"), runner="counting")
@@ -175,7 +181,7 @@ def test_a_runner_class_finds_its_family_by_name_without_importing_vllm():
     assert registry.family_of_runner(cpu_v2).name == "v2"
     assert registry.family_of_runner(named("fork.runner", "GPUModelRunner")) is None
     assert "v2: vllm.v1.worker.gpu.model_runner:GPUModelRunner" in registry.known_runners()
-    assert runner_family("v2").reference_class().__name__ == "ModelRunnerV2"  # models/mrv2_runner.py
+    assert runner_family("v2").reference_class().__name__ == "ModelRunnerV2"  # families/vllm/mrv2/runner.py
     bare = RunnerFamily("v9", "a runner not modelled", reference=None, real="x:Y", observe="x:observe", env="9")
     with pytest.raises(InputError, match="--runner v9 .* has no reference model yet"):
         bare.reference_class()

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from specreplay.replay.engines.plugin import external_id
+from specreplay.replay.families.vllm.plugin import external_id
 from tests.live_serve import (
     SERVE_CONFIG,
     engine_id_prefix,

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from specreplay.replay.engines.live import cpu_attention_config
+from specreplay.replay.families.vllm.live import cpu_attention_config
 from tests.live_serve import (
     SERVE_CONFIG,
     Server,

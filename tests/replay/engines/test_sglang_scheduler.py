@@ -1,5 +1,5 @@
 """`--engine sglang-scheduler`: SGLang 0.5.23's real scheduler in its own event loop, the reference
-SGLang worker, both views in the trace (engines/sglang_loop.py).
+SGLang worker, both views in the trace (families/sglang/loop.py).
 
 Marked `sglang`: they run in SGLang's environment (`scripts/sglang.sh test`) and skip elsewhere.
 Every run goes through SGLang's own code (the overlap and normal loops, the schedule policy,
@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 from specreplay.cli.main import main
 from specreplay.replay.engines.run import run_workload
+from specreplay.replay.families.sglang.worker import SglangReferenceWorker
 from specreplay.replay.impls.registry import resolve
-from specreplay.replay.models.sglang_worker import SglangReferenceWorker
 from specreplay.replay.workloads.notation import workload_from_notation
 from specreplay.traces.errors import InputError
 from specreplay.traces.io import read_trace, write_trace
@@ -43,7 +43,7 @@ def note(text: str, mode: str, k: int) -> str:
 @functools.cache
 def record(text: str, worker_class: type = SglangReferenceWorker):
     """The trace of a one-line workload (tests/README.md) on SGLang's scheduler, recorded once."""
-    from specreplay.replay.engines.sglang_loop import run_sglang
+    from specreplay.replay.families.sglang.loop import run_sglang
 
     return run_sglang(workload_from_notation(text), UPSTREAM, worker_class=worker_class)
 
@@ -405,9 +405,10 @@ def test_record_a_workload_file_without_spec(tmp_path):
     from rich.console import Console
 
     from specreplay.cli.render import story_table
+    from specreplay.traces.families import traits
 
     console = Console(record=True, width=200)
-    console.print(story_table(trace.table, "y", trace.num_steps, family="sglang"))
+    console.print(story_table(trace.table, "y", trace.num_steps, family=traits("sglang")))
     text = console.export_text()
     assert "request 'y' on SGLang's scheduler" in text and "wL'" in text
 
@@ -464,7 +465,7 @@ def test_the_vllm_variants_have_no_sglang_form():
 
 
 def test_without_sglang_the_engine_says_how_to_install_it(monkeypatch):
-    from specreplay.replay.engines import sglang_setup
+    from specreplay.replay.families.sglang import setup as sglang_setup
 
     monkeypatch.setattr(sglang_setup, "installed_sglang_version", lambda: None)
     with pytest.raises(InputError) as missing:
@@ -526,8 +527,8 @@ def test_a_killed_sglang_recording_keeps_its_flushed_steps_and_recovers(tmp_path
 def test_an_sglang_run_that_ends_by_specreplays_own_exception_leaves_its_journal(tmp_path, monkeypatch):
     """An exception that is no engine crash (here: the observer failing at iteration 40) propagates,
     and what was recorded before it is in the journal."""
-    from specreplay.replay.engines.sglang_loop import run_sglang
-    from specreplay.replay.observers.sglang_observer import SglangObserver
+    from specreplay.replay.families.sglang.loop import run_sglang
+    from specreplay.replay.families.sglang.observer import SglangObserver
     from specreplay.traces.journal import recover
 
     original = SglangObserver.set_iteration

@@ -1,4 +1,4 @@
-"""The sink's recorder (engines/sink.py), the one inside a live or attached vLLM: what it writes
+"""The sink's recorder (families/vllm/sink.py), the one inside a live or attached vLLM: what it writes
 to its part files merges into the rows the in-memory recorder holds for the same run, in the
 columnar lines and in the per-row patch lines of earlier recordings alike; and it keeps only the
 steps in flight, however long it records."""
@@ -9,7 +9,7 @@ import pytest
 
 from specreplay.replay.engines import ports
 from specreplay.replay.engines.run import run_workload
-from specreplay.replay.engines.sink import SinkWriter, merge_parts, rows_to_table, sink_recorder
+from specreplay.replay.families.vllm.sink import SinkWriter, merge_parts, rows_to_table, sink_recorder
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.observers.recorder import Recorder
 from specreplay.replay.workloads.scenarios import build_scenario

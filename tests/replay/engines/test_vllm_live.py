@@ -142,7 +142,7 @@ def test_an_observer_failure_is_specreplays_own_not_an_engine_crash(tmp_path, mo
     from click.testing import CliRunner
 
     from specreplay.cli.main import main
-    from specreplay.replay.observers.worker_observer import WorkerObserver
+    from specreplay.replay.families.vllm.v1.observer import WorkerObserver
 
     calls = {"n": 0}
     original = WorkerObserver.on_sampled
@@ -170,7 +170,7 @@ def test_an_observer_failure_is_specreplays_own_not_an_engine_crash(tmp_path, mo
 def test_a_live_run_stopped_by_ctrl_c_leaves_a_journal_of_its_whole_steps(tmp_path, monkeypatch):
     """Ctrl-C in the middle of a live run (here raised at step 6 of the driver): what the
     observers wrote so far goes to the journal, whole steps only, and `recover` reads it."""
-    from specreplay.replay.engines import live as live_module
+    from specreplay.replay.families.vllm import live as live_module
     from specreplay.traces.journal import recover
 
     original = live_module.LiveInputs.notice_ends

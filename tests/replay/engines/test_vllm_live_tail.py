@@ -13,7 +13,7 @@ announced a request finishing while nothing else was unfinished: its trace ended
 with step 5's batch applied "at step 5". On either runner, with and without the late abort, the
 live recording and `record --engine reference` must now be the same trace, row for row.
 
-Marked `vllm`; V1 on this file's worker, MRV2 grouped "mrv2" (engines/cpu_triton.py: a process
+Marked `vllm`; V1 on this file's worker, MRV2 grouped "mrv2" (families/vllm/mrv2/cpu_triton.py: a process
 imports vLLM for one runner). Engines started: two per runner (about 15 s each on V1, 30 s on MRV2).
 """
 

@@ -16,7 +16,7 @@ import pytest
 from specreplay.replay.check.checker import check_trace
 from specreplay.replay.check.tracediff import diff_traces
 from specreplay.replay.engines.run import run_workload
-from specreplay.replay.engines.vllm_setup import installed_vllm_version
+from specreplay.replay.families.vllm.setup import installed_vllm_version
 from specreplay.replay.impls.registry import NotApplicable, resolve
 from specreplay.replay.workloads import known_bugs
 from specreplay.replay.workloads.scenarios import build_scenario, reentry, reentry_sync
@@ -227,7 +227,7 @@ def test_cli_records_and_diffs_the_real_scheduler(tmp_path):
 def test_missing_or_wrong_vllm_is_one_line(monkeypatch):
     import sys
 
-    from specreplay.replay.engines import vllm_setup
+    from specreplay.replay.families.vllm import setup as vllm_setup
     from specreplay.traces.errors import InputError
 
     monkeypatch.setitem(sys.modules, "vllm", None)

@@ -10,8 +10,8 @@ import pytest
 
 from specreplay.replay.engines.registry import engine
 from specreplay.replay.engines.run import run_workload
+from specreplay.replay.families.vllm.v1.runner import GPUModelRunner
 from specreplay.replay.impls.registry import Implementation, NotApplicable, resolve
-from specreplay.replay.models.runner import GPUModelRunner
 from specreplay.replay.models.scheduler import AsyncScheduler
 from specreplay.replay.workflows.gate import GateOptions, corpus_dir, gate_one
 from specreplay.replay.workloads.config import EngineConfig
@@ -79,7 +79,7 @@ def test_the_header_names_the_classes_that_ran():
     workload = build_scenario("reentry-sync", 0)
     trace = run_workload(workload, builtin("pr30796-copy"))
     assert trace.impl.scheduler == "specreplay.replay.models.scheduler.Scheduler"
-    assert trace.impl.runner == "specreplay.replay.impls.variants.DropReentryDraftsRunner"
+    assert trace.impl.runner == "specreplay.replay.families.vllm.variants.DropReentryDraftsRunner"
     assert trace.impl.executor == "multiproc"
     assert trace.impl.models == f"specreplay reference of vllm {workload.config.vllm_version}"
     assert builtin("pr30796-copy").expected(workload.config) == {

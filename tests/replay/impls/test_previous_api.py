@@ -66,7 +66,7 @@ CASES = {
 def user_folder(monkeypatch):
     """The previous-API implementations are the user's own modules, importable as theirs are."""
     monkeypatch.syspath_prepend(str(PREVIOUS))
-    for name in ("drops_stale", "counts_outputs", "no_cached_drafts", "both", "wrong_signature"):
+    for name in ("drops_stale", "counts_outputs", "no_cached_drafts", "both", "wrong_signature", "subclasses_old_path"):
         monkeypatch.delitem(__import__("sys").modules, name, raising=False)
 
 
@@ -169,3 +169,33 @@ def test_a_class_handed_over_in_python_is_held_to_the_api_too():
 
     with pytest.raises(InputError, match=r"NoStale\.discard_output\(self, req\) does not take"):
         run_workload(pick_workload(scenario="reentry"), Implementation("py", "", scheduler=NoStale))
+
+
+def test_the_old_import_paths_are_re_exports_that_warn():
+    import importlib
+    import sys
+
+    from specreplay.replay import api
+    from specreplay.replay.families.sglang import setup
+
+    for old in ("specreplay.replay.impls.variants", "specreplay.replay.engines.sglang_setup"):
+        sys.modules.pop(old, None)
+        with pytest.warns(FutureWarning, match="goes in 0.4.0"):
+            module = importlib.import_module(old)
+        if old.endswith("variants"):
+            assert module.LifeGuardScheduler is api.LifeGuardScheduler
+        else:
+            assert module.prepare is setup.prepare
+
+
+def test_a_variant_subclassed_from_its_old_path_runs_as_the_variant(tmp_path, user_folder):
+    out = tmp_path / "old.parquet"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        result = CliRunner().invoke(
+            main, ["record", "--scenario", "reentry", "--impl", "subclasses_old_path:GuardedScheduler", "-o", str(out)]
+        )
+    assert result.exit_code == 0, result.output
+    new = run_workload(pick_workload(scenario="reentry"), resolve("life-guard", allow_import=False))
+    diff = diff_traces(read_trace(out), new)
+    assert diff.same, (diff.first, dict(diff.fields))

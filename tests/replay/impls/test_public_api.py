@@ -113,7 +113,7 @@ def test_a_renamed_or_re_signed_hook_fails_the_check():
 
 @pytest.mark.parametrize("cls", ["Scheduler", "GPUModelRunner"])
 def test_the_hook_lists_in_the_models_docstrings_are_the_apis(cls):
-    """models/scheduler.py and models/runner.py list their hooks in their docstrings too: each one
+    """models/scheduler.py and families/vllm/v1/runner.py list their hooks in their docstrings too: each one
     listed is a hook of the API, with the parameters the code has (where it writes them out, not "...")."""
     doc = inspect.getmodule(getattr(api, cls)).__doc__
     block = doc[doc.index("Hooks") :].split("\n\n")[0]

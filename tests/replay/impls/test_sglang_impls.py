@@ -1,5 +1,5 @@
 """Implementations of SGLang's scheduler: the built-ins and `--impl module:Class` on
-`--engine sglang-scheduler` (impls/sglang_forms.py, impls/sglang_variants.py).
+`--engine sglang-scheduler` (families/sglang/forms.py, families/sglang/variants.py).
 
 The tests marked `sglang` record on SGLang 0.5.23's real scheduler (its own environment,
 `scripts/sglang.sh test`); the others need no SGLang and run everywhere: what the registry holds
@@ -122,7 +122,7 @@ def test_the_engine_expects_the_classes_the_header_names(name):
     trace = run_workload(workload, impl, engine="sglang-scheduler")
     expected = engine("sglang-scheduler").expected(impl, workload.config)
     assert expected == {"scheduler": trace.impl.scheduler, "runner": trace.impl.runner, "executor": trace.impl.executor}
-    upstream = "specreplay.replay.engines.sglang_workers.DrivenScheduler"
+    upstream = "specreplay.replay.families.sglang.workers.DrivenScheduler"
     variant = name.split(":")[-1] if ":" in name else {"sglang-stale-commit": "StaleVerifyCommits"}.get(name, "")
     assert trace.impl.scheduler == upstream if name == "upstream" else trace.impl.scheduler.endswith(")")
     assert variant in trace.impl.scheduler
@@ -144,7 +144,7 @@ def sglang_section() -> str:
 def test_every_sglang_hook_the_page_names_is_sglang_s_with_those_parameters():
     import inspect
 
-    from specreplay.replay.engines import sglang_setup
+    from specreplay.replay.families.sglang import setup as sglang_setup
 
     sglang_setup.prepare()
     from sglang.srt.managers.scheduler import Scheduler

@@ -7,7 +7,7 @@ say at which step and for which requests the checker must flag it.
 
 from __future__ import annotations
 
-from specreplay.replay.models.runner import GPUModelRunner
+from specreplay.replay.families.vllm.v1.runner import GPUModelRunner
 from specreplay.replay.models.scheduler import AsyncScheduler
 
 

@@ -1,5 +1,5 @@
-"""The reference Model Runner V2 (models/mrv2_runner.py) on synthetic workloads, read through the
-MRV2 observer that records the real runner (observers/mrv2_observer.py) and the KV ground truth.
+"""The reference Model Runner V2 (families/vllm/mrv2/runner.py) on synthetic workloads, read through the
+MRV2 observer that records the real runner (families/vllm/mrv2/observer.py) and the KV ground truth.
 
 What MRV2 does that V1 does not, each asserted on the rows: slots taken from the end of the free
 list and reused last-freed-first; a request the budget skips keeps its slot, device count and

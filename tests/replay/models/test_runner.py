@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specreplay.replay.models.input_batch import CachedRequestState, InputBatch
+from specreplay.replay.families.vllm.v1.input_batch import CachedRequestState, InputBatch
 
 
 def state(rid: str) -> CachedRequestState:

@@ -1,4 +1,4 @@
-"""The reference SGLang worker (replay/models/sglang_worker.py) on its own, without SGLang: what it
+"""The reference SGLang worker (replay/families/sglang/worker.py) on its own, without SGLang: what it
 emits and writes for an extend, a decode and an EAGLE v2 verify round, from the oracle's tokens.
 (Under SGLang's real scheduler: tests/replay/engines/test_sglang_scheduler.py, in SGLang's environment.)"""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from specreplay.replay.models.sglang_worker import DECODE, EXTEND, VERIFY, Row, SglangReferenceWorker, token_rows
+from specreplay.replay.families.sglang.worker import DECODE, EXTEND, VERIFY, Row, SglangReferenceWorker, token_rows
 from specreplay.replay.workloads.notation import workload_from_notation
 from specreplay.replay.workloads.oracle import Oracle
 

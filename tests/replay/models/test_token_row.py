@@ -11,8 +11,8 @@ from __future__ import annotations
 from specreplay.replay.api import GPUModelRunner
 from specreplay.replay.check.checker import check_trace
 from specreplay.replay.engines.run import run_workload
+from specreplay.replay.families.vllm.v1.input_batch import CachedRequestState, InputBatch
 from specreplay.replay.impls.registry import Implementation, resolve
-from specreplay.replay.models.input_batch import CachedRequestState, InputBatch
 from specreplay.replay.workloads.scenarios import build_scenario
 
 

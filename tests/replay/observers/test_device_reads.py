@@ -1,4 +1,4 @@
-"""The MRV2 observer's device reads (observers/mrv2_observer.py `DeviceReads`): on a CPU the
+"""The MRV2 observer's device reads (families/vllm/mrv2/observer.py `DeviceReads`): on a CPU the
 values are read at once; on CUDA they are copied without blocking and read a step later, in
 order, without a host sync in the step that made them."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specreplay.replay.observers.mrv2_observer import DeviceReads
+from specreplay.replay.families.vllm.mrv2.observer import DeviceReads
 
 
 def test_cpu_tensors_are_read_at_once():

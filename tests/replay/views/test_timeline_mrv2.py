@@ -120,8 +120,9 @@ def test_show_on_an_mrv2_trace(mrv2):
 
 def test_the_diff_story_of_an_mrv2_trace_has_mrv2_columns(mrv2):
     from specreplay.cli.render import STORY_COLUMNS, story_table
+    from specreplay.traces.families import traits
 
-    table = story_table(mrv2.table, "10", 6, family="v2")
+    table = story_table(mrv2.table, "10", 6, family=traits("v2"))
     headers = [c.header for c in table.columns]
     assert {"slot", "dC", "cpu", "from", "base", "rej"} <= set(headers) and "pm" not in headers
     cells = {c.header: list(c._cells) for c in table.columns}

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from specreplay.cli.main import main
 from specreplay.cli.render import bug_matrix_markdown
-from specreplay.replay.engines.vllm_setup import installed_vllm_version
+from specreplay.replay.families.vllm.setup import installed_vllm_version
 from specreplay.replay.workflows.bug_matrix import bug_matrix
 from specreplay.replay.workloads.config import MODELLED_VERSIONS
 from specreplay.replay.workloads.known_bugs import KNOWN_BUGS

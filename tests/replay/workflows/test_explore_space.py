@@ -11,8 +11,8 @@ import pytest
 
 from specreplay.replay.check.situations import SITUATIONS, settings, situations
 from specreplay.replay.engines.run import run_workload
+from specreplay.replay.families.vllm.v1.runner import GPUModelRunner
 from specreplay.replay.impls import resolve
-from specreplay.replay.models.runner import GPUModelRunner
 from specreplay.replay.models.scheduler import AsyncScheduler, Scheduler
 from specreplay.replay.workflows.explore import (
     GENERATION,

@@ -164,7 +164,7 @@ def test_seeds_the_implementation_does_not_apply_to_are_counted_apart():
 def test_the_sweep_names_a_difference(monkeypatch):
     """Without the lookahead slots on the real scheduler (the bug issue 15 found), the sweep
     names the seed, step, request and field."""
-    from specreplay.replay.engines import real_scheduler
+    from specreplay.replay.families.vllm import real_scheduler
     from specreplay.replay.workflows.fidelity_sweep import compare_seed
 
     monkeypatch.setattr(real_scheduler, "reserve_lookahead", lambda vllm_config, n: None)
@@ -183,7 +183,7 @@ def test_fidelity_command(tmp_path, monkeypatch):
     summary = json.loads((out / "fidelity.json").read_text())
     assert summary["workloads"] == summary["identical"] == 6 and summary["seeds"] == [66, 71]
 
-    from specreplay.replay.engines import real_scheduler
+    from specreplay.replay.families.vllm import real_scheduler
 
     monkeypatch.setattr(real_scheduler, "reserve_lookahead", lambda vllm_config, n: None)
     out = tmp_path / "differ"

@@ -117,7 +117,7 @@ def test_gate_stops_when_a_rerun_ran_other_classes_than_asked(tmp_path):
 @pytest.mark.vllm
 def test_a_real_scheduler_rerun_is_held_to_the_variants_real_form():
     """On --engine vllm-scheduler the header names the variant's subclass of vLLM's class, as asked."""
-    from specreplay.replay.engines.vllm_setup import real_scheduler_class
+    from specreplay.replay.families.vllm.setup import real_scheduler_class
 
     result = gate_one(str(corpus_dir() / "reentry.parquet"), GateOptions(impl="sched-clear", engine="vllm-scheduler"))
     assert result.result == "changed", result.message  # ran, and cleared the stale placeholders

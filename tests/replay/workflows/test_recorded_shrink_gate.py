@@ -78,7 +78,7 @@ def live(tmp_path_factory) -> Path:
         "-o",
         path,
     ]
-    # Unforced (engines/forced_logits.py): the dummy model's tokens and ngram_gpu, whose in-place trim
+    # Unforced (families/vllm/forced_logits.py): the dummy model's tokens and ngram_gpu, whose in-place trim
     # of the SchedulerOutput makes pr30796's edit below a change, not an X10 error (as on a forced,
     # draft_model recording, where no drafter edits it).
     env = {**os.environ, "SPECREPLAY_LIVE_UNFORCED": "1"}

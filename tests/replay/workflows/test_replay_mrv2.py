@@ -1,5 +1,5 @@
 """Model Runner V2 recordings replay on their own runner: through the reference MRV2
-(models/mrv2_runner.py), on the reference scheduler and on the installed vLLM's real one, every
+(families/vllm/mrv2/runner.py), on the reference scheduler and on the installed vLLM's real one, every
 scheduler and worker column comes back row for row (`diff` says `same`; only the ground truth a
 live recording lacks is not compared).
 
@@ -77,7 +77,7 @@ def test_an_mrv2_recording_replays_row_for_row_through_the_reference_mrv2(tmp_pa
     differ, replayed = replayed_columns_differing(recording, tmp_path / "r.parquet")
     assert set(differ) <= NO_TRUTH, differ
     trace = replayed.trace
-    assert trace.impl.runner_family == "v2" and trace.impl.runner.endswith("mrv2_runner.ModelRunnerV2")
+    assert trace.impl.runner_family == "v2" and trace.impl.runner.endswith(".mrv2.runner.ModelRunnerV2")
     assert trace.impl.outcomes.filled == {"tokens": 0, "drafts": 0}  # nothing came from a rule
     diff = diff_traces(read_trace(recording), trace)
     assert diff.first is None, diff.first

@@ -1,4 +1,4 @@
-"""Replaying a recording on its recorded outcomes (workloads/recorded_oracle.py, workflows/replaying.py).
+"""Replaying a recording on its recorded outcomes (families/vllm/outcomes.py, workflows/replaying.py).
 
 A recording replayed through the implementation and engine that made it comes back step for
 step: every scheduler and worker column the same (`diff` says `same`), from the reference and
@@ -25,8 +25,8 @@ from click.testing import CliRunner
 from specreplay.cli.main import main
 from specreplay.replay.check.coverage import GROUND_TRUTH, columns_with_values
 from specreplay.replay.check.tracediff import diff_traces
+from specreplay.replay.families.vllm.outcomes import RecordedOracle
 from specreplay.replay.workflows.record import pick_workload, record_to, replay_to
-from specreplay.replay.workloads.recorded_oracle import RecordedOracle
 from specreplay.replay.workloads.scenarios import SCENARIOS
 from specreplay.replay.workloads.tokens import next_token
 from specreplay.traces.io import read_trace, write_trace
@@ -236,7 +236,7 @@ def assert_live_replays(recordings: dict, tmp_path: Path, engine: str, executor:
         else:
             # Left out: every ground-truth column the replay holds a value in (the KV evidence's
             # text columns stay null in a clean run), and those include the four core ones.
-            # A forced live recording (engines/forced_logits.py) has the token ground truth itself:
+            # A forced live recording (families/vllm/forced_logits.py) has the token ground truth itself:
             # compared, not left out.
             filled, recorded = columns_with_values(replayed.table), columns_with_values(read_trace(path).table)
             assert diff.no_truth.get("A") == [c for c in GROUND_TRUTH if c in filled and c not in recorded], tag

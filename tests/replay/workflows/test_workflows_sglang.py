@@ -1,7 +1,7 @@
 """explore, shrink --emit-pytest, the gate and compare on SGLang's scheduler (replay/workflows/*).
 
 The tests marked `sglang` run SGLang's real scheduler (`scripts/sglang.sh test`); the others need no
-SGLang and run in the main environment too: what explore draws for SGLang (workloads/sglang_shape.py,
+SGLang and run in the main environment too: what explore draws for SGLang (families/sglang/shape.py,
 held to the engine's own refusal), which implementations compare lists, and where the SGLang goldens
 sit. A shrink needs a finding that fires on demand: `crashing_worker` makes the reference SGLang
 worker raise when it would write request b's position 9, which the checker reports as
@@ -21,9 +21,9 @@ import pytest
 from click.testing import CliRunner
 
 from specreplay.cli.main import main
-from specreplay.replay.engines import sglang_setup
+from specreplay.replay.families.sglang import setup as sglang_setup
+from specreplay.replay.families.sglang.worker import SglangReferenceWorker
 from specreplay.replay.impls.registry import registry
-from specreplay.replay.models.sglang_worker import SglangReferenceWorker
 from specreplay.replay.workflows.explore import PROFILES, candidate_workload
 from specreplay.replay.workflows.gate import GateOptions, collect, corpus_dir, run_gate
 from specreplay.replay.workflows.record import DEFAULT_COMPARE, compare_defaults

@@ -4,10 +4,10 @@ their own generator, so the rest of a seed's draw is what it was; `--scenario ra
 
 from __future__ import annotations
 
-from specreplay.replay.engines.sglang_setup import refuse_workload
+from specreplay.replay.families.sglang.setup import refuse_workload
+from specreplay.replay.families.sglang.shape import taken_by_sglang
 from specreplay.replay.workloads import generators
 from specreplay.replay.workloads.generators import explore_workload, random_workload
-from specreplay.replay.workloads.sglang_shape import taken_by_sglang
 from specreplay.replay.workloads.workload import Workload
 
 PROFILES = ((), ("events",), ("kv-pressure", "long-prompts"), ("aborts", "idle-gaps"), ("model-len-edge",))

@@ -1,4 +1,4 @@
-"""replay/workloads/recorded_inputs.py, and what it feeds: an attached run's recorded inputs as
+"""replay/families/vllm/recorded_inputs.py, and what it feeds: an attached run's recorded inputs as
 the prompts, chunks and stop tokens a replay hands its engine; the workload summary merge.py
 builds of them (abort placement, per-life max_tokens, the end of a stream); the engine loop
 stepping where the recorded engine announced finished requests.
@@ -16,11 +16,12 @@ import pytest
 
 from specreplay.replay.engines.inputs import InputDriver
 from specreplay.replay.engines.run import run_workload
+from specreplay.replay.families.vllm.outcomes import RecordedOracle
+from specreplay.replay.families.vllm.recorded_inputs import RecordedInputs
 from specreplay.replay.impls import resolve
 from specreplay.replay.workflows.merge import abort_event, workload_of
 from specreplay.replay.workloads.config import EngineConfig
-from specreplay.replay.workloads.recorded_inputs import RecordedInputs
-from specreplay.replay.workloads.recorded_oracle import RecordedOracle
+from specreplay.replay.workloads.oracle import ReplayContext
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
 
@@ -206,6 +207,10 @@ def test_a_resubmit_s_max_tokens_must_fit():
 
 
 # ---------------------------------------------------------------------------- the engine loop
+# A recording whose engine stopped once nothing was left to feed or schedule.
+STOPS_WHEN_IDLE = ReplayContext(drains_at_end=False)
+
+
 def test_a_replay_steps_where_the_recorded_engine_announced_finished_requests():
     """vLLM's engine core schedules once more after its last request finishes (has_requests()
     counts finished ids until a schedule() announces them), and so do the models; then the engine
@@ -218,8 +223,7 @@ def test_a_replay_steps_where_the_recorded_engine_announced_finished_requests():
     for ran in (df, None):
         if ran is None:
             given = RecordedInputs({}, {}, {}, frozenset({done + 1}))
-            oracle = RecordedOracle(w, trace.table, inputs=given)
-            oracle.drains_at_end = False
+            oracle = RecordedOracle(w, trace.table, inputs=given, context=STOPS_WHEN_IDLE)
             ran = run_workload(w, UPSTREAM, oracle=oracle).table.to_pandas()
         announce = ran[ran.step == done + 1]
         assert announce.request_id.tolist() == ["a"] and announce.sched_finished_announced.tolist() == [True]
@@ -232,8 +236,7 @@ def test_a_run_that_ends_at_its_last_step_completed():
     w = workload({"id": "a", "prompt_len": 4, "max_tokens": 3})
     trace = run_workload(w, UPSTREAM)
     last = dataclasses.replace(w, max_steps=trace.num_steps)
-    oracle = RecordedOracle(last, trace.table)
-    oracle.drains_at_end = False
+    oracle = RecordedOracle(last, trace.table, context=STOPS_WHEN_IDLE)
     assert run_workload(last, UPSTREAM, oracle=oracle).outcome.status == "completed"
     cut = dataclasses.replace(w, max_steps=trace.num_steps - 1)
     assert run_workload(cut, UPSTREAM).outcome.to_dict() == {"status": "step_limit", "step": trace.num_steps - 1}

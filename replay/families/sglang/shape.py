@@ -1,0 +1,71 @@
+"""What SGLang's scheduler takes of a drawn workload: explore's candidates for `--engine sglang-scheduler`.
+
+Where it sits: **workloads** -> models -> impls -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. Explore draws its workloads across vLLM's settings and control events
+(workloads/generators.py); SGLang's scheduler, as `--engine sglang-scheduler` drives it, takes
+arrivals and aborts only and refuses the rest in one line (families/sglang/setup.py
+`refuse_workload`). Refused candidates would spend the search on errors, so the engine's entry
+(engines/registry.py `Engine.shape`) names `taken_by_sglang`, which keeps what SGLang takes and
+drops what it has no counterpart for, from the same draw (a seed still names one workload):
+
+- control events: the aborts stay; pauses, cache resets, resubmissions and streaming appends go,
+  and a streaming session becomes a plain request;
+- a conversation's turn that arrives `after_finish` gets a fixed arrival instead (that many
+  steps after the turn before it arrives): its prompt, and what it shares, stay;
+- `num_lookahead_tokens` and `long_prefill_token_threshold` (vLLM's) become 0;
+- the context and the KV pool grow to what SGLang's per-request limit asks of the longest request
+  (it caps max_new_tokens to `min(context, KV slots) - 1 - prompt - 1` and refuses a prompt within
+  5 of that: sglang_setup.py), so no request is capped; the pool still holds one request's worth
+  and a few slots, so several requests together still run out and SGLang retracts.
+
+tests/replay/workflows/test_explore_sglang_shape.py holds every shaped draw to `refuse_workload`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from specreplay.replay.workloads.workload import RequestSpec, Workload
+
+#: Room SGLang asks beyond a request: one token past prompt + max_tokens, and its request limit
+#: is the pool or context less one (`refuse_workload`).
+SGLANG_SPARE = 2
+#: A prompt must be this many tokens below the request limit.
+SGLANG_PROMPT_MARGIN = 7
+
+
+def taken_by_sglang(workload: Workload) -> Workload:
+    """`workload` less what SGLang's scheduler has no counterpart for (module docstring)."""
+    events = tuple(e for e in workload.events if e.kind == "abort")
+    requests = tuple(dataclasses.replace(r, streaming=False) if r.streaming else r for r in workload.requests)
+    requests = _fixed_arrivals(requests)
+    whole = {r.request_id: workload.prompt_len_of(r.request_id) for r in requests}
+    need = max(
+        max(whole[r.request_id] + r.max_tokens + SGLANG_SPARE for r in requests),
+        max(whole[r.request_id] + SGLANG_PROMPT_MARGIN for r in requests),
+    )
+    config = workload.config
+    blocks = max(config.num_blocks, -(-need // config.block_size))
+    config = dataclasses.replace(
+        config,
+        num_lookahead_tokens=0,
+        long_prefill_token_threshold=0,
+        max_model_len=max(config.max_model_len, need),
+        num_blocks=blocks,
+    )
+    return dataclasses.replace(workload, requests=requests, events=events, config=config)
+
+
+def _fixed_arrivals(requests: tuple[RequestSpec, ...]) -> tuple[RequestSpec, ...]:
+    """Each `after_finish` turn arrives that many steps after the turn it follows arrives."""
+    arrival: dict[str, int] = {}
+    out = []
+    for r in requests:  # a followed request is listed first
+        if r.after_finish is not None and r.follows is not None:
+            r = dataclasses.replace(r, arrival_step=arrival[r.follows] + r.after_finish, after_finish=None)
+        arrival[r.request_id] = r.arrival_step
+        out.append(r)
+    return tuple(out)
+
+
+__all__ = ["taken_by_sglang"]

@@ -1,0 +1,119 @@
+"""The built-in variants of SGLang's scheduler: each differs from SGLang 0.5.23 in one overridden hook.
+
+Where it sits: workloads -> models -> **impls** -> observers -> engines -> traces -> check ->
+workflows -> views -> cli. Registered in `specreplay.replay.impls.registry` (they run on
+`--engine sglang-scheduler` only). Each is an SGLang form (families/sglang/forms.py): the subclass of
+SGLang's batch result processor it overrides one method of is defined when the engine asks for
+it, because SGLang can be imported only in its own environment, after the engine's set-up
+(families/sglang/setup.py `prepare`); importing this module imports nothing of SGLang.
+
+- `StaleVerifyCommits` re-introduces #23456 (SGLang before 2026-04-22): a spec-v2 verify result
+  that comes back, under overlap, after its request finished or was retracted still commits its
+  accept length and counts a verify round. The checker's G3 (and G1 for a retracted request,
+  whose committed count then exceeds the none it holds) finds it.
+- `TrimInFlightAtFinish` fixes the over-commit at finish of #24590 (non-spec overlap, stop or abort
+  finishes; the direction of #24745): the position a decode launched before the finishing result
+  was applied booked is given back at the release, so the radix cache keeps what it keeps
+  without overlap. The checker's G5 finds the upstream behaviour, and nothing on this one.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from specreplay.replay.families.sglang.forms import ProcessorSubclass
+
+
+def _processor_base() -> type:
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+
+    return SchedulerBatchResultProcessor
+
+
+@functools.cache
+def stale_verify_commits() -> type:
+    """The #23456 processor (module docstring), defined once per process."""
+
+    class StaleVerifyCommits(_processor_base()):  # type: ignore[misc]
+        """SGLang before #23456: `_resolve_spec_v2_tokens` commits every row's accepted run,
+        the rows of requests already finished or retracted included."""
+
+        def _resolve_spec_v2_tokens(self, result: Any, batch: Any) -> list[list[int]]:
+            stale = [i for i, req in enumerate(batch.reqs) if req.is_retracted or req.finished()]
+            tokens = super()._resolve_spec_v2_tokens(result, batch)
+            for i in stale:  # what 0.5.23 skips (batch_result_processor.py:819-822)
+                req = batch.reqs[i]
+                req.kv.kv_committed_len += len(tokens[i])
+                req.spec_verify_ct += 1
+            return tokens
+
+    StaleVerifyCommits.__module__, StaleVerifyCommits.__qualname__ = __name__, "StaleVerifyCommits"
+    return StaleVerifyCommits
+
+
+@functools.cache
+def trim_in_flight_at_finish() -> type:
+    """The fix of the over-commit at finish (module docstring), defined once per process."""
+
+    class TrimInFlightAtFinish(_processor_base()):  # type: ignore[misc]
+        """Once a result has finished a request, before its KV is released: when a decode in
+        flight booked its next position (overlap, no speculation: kv_committed_len =
+        kv_allocated_len = seqlen, where an applied result leaves seqlen - 1), free that
+        position's slot and count it neither committed nor allocated, so the release inserts
+        seqlen - 1 positions. The hook: SGLang 0.5.23 has no method of its own between a finish
+        and its release; `_maybe_collect_routed_experts` is the one per-request method both
+        finish paths call there (batch_result_processor.py:381 for a prefill's result, :1450 for
+        a decode's), for every finished request."""
+
+        def _maybe_collect_routed_experts(self, req: Any) -> None:
+            super()._maybe_collect_routed_experts(req)
+            kv = req.kv
+            seqlen = len(req.origin_input_ids) + len(req.output_ids)
+            booked = kv.kv_committed_len == kv.kv_allocated_len == seqlen > kv.cache_protected_len
+            if self.enable_overlap and req.finished() and kv.holds_kv and booked:
+                self.tree_cache.free_kv_row(kv, [(seqlen - 1, seqlen)])
+                kv.kv_committed_len -= 1
+                kv.kv_allocated_len -= 1
+
+    TrimInFlightAtFinish.__module__, TrimInFlightAtFinish.__qualname__ = __name__, "TrimInFlightAtFinish"
+    return TrimInFlightAtFinish
+
+
+class StaleVerifyCommits:
+    """The SGLang form of `stale_verify_commits` (what the registry holds)."""
+
+    def __call__(self, base: type) -> type:
+        return ProcessorSubclass(stale_verify_commits())(base)
+
+    @staticmethod
+    def why_not(config: Any) -> str | None:
+        """A result comes back after its request finished or was retracted only under overlap,
+        and the commit it changes is spec v2's."""
+        if config.num_spec_tokens and config.async_scheduling:
+            return None
+        return (
+            "StaleVerifyCommits changes what a verify result processed after its request finished commits, which "
+            "happens only with EAGLE v2 under overlap; pass a workload with num_spec_tokens > 0 and async scheduling"
+        )
+
+
+class TrimInFlightAtFinish:
+    """The SGLang form of `trim_in_flight_at_finish` (what the registry holds)."""
+
+    def __call__(self, base: type) -> type:
+        return ProcessorSubclass(trim_in_flight_at_finish())(base)
+
+    @staticmethod
+    def why_not(config: Any) -> str | None:
+        """Only a non-spec decode commits at scheduling, and only under overlap is one in flight
+        when a result finishes its request."""
+        if not config.num_spec_tokens and config.async_scheduling:
+            return None
+        return (
+            "TrimInFlightAtFinish gives back the position a decode in flight booked at a finish, which happens only "
+            "without speculation under overlap; pass a workload with num_spec_tokens = 0 and async scheduling"
+        )
+
+
+__all__ = ["StaleVerifyCommits", "TrimInFlightAtFinish", "stale_verify_commits", "trim_in_flight_at_finish"]
