@@ -110,6 +110,7 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
 
     from specreplay.replay.families.vllm.real_scheduler import VllmSchedulerAdapter
     from specreplay.replay.models.request import Request
+    from specreplay.replay.observers.message_shapes import runner_output
     from specreplay.replay.workloads.oracle import Oracle
 
     adapter = VllmSchedulerAdapter(workload.config)
@@ -138,11 +139,7 @@ def real_scheduler_run(workload: Workload, tap: bool = False) -> Prepared:
                 ids = list(so.num_scheduled_tokens)
                 done += len(ids)
                 partial = {r for r in ids if sched.requests[r].is_prefill_chunk}
-                out = ModelRunnerOutput(
-                    req_ids=ids,
-                    req_id_to_index={r: i for i, r in enumerate(ids)},
-                    sampled_token_ids=[[] if r in partial else [7] for r in ids],
-                )
+                out = runner_output(ModelRunnerOutput, ids, [[] if r in partial else [7] for r in ids])
                 queue.appendleft((so, out))
                 if so.total_num_scheduled_tokens and len(queue) < depth:
                     continue

@@ -229,13 +229,14 @@ def trace_header(trace: Trace | TraceFile, path: str) -> str:
 
 def _matrix_rows(cells: list[Any]) -> tuple[list[tuple[str, str]], list[tuple[Any, dict[tuple[str, str], Any]]]]:
     """The columns, (release, runner) with releases oldest first and each release's runners in
-    registry order, and per known bug (in order) its cells by column."""
+    registry order (those it has), and per known bug (in order) its cells by column."""
     from specreplay.replay.workloads.known_bugs import KNOWN_BUGS
 
     vllm = [c for c in cells if traits(c.runner).line is EngineLine.VLLM]
     versions = list(dict.fromkeys(c.version for c in vllm))
     runners = list(dict.fromkeys(c.runner for c in vllm))
-    columns = [(v, r) for v in versions for r in runners]
+    measured = {(c.version, c.runner) for c in vllm}  # a release without a runner family has no column
+    columns = [(v, r) for v in versions for r in runners if (v, r) in measured]
     columns += list(dict.fromkeys((c.version, c.runner) for c in cells if traits(c.runner).line is not EngineLine.VLLM))
     by_bug: dict[str, dict[tuple[str, str], Any]] = defaultdict(dict)
     for c in cells:

@@ -1,4 +1,4 @@
-# Sourced by scripts/vllm-0.33.sh and scripts/sglang.sh: the start both environments share.
+# Sourced by scripts/vllm-wheel.sh and scripts/sglang.sh: the start every side environment shares.
 #
 # side_env DIR PACKAGE VERSION: create the virtual environment DIR with the CPU torch and
 # PACKAGE==VERSION's wheel without its dependencies (the wheel on the package index pins a CUDA

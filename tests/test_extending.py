@@ -93,7 +93,7 @@ def test_a_vllm_release_is_one_module_and_its_version(tmp_path):
         'RELEASE = dataclasses.replace(BEFORE, version="0.99.0")\n'
     )
     # 2. Its version among the modelled ones.
-    edit(pkg / "replay/workloads/config.py", 'MODELLED_VERSIONS = ("0.32.0", "0.33.0"', ', "0.99.0"')
+    edit(pkg / "replay/workloads/config.py", 'MODELLED_VERSIONS = ("0.32.0", "0.33.0", "0.34.0"', ', "0.99.0"')
     # 3. Its environment (the real wheel's install, scripts/vllm-X.Y.sh): outside the package.
     (src / "scripts").mkdir()
     (src / "scripts/vllm-0.99.sh").write_text("#!/bin/sh\n# the 0.99.0 wheel's environment (toy: none)\n")

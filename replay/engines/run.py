@@ -72,6 +72,7 @@ def run_workload(
     entry = engine_entry(engine)
     entry.refuse(impl, workload.config, f"workload {workload.name!r}")  # once per run, before anything is built
     entry.runner_for(runner)  # a family whose workers serve this engine's scheduler
+    runner = entry.runner_on(runner, workload.config)  # ... and one its vLLM release has
     if oracle is not None and oracle.recorded:  # a recording's outcomes drive only its own engine line's engines
         refuse_outcomes_on(engine, oracle.line)
     request = RunRequest(workload, impl, device, progress, model, runner, drafter, oracle, journal, flush_every)

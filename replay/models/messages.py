@@ -46,6 +46,9 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)  # finished since the last schedule()
     preempted_req_ids: set[str] = field(default_factory=set)
     num_spec_tokens_to_schedule: int = 0  # draft width the drafter produces after this step
+    # No scheduled request can use the drafts proposed after this step (vLLM 0.33.0 on, a
+    # lookahead drafter under MRV2): the runner proposes none (width 0).
+    skip_drafts: bool = False
 
     def private_copy(self) -> SchedulerOutput:
         """What a multiprocess executor hands the worker: a deserialised copy."""

@@ -35,6 +35,27 @@ line numbers are 0.33.0's vllm/v1/core/sched/scheduler.py and vllm/v1/engine/cor
                              refuses a new request (an id the scheduler does not hold) with a
                              retryable `engine_paused` error; 0.32.0 queued it in every mode.
 
+From 0.34.0 (line numbers 0.34.0's):
+
+  removed_runners            the runner classes (module:qualname, as engines/registry.py's families
+                             name the class each models) the release no longer has: 0.34.0 removed
+                             Model Runner V1 (v1/worker/gpu_model_runner.py and its input batch,
+                             samplers and proposers). A runner family is in a release unless its
+                             class was removed.
+  serves_mrv2_only           0.34.0's scheduler has no V1 mode (`use_v2_model_runner` is gone): it
+                             always sends resumed requests as new ones with all their tokens, and
+                             keeps no re-entry list (`all_token_ids`).
+  resumed_in_admission_order scheduler.py ~1619: resumed and new requests go into
+                             `scheduled_new_reqs` in the order they were admitted; 0.33.0 (serving
+                             MRV2) put the resumed ones after all the new ones, so MRV2's slots
+                             (`free_indices.pop()`) differ when both are admitted in one step.
+  needs_triton               platforms/cpu.py ~243: no `VllmConfig` is built on an x86 CPU unless
+                             Triton counts as present (families/vllm/setup.py makes it count);
+                             0.33.0 only warned.
+  cpu_stand_ins              not vLLM's: its CUDA wheel's whole engine was measured to run on a CPU
+                             on specreplay's pure-torch stand-ins for the CPU build's compiled ops
+                             (families/vllm/mrv2/cpu_ops.py), so `--engine vllm` runs it there.
+
 Model Runner V2 (vllm/v1/worker/gpu/; the reference: families/vllm/mrv2/runner.py):
 
   mrv2_skip_drafts           0.33.0's SchedulerOutput.skip_drafts: on a step whose drafts no later
@@ -45,6 +66,13 @@ Model Runner V2 (vllm/v1/worker/gpu/; the reference: families/vllm/mrv2/runner.p
                              0.32.0 zeroed it always (an empty row when k = 0: no visible change).
   mrv2_post_update_drafts    input_batch.py ~581: post_update can also scatter drafts, for non-last
                              pipeline-parallel ranks only (not modelled: one rank).
+  mrv2_drafts_of_live_requests
+                             0.34.0's spec_decode/utils.py DraftTokensHandler: the draft width of
+                             every live request is kept across steps (dropped when it finishes or
+                             is preempted), and in synchronous scheduling the engine hands all of
+                             them back to `update_draft_token_ids` after each step, so a request
+                             the budget skipped gets `[-1] * width` again; 0.33.0 handed back the
+                             last batch's only.
 """
 
 from __future__ import annotations
@@ -69,6 +97,12 @@ class Release:
     mrv2_skip_drafts: bool = False
     mrv2_zero_drafts_needs_k: bool = False
     mrv2_post_update_drafts: bool = False
+    removed_runners: tuple[str, ...] = ()
+    serves_mrv2_only: bool = False
+    resumed_in_admission_order: bool = False
+    needs_triton: bool = False
+    cpu_stand_ins: bool = False
+    mrv2_drafts_of_live_requests: bool = False
 
 
 def module_of(version: str) -> str:

@@ -29,10 +29,11 @@ Hooks, in the order a step uses them:
 Serving Model Runner V2 (`use_v2_model_runner`, set by the runner family the run builds,
 engines/registry.py; vLLM reads it from its config), a resumed request is sent as a new one with
 all its tokens as prefill (`NewRequestData.prefill_token_ids`) and the MRV1-only re-entry list
-(`all_token_ids`) is not kept: vLLM's scheduler.py ~1418 and ~1731.
+(`all_token_ids`) is not kept: vLLM's scheduler.py ~1418 and ~1731. From 0.34.0 (no Model Runner
+V1) it always serves MRV2, and sends the resumed requests in admission order among the new ones.
 
-The release modelled is the config's `vllm_version`; where 0.33.0 differs from 0.32.0 is one
-field of `self.release` (models/releases.py) and one branch here.
+The release modelled is the config's `vllm_version`; where one release differs from the one before
+is one field of `self.release` (models/releases.py) and one branch here.
 
 Per-request state of your own goes in `req.plugin_state` (a dict, empty for each new Request:
 each life of an id; kept across preemptions and a streaming session's turns).
@@ -93,6 +94,8 @@ class StepPlan:
     running: list[Request] = field(default_factory=list)
     new: list[Request] = field(default_factory=list)
     resumed: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)  # new and resumed, in admission order
+    drafts_needed: bool = False  # a scheduled request can use the drafts proposed after this step
     preempted: list[Request] = field(default_factory=list)
 
 
@@ -106,6 +109,8 @@ class Scheduler:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.release = release_of(config.vllm_version)
+        if self.release.serves_mrv2_only:  # 0.34.0 on: no V1 mode
+            self.use_v2_model_runner = True
         self.k = config.num_spec_tokens
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
@@ -310,6 +315,7 @@ class Scheduler:
             plan.prefill_scheduled |= req.is_prefill_chunk
             plan.num_scheduled[req.request_id] = n
             self.charge_budget(plan, req, n)
+            plan.drafts_needed |= not self._drafts_unused(req, req.num_computed_tokens, n)
             i += 1
             slots = self.assign_draft_slots(req, n)
             if slots:
@@ -442,9 +448,11 @@ class Scheduler:
             queue.popleft()
             self.running.append(req)
             (plan.new if req.status == Status.WAITING else plan.resumed).append(req)
+            plan.admitted.append(req)
             plan.new_blocks[req.request_id] = self.kv.block_ids(req.request_id)
             plan.num_scheduled[req.request_id] = n
             self.charge_budget(plan, req, n)
+            plan.drafts_needed |= not self._drafts_unused(req, computed, n)
             req.status = Status.RUNNING
             req.num_computed_tokens = computed
             if padded != need:
@@ -490,7 +498,7 @@ class Scheduler:
                 req.num_computed_tokens,
                 list(req.all_token_ids) if v2 else None,
             )
-            for req in (plan.new + plan.resumed if v2 else plan.new)
+            for req in self._sent_as_new(plan)
         ]
         out = SchedulerOutput(
             step=self.step,
@@ -502,10 +510,33 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids=self.preempted_req_ids,
             num_spec_tokens_to_schedule=self.k,
+            skip_drafts=self._skips_drafts(plan),
         )
         if not v2:  # MRV1 only (scheduler.py ~1450)
             self.prev_step_scheduled_req_ids = set(plan.num_scheduled)
         return out
+
+    def _drafts_unused(self, req: Request, computed: int, n: int) -> bool:
+        """vLLM's `_drafts_unused` (0.33.0 on): no step verifies the drafts proposed after this
+        one for `req`, sure of it: a non-final prefill chunk (it samples nothing), or a step that
+        samples its last token by max_tokens, every draft rejected and the step in flight counted."""
+        if computed + n < req.num_tokens:
+            return True
+        least = req.num_output_tokens + 1 + (1 if req.num_output_placeholders > 0 else 0)
+        return least >= req.max_tokens
+
+    def _skips_drafts(self, plan: StepPlan) -> bool:
+        """SchedulerOutput.skip_drafts: serving MRV2 a drafter that books lookahead slots (EAGLE,
+        a draft model) proposes nothing after a step whose drafts no scheduled request can use."""
+        can_skip = self.release.mrv2_skip_drafts and self.use_v2_model_runner and self.config.num_lookahead_tokens > 0
+        return can_skip and not plan.drafts_needed
+
+    def _sent_as_new(self, plan: StepPlan) -> list[Request]:
+        """The requests `scheduled_new_reqs` carries, in its order: serving MRV2, the resumed ones
+        too (after the new ones; from 0.34.0 in admission order: release.resumed_in_admission_order)."""
+        if not self.use_v2_model_runner:
+            return plan.new
+        return plan.admitted if self.release.resumed_in_admission_order else plan.new + plan.resumed
 
     def update_after_schedule(self, out: SchedulerOutput) -> None:
         requests = self.requests

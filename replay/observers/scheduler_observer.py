@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 from specreplay.replay.models.decisions import reaches_max_tokens_in_flight
 from specreplay.replay.observers.guard import GUARD
+from specreplay.replay.observers.message_shapes import output_index, resumed_ids
 from specreplay.replay.observers.recorder import Recorder
 
 #: vLLM's RequestStatus names (the reference's Status uses the same) -> the trace's sched_status.
@@ -191,7 +192,7 @@ class SchedulerObserver:
         for d in so.scheduled_new_reqs:
             found[x(d.req_id)] = (d.num_computed_tokens, _group0(d.block_ids))
         cached = so.scheduled_cached_reqs
-        resumed = cached.resumed_req_ids
+        resumed = resumed_ids(cached)
         if resumed:
             for i, rid in enumerate(cached.req_ids):
                 if rid in resumed:
@@ -203,14 +204,14 @@ class SchedulerObserver:
             scheduled = so.num_scheduled_tokens
             slots = {rid: len(s) for rid, s in so.scheduled_spec_decode_tokens.items()}
             new_ids = {d.req_id for d in so.scheduled_new_reqs}
-            resumed = set(so.scheduled_cached_reqs.resumed_req_ids)
+            resumed = set(resumed_ids(so.scheduled_cached_reqs))
             announced = set(so.finished_req_ids)
         else:
             x = self.ext
             scheduled = {x(rid): n for rid, n in so.num_scheduled_tokens.items()}
             slots = {x(rid): len(s) for rid, s in so.scheduled_spec_decode_tokens.items()}
             new_ids = {x(d.req_id) for d in so.scheduled_new_reqs}
-            resumed = {x(rid) for rid in so.scheduled_cached_reqs.resumed_req_ids}
+            resumed = {x(rid) for rid in resumed_ids(so.scheduled_cached_reqs)}
             announced = {x(rid) for rid in so.finished_req_ids}
         skips = self.skip_reasons(so)
         admitted = self.admissions(so)
@@ -333,7 +334,7 @@ class SchedulerObserver:
     # ------------------------------------------------------------------ E4(j)
     def before_update(self, so: Any, model_output: Any) -> dict[str, Delivery]:
         """Counters before update_from_output, which trims the output's token lists in place."""
-        index = model_output.req_id_to_index or {}
+        index = output_index(model_output)
         sampled = model_output.sampled_token_ids or []
         num_rows = len(sampled)
         tracked = self.tracked
@@ -365,7 +366,7 @@ class SchedulerObserver:
         rows are written column by column (Recorder.fill_column_groups), no dict per row."""
         rec = self.rec
         index = rec.rows_of_step.pop(step, {})
-        out_index = model_output.req_id_to_index or {}
+        out_index = output_index(model_output)
         out_sampled = model_output.sampled_token_ids
         spec = so.scheduled_spec_decode_tokens
         num_scheduled = so.num_scheduled_tokens

@@ -50,6 +50,7 @@ from typing import Any
 
 from specreplay.replay.families.vllm.v1.observer import RowWriter, RunnerObserver
 from specreplay.replay.models.kv import BlockLedger
+from specreplay.replay.observers.message_shapes import resumed_ids
 
 
 class KvTruth(RunnerObserver):
@@ -84,8 +85,9 @@ class KvTruth(RunnerObserver):
         # prefix-cache hit); a streaming session's next turn also arrives new, keeping its KV.
         self.returning = new_ids & (self.released | set(so.preempted_req_ids))
         self.released -= new_ids
-        self.released -= set(so.scheduled_cached_reqs.resumed_req_ids)
-        self.released |= set(so.preempted_req_ids) - set(so.scheduled_cached_reqs.resumed_req_ids)
+        resumed = resumed_ids(so.scheduled_cached_reqs)
+        self.released -= resumed
+        self.released |= set(so.preempted_req_ids) - resumed
 
     def on_states(self, runner: Any, so: Any) -> None:
         """What _update_states did to the worker's knowledge of each request's KV."""
@@ -103,9 +105,10 @@ class KvTruth(RunnerObserver):
             else:
                 self.admitted(rid, data.num_computed_tokens)
         cached = so.scheduled_cached_reqs
-        if cached.resumed_req_ids:
+        resumed = resumed_ids(cached)
+        if resumed:
             for i, rid in enumerate(cached.req_ids):
-                if rid in cached.resumed_req_ids:
+                if rid in resumed:
                     # Its old blocks were freed at preemption: only a prefix-cache hit is there.
                     self.admitted(rid, cached.num_computed_tokens[i])
         self.before = dict(self.valid)

@@ -97,6 +97,9 @@ def measure(bug: KnownBug, version: str, real: bool, runner: str = "v1") -> Cell
     if engine_entry(bug.engine).line is not EngineLine.VLLM:
         evidence = f"{code} is about the state of --engine {bug.engine}"
         return Cell(bug.key, version, runner, False, evidence, f"{family.summary}: nothing to run", NOT_APPLICABLE)
+    if not family.in_release(version):
+        evidence = f"vLLM {version} has no {family.summary}"
+        return Cell(bug.key, version, runner, False, evidence, f"{family.summary}: nothing to run", NOT_APPLICABLE)
     if runner not in BY_CODE[code].runners:
         evidence = f"{code} compares state {family.summary} does not have"
         return Cell(bug.key, version, runner, False, evidence, f"{family.summary}: nothing to run", NOT_APPLICABLE)
@@ -164,8 +167,8 @@ def bug_matrix(
     runners: tuple[str, ...] = MATRIX_RUNNERS,
     sglang: bool | None = None,
 ) -> list[Cell]:
-    """One cell per known bug, runner family and release, in KNOWN_BUGS order, runners in
-    registry order, releases oldest first, then SGLang's cell. `use_real`: measure a release on
+    """One cell per known bug, runner family and release that has it, in KNOWN_BUGS order, runners
+    in registry order, releases oldest first, then SGLang's cell. `use_real`: measure a release on
     its real scheduler when it is the installed one. `sglang`: measure SGLang's column (None:
     where sglang is installed)."""
     unknown = [v for v in versions if v not in MODELLED_VERSIONS]
@@ -181,6 +184,8 @@ def bug_matrix(
         for runner in runners:
             seen_before = False
             for version, on_real in real.items():
+                if not runner_family(runner).in_release(version):  # no column: 0.34.0 has no Model Runner V1
+                    continue
                 cell = measure(bug, version, on_real, runner)
                 if cell.verdict != NOT_APPLICABLE:
                     verdict = "reproduces" if cell.reproduces else "fixed" if seen_before else "absent"

@@ -309,6 +309,9 @@ def compare_to(
 
     if not impls:
         raise InputError("--impls: give at least one implementation name")
+    from specreplay.replay.engines.registry import engine as engine_entry
+
+    runner = engine_entry(engine).runner_on(runner, workload.config) or runner  # the release's runner
     for name in impls:
         impl = resolve_impl(name, allow_import=True)
         if impl.why_not(workload.config) is not None:

@@ -12,7 +12,7 @@ from specreplay.traces.errors import InputError
 
 #: The vLLM releases the reference models follow, oldest first. Where they differ is written
 #: once, in replay/models/releases.py; a workload names the one it runs under.
-MODELLED_VERSIONS = ("0.32.0", "0.33.0")
+MODELLED_VERSIONS = ("0.32.0", "0.33.0", "0.34.0")
 #: Traces and workloads from before versions were modelled were all 0.32.0's.
 EARLIEST_VERSION = MODELLED_VERSIONS[0]
 #: What a trace written before prefix caching was modelled (trace schema < 8) ran with: the

@@ -1,5 +1,6 @@
 """--vllm-version: each command runs the release it is told, a trace keeps the one it ran as, and
-each rule that differs between 0.32.0 and 0.33.0 shows in a run (models/releases.py)."""
+each rule that differs between 0.32.0 and 0.33.0 shows in a run (models/releases.py; 0.34.0's:
+tests/replay/models/test_release_0_34.py)."""
 
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ def test_record_replay_and_shrink_keep_the_release(tmp_path):
 
 
 def test_the_default_is_the_installed_release_when_modelled():
+    """Else 0.33.0: the newest release with the loop engines' default runner (V1; 0.34.0 has none)."""
     installed = installed_vllm_version()
-    assert default_vllm_version() == (installed if installed in MODELLED_VERSIONS else MODELLED_VERSIONS[-1])
+    assert default_vllm_version() == (installed if installed in MODELLED_VERSIONS else "0.33.0")
 
 
 def test_a_workload_file_names_its_release_and_a_bad_one_is_one_line(tmp_path):
@@ -56,7 +58,7 @@ def test_a_workload_file_names_its_release_and_a_bad_one_is_one_line(tmp_path):
     good.write_text(json.dumps(doc))
     bad = CliRunner().invoke(main, ["record", "--workload", str(good), "-o", str(tmp_path / "x.parquet")])
     assert bad.exit_code == 2
-    assert "vllm_version '0.31.0' is not modelled; modelled: 0.32.0, 0.33.0" in bad.output
+    assert "vllm_version '0.31.0' is not modelled; modelled: 0.32.0, 0.33.0, 0.34.0" in bad.output
     flag = CliRunner().invoke(main, ["record", "--scenario", "reentry", "--vllm-version", "0.31.0", "-o", "y.parquet"])
     assert flag.exit_code == 2 and "0.31.0" in flag.output
 
@@ -102,9 +104,9 @@ def test_a_stop_inside_accepted_drafts_takes_the_cut_tokens_off_c_in_0_33(async_
     workload = _single(3, async_scheduling=async_scheduling)
     runs = {v: run_workload(workload.at_version(v), UPSTREAM) for v in MODELLED_VERSIONS}
     final = {v: [r for r in _rows(t) if r["apply_finish_reason"] == "length"][0] for v, t in runs.items()}
-    c32, c33 = (final[v]["apply_num_computed_tokens"] for v in MODELLED_VERSIONS)
+    c32, c33, c34 = (final[v]["apply_num_computed_tokens"] for v in ("0.32.0", "0.33.0", "0.34.0"))
     assert final["0.32.0"]["apply_num_tokens"] == final["0.33.0"]["apply_num_tokens"] == 2
-    assert c32 - c33 == 2, (c32, c33)
+    assert c32 - c33 == 2 and c34 == c33, (c32, c33, c34)
 
 
 def test_a_paused_engine_refuses_new_requests_in_0_33_only():

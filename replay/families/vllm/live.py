@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from inspect import signature
 from typing import Any
 
 from specreplay.replay.engines.events import Pause, apply_control, control_event
@@ -38,6 +39,7 @@ from specreplay.replay.engines.registry import DEFAULT_LIVE_RUNNER, RunnerFamily
 from specreplay.replay.families.vllm import drafters, forced_logits, plugin
 from specreplay.replay.families.vllm import sink as sink_files
 from specreplay.replay.families.vllm.mrv2 import cpu_triton
+from specreplay.replay.families.vllm.setup import serves_mrv2_only
 from specreplay.replay.impls.registry import Implementation
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.oracle import Oracle
@@ -207,12 +209,13 @@ def live_environment(
     env = {
         "HF_HUB_OFFLINE": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if impl.executor == "multiproc" else "0",
-        "VLLM_USE_V2_MODEL_RUNNER": family.env,
         plugin.SINK_ENV: sink,
         plugin.IMPL_ENV: impl.name,
         plugin.CONFIG_ENV: json.dumps(config.to_dict()),
         plugin.RUNNER_ENV: family.name,
     }
+    if not serves_mrv2_only():  # 0.34.0 on builds MRV2 unasked, and refuses being told V1
+        env["VLLM_USE_V2_MODEL_RUNNER"] = family.env
     if on_cpu:
         env[plugin.CPU_ENV] = "1"
         if family.name == "v2":
@@ -560,8 +563,13 @@ class LiveInputs:
         request (vLLM returns a failed reset to the pause's caller; the engine goes on)."""
         if self.clear_when_idle and self.core_idle():
             self.clear_when_idle = False
+            # 0.34.0 added whether the reset also clears the KV connector's cache; its
+            # pause_scheduler's default (True) is what the pause asked for.
+            more = (
+                {"reset_connector": True} if "reset_connector" in signature(self.core._finish_pause).parameters else {}
+            )
             try:
-                self.core._finish_pause(True)
+                self.core._finish_pause(True, **more)
             except RuntimeError:
                 pass
 

@@ -28,6 +28,7 @@ import os
 import re
 from typing import Any
 
+from specreplay.replay.families.vllm.mrv2 import cpu_ops
 from specreplay.replay.families.vllm.sink import Sink, SinkWriter, sink_recorder
 
 SINK_ENV = "SPECREPLAY_LIVE_SINK"
@@ -299,11 +300,14 @@ def _on_cpu() -> bool:
 
 def wants_mrv2() -> bool:
     """Does this process's vLLM run Model Runner V2 on a CPU? specreplay's live run says so
-    (SPECREPLAY_LIVE_RUNNER); an attached one follows the user: MRV2 when they asked for it."""
+    (SPECREPLAY_LIVE_RUNNER); an attached one follows the user's vLLM: MRV2 when they asked for
+    it, always from 0.34.0 (it has no other runner)."""
+    from specreplay.replay.families.vllm.setup import serves_mrv2_only
+
     runner = os.environ.get(RUNNER_ENV)
     if runner is not None:
         return runner == "v2"
-    return os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1"
+    return serves_mrv2_only() or os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1"
 
 
 def applied_patches() -> list[str]:
@@ -317,14 +321,18 @@ def applied_patches() -> list[str]:
         patches.append(ASYNC_PATCH)
     if cpu_triton.applied():
         patches += cpu_triton.PATCHES
+    if cpu_ops.applied():
+        patches += cpu_ops.PATCHES
     return patches
 
 
 def cpu_patches(mrv2: bool) -> list[str]:
-    """The patches a live run on a CPU applies: the recipe's, and MRV2's (families/vllm/mrv2/cpu_triton.py)."""
+    """The patches a live run on a CPU applies: the recipe's, MRV2's (families/vllm/mrv2/cpu_triton.py)
+    and, on vLLM's own wheel, the stand-ins for its CPU ops (families/vllm/mrv2/cpu_ops.py)."""
     from specreplay.replay.families.vllm.mrv2 import cpu_triton
 
-    return [ASYNC_PATCH, *cpu_triton.PATCHES] if mrv2 else list(CPU_PATCHES)
+    stand_ins = list(cpu_ops.PATCHES) if cpu_ops.needed() else []
+    return ([ASYNC_PATCH, *cpu_triton.PATCHES] if mrv2 else list(CPU_PATCHES)) + stand_ins
 
 
 def _async_kept() -> bool:
@@ -342,6 +350,8 @@ def apply_cpu_patches(mrv2: bool = False) -> None:
 
     if mrv2:
         cpu_triton.apply()
+    if cpu_ops.needed():  # vLLM's own wheel: no CPU ops of its own
+        cpu_ops.apply()
     _keep_async_scheduling()
     if not mrv2:
         _drop_pin_memory()

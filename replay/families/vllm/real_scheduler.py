@@ -23,6 +23,7 @@ from specreplay.replay.families.vllm.setup import (
 )
 from specreplay.replay.models.messages import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from specreplay.replay.models.request import Request
+from specreplay.replay.observers.message_shapes import reentry_tokens, resumed_ids, runner_output
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.traces.errors import InputError
 
@@ -184,10 +185,8 @@ class VllmSchedulerAdapter:
         so.total_num_scheduled_tokens = out.total_num_scheduled_tokens
         so.scheduled_spec_decode_tokens.clear()
         so.scheduled_spec_decode_tokens.update(out.scheduled_spec_decode_tokens)
-        real_out = VllmModelRunnerOutput(
-            req_ids=list(model_output.req_ids),
-            req_id_to_index=dict(model_output.req_id_to_index),
-            sampled_token_ids=[list(t) for t in model_output.sampled_token_ids],
+        real_out = runner_output(
+            VllmModelRunnerOutput, list(model_output.req_ids), [list(t) for t in model_output.sampled_token_ids]
         )
         asserting(self.real.update_from_output, so, real_out)
 
@@ -221,11 +220,11 @@ def convert_output(so: Any, step: int) -> SchedulerOutput:
     c = so.scheduled_cached_reqs
     cached = CachedRequestData(
         req_ids=list(c.req_ids),
-        resumed_req_ids=set(c.resumed_req_ids),
+        resumed_req_ids=set(resumed_ids(c)),
         new_block_ids=[list(b[0]) if b else [] for b in c.new_block_ids],
         num_computed_tokens=list(c.num_computed_tokens),
         num_output_tokens=list(c.num_output_tokens),
-        all_token_ids={r: list(t) for r, t in c.all_token_ids.items()},
+        all_token_ids={r: list(t) for r, t in reentry_tokens(c).items()},
     )
     new = [
         NewRequestData(
@@ -247,4 +246,5 @@ def convert_output(so: Any, step: int) -> SchedulerOutput:
         finished_req_ids=set(so.finished_req_ids),
         preempted_req_ids=set(so.preempted_req_ids or ()),
         num_spec_tokens_to_schedule=so.num_spec_tokens_to_schedule,
+        skip_drafts=bool(getattr(so, "skip_drafts", False)),  # 0.33.0 on
     )

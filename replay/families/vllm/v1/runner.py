@@ -98,6 +98,19 @@ class GPUModelRunner(PagedKV):
     #: vLLM >= 0.25 clamps input ids to >= 0 before the embedding when spec decode is on.
     clamps_negative_ids = True
 
+    @classmethod
+    def why_not(cls, config: EngineConfig) -> str | None:
+        """A variant of this runner (Implementation.why_not asks it) models Model Runner V1, which
+        vLLM 0.34.0 removed: it applies to no workload of a release without it."""
+        from specreplay.replay.engines.registry import runner_family
+
+        if runner_family("v1").in_release(config.vllm_version):
+            return None
+        return (
+            f"{cls.__name__} changes Model Runner V1's state, and vLLM {config.vllm_version} has no Model Runner V1 "
+            "(removed in 0.34.0); pass --vllm-version 0.33.0, or write the change on Model Runner V2"
+        )
+
     def __init__(self, config: EngineConfig, oracle: Oracle, device: str = "cpu") -> None:
         self.config = config
         self.oracle = oracle
