@@ -220,14 +220,18 @@ def _record_attached(output: Path, command: tuple[str, ...], tokens: str | None)
 @contextlib.contextmanager
 def _mrv2_interpreter():
     """The command's environment for Model Runner V2 on a CPU: the user asked for it
-    (VLLM_USE_V2_MODEL_RUNNER=1), and there it runs Triton's kernels in Triton's interpreter,
-    which must be on from the process's start (families/vllm/mrv2/cpu_triton.py): TRITON_INTERPRET=1 for
-    the command, never on a GPU (its kernels compile there) and never for a runner not asked for
-    (the recorder does not change which runner the user's vLLM picks). Set for the command's
-    start only; this process's environment is restored."""
+    (VLLM_USE_V2_MODEL_RUNNER=1), or their vLLM has no other (0.34.0 on), and there it runs
+    Triton's kernels in Triton's interpreter, which must be on from the process's start
+    (families/vllm/mrv2/cpu_triton.py): TRITON_INTERPRET=1 for the command, never on a GPU (its
+    kernels compile there) and never for a runner not asked for (the recorder does not change
+    which runner the user's vLLM picks). Set for the command's start only; this process's
+    environment is restored."""
     import os
 
-    wanted = os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1" and "TRITON_INTERPRET" not in os.environ
+    from specreplay.replay.families.vllm.setup import serves_mrv2_only
+
+    asked = os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1" or serves_mrv2_only()  # 0.34.0 on: always MRV2
+    wanted = asked and "TRITON_INTERPRET" not in os.environ
     if not wanted or not _vllm_on_cpu():
         yield
         return

@@ -205,10 +205,6 @@ def engine_args(
     }
     if forced and spec is not None and drafter == "draft_model":
         args.update(drafting_slot_outside_budget(config))
-    from specreplay.replay.families.vllm.mrv2 import cpu_ops
-
-    if cpu_ops.needed():  # vLLM's own wheel on a CPU: its custom ops as torch, beside the stand-ins
-        args["compilation_config"] = dict(cpu_ops.COMPILATION_CONFIG)
     return args
 
 

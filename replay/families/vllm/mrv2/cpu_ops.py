@@ -19,13 +19,14 @@ GPU, never on a CPU build (`needed()`); the trace lists them in its patches (`PA
 
 What they leave out, refused by an assert rather than computed wrongly: sliding windows, ALiBi,
 logit soft-capping, attention sinks, a quantized KV cache, scaled KV and non-causal (encoder)
-attention. The attention
-loops over requests in Python: right for the tiny models specreplay runs, slow for real ones.
+attention. The attention loops over requests in Python: right for the tiny models specreplay
+runs, slow for real ones.
 
-With the CPU recipe's other settings (`custom_ops=["none"]`, so that rotary embedding, norms and
-activations run as vLLM's native torch; Triton's interpreter for Model Runner V2's kernels:
-cpu_triton.py), vLLM 0.34.0's tokens were measured equal to Hugging Face transformers' on the same
-random weights (11 of 11 requests, tests/replay/engines/test_live_0_34.py holds a smaller run).
+With every CustomOp run as its native torch (rotary embedding, norms, activations: `apply`) and
+Triton's interpreter for Model Runner V2's kernels (cpu_triton.py), vLLM 0.34.0's tokens were
+measured equal to Hugging Face transformers' on the same random weights when 0.34.0 was studied
+on these machines (11 of 11 requests); tests/replay/families/vllm/test_live_0_34.py holds the
+engine to the reference MRV2 row for row.
 """
 
 from __future__ import annotations
@@ -37,10 +38,9 @@ import torch.nn.functional as F
 
 PATCHES = (
     "vLLM's CPU ops as pure torch (torch.ops._C: init_cpu_memory_env, get_scheduler_metadata, "
-    "cpu_attn_reshape_and_cache, cpu_attention_with_kv_cache); custom ops as native torch (custom_ops=['none'])",
+    "cpu_attn_reshape_and_cache, cpu_attention_with_kv_cache); every CustomOp as its native torch "
+    "(CustomOp.enabled() False, as custom_ops=['none'])",
 )
-#: What the engine's config needs with the stand-ins: every CustomOp dispatches to its torch form.
-COMPILATION_CONFIG = {"custom_ops": ["none"]}
 
 
 def needed() -> bool:
@@ -56,9 +56,18 @@ def applied() -> bool:
 
 
 def apply() -> None:
-    """Set the four stand-ins on `torch.ops._C`. Idempotent; call only where `needed()`."""
+    """Set the four stand-ins on `torch.ops._C`, and run every CustomOp (rotary embedding, norms,
+    activations: ops the CPU build compiled too) as vLLM's own native torch form, which is what
+    `compilation_config={"custom_ops": ["none"]}` selects; patched here rather than asked of the
+    engine's config, so that a user's own `vllm serve` under `record --attach` runs too. Idempotent;
+    call only where `needed()`."""
     if applied():
         return
+    from vllm.model_executor.custom_op import CustomOp
+
+    native = classmethod(lambda cls: False)
+    native.__func__._specreplay = True  # type: ignore[attr-defined]
+    CustomOp.enabled = native  # type: ignore[method-assign,assignment]
     for name, fn in (
         ("init_cpu_memory_env", init_cpu_memory_env),
         ("get_scheduler_metadata", get_scheduler_metadata),
