@@ -226,6 +226,7 @@ def attach_recorder_to_core(core: Any, folder: str) -> Any:
         max_model_len=config.max_model_len,
         external_id=client_id,
     )
+    scheduler._specreplay_observer = observer  # the engine core's refusals of new requests mark it (plugin.py)
 
     def next_step(_so: Any) -> int:
         clock["step"] += 1

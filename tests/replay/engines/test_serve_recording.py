@@ -54,10 +54,11 @@ def runner_env(runner: str) -> dict[str, str]:
     return {"VLLM_USE_V2_MODEL_RUNNER": "1" if runner == "v2" else "0"}
 
 
-def attached_server(tmp_path, output, runner: str = "v1") -> Server:
+def attached_server(tmp_path, output, runner: str = "v1", env: dict[str, str] | None = None) -> Server:
     """The harness's server command line, run by `specreplay record --attach -o OUTPUT --`: Ctrl-C
     goes to specreplay, which forwards it to the server and merges when it exits. No CPU patches
-    from the harness: the recorder's plugin applies them itself on a CPU platform."""
+    from the harness: the recorder's plugin applies them itself on a CPU platform. `env`: the
+    server's whole environment (default: `server_env(runner)`)."""
     config = cpu_attention_config(SERVE_CONFIG)
     model_dir, port = tiny_served_model(config), free_port()
     command = server_argv(model_dir, config, port, seed=0, log_requests=True, shutdown_timeout=None)
@@ -69,7 +70,7 @@ def attached_server(tmp_path, output, runner: str = "v1") -> Server:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=server_env(runner),
+            env=server_env(runner) if env is None else env,
             cwd=tmp_path,
             start_new_session=True,
         )

@@ -60,6 +60,7 @@ import torch
 from specreplay.replay.families.vllm.v1.input_batch import CachedRequestState, InputBatch
 from specreplay.replay.models.messages import EngineCrash, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from specreplay.replay.models.paged_kv import PagedKV
+from specreplay.replay.models.releases import release_of
 from specreplay.replay.models.target_model import RecordedTargetModel, TargetModel
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.oracle import Oracle
@@ -101,10 +102,9 @@ class GPUModelRunner(PagedKV):
     @classmethod
     def why_not(cls, config: EngineConfig) -> str | None:
         """A variant of this runner (Implementation.why_not asks it) models Model Runner V1, which
-        vLLM 0.34.0 removed: it applies to no workload of a release without it."""
-        from specreplay.replay.engines.registry import runner_family
-
-        if runner_family("v1").in_release(config.vllm_version):
+        vLLM 0.34.0 removed (its scheduler serves MRV2 only): it applies to no workload of such a
+        release."""
+        if not release_of(config.vllm_version).serves_mrv2_only:
             return None
         return (
             f"{cls.__name__} changes Model Runner V1's state, and vLLM {config.vllm_version} has no Model Runner V1 "

@@ -12,25 +12,13 @@ replays step for step through the reference MRV2 with 0.34.0's rules.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
-from specreplay.replay.families.vllm.live import cpu_attention_config
 from specreplay.replay.families.vllm.setup import installed_vllm_version
-from tests.live_serve import (
-    SERVE_CONFIG,
-    Server,
-    free_port,
-    plan_openai_requests,
-    run_openai_clients,
-    server_argv,
-    tiny_served_model,
-)
-from tests.replay.engines.test_serve_recording import applied_tokens, whole_on_record
+from tests.live_serve import plan_openai_requests, run_openai_clients
+from tests.replay.engines.test_serve_recording import applied_tokens, attached_server, server_env, whole_on_record
 
 pytestmark = [
     pytest.mark.vllm,
@@ -39,18 +27,11 @@ pytestmark = [
 
 
 def users_environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECREPLAY_") and k != "TRITON_INTERPRET"}
+    """The harness's server environment as a 0.34 user on this machine has it: nothing about the
+    runner, and the CUDA wheel told its device (it cannot tell the platform without a GPU)."""
+    env = server_env()
     env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
-    env.update(
-        VLLM_TARGET_DEVICE="cpu",  # the CUDA wheel cannot tell the platform on a machine without a GPU
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        PYTHONUNBUFFERED="1",
-        TORCHDYNAMO_DISABLE="1",
-        VLLM_LOGGING_LEVEL="INFO",
-        VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-    )
+    env["VLLM_TARGET_DEVICE"] = "cpu"
     return env
 
 
@@ -63,22 +44,7 @@ def test_an_attached_0_34_server_records_its_clients_and_replays_step_for_step(t
     from specreplay.traces.io import read_trace
 
     output = tmp_path / "serve.parquet"
-    config = cpu_attention_config(SERVE_CONFIG)
-    model_dir, port = tiny_served_model(config), free_port()
-    command = server_argv(model_dir, config, port, seed=0, log_requests=True, shutdown_timeout=None)
-    argv = [sys.executable, "-m", "specreplay.cli", "record", "--attach", "-o", str(output), "--", *command]
-    log_path = str(tmp_path / "server.log")
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=users_environment(),
-            cwd=tmp_path,
-            start_new_session=True,
-        )
-    with Server(process, f"http://127.0.0.1:{port}", config, model_dir, log_path, argv, str(tmp_path)) as server:
+    with attached_server(tmp_path, output, env=users_environment()) as server:
         server.wait_ready()
         clients = run_openai_clients(server, plan_openai_requests(8, 2), timeout=300)
         assert sum(c.aborted for c in clients) >= 2

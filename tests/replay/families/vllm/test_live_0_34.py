@@ -3,8 +3,8 @@ test): its CUDA wheel on the CPU torch, with specreplay's stand-ins for the CPU 
 ops (families/vllm/mrv2/cpu_ops.py) and Triton's interpreter for Model Runner V2's kernels
 (families/vllm/mrv2/cpu_triton.py), forced by the oracle. Held: the runner differential against
 the reference MRV2 with 0.34.0's rules, row for row, on the scenario set and seeded workloads; its
-recordings replay step for step; the trace names what ran and the patches; nothing sets
-VLLM_USE_V2_MODEL_RUNNER (0.34.0 refuses 0).
+recordings replay step for step; a user's pause refuses new requests as vLLM does; the trace
+names what ran and the patches; nothing sets VLLM_USE_V2_MODEL_RUNNER (0.34.0 refuses 0).
 
 The sweep is sized to what it must show (a live 0.34 workload takes about 6 s here): the seven
 scenarios and 12 seeds, which reach every kind of step below; 0.32.0's MRV2 differential runs 100
@@ -82,3 +82,16 @@ def test_nothing_sets_the_runner_variable_on_0_34():
     config = reentry().at_version("0.34.0").config
     env = live_environment(resolve("upstream", allow_import=False), config, "/tmp/x", True, runner_family("v2"))
     assert "VLLM_USE_V2_MODEL_RUNNER" not in env and env["TRITON_INTERPRET"] == "1"
+
+
+def test_a_new_request_during_a_users_pause_is_refused_as_vllm_refuses_it(tmp_path):
+    """Seed 17 pauses in abort mode and sends request 0 while paused: from 0.33.0 on a user's
+    pause refuses it (engine_paused); the live driver does as a user's engine does, and the trace
+    says so on the step it lands in, as the reference's does."""
+    from specreplay.replay.workflows.runner_differential import compare_live
+
+    case = compare_live("runner-17", "v2", output_dir=str(tmp_path))
+    assert case.same, case.first
+    live = read_trace(tmp_path / "runner-17.vllm.parquet")
+    assert "0" not in set(live.table.column("request_id").to_pylist())
+    assert any("rejected 0: engine_paused" in e for e in live.table.column("step_event").to_pylist() if e)
