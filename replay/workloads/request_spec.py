@@ -202,7 +202,8 @@ def _name(value: Any, where: str) -> str | None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
-    if not isinstance(value, str) or not value or len(value) > 200:
+    # Printable: a name is shown in one-line messages and tables.
+    if not isinstance(value, str) or not value or len(value) > 200 or not value.isprintable():
         raise InputError(f"{where}: expected a name, got {value!r}")
     return value
 
