@@ -189,7 +189,7 @@ class EngineLoop:
             # vLLM 0.33's EngineCoreProc (_reject_add_while_paused): the client gets a retryable
             # engine_paused error and the scheduler never sees the request. A streaming session's
             # next chunk (an id the scheduler holds) is not new work and goes through.
-            self.observer.mark_step_event(f"rejected {spec.request_id}: engine_paused")
+            self.observer.mark_refused(spec.request_id)
             self.inputs.refused(spec)
             return
         prompt, max_tokens, stop = self.inputs.submit(spec)

@@ -155,6 +155,11 @@ class SchedulerObserver:
         """An engine-level control event (pause, resume, cache reset) before the coming schedule()."""
         self.step_events.append(label)
 
+    def mark_refused(self, rid: str) -> None:
+        """A new request the engine core refused while paused (vLLM 0.33.0 on: engine_paused), named
+        by the trace's id; the scheduler never sees it."""
+        self.mark_step_event(f"rejected {rid}: engine_paused")
+
     def abort_landed(self, step: int, rid: str) -> None:
         """An abort applied in step `step`'s iteration, with that step in flight: on its row."""
         at = self.rec.rows_of_step.get(step, {}).get(rid)

@@ -446,7 +446,7 @@ class LiveInputs:
             # streaming session's next chunk, an id the scheduler holds, is not new work).
             observer = getattr(self.core.scheduler, "_specreplay_observer", None)
             if observer is not None:
-                observer.mark_step_event(f"rejected {spec.request_id}: engine_paused")
+                observer.mark_refused(spec.request_id)
             self.inputs.refused(spec)
             return
         prompt, max_tokens, stop = self.inputs.submit(spec)

@@ -260,7 +260,7 @@ def _mark_refusals() -> None:
         refused = reject(self, request)
         observer = getattr(getattr(self, "scheduler", None), "_specreplay_observer", None)
         if refused and observer is not None:
-            observer.mark_step_event(f"rejected {observer.ext(request.request_id)}: engine_paused")
+            observer.mark_refused(observer.ext(request.request_id))
         return refused
 
     reject_add_while_paused._specreplay = True
