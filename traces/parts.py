@@ -21,7 +21,8 @@ writer a fraction of the `patch` lines it replaces, which merge still reads),
 `ran` (the scheduler or runner class that ran), `unknown_runner` (a runner class specreplay does
 not observe), `not_recorded` (what a process could not record, and why), `error` (the guard's report of specreplay's own
 failure), `config` and `step` (attached: the engine config read from vLLM, each schedule()),
-`crashed` (the engine died: the step, vLLM's kind and message: families/vllm/flight.py), `window` (the
+`crashed` (the engine died: the step, vLLM's kind and message: families/vllm/flight.py), `lost` (lines
+a failed write lost before it, and why: a full disk), `window` (the
 second line of a flight recorder's dump: the steps it holds, traces/window.py),
 and the recorded inputs `request`, `stream`, `abort`, `event` (replay/observers/input_observer.py).
 """
@@ -84,9 +85,13 @@ class PartWriter:
         self._checks = [(name, CHECKS[name]) for name in checks] if self.window is not None else []
         self._on_check = on_check
         self._fd = -1
+        self._size = 0  # the bytes on disk, all whole lines (a failed write is cut back to it)
+        self.lost_lines = 0  # lines a failed write lost since the last `lost` line went out
+        self._lost_why = ""
         if self.window is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             os.fchmod(self._fd, 0o600)  # whatever the umask
+            self._size = os.fstat(self._fd).st_size
         self._closed = False
         self._queue: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -123,9 +128,7 @@ class PartWriter:
             if self._transform is not None:
                 queued = [self._transform(event) for event in queued]
             if self.window is None:
-                data = "".join([self._encode(event) + "\n" for event in queued]).encode()
-                while data:
-                    data = data[os.write(self._fd, data) :]
+                self._append("".join([self._encode(event) + "\n" for event in queued]).encode(), len(queued))
                 return
             fired = []
             for event in queued:
@@ -137,6 +140,29 @@ class PartWriter:
         for name, message in fired:  # outside the lock: the callback dumps, which flushes
             if self._on_check is not None:
                 self._on_check(name, message)
+
+    def _append(self, data: bytes, lines: int) -> None:
+        """Write `lines` whole lines. A write that fails (a full disk, a file-size limit) is cut
+        back to the last whole line, so the part never holds half a line with lines after it
+        (which merge would refuse as damage), and its lines are counted: the next write that
+        succeeds puts a `lost` line before its own, which merge reports. Raises the OSError."""
+        if self.lost_lines:
+            lost = {"e": "lost", "lines": self.lost_lines, "why": self._lost_why}
+            data = (self._encode(lost) + "\n").encode() + data
+        start = self._size
+        try:
+            while data:
+                written = os.write(self._fd, data)
+                self._size += written
+                data = data[written:]
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, start)
+                self._size = start
+            self.lost_lines += lines
+            self._lost_why = exc.strerror or type(exc).__name__
+            raise
+        self.lost_lines = 0
 
     def dump(self, into: str, reason: str, extra: Sequence[dict[str, Any]] = ()) -> str | None:
         """A flight recorder's window as a part file under `into` (created 0700): its header,

@@ -72,10 +72,15 @@ class Window:
     def __init__(self, steps: int) -> None:
         self.steps = steps
         self.pinned: list[bytes] = []  # lines no step owns
-        self.lines: deque[tuple[int, bytes]] = deque()
+        self.lines: deque[tuple[int, int, bytes]] = deque()  # (step, scheduler rows, line)
         self.bytes = 0  # what `lines` holds
         self.last_step = 0
-        self.dropped = False  # a step left the window: it no longer starts at the recording's first
+        # What left the window (a ring that overwrites says how much: NCCL's Inspector ring kept
+        # half of what its users thought it had, silently): steps, their lines, their rows.
+        self.dropped_steps = 0
+        self.dropped_lines = 0
+        self.dropped_rows = 0
+        self._last_dropped_step = 0
         self.fired_at: dict[str, int] = {}  # online check -> the last step it wrote the window at
 
     def may_fire(self, check: str) -> bool:
@@ -92,19 +97,30 @@ class Window:
         if step is None:
             self.pinned.append(line)
             return
-        self.lines.append((step, line))
+        rows = len(event.get("rows") or ()) if event.get("e") == "rows" else 0
+        self.lines.append((step, rows, line))
         self.bytes += len(line)
         if step > self.last_step:
             self.last_step = step
             oldest = step - self.steps
             lines = self.lines
             while lines and lines[0][0] <= oldest:
-                self.bytes -= len(lines.popleft()[1])
-                self.dropped = True
+                gone, rows, line = lines.popleft()
+                self.bytes -= len(line)
+                self.dropped_lines += 1
+                self.dropped_rows += rows
+                if gone > self._last_dropped_step:  # a late line of a step already gone counts once
+                    self.dropped_steps += 1
+                    self._last_dropped_step = gone
+
+    @property
+    def dropped(self) -> bool:
+        """A step left the window: it no longer starts at the recording's first."""
+        return self.dropped_lines > 0
 
     @property
     def first_step(self) -> int | None:
-        return min((s for s, _ in self.lines), default=None)
+        return min((s for s, _, _ in self.lines), default=None)
 
     def held_bytes(self) -> int:
         return self.bytes + sum(map(len, self.pinned))
@@ -117,12 +133,15 @@ class Window:
             "first_step": self.first_step,
             "last_step": self.last_step,
             "dropped": self.dropped,
+            "dropped_steps": self.dropped_steps,
+            "dropped_rows": self.dropped_rows,
+            "dropped_lines": self.dropped_lines,
             "reason": reason,
         }
 
     def contents(self) -> list[bytes]:
         """The lines a dump writes after its header line and its `window` line."""
-        return [*self.pinned[1:], *(line for _, line in self.lines)]
+        return [*self.pinned[1:], *(line for _, _, line in self.lines)]
 
 
 # ---------------------------------------------------------------------- reading a dump back

@@ -143,6 +143,7 @@ def merge_folder(folder: Path, run: str | None = None, salvage: bool = False) ->
         for p in parts
         if p.cut_lines
     ]
+    dropped += lost_lines(parts)
     config_event = next((e for e in core.events if e.get("e") == "config"), None)
     if config_event is None:
         raise InputError(f"{folder}: run {run}'s engine-core part has no config line (cut before its first write)")
@@ -254,6 +255,21 @@ def _line_kind(event: dict[str, Any]) -> str:
     return f"a {event.get('e')!r} line" if "e" in event else "a JSON object with no 'e' key"
 
 
+def lost_lines(parts: list[Any]) -> list[str]:
+    """What each part's writer said it could not write (its `lost` lines: a full disk)."""
+    notes = []
+    for part in parts:
+        lost = [e for e in part.events if e.get("e") == "lost"]
+        if lost:
+            why = sorted({str(e.get("why") or "?") for e in lost})
+            count = sum(int(e.get("lines") or 0) for e in lost)
+            notes.append(
+                f"{os.path.basename(part.path)}: {count} line(s) lost, never written ({'; '.join(why)}): "
+                "the steps they held are cut or their columns unset"
+            )
+    return notes
+
+
 @dataclass
 class FlightWindow:
     """A flight recorder's dump (traces/window.py): the recorded steps it replays from on."""
@@ -261,6 +277,8 @@ class FlightWindow:
     start: int  # the recorded engine's step that is step 1 of the trace
     last: int
     reason: str
+    dropped_steps: int | None = None  # what the ring overwrote before it (None: a dump older than the count)
+    dropped_rows: int | None = None
 
     @property
     def shift(self) -> int:
@@ -268,9 +286,16 @@ class FlightWindow:
 
     @property
     def note(self) -> str:
+        overwrote = ""
+        if self.dropped_steps is not None:
+            overwrote = (
+                f"; the ring overwrote {self.dropped_steps} earlier step(s), {self.dropped_rows} scheduler row(s)"
+                if self.dropped_steps
+                else "; the ring overwrote nothing"
+            )
         return (
             f"steps {self.start}..{self.last} of the recorded engine (dumped on {self.reason}); "
-            f"step 1 here is step {self.start}"
+            f"step 1 here is step {self.start}{overwrote}"
         )
 
 
@@ -297,7 +322,23 @@ def flight_window(folder: Path, parts: list[Any], core: Any) -> FlightWindow | N
     check = next((e for p in parts for e in p.events if e.get("e") == "check"), None)
     if check is not None:  # an online check wrote it (traces/online_checks.py): which, and what it saw
         reason = f"check {check.get('name')}: {check.get('message')}"
-    return FlightWindow(start, int(line.get("last_step") or start), reason)
+    hang = next((e for p in parts for e in p.events if e.get("e") == "hang"), None)
+    if hang is not None:  # the hang watchdog wrote it (families/vllm/hang.py): how long, and where each process is
+        from specreplay.replay.families.vllm.hang import describe
+
+        where = "; ".join(describe(e) for p in parts for e in p.events if e.get("e") == "progress")
+        reason = (
+            f"hang: no engine step returned for {float(hang.get('seconds') or 0):.1f} s with "
+            f"{hang.get('requests')} request(s) waiting or running" + (f" ({where})" if where else "")
+        )
+    counted = line.get("dropped_steps")
+    return FlightWindow(
+        start,
+        int(line.get("last_step") or start),
+        reason,
+        None if counted is None else int(counted),
+        None if counted is None else int(line.get("dropped_rows") or 0),
+    )
 
 
 def crash_line(parts: list[Any], window: FlightWindow | None) -> dict[str, Any] | None:

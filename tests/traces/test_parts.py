@@ -210,3 +210,49 @@ def test_only_the_last_line_can_be_cut_any_other_bad_line_is_damage(tmp_path):
         assert [e.get("step") for e in part.events] == [None, 1]  # what precedes the damage
     last = read(whole + b"\0" * 40 + b"\n")  # the last line, NUL bytes and all: cut, as before
     assert (last.cut_lines, last.damaged) == (1, None)
+
+
+def test_lines_a_full_disk_lost_are_counted_and_said_and_the_part_stays_whole(tmp_path):
+    """A write that fails part way (the disk full: here a file-size limit, RLIMIT_FSIZE, in a
+    process of its own) is cut back to the last whole line, so the part never holds half a line
+    with lines after it; the next write that goes through puts a `lost` line first, with the count
+    and why, and merge says it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from specreplay.replay.workflows.merge import lost_lines
+
+    script = textwrap.dedent(
+        f"""
+        import resource, signal
+        from specreplay.traces.parts import PartWriter
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+        w = PartWriter({str(tmp_path)!r}, "core")
+        for i in range(10):
+            w.write({{"e": "step", "step": i}})
+        w.flush()
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (w._size + 100, hard))
+        for i in range(10, 60):  # 50 lines of about 22 bytes: the write stops part way
+            w.write({{"e": "step", "step": i}})
+        try:
+            w.flush()
+        except OSError:
+            pass
+        else:
+            raise SystemExit("the write past the limit did not fail")
+        assert w.lost_lines == 50, w.lost_lines
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space again
+        w.write({{"e": "step", "step": 60}})
+        w.close()
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    (part,) = read_parts(str(tmp_path))
+    assert part.damaged is None and part.cut_lines == 0
+    kinds = [(e["e"], e.get("step")) for e in part.events]
+    assert kinds == [*(("step", i) for i in range(10)), ("lost", None), ("step", 60)]
+    assert part.events[10]["lines"] == 50 and part.events[10]["why"]
+    (note,) = lost_lines([part])
+    assert note.startswith(f"{Path(part.path).name}: 50 line(s) lost, never written (")

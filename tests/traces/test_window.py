@@ -67,6 +67,14 @@ def test_the_window_holds_a_bounded_number_of_steps_over_10000_steps(tmp_path):
     assert events[0]["e"] == "part" and events[1] == {**events[1], "e": "window", "last_step": 10_000, "dropped": True}
     kept = {step_of(e) for e in events} - {None}
     assert kept == set(range(10_000 - window + 1, 10_001))
+    # The ring says what it overwrote: every step before the window, each step's lines and rows.
+    written = [e for n in range(1, 10_001) for e in steps[cycle[n % len(cycle)]]]
+    held_lines = len(events) - 2 - (len([e for e in events if step_of(e) is None]) - 2)
+    assert events[1]["dropped_steps"] == 10_000 - window
+    assert events[1]["dropped_lines"] == sum(1 for e in written if step_of(e) is not None) - held_lines
+    rows_written = sum(len(e["rows"]) for e in written if e["e"] == "rows")
+    rows_held = sum(len(e["rows"]) for e in events if e["e"] == "rows")
+    assert events[1]["dropped_rows"] == rows_written - rows_held > 0
     assert os.stat(path).st_mode & 0o777 == 0o600 and os.stat(tmp_path / "dump").st_mode & 0o777 == 0o700
     writer.close()
 
@@ -143,8 +151,13 @@ def test_a_late_line_of_an_older_step_stays_until_the_lines_before_it_go():
         window.add({"e": "step", "step": step}, b"x" * 10)
     window.add({"e": "cols", "step": 2}, b"y" * 10)  # step 2's output, applied during step 3
     window.add({"e": "step", "step": 4}, b"z" * 10)
-    assert [s for s, _ in window.lines] == [3, 2, 4]
+    assert [s for s, _, _ in window.lines] == [3, 2, 4]
     assert window.bytes == 30 and window.dropped
+    assert (window.dropped_steps, window.dropped_lines, window.dropped_rows) == (2, 2, 0)
+    window.add({"e": "rows", "rows": [[5, "a"], [5, "b"]]}, b"r" * 10)  # step 3 goes, and 2's late line
+    assert (window.dropped_steps, window.dropped_lines, window.dropped_rows) == (3, 4, 0)
+    window.add({"e": "step", "step": 8}, b"s" * 10)  # step 4 and step 5's two rows go
+    assert (window.dropped_steps, window.dropped_lines, window.dropped_rows) == (5, 6, 2)
 
 
 def test_a_snapshot_with_no_running_flight_recorder_says_so_in_one_line(tmp_path):

@@ -137,7 +137,9 @@ def recording_sink(folder: str, role: str, vocab: Callable[[], int]) -> tuple[An
     value it does not know, a key it cannot read) records nothing but a `not_recorded` line
     and one line on stderr: never the plain ids of a user who asked for pseudonyms, and never
     an exception in their engine."""
+    from specreplay.replay.families.vllm import hang
     from specreplay.replay.families.vllm.flight import check_failed, flight_recorder_started
+    from specreplay.replay.families.vllm.hang import HANG_ENV, hang_seconds
     from specreplay.replay.families.vllm.sink import Sink
     from specreplay.traces.errors import InputError
     from specreplay.traces.online_checks import DUMP_ON_ENV, online_checks
@@ -146,9 +148,11 @@ def recording_sink(folder: str, role: str, vocab: Callable[[], int]) -> tuple[An
 
     try:
         mode = token_mode()
-        window, checks = window_steps(), online_checks()
+        window, checks, stall = window_steps(), online_checks(), hang_seconds()
         if checks and window is None:
             raise InputError(f"{DUMP_ON_ENV} writes a flight recorder's window: set {WINDOW_ENV}=STEPS too")
+        if stall is not None and window is None:
+            raise InputError(f"{HANG_ENV} writes a flight recorder's window: set {WINDOW_ENV}=STEPS too")
         pseudonym = for_recording(folder, run_id(), vocab_of(vocab)) if mode == "pseudonym" else None
     except InputError as exc:
         return not_recording(folder, role, str(exc)), False
@@ -157,6 +161,11 @@ def recording_sink(folder: str, role: str, vocab: Callable[[], int]) -> tuple[An
     sink = Sink(folder, role, header, transform=transform, window=window, checks=checks, on_check=check_failed)
     if window is not None:  # a flight recorder (families/vllm/flight.py): it dumps on a crash, SIGUSR1, a check
         flight_recorder_started(folder)
+    if stall is not None:  # and on a hang (families/vllm/hang.py): the core watches, every process answers
+        if role == "core":
+            hang.PROGRESS.role = role
+        else:
+            hang.start(role, stall)
     return sink, True
 
 
@@ -205,6 +214,7 @@ def vocab_of(read: Callable[[], int]) -> int:
 
 def attach_recorder_to_core(core: Any, folder: str) -> Any:
     """The scheduler and input observers on an engine core's scheduler, unchanged otherwise."""
+    from specreplay.replay.families.vllm import hang
     from specreplay.replay.families.vllm.sink import sink_recorder
     from specreplay.replay.impls.registry import qualified_name
     from specreplay.replay.observers.input_observer import InputObserver, attach_inputs
@@ -250,7 +260,19 @@ def attach_recorder_to_core(core: Any, folder: str) -> Any:
 
     scheduler.schedule = schedule
     sink.write({"e": "ran", "scheduler": qualified_name(type(scheduler))})
+    stall = hang.hang_seconds()  # read (and checked) by recording_sink already
+    if stall is not None:
+        hang.watch_core(lambda: requests_waiting_or_running(scheduler), stall)
     return sink
+
+
+def requests_waiting_or_running(scheduler: Any) -> int:
+    """What the hang watchdog asks (from its own thread: two list lengths): 0 while the scheduler
+    is paused, as no step is due then."""
+    state = getattr(scheduler, "pause_state", None)
+    if state is not None and getattr(state, "name", "UNPAUSED") != "UNPAUSED":
+        return 0
+    return int(scheduler.get_num_unfinished_requests())
 
 
 def attach_recorder_to_runner(runner: Any, folder: str) -> Any:

@@ -18,7 +18,10 @@ like any parts folder) when:
 - an online check fails (`SPECREPLAY_DUMP_ON`, traces/online_checks.py: off by default), on the
   part writer's thread: `DIR/check-NAME-TIME-PID/`, with a `check` line naming it and what it saw;
 - it is asked: SIGUSR1 (`specreplay snapshot DIR` sends it to every live recorder of DIR). The
-  handler only starts a thread that dumps; the engine goes on serving.
+  handler only starts a thread that dumps; the engine goes on serving;
+- the engine stops making progress (`SPECREPLAY_HANG=SECONDS`, families/vllm/hang.py): no step
+  returned for SECONDS while requests wait or run: `DIR/hang-TIME-PID/`, each process's with the
+  last step it began and returned from.
 
 What it leaves in DIR besides the dumps is removed once it is stale (`sweep`): a recorder's
 `window-PID.live` marker at its clean exit, and by whoever next looks (a recorder starting, a
@@ -159,8 +162,12 @@ def dump_requested() -> None:
     writers = windowed_writers()
     if not writers:
         return
+    from specreplay.replay.families.vllm import hang
+
     name, step = _requested(writers[0].folder)
     name = name or dump_name("snapshot")
+    if not hang.claim(name):
+        return
     if step is not None:
         deadline = time.monotonic() + OTHERS_TIMEOUT_S / 2
         while time.monotonic() < deadline:
@@ -169,7 +176,8 @@ def dump_requested() -> None:
             if all(w.window.last_step >= step for w in writers if w.name.startswith("runner-")):
                 break
             time.sleep(0.02)
-    dump_all(name.split("-", 1)[0], name)  # a crash of the run's engine core asks under its own name
+    # A crash or a hang of the run's engine core asks under its own name.
+    dump_all(name.split("-", 1)[0], name, extra=hang.extra_lines(name))
 
 
 def _requested(folder: str) -> tuple[str | None, int | None]:
@@ -204,9 +212,11 @@ def dump_all(reason: str, name: str | None = None, extra: tuple[dict[str, Any], 
         steps = [w.window for w in windowed_writers()]
         first = min((s.first_step for s in steps if s.first_step is not None), default=0)
         last = max((s.last_step for s in steps), default=0)
+        overwrote = max((s.dropped_steps for s in steps), default=0)
         folder = os.path.dirname(written[0])
         print(
-            f"specreplay: flight recorder ({reason}): steps {first}..{last} written to {folder}; "
+            f"specreplay: flight recorder ({reason}): steps {first}..{last} written to {folder} "
+            f"(the ring overwrote {overwrote} earlier step(s)); "
             f"merge it: specreplay merge {folder} -o window.parquet",
             file=sys.stderr,
         )

@@ -203,6 +203,7 @@ def register() -> None:
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.worker.gpu_worker import Worker
 
+    from specreplay.replay.families.vllm import hang
     from specreplay.replay.families.vllm.flight import on_engine_death
 
     if getattr(EngineCore, "_specreplay_patched", False):
@@ -215,10 +216,14 @@ def register() -> None:
             if "_specreplay_attached" not in self.__dict__:
                 self._specreplay_attached = True
                 _attach_core(self)
+            clock = self.__dict__.get("_specreplay_clock")  # an attached recording's (attached.py)
+            hang.PROGRESS.begin(clock["step"] if clock is not None else None)
             try:
-                return step_fn(self, *a, **kw)
+                result = step_fn(self, *a, **kw)
+                hang.PROGRESS.end()
+                return result
             except Exception as exc:
-                clock = self.__dict__.get("_specreplay_clock")  # an attached recording's (attached.py)
+                clock = self.__dict__.get("_specreplay_clock")  # attached during this step: the first
                 if clock is not None:
                     on_engine_death(exc, self, clock)
                 raise  # vLLM's own crash path, unchanged
@@ -239,7 +244,10 @@ def register() -> None:
         if runner is not None and "_specreplay_attached" not in runner.__dict__:
             runner._specreplay_attached = True
             _attach_runner(runner)
-        return original_execute(self, *a, **kw)
+        hang.PROGRESS.begin()  # a worker stuck inside its step shows here (families/vllm/hang.py)
+        result = original_execute(self, *a, **kw)
+        hang.PROGRESS.end()
+        return result
 
     Worker.execute_model = execute_model
 
