@@ -276,6 +276,26 @@ def attached_overhead(args, runner: str, requests: int) -> dict[str, Any]:
     }
 
 
+def fig_served_throughput(args, out: dict) -> None:
+    """A real `vllm serve` per recorder mode (off, whole run, windowed), the same batch sent to
+    each in turn, rotated (benchmarks/served.py, in a process of its own): output tokens/s and
+    the server's CPU seconds per output token, medians over --repeat rounds."""
+    if not have_vllm():
+        out["served_throughput"] = {"note": "n/a: vllm not installed"}
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "served.json")
+        prompts, tokens = (16, 32) if args.quick else (128, 128)
+        command = [sys.executable, "-m", "benchmarks.served", "--rounds", str(max(args.repeat, 3) * 3)]
+        command += ["--prompts", str(prompts), "--output-len", str(tokens), "--json", path]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            out["served_throughput"] = {"note": f"failed: {done.stderr.strip().splitlines()[-1:]}"}
+            return
+        with open(path) as fh:
+            out["served_throughput"] = json.load(fh)
+
+
 def tiled(trace, copies: int):
     """`trace`'s rows repeated `copies` times, each tile with its steps (and apply steps) offset
     past the previous one and its own request ids: a long trace as clean as the run it repeats.
@@ -428,6 +448,7 @@ FIGURES = {
     "growth": fig_growth,
     "live": fig_live_overhead,
     "attached": fig_attached_overhead,
+    "served": fig_served_throughput,
     "diff": fig_diff_and_size,
     "startup": fig_startup,
     "explore": fig_explore,

