@@ -286,7 +286,7 @@ def fig_served_throughput(args, out: dict) -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "served.json")
         prompts, tokens = (16, 32) if args.quick else (128, 128)
-        command = [sys.executable, "-m", "benchmarks.served", "--rounds", str(max(args.repeat, 3) * 3)]
+        command = [sys.executable, "-m", "benchmarks.served", "--rounds", str(max(args.repeat, 3) * 5)]
         command += ["--prompts", str(prompts), "--output-len", str(tokens), "--json", path]
         done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
         if done.returncode != 0:

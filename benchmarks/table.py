@@ -79,12 +79,12 @@ def rows(out: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             add(
                 f"served throughput, recorder {mode} vs off ({served['prompts']} x {served['output_len']} tokens, "
                 f"median of {served['rounds']} alternated rounds)",
-                f"{figures['tokens_per_s']:,.0f} vs {off['tokens_per_s']:,.0f} output tokens/s "
-                f"({figures['tokens_per_s_vs_off']:+.1%}); server CPU per output token "
-                f"{figures['cpu_s_per_token'] * 1e3:.2f} vs {off['cpu_s_per_token'] * 1e3:.2f} ms "
-                f"({figures['cpu_per_token_vs_off']:+.1%})",
+                f"median {figures['tokens_per_s']:,.0f} vs {off['tokens_per_s']:,.0f} output tokens/s "
+                f"({figures['tokens_per_s_vs_off']:+.1%}), best {figures['best_tokens_per_s_vs_off']:+.1%}; server "
+                f"CPU per output token {figures['cpu_s_per_token'] * 1e3:.2f} vs {off['cpu_s_per_token'] * 1e3:.2f} ms "
+                f"({figures['cpu_per_token_vs_off']:+.1%}), best {figures['best_cpu_per_token_vs_off']:+.1%}",
                 "<= 3% fewer tokens/s",
-                figures["tokens_per_s_vs_off"] >= -0.03,
+                min(figures["tokens_per_s_vs_off"], figures["best_tokens_per_s_vs_off"]) >= -0.03,
             )
     live = out.get("live_recording_overhead")
     if live:
