@@ -1,11 +1,13 @@
 """Model Runner V2's invariants: the device count against the scheduler's, the CPU mirror, where
-each verified draft came from, a preempted request's next life, one request per slot.
+each verified draft came from, a preempted request's next life, one request per slot, the
+positions a step runs at.
 
 Codes: M1 (two codes: the device count before the step and its advance after post_update), M2,
-M3, M4, M5, M6 (the step's positions start at the device count); they run on MRV2 traces only (`trace.impl.runner_family == "v2"`), over the columns
-its observer fills (replay/families/vllm/mrv2/observer.py; schema "worker (MRV2)"). The invariants
-are stated in docs/reference.md section 9, from vLLM 0.32.0's vllm/v1/worker/gpu/. Vectorised
-over a frame's columns (frames.py); the message texts are in the catalogue.
+M3, M4, M5, M6 (the step's positions start at the device count); they run on MRV2 traces only
+(`trace.impl.runner_family == "v2"`), over the columns its observer fills
+(replay/families/vllm/mrv2/observer.py; schema "worker (MRV2)"). The invariants are stated in
+docs/reference.md section 9, from vLLM 0.32.0's vllm/v1/worker/gpu/. Vectorised over a frame's
+columns (frames.py); the message texts are in the catalogue.
 """
 
 from __future__ import annotations
