@@ -68,6 +68,10 @@ class Checker:
         self.drafter = drafter  # the run's drafter when the trace names it (X11: does its runner trim?)
         self.is_async = self.config.async_scheduling is not False  # not recorded: async, the default
         self.crash_step = self.outcome.step if self.outcome.crashed else None
+        # The requests whose recorded inputs at the crash step no embedding row holds (a negative
+        # or out-of-vocabulary draft id fed to the model): E1 names the first where the crash
+        # itself names none (a forward that raised; the worker wrote the step's inputs first).
+        self.crash_inputs: list[str] = []
         # The worker runner the trace recorded (engines/registry.py: v1, v2 = Model Runner V2,
         # sglang = SGLang's scheduler; an old trace names none: v1). Codes about another runner's
         # state, or another engine's scheduler, do not run on it (coverage.py says which it lists).
@@ -179,6 +183,8 @@ class Checker:
         self._look_up_limits(frame)
         for rule in self.rules_per_frame:
             self.found.extend(f for f in rule(frame, self) if f.code in self.codes)
+        if self.crash_step is not None:
+            self._note_crash_inputs(frame)
         own = frame.own_by_request()
         ends = np.r_[cols["request"][own[1:]] != cols["request"][own[:-1]], True]
         self.last_status[cols["request"][own[ends]]] = cols["sched_status"][own[ends]]
@@ -189,6 +195,16 @@ class Checker:
             np.searchsorted(cols["step"], min(steps[-(LOOKBACK + 1) :][0], cols["step"][-1] - LOOKBACK), side="left")
         )
         self.context = {name: values[keep:].copy() for name, values in cols.items()}
+
+    def _note_crash_inputs(self, frame: Frame) -> None:
+        """The crash step's rows whose fed draft ids no embedding row holds, in row order."""
+        c = frame.c
+        vocab = self.config.vocab_size
+        foreign = c["worker_num_negative_draft_ids"] > 0
+        if vocab:
+            foreign |= c["worker_max_draft_id"] >= vocab
+        at = np.flatnonzero(frame.own & (c["step"] == self.crash_step) & foreign)
+        self.crash_inputs += [self.names[int(c["request"][i])] for i in at]
 
     def _count_cuts(self, frame: Frame) -> None:
         """Each own row's `cuts`: how many cuts (a preemption, a cache reset, a turn's end) its

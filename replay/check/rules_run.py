@@ -68,6 +68,8 @@ def check_crash(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
     marker = "request '"
     if rid is None and marker in message:
         rid = message.split(marker, 1)[1].split("'", 1)[0]
+    if rid is None and chk.crash_inputs:  # no name in the crash: the request whose inputs the model could not embed
+        rid = chk.crash_inputs[0]
     check = (
         own_check(chk.outcome.message, chk.outcome.where)
         if traits(chk.runner_family).line is EngineLine.SGLANG

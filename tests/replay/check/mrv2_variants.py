@@ -107,6 +107,35 @@ def _mirror_positions(real: type) -> type:
     return MirrorPositionsRunner
 
 
+#: The id ForeignDraftRunner feeds: past any vocabulary the tests' tiny model has.
+FOREIGN_ID = 1 << 20
+#: The verify step (counted among the steps that feed drafts) it poisons.
+POISONED_VERIFY = 3
+
+
+def _foreign_draft(real: type) -> type:
+    class ForeignDraftRunner(real):
+        """At its third step that verifies drafts, feeds the first such request's first draft slot
+        an id no embedding row holds (FOREIGN_ID): the embedding lookup raises inside the forward,
+        as an out-of-vocabulary or -1 draft does on an unclamped runner. The engine dies in that
+        step; the trace must still hold what the step was fed, and by whom."""
+
+        verifies = 0
+
+        def prepare_inputs(self, scheduler_output, *args, **kwargs):
+            batch = super().prepare_inputs(scheduler_output, *args, **kwargs)
+            drafts = batch.num_draft_tokens_per_req
+            if drafts is None or not int(drafts[: batch.num_reqs].max(initial=0)):
+                return batch
+            type(self).verifies += 1
+            if type(self).verifies == POISONED_VERIFY:
+                x = next(x for x in range(batch.num_reqs) if drafts[x])
+                batch.input_ids[int(batch.query_start_loc_np[x]) + 1] = FOREIGN_ID
+            return batch
+
+    return ForeignDraftRunner
+
+
 def _variant(name: str, real_runner, doc: str) -> Implementation:
     return Implementation(name, doc, real_runner=real_runner, real_runner_family="v2")
 
@@ -118,4 +147,7 @@ KEEPS_PREEMPTED = _variant("mrv2-keeps-preempted", _keeps_preempted, "MRV2: a pr
 SHARES_SLOTS = _variant("mrv2-shares-slots", _shares_slots, "MRV2: a new request shares a running one's slot")
 MIRROR_POSITIONS = _variant(
     "mrv2-mirror-positions", _mirror_positions, "MRV2: positions built from the CPU mirror, not the device count"
+)
+FOREIGN_DRAFT = _variant(
+    "mrv2-foreign-draft", _foreign_draft, "MRV2: a draft id past the vocabulary fed to the model (the forward raises)"
 )

