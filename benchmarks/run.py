@@ -279,7 +279,8 @@ def attached_overhead(args, runner: str, requests: int) -> dict[str, Any]:
 def fig_served_throughput(args, out: dict) -> None:
     """A real `vllm serve` per recorder mode (off, whole run, windowed), the same batch sent to
     each in turn, rotated (benchmarks/served.py, in a process of its own): output tokens/s and
-    the server's CPU seconds per output token, medians over --repeat rounds."""
+    the server's CPU seconds per output token, the median and the best batch over 5 rounds per
+    --repeat (at least 15)."""
     if not have_vllm():
         out["served_throughput"] = {"note": "n/a: vllm not installed"}
         return

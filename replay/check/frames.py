@@ -18,7 +18,6 @@ frame holds a few columns derived while loading:
                                     other request (TEXT_COLUMNS) as object arrays
     worker_num_draft_ids            the length of worker_draft_ids (null: 0)
     worker_num_negative_draft_ids   how many of worker_draft_ids are negative (-1 placeholders)
-    worker_max_draft_id             the largest of worker_draft_ids (-1: none)
     worker_new_life,                int8 (TRISTATE_COLUMNS): 1 true, 0 false, -1 null
       worker_freed_preempted,
       apply_release_checkpointed
@@ -215,10 +214,6 @@ def load_columns(batch: pa.Table | pa.RecordBatch, request_code: Callable[[tuple
     flat = as_numpy(pc.list_flatten(drafts))
     parents = as_numpy(pc.list_parent_indices(drafts))
     cols["worker_num_negative_draft_ids"] = np.bincount(parents[flat < 0], minlength=batch.num_rows)
-    # The largest draft id each row fed (-1: none): one at or past the vocabulary is no embedding's.
-    largest = np.full(batch.num_rows, -1, dtype=np.int64)
-    np.maximum.at(largest, parents, flat.astype(np.int64))
-    cols["worker_max_draft_id"] = largest
     return cols
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from specreplay.replay.check import catalogue, coverage
 from specreplay.replay.check.catalogue import Invariant
@@ -116,6 +117,8 @@ class Checker:
         if batch.num_rows == 0:
             return
         self.truth_seen |= coverage.columns_with_values(batch)
+        if self.crash_step is not None:
+            self._note_crash_inputs(batch)
         cols = load_columns(batch, self._code)
         # The batch's last step may continue in the next batch: hold it back until it is whole.
         whole_until = int(np.searchsorted(cols["step"], cols["step"][-1], side="left"))
@@ -183,8 +186,6 @@ class Checker:
         self._look_up_limits(frame)
         for rule in self.rules_per_frame:
             self.found.extend(f for f in rule(frame, self) if f.code in self.codes)
-        if self.crash_step is not None:
-            self._note_crash_inputs(frame)
         own = frame.own_by_request()
         ends = np.r_[cols["request"][own[1:]] != cols["request"][own[:-1]], True]
         self.last_status[cols["request"][own[ends]]] = cols["sched_status"][own[ends]]
@@ -196,15 +197,16 @@ class Checker:
         )
         self.context = {name: values[keep:].copy() for name, values in cols.items()}
 
-    def _note_crash_inputs(self, frame: Frame) -> None:
-        """The crash step's rows whose fed draft ids no embedding row holds, in row order."""
-        c = frame.c
+    def _note_crash_inputs(self, batch: pa.Table | pa.RecordBatch) -> None:
+        """The crash step's rows (read from the batch as fed: each row once, and only that step's
+        draft ids are looked at) whose fed draft ids no embedding row holds, in row order."""
+        at = pc.equal(batch.column("step"), self.crash_step)
+        if not pc.any(at).as_py():
+            return
         vocab = self.config.vocab_size
-        foreign = c["worker_num_negative_draft_ids"] > 0
-        if vocab:
-            foreign |= c["worker_max_draft_id"] >= vocab
-        at = np.flatnonzero(frame.own & (c["step"] == self.crash_step) & foreign)
-        self.crash_inputs += [self.names[int(c["request"][i])] for i in at]
+        for row in batch.filter(at).select(["request_id", "worker_draft_ids"]).to_pylist():
+            if any(t < 0 or (vocab and t >= vocab) for t in row["worker_draft_ids"] or ()):
+                self.crash_inputs.append(row["request_id"])
 
     def _count_cuts(self, frame: Frame) -> None:
         """Each own row's `cuts`: how many cuts (a preemption, a cache reset, a turn's end) its

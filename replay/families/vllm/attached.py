@@ -161,11 +161,8 @@ def recording_sink(folder: str, role: str, vocab: Callable[[], int]) -> tuple[An
     sink = Sink(folder, role, header, transform=transform, window=window, checks=checks, on_check=check_failed)
     if window is not None:  # a flight recorder (families/vllm/flight.py): it dumps on a crash, SIGUSR1, a check
         flight_recorder_started(folder)
-    if stall is not None:  # and on a hang (families/vllm/hang.py): the core watches, every process answers
-        if role == "core":
-            hang.PROGRESS.role = role
-        else:
-            hang.start(role, stall)
+    if stall is not None and role != "core":  # a hang's dump (families/vllm/hang.py): every process answers
+        hang.start(role, stall)  # (the core's watcher, which also watches, starts once its scheduler is attached)
     return sink, True
 
 
@@ -262,7 +259,7 @@ def attach_recorder_to_core(core: Any, folder: str) -> Any:
     sink.write({"e": "ran", "scheduler": qualified_name(type(scheduler))})
     stall = hang.hang_seconds()  # read (and checked) by recording_sink already
     if stall is not None:
-        hang.watch_core(lambda: requests_waiting_or_running(scheduler), stall)
+        hang.start("core", stall, busy=lambda: requests_waiting_or_running(scheduler))
     return sink
 
 

@@ -111,25 +111,17 @@ def describe(progress: dict[str, Any]) -> str:
     return f"{who}: returned from {what}{idle}, began no other"
 
 
-def start(role: str, seconds: float) -> None:
-    """This process records with a window and SPECREPLAY_HANG: name its progress, and start the
-    thread that answers a hang dump's request even while the main thread is stuck."""
+def start(role: str, seconds: float, busy: Callable[[], int] | None = None) -> None:
+    """This process records with a window and SPECREPLAY_HANG: name its progress, and start its
+    one watcher thread, which answers a hang dump's request even while the main thread is stuck.
+    The engine core's also watches: `busy()` is the count of requests waiting or running (0 when
+    none, or when the scheduler is paused)."""
     PROGRESS.role = role
     with _lock:
         if _state["watcher"] is not None:
             return
-        watcher = threading.Thread(target=_watch, args=(seconds, None), name="specreplay-hang", daemon=True)
+        watcher = threading.Thread(target=_watch, args=(seconds, busy), name="specreplay-hang", daemon=True)
         _state["watcher"] = watcher
-    watcher.start()
-
-
-def watch_core(busy: Callable[[], int], seconds: float) -> None:
-    """The engine core's watchdog: `busy()` is the count of requests waiting or running (0 when
-    none, or when the scheduler is paused)."""
-    PROGRESS.role = "core"
-    with _lock:
-        _state["watcher"] = threading.Thread(target=_watch, args=(seconds, busy), name="specreplay-hang", daemon=True)
-        watcher = _state["watcher"]
     watcher.start()
 
 
@@ -150,15 +142,15 @@ def _watch(seconds: float, busy: Callable[[], int] | None) -> None:
             since = max(calm_at, PROGRESS.returned_at)
             if now - since >= seconds and fired_for != since:
                 fired_for = since
-                _dump_hang(now - since, requests)
+                _dump_hang(now - since, requests, seconds)
         except Exception:  # never into the engine; a watchdog that failed once tries again
             continue
 
 
-def _dump_hang(stalled_s: float, requests: int) -> None:
+def _dump_hang(stalled_s: float, requests: int, limit_s: float) -> None:
     from specreplay.replay.families.vllm.flight import _dump_the_others, dump_all, dump_name
 
-    hang = {"e": "hang", "seconds": round(stalled_s, 3), "requests": requests, "limit_s": hang_seconds()}
+    hang = {"e": "hang", "seconds": round(stalled_s, 3), "requests": requests, "limit_s": limit_s}
     name = dump_name("hang")
     _remember(name)
     written = dump_all("hang", name, extra=(hang, PROGRESS.line()))

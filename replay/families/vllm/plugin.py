@@ -223,7 +223,6 @@ def register() -> None:
                 hang.PROGRESS.end()
                 return result
             except Exception as exc:
-                clock = self.__dict__.get("_specreplay_clock")  # attached during this step: the first
                 if clock is not None:
                     on_engine_death(exc, self, clock)
                 raise  # vLLM's own crash path, unchanged
