@@ -305,6 +305,7 @@ def check_overcommit_at_finish(frame: Frame, chk: Checker) -> Iterable[Finding]:
             int(c["truth_num_computed_tokens"][i]),
             int(c["apply_owned_kv_len"][j]),
             result_step=int(c["step"][j]),
+            wasted_step=int(c["step"][i]),  # the finding's own step since 0.3; kept for readers of 0.2's JSON until 0.4
             apply_step=int(c["apply_step"][j]),
             finish=schema.FINISH_REASONS[int(c["apply_finish_reason"][j])] if c["apply_finish_reason"][j] >= 0 else "",
         )

@@ -245,6 +245,7 @@ def check_overcommit_at_finish(rows: TraceRows) -> Iterator[Finding]:
                     truth,
                     c["apply_owned_kv_len"][j],
                     result_step=c["step"][j],
+                    wasted_step=c["step"][i],
                     apply_step=c["apply_step"][j],
                     finish=c["apply_finish_reason"][j] or "",
                 )
