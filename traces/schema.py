@@ -46,7 +46,9 @@ import pyarrow as pa
 #: of an admitted request is the count its step starts from (its prefix-cache hit: 0 before v8,
 #: when nothing was cached). Older files read with the new columns null, and ran without prefix
 #: caching (replay reads their config so: `PREFIX_CACHING_SCHEMA`).
-SCHEMA_VERSION = 8
+#: v9: what each preemption returned to the free pool (sched_preempt_blocks_alone,
+#: sched_preempt_blocks_returned). Older files read with them null.
+SCHEMA_VERSION = 9
 OLDEST_READ = 2
 #: The first schema version whose runs may have had prefix caching on.
 PREFIX_CACHING_SCHEMA = 8
@@ -231,6 +233,20 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         False,
         "scheduler: Request.num_stale_output_tokens before schedule(): the in-flight share from before the last "
         "preemption or cache reset (tokens; SGLang: 0)",
+    ),
+    (
+        "sched_preempt_blocks_alone",
+        pa.int32(),
+        True,
+        "scheduler: for a request this schedule() preempted, the KV blocks it held that no other request held "
+        "(its free returns them to the pool) (null: not preempted at m, or the block pool not read; SGLang: null)",
+    ),
+    (
+        "sched_preempt_blocks_returned",
+        pa.int32(),
+        True,
+        "scheduler: the free blocks the pool gained by that preemption, read right after it (fewer than "
+        "sched_preempt_blocks_alone: its free was deferred, e.g. behind a step in flight) (null: as above)",
     ),
     (
         "sched_kv_committed_len",
@@ -650,6 +666,8 @@ ADDED_IN = {
     "sched_cache_hit_blocks": 8,
     "truth_cache_hit_valid": 8,
     "truth_cache_hit_writer": 8,
+    "sched_preempt_blocks_alone": 9,
+    "sched_preempt_blocks_returned": 9,
     **{name: 5 for name, _type, _nullable, doc in COLUMNS if doc.startswith("worker (MRV2)")},
     **{name: 7 for name, _type, _nullable, doc in COLUMNS if doc.startswith("(SGLang)")},
 }

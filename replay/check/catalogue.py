@@ -601,6 +601,22 @@ CATALOGUE: tuple[Invariant, ...] = (
         ),
     ),
     Invariant(
+        "S11-preemption-frees-nothing",
+        "warning",
+        47,
+        "a request preempted for KV blocks returns the blocks it alone held to the free pool at once, where the "
+        "allocation that preempted it can use them",
+        "INV-S11",
+        rules_preemption.check_preemption_returns,
+        sides=("expected", "actual"),
+        message=lambda e: (
+            f"preempted for KV blocks at step {e.step}, but its preemption returned {e.actual} of the "
+            f"{e.expected} blocks it alone held to the free pool (its free was deferred): the allocation it "
+            f"was preempted for cannot use them, so the step preempts again or schedules less "
+            f"({e.preempted_in_step} preempted at this step), and its KV is thrown away for nothing"
+        ),
+    ),
+    Invariant(
         "T1-wrong-token",
         "error",
         24,

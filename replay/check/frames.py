@@ -94,6 +94,8 @@ INT_COLUMNS = (
     ("truth_kv_unowned_blocks", 0, False),
     ("truth_kv_unowned_writes", 0, False),
     ("sched_num_cached_tokens", 0, True),
+    ("sched_preempt_blocks_alone", 0, False),
+    ("sched_preempt_blocks_returned", 0, False),
     ("truth_cache_hit_valid", -1, True),
     # Model Runner V2's worker view (null on a V1 runner's rows)
     ("worker_slot", -1, True),

@@ -1,8 +1,11 @@
-"""Preemption: a request is preempted for KV blocks only when the step needs a block it lacks.
+"""Preemption: a request is preempted for KV blocks only when the step needs a block it lacks,
+and a preemption gives its blocks back where the allocation that preempted it can use them.
 
-Code: S10 (a warning: no token is wrong, but the preempted request's KV is thrown away and
+Codes: S10 and S11 (warnings: no token is wrong, but the preempted request's KV is thrown away and
 prefilled again, for nothing). Vectorised over a frame's columns (frames.py); the message text is
 in the catalogue.
+
+S10 (`check_needless_preemption`, below): a step that preempts while no request needed a block.
 
 The rule is vLLM 0.32.0's preemption (vllm/v1/core/sched/scheduler.py, `schedule`, the
 `while True` loop around `allocate_slots` in the running-queue visit; the reference's
@@ -33,6 +36,18 @@ C + n = 21 and 25 fit the 2 blocks they hold; a step that preempts b there freed
 request of the step needed. What a preemption gains when some request did need a block (the
 free pool) is not recorded: such a step is never flagged. A run whose preemptions never let it
 finish is `E2-run-incomplete`.
+
+S11 (`check_preemption_returns`): vLLM preempts a victim so that the allocation it retries can
+take the victim's blocks, and `KVCacheManager.free` puts every block no other request holds back in
+the free queue at once (a block shared through the prefix cache stays with its other holders). A
+free deferred behind a step in flight (vLLM #45357's fence, with a KV-consumer connector and async
+scheduling) gives back nothing this step: preempting such a victim cannot help, the allocation
+fails again and the next victim goes, down the running queue (vLLM #49674, vllm-ascend #16315; PR
+#49675 stops the loop before a victim whose free would be deferred, as vLLM 0.32.0 does). The
+recorder counts, around each preemption inside schedule(), the blocks the victim held alone
+(`sched_preempt_blocks_alone`) and the free blocks the pool gained (`sched_preempt_blocks_returned`);
+S11 is every preempted request whose preemption returned fewer than it held alone. Null columns (an
+older trace, SGLang's rows, a pool not read) read as 0 and 0: nothing to judge.
 """
 
 from __future__ import annotations
@@ -49,6 +64,7 @@ if TYPE_CHECKING:
     from specreplay.replay.check.framework import Checker
 
 S10 = "S10-needless-preemption"
+S11 = "S11-preemption-frees-nothing"
 
 
 def _blocks(tokens: np.ndarray, lookahead: int, max_model_len: int, block_size: int) -> np.ndarray:
@@ -121,4 +137,29 @@ def check_needless_preemption(frame: Frame, chk: Checker) -> Iterable[Finding]:
             True,
             held_blocks=int(held[k]),
             scheduled_requests=int(scheduled[at[k]]),
+        )
+
+
+def check_preemption_returns(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    """S11, at every request whose preemption returned fewer blocks to the free pool than it held
+    alone: the allocation it was preempted for could not use them."""
+    c = frame.c
+    own = np.flatnonzero(frame.own)
+    alone = c["sched_preempt_blocks_alone"][own]
+    returned = c["sched_preempt_blocks_returned"][own]
+    kept = np.flatnonzero(c["sched_preempted"][own] & (returned < alone))
+    if not len(kept):
+        return
+    steps = c["step"][own]
+    preempted_steps, preempted_counts = np.unique(steps[c["sched_preempted"][own]], return_counts=True)
+    per_step = dict(zip(preempted_steps.tolist(), preempted_counts.tolist()))
+    for k in kept:
+        yield chk.finding(
+            frame,
+            S11,
+            int(own[k]),
+            "sched_preempt_blocks_returned",
+            int(alone[k]),
+            int(returned[k]),
+            preempted_in_step=per_step[int(steps[k])],
         )

@@ -240,9 +240,13 @@ class BlockPool:
         """vLLM's KVCacheManager.free: the request's blocks, tail first, one reference less
         each; those no one references any more return to the free queue: a cached block to
         its tail (evicted last, LRU), any other to its head (reused first)."""
-        owned = self.blocks.pop(request_id, [])
+        self.free_blocks(reversed(self.pop_blocks_for_free(request_id)))
+
+    def pop_blocks_for_free(self, request_id: str) -> list[int]:
+        """vLLM's: the request's blocks in allocation order, its bookkeeping dropped, the blocks
+        not yet returned (the caller frees them, tail first; a deferred free frees them later)."""
         self.num_cached_block.pop(request_id, None)
-        self.free_blocks(reversed(owned))
+        return self.blocks.pop(request_id, [])
 
     def free_blocks(self, ordered: Iterable[int]) -> None:
         evict_first: list[int] = []
@@ -264,6 +268,10 @@ class BlockPool:
         return True
 
     # ---------------------------------------------------------------- reading
+    def get_num_free_blocks(self) -> int:
+        """vLLM's name: the blocks in the free queue (cached ones included)."""
+        return len(self.free)
+
     def num_used_blocks(self) -> int:
         """Blocks some request holds (the null block not counted)."""
         return self.num_blocks - 1 - len(self.free)

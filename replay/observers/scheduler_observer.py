@@ -39,6 +39,9 @@ _TRACE_STATUS = {
 _FINISH_REASON = {"FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "stop"}
 #: Of two control events on one request before a schedule(), the row keeps the one that says more.
 EVENT_RANK = {"": 0, "stream_update": 1, "stream_turn": 2, "reset_preempt": 2, "abort": 3, "resubmit": 4}
+#: A row's (sched_preempt_blocks_alone, sched_preempt_blocks_returned) when this schedule() did not
+#: preempt it.
+_NOT_PREEMPTED = (None, None)
 #: The observer takes these per live request per step: a tuple built by tuple.__new__ skips the
 #: NamedTuple's Python-level __new__.
 _new_tuple = tuple.__new__
@@ -129,6 +132,11 @@ class SchedulerObserver:
         # in preempted_req_ids, but not that schedule() preempted them. Kept apart from the row's
         # event, which a later one (an abort, a resubmission) may outrank.
         self.reset_preempted: set[str] = set()
+        # What each preemption inside the running schedule() returned to the free pool, by the
+        # scheduler's id: (blocks it held alone, free blocks the pool gained), read by
+        # `watch_preemptions` (empty: nothing preempted, or the pool cannot be read).
+        self.scheduling = False
+        self.preemptions: dict[str, tuple[int, int]] = {}
 
     # ------------------------------------------------------------------ requests
     def request_added(self, internal_id: str) -> None:
@@ -187,6 +195,8 @@ class SchedulerObserver:
         self._before_schedule = snap
         if self.evictions is not None:
             self._evictions_before = self.evictions
+        self.preemptions = {}
+        self.scheduling = True
 
     def admissions(self, so: Any) -> dict[str, tuple[int, list[int] | None]]:
         """The requests `so` admits (new ones, and V1's resumed ones), each with the count its
@@ -231,6 +241,7 @@ class SchedulerObserver:
                     rows.append((t, Counters.of(t.request), len(t.request.spec_token_ids), False))
         prev = self.prev_scheduled
         status_name = self._status_name
+        freed = {self.ext(rid): v for rid, v in self.preemptions.items()} if self.preemptions else {}
         out: list[Any] = []
         append = out.append
         for t, was, spec_len, spec_placeholders in rows:
@@ -291,6 +302,7 @@ class SchedulerObserver:
                     skips.get(rid) == "preempted",
                     was[4],  # num_in_flight_tokens
                     was[5],  # num_stale_output_tokens
+                    *(freed.get(rid, _NOT_PREEMPTED) if freed else _NOT_PREEMPTED),
                 )
             )
         evicted = None if self.evictions is None else self.evictions - self._evictions_before
@@ -480,7 +492,10 @@ def attach(observer: SchedulerObserver, step_of: Callable[[Any], int], apply_ste
     @functools.wraps(schedule)
     def schedule_(*a, **kw):
         call("scheduler observer", observer.before_schedule)
-        so = schedule(*a, **kw)
+        try:
+            so = schedule(*a, **kw)
+        finally:
+            observer.scheduling = False
         step = call("scheduler observer", step_of, so)
         if step is not None:
             so._specreplay_step = step
@@ -498,6 +513,54 @@ def attach(observer: SchedulerObserver, step_of: Callable[[Any], int], apply_ste
 
     s.add_request, s.schedule, s.update_from_output = add_request, schedule_, update_from_output
     count_evictions(observer)
+    watch_preemptions(observer)
+
+
+def watch_preemptions(observer: SchedulerObserver) -> None:
+    """Read what each preemption inside schedule() gives back: wrap the scheduler's preemption
+    (vLLM's `_preempt_request`, the reference's `preempt_request`) on the instance, and around
+    it count the victim's blocks that no other request holds and the free blocks the pool
+    gains. Upstream returns every block held alone at once, where the allocation that preempted
+    it can use it; a free deferred behind a step in flight returns none (vLLM #49674: the
+    allocation fails again and the next victim goes). Only preemptions of a running schedule()
+    are read (a cache reset's are not for blocks). One read per preemption, none per step."""
+    s = observer.scheduler
+    name = "_preempt_request" if hasattr(s, "_preempt_request") else "preempt_request"
+    preempt = getattr(s, name, None)
+    manager = getattr(s, "kv_cache_manager", None)
+    pool = getattr(manager, "block_pool", None)
+    if preempt is None or not callable(getattr(pool, "get_num_free_blocks", None)):
+        return
+    call = GUARD.call
+
+    @functools.wraps(preempt)
+    def preempt_(request, *a, **kw):
+        if not observer.scheduling:
+            return preempt(request, *a, **kw)
+        before = call("scheduler observer", _pool_reading, manager, request.request_id)
+        result = preempt(request, *a, **kw)
+        if before is not None:
+            alone, free = before
+            after = call("scheduler observer", pool.get_num_free_blocks)
+            if after is not None:
+                observer.preemptions[request.request_id] = (alone, after - free)
+        return result
+
+    setattr(s, name, preempt_)
+
+
+def _pool_reading(manager: Any, request_id: str) -> tuple[int, int]:
+    """(the blocks `request_id` holds that no other request holds, the pool's free blocks now).
+    vLLM's KVCacheManager hands out block objects with a reference count (every KV cache group's,
+    the null block left out); the reference's BlockPool keeps block ids and a count per id."""
+    pool = manager.block_pool
+    counts = getattr(pool, "ref_cnt", None)
+    if isinstance(counts, list):  # the reference (replay/models/kv.py)
+        alone = sum(counts[b] == 1 for b in pool.blocks.get(request_id, ()))
+    else:
+        groups = manager.get_blocks(request_id).blocks
+        alone = len({b.block_id for group in groups for b in group if not b.is_null and b.ref_cnt == 1})
+    return alone, pool.get_num_free_blocks()
 
 
 def count_evictions(observer: SchedulerObserver) -> None:

@@ -38,6 +38,8 @@ OBSERVER_ROW = (
     "sched_preempted",
     "sched_num_in_flight_tokens",
     "sched_num_stale_output_tokens",
+    "sched_preempt_blocks_alone",
+    "sched_preempt_blocks_returned",
 )
 
 

@@ -237,6 +237,8 @@ class SglangObserver:
                     rid in self.retracted_now,
                     in_flight.get(rid, 0),
                     0,  # sched_num_stale_output_tokens
+                    None,  # sched_preempt_blocks_alone: vLLM's block pool
+                    None,  # sched_preempt_blocks_returned
                 )
             )
             sgl["sched_kv_committed_len"].append(r.kv.kv_committed_len)

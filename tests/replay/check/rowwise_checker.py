@@ -979,6 +979,28 @@ def check_needless_preemption(rows: TraceRows) -> Iterator[Finding]:
             )
 
 
+def check_preemption_returns(rows: TraceRows) -> Iterator[Finding]:
+    """S11: a request preempted at a step whose preemption returned fewer blocks to the free pool
+    than it held alone (both columns null: not read, nothing to judge)."""
+    c = rows.col
+    preempted_at: dict[int, int] = {}
+    for i in range(rows.num_rows):
+        if c["sched_preempted"][i]:
+            preempted_at[c["step"][i]] = preempted_at.get(c["step"][i], 0) + 1
+    for i in range(rows.num_rows):
+        alone, returned = c["sched_preempt_blocks_alone"][i] or 0, c["sched_preempt_blocks_returned"][i] or 0
+        if c["sched_preempted"][i] and returned < alone:
+            yield _f(
+                rows,
+                "S11-preemption-frees-nothing",
+                i,
+                "sched_preempt_blocks_returned",
+                alone,
+                returned,
+                preempted_in_step=preempted_at[c["step"][i]],
+            )
+
+
 def check_run_completes(rows: TraceRows) -> Iterator[Finding]:
     outcome = rows.trace.outcome
     c = rows.col
@@ -1084,6 +1106,7 @@ CHECKS: dict[str, Callable[[TraceRows], Iterator[Finding]]] = {
     "S8-token-lost": check_tokens_applied,
     "S9-step-past-max-tokens": check_wasted_steps,
     "S10-needless-preemption": check_needless_preemption,
+    "S11-preemption-frees-nothing": check_preemption_returns,
     "X1-batch-membership": check_membership,
     "X3-output-length": check_output_length,
     "X5-placeholder-drafts": check_draft_inputs,

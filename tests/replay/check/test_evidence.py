@@ -491,6 +491,20 @@ CASES = [
         message="preempted at step 6 although no request the step scheduled or preempted needed a KV block it did not already hold (1 scheduled, each within its own blocks): the 2 or more blocks it held are freed for nothing, and it prefills again",
     ),
     Case(
+        "S11-preemption-frees-nothing",
+        ("deferred-free",),
+        17,
+        "1",
+        "sched_preempt_blocks_returned",
+        2,
+        0,
+        expected=2,
+        actual=0,
+        life=0,
+        detail={"preempted_in_step": 3},
+        message="preempted for KV blocks at step 17, but its preemption returned 0 of the 2 blocks it alone held to the free pool (its free was deferred): the allocation it was preempted for cannot use them, so the step preempts again or schedules less (3 preempted at this step), and its KV is thrown away for nothing",
+    ),
+    Case(
         "K6-cache-hit-content",
         ("stale-hit",),
         12,
@@ -543,6 +557,10 @@ def _run(name: str):
 
         workload = workload_from_notation(REUSED)
         return run_workload(workload, resolve(f"{VARIANTS}:KeepsHashOnReuse", allow_import=True))
+    if name == "deferred-free":  # a preemption's free deferred behind the step in flight: S11
+        from tests.replay.check.test_preemption_returns import DEFERS, four_requests
+
+        return run_workload(four_requests(), DEFERS)
     if name == "limit":  # reentry cut by the step limit: E2
         workload = dataclasses.replace(build_scenario("reentry"), max_steps=3)
         return run_workload(workload, resolve("upstream", allow_import=False))
