@@ -17,6 +17,7 @@ removes the old one; any other mismatch is one line and exit 2. CHANGELOG.md lis
 What a variant subclasses:
     Scheduler, AsyncScheduler       the reference schedulers (vLLM's sync and async scheduler)
     GPUModelRunner                  the reference runner (vLLM's V1 GPUModelRunner)
+    SglangReferenceWorker           the reference SGLang worker (--engine sglang-scheduler)
     Implementation                  a scheduler + runner + executor pairing, with real-vLLM forms
     LifeGuardScheduler, ClearStalePlaceholdersScheduler, DropReentryDraftsRunner, NoClampRunner
                                     the built-in variants (life-guard, sched-clear, pr30796, noclamp)
@@ -30,7 +31,8 @@ What its hooks receive and return:
     PAUSE_STATES                    the values `set_pause_state` takes
     API_VERSION, HookDeprecationWarning    the hook tables' version; the warning an old form gets
 The hooks and the state, by name (the docs' tables list the same; a test holds them equal):
-    SCHEDULER_HOOKS, RUNNER_HOOKS, IMPLEMENTATION_HOOKS, SCHEDULER_STATE, RUNNER_STATE
+    SCHEDULER_HOOKS, RUNNER_HOOKS, IMPLEMENTATION_HOOKS, SGLANG_WORKER_HOOKS, SCHEDULER_STATE,
+    RUNNER_STATE
 
 Names resolve when first used (PEP 562), so importing this module loads neither torch nor the
 models: the built-in variants in impls/ import it without an import cycle.
@@ -42,6 +44,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names, for type checkers and the package map (tests/test_architecture.py)
+    from specreplay.replay.families.sglang.worker import SglangReferenceWorker
     from specreplay.replay.families.vllm.v1.input_batch import CachedRequestState, InputBatch
     from specreplay.replay.families.vllm.v1.runner import (
         GPUModelRunner,
@@ -102,6 +105,7 @@ _HOME = {
     "NoClampRunner": "specreplay.replay.families.vllm.variants",
     "EngineConfig": "specreplay.replay.workloads.config",
     "Oracle": "specreplay.replay.workloads.oracle",
+    "SglangReferenceWorker": "specreplay.replay.families.sglang.worker",
 }
 
 #: Scheduler hooks, in the order a step uses them, then the control events (engine-facing, vLLM's
@@ -157,6 +161,9 @@ RUNNER_HOOKS = (
 )
 #: The engine hook and the applicability question on `Implementation`.
 IMPLEMENTATION_HOOKS = ("deliver", "why_not")
+#: The reference SGLang worker's hooks (`--engine sglang-scheduler`): one per forward kind SGLang's
+#: scheduler runs, then the draft model's proposal.
+SGLANG_WORKER_HOOKS = ("extend", "decode", "verify", "propose")
 #: The scheduler's state a hook may read and change (vLLM's names where vLLM has them).
 SCHEDULER_STATE = (
     "config",
@@ -213,6 +220,8 @@ __all__ = [
     "PreparedInputs",
     "RUNNER_HOOKS",
     "RUNNER_STATE",
+    "SGLANG_WORKER_HOOKS",
+    "SglangReferenceWorker",
     "Request",
     "SCHEDULER_HOOKS",
     "SCHEDULER_STATE",

@@ -484,7 +484,7 @@ class SglangEngine(SelfDrivenEngine):
 
         return {
             "scheduler": qualified_name(scheduler_class(impl)),
-            "runner": qualified_name(runner_family(self.runner or DEFAULT_RUNNER).reference_class()),
+            "runner": qualified_name(impl.sglang_worker_class()),
             "executor": impl.executor,
         }
 
@@ -497,7 +497,14 @@ class SglangEngine(SelfDrivenEngine):
 
         r = request
         return run_sglang(
-            r.workload, r.impl, r.device, r.oracle, r.progress, journal=r.journal, flush_every=r.flush_every
+            r.workload,
+            r.impl,
+            r.device,
+            r.oracle,
+            r.progress,
+            worker_class=r.impl.sglang_worker_class(),
+            journal=r.journal,
+            flush_every=r.flush_every,
         )
 
 

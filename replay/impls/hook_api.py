@@ -170,6 +170,8 @@ def _tables(cls: type, api: Any) -> list[tuple[type, tuple[str, ...]]]:
         tables.append((api.GPUModelRunner, api.RUNNER_HOOKS))
     if issubclass(cls, Implementation):
         tables.append((Implementation, api.IMPLEMENTATION_HOOKS))
+    if issubclass(cls, api.SglangReferenceWorker):
+        tables.append((api.SglangReferenceWorker, api.SGLANG_WORKER_HOOKS))
     return tables
 
 

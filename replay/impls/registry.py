@@ -74,6 +74,10 @@ class Implementation:
     # Scheduler class the engine runs, returns the variant's subclass of it; it may declare a
     # `why_not(config)`. None: SGLang runs as released (or, with a vLLM part set, no SGLang form).
     sglang_scheduler: Callable[[type], type] | None = None
+    # The reference SGLang worker's subclass a run on --engine sglang-scheduler uses (families/sglang/
+    # worker.py SglangReferenceWorker, `specreplay.replay.api`), as `runner` is for vLLM's engines.
+    # None: the reference SGLang worker.
+    sglang_worker: type | None = None
 
     def why_not(self, config: EngineConfig) -> str | None:
         """Why this implementation does not apply to a workload with `config`, or None when it
@@ -101,7 +105,7 @@ class Implementation:
             if not config.async_scheduling and issubclass(self.scheduler, AsyncScheduler):
                 instead = "subclass Scheduler for synchronous workloads, or " if self.user_code else ""
                 return f"{name} is an AsyncScheduler and the workload is synchronous; {instead}pass an async workload"
-        for part in (self.scheduler, self.runner, self.sglang_scheduler):
+        for part in (self.scheduler, self.runner, self.sglang_scheduler, self.sglang_worker):
             declared = getattr(part, "why_not", None)
             reason = declared(config) if callable(declared) else None
             if reason:
@@ -149,10 +153,18 @@ class Implementation:
     def require_vllm_form(self, engine: str) -> None:
         """Refuse, in one line, a variant of SGLang's scheduler alone on one of vLLM's engines:
         it changes nothing there, and nothing runs in its place."""
-        if self.sglang_scheduler is not None and not self.vllm_parts():
+        if self.vllm_parts():
+            return
+        changed = (
+            "SGLang's scheduler"
+            if self.sglang_scheduler is not None
+            else "the reference SGLang worker"
+            if self.sglang_worker is not None
+            else None
+        )
+        if changed:
             raise InputError(
-                f"{self.name} changes SGLang's scheduler; it has no form for --engine {engine} "
-                "(pass --engine sglang-scheduler)"
+                f"{self.name} changes {changed}; it has no form for --engine {engine} (pass --engine sglang-scheduler)"
             )
 
     def require_sglang_form(self, engine: str) -> None:
@@ -169,6 +181,15 @@ class Implementation:
         """The Scheduler class `--engine sglang-scheduler` runs for this variant: `base` (SGLang's
         Scheduler with the driver's worker constructors) or the variant's subclass of it."""
         return self.sglang_scheduler(base) if self.sglang_scheduler is not None else base
+
+    def sglang_worker_class(self) -> type:
+        """The reference SGLang worker class `--engine sglang-scheduler` builds for this variant:
+        its subclass, or the reference SGLang worker."""
+        if self.sglang_worker is not None:
+            return self.sglang_worker
+        from specreplay.replay.families.sglang.worker import SglangReferenceWorker
+
+        return SglangReferenceWorker
 
     def real_scheduler_class(self, real_cls: type, config: EngineConfig) -> type:
         """The class to run on the real vLLM for this variant: `real_cls` (vLLM's Scheduler or
@@ -375,11 +396,13 @@ def _checked_parts(impl: Implementation) -> Implementation:
         impl,
         scheduler=checked(impl.scheduler) if impl.scheduler is not None else None,
         runner=checked(impl.runner) if impl.runner is not None else None,
+        sglang_worker=checked(impl.sglang_worker) if impl.sglang_worker is not None else None,
     )
 
 
 def _load(spec: str) -> Implementation:
     from specreplay.replay.families.sglang.forms import form_of
+    from specreplay.replay.families.sglang.worker import SglangReferenceWorker
     from specreplay.replay.families.vllm.v1.runner import GPUModelRunner
 
     module_name, _, attr = spec.partition(":")
@@ -401,11 +424,14 @@ def _load(spec: str) -> Implementation:
         return Implementation(spec, _summary(obj, "user scheduler"), scheduler=checked(obj), user_code=True)
     if isinstance(obj, type) and issubclass(obj, GPUModelRunner):
         return Implementation(spec, _summary(obj, "user runner"), runner=checked(obj), user_code=True)
+    if isinstance(obj, type) and issubclass(obj, SglangReferenceWorker):
+        return Implementation(spec, _summary(obj, "user SGLang worker"), sglang_worker=checked(obj), user_code=True)
     form = form_of(obj) if isinstance(obj, type) else None
     if form is not None:
         return Implementation(spec, _summary(obj, "user SGLang scheduler"), sglang_scheduler=form, user_code=True)
     raise InputError(
         f"{spec} is a {type(obj).__name__}; expected an Implementation, or a subclass of "
         "specreplay.replay.models.scheduler.Scheduler or specreplay.replay.families.vllm.v1.runner.GPUModelRunner "
-        "(or, for --engine sglang-scheduler, of SGLang's Scheduler or SchedulerBatchResultProcessor)"
+        "(or, for --engine sglang-scheduler, of SGLang's Scheduler or SchedulerBatchResultProcessor, or of "
+        "specreplay.replay.api.SglangReferenceWorker)"
     )

@@ -82,7 +82,14 @@ def test_every_api_name_the_page_mentions_imports_from_the_api():
 
 
 def test_the_api_resolves_every_name_it_exports():
-    lists = {"SCHEDULER_HOOKS", "RUNNER_HOOKS", "IMPLEMENTATION_HOOKS", "SCHEDULER_STATE", "RUNNER_STATE"}
+    lists = {
+        "SCHEDULER_HOOKS",
+        "RUNNER_HOOKS",
+        "IMPLEMENTATION_HOOKS",
+        "SGLANG_WORKER_HOOKS",
+        "SCHEDULER_STATE",
+        "RUNNER_STATE",
+    }
     assert set(api.__all__) == set(api._HOME) | lists
     for name, home in api._HOME.items():
         assert getattr(api, name) is getattr(importlib.import_module(home), name)
@@ -93,11 +100,14 @@ def test_every_hook_in_the_tables_exists_with_its_documented_signature():
     problems = [p for cls, name, params in hooks if (p := signature_problem(cls, name, params))]
     assert not problems, "\n".join(problems)
     documented = {name for _, name, _ in hooks}
-    assert documented == set(api.SCHEDULER_HOOKS + api.RUNNER_HOOKS + api.IMPLEMENTATION_HOOKS)
+    assert documented == set(
+        api.SCHEDULER_HOOKS + api.RUNNER_HOOKS + api.IMPLEMENTATION_HOOKS + api.SGLANG_WORKER_HOOKS
+    )
     by_class = {name: cls for cls, name, _ in hooks}
     assert all(issubclass(by_class[n], api.Scheduler) for n in api.SCHEDULER_HOOKS)
     assert all(by_class[n] is api.GPUModelRunner for n in api.RUNNER_HOOKS)
     assert all(by_class[n] is api.Implementation for n in api.IMPLEMENTATION_HOOKS)
+    assert all(by_class[n] is api.SglangReferenceWorker for n in api.SGLANG_WORKER_HOOKS)
 
 
 def test_a_renamed_or_re_signed_hook_fails_the_check():

@@ -137,7 +137,8 @@ def test_a_variant_that_overrides_the_driver_s_worker_constructor_is_refused_in_
 # ====================================================================== the page's SGLang hooks
 def sglang_section() -> str:
     text = (Path(__file__).resolve().parents[3] / "docs" / "implementations.md").read_text()
-    return text[text.index("## SGLang's scheduler") :]
+    # SGLang's own classes; the reference SGLang worker's hooks after it are specreplay's (test_public_api).
+    return text[text.index("## SGLang's scheduler") : text.index("### The reference SGLang worker")]
 
 
 @sglang
