@@ -61,10 +61,10 @@ def diff(traces, fmt, fail_on, story) -> None:
 def _check_one(trace, path: str, fmt: str, fail_on: str, story: bool) -> int:
     """One trace against its own views and ground truth; returns the exit code."""
     from specreplay.cli.render import code_counts, findings_json, findings_lines, unchecked_note
-    from specreplay.replay.check.checker import NEEDED, check_report
+    from specreplay.replay.check.checker import check_report, columns_needed
     from specreplay.replay.check.findings import EMPTY, EMPTY_NOTE, fails, verdict
 
-    report = check_report(trace, trace.batches(columns=NEEDED, read_ahead=True))
+    report = check_report(trace, trace.batches(columns=columns_needed(trace), read_ahead=True))
     findings = report.findings
     # A recovered recording (outcome partial) is never a plain ok: it holds steps up to where the
     # recording stopped, and nothing after them was recorded or checked.

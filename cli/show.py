@@ -73,13 +73,13 @@ def show(trace_path, requests, steps_text, field_name, svg_file) -> None:
       specreplay show reentry.parquet --request 10
       specreplay show reentry.parquet --request 10 --steps 1:8 --field num_computed_tokens --svg reentry.svg
     """
-    from specreplay.replay.check.checker import NEEDED, check_batches
+    from specreplay.replay.check.checker import check_batches, columns_needed
     from specreplay.replay.views.timeline import build_timeline, default_steps
     from specreplay.traces.io import open_trace
 
     steps = parse_steps(steps_text)
     trace = open_trace(trace_path)
-    findings = check_batches(trace, trace.batches(columns=NEEDED))
+    findings = check_batches(trace, trace.batches(columns=columns_needed(trace)))
     window = steps or default_steps(trace.num_steps, findings)
     timeline = build_timeline(trace, findings, list(requests) or None, window, field_name)
     if requests and not timeline.lanes:
@@ -204,13 +204,13 @@ def export(trace_path, out_file, steps_text, max_steps, max_rows) -> None:
     """
     import json
 
-    from specreplay.replay.check.checker import NEEDED, check_batches
+    from specreplay.replay.check.checker import check_batches, columns_needed
     from specreplay.replay.views.perfetto import export_events
     from specreplay.traces.io import open_trace
 
     steps = parse_steps(steps_text)
     trace = open_trace(trace_path)
-    findings = check_batches(trace, trace.batches(columns=NEEDED))
+    findings = check_batches(trace, trace.batches(columns=columns_needed(trace)))
     doc = export_events(trace, findings, steps, max_steps, max_rows)
     try:
         out_file.write_text(json.dumps(doc, separators=(",", ":")))

@@ -30,7 +30,8 @@ _Part = TypeVar("_Part", bound="_Json")
 
 def _kind(kind: str) -> Any:
     """A header field (None: not recorded) of a kind the reader checks: "str", "int", "bool",
-    "strs" (a list of text), "map" (an object), or "any" (any JSON value, validated where used)."""
+    "strs" (a list of text), "map" (an object), "ids" (an object of token id lists), or "any" (any
+    JSON value, validated where used)."""
     return field(default=None, metadata={"kind": kind})
 
 
@@ -45,6 +46,11 @@ def _valid(kind: str, value: Any) -> bool:
         return isinstance(value, list) and all(isinstance(item, str) for item in value)
     if kind == "map":
         return isinstance(value, dict)
+    if kind == "ids":
+        return isinstance(value, dict) and all(
+            isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+            for ids in value.values()
+        )
     return True
 
 
@@ -54,6 +60,7 @@ _SAYS = {
     "bool": "is not true or false",
     "strs": "is not a list of text",
     "map": "is not a JSON object",
+    "ids": "is not a JSON object of token id lists",
 }
 
 
@@ -208,7 +215,9 @@ class Outcome(_Json):
     """How the run ended (`specreplay.outcome`): its status (completed, crashed, step_limit,
     partial; a journal's is `running`), the step, and for a crash its kind, message, exception
     type, the source line (`where`) and the side (scheduler or worker) that raised; `unfinished`:
-    requests a completed run still held; `engine_output_tokens`: what a live engine reported."""
+    requests a completed run still held; `engine_output_tokens`: what a live engine reported;
+    `engine_output_ids`: the token ids each request's client received, in order (SGLang's
+    scheduler: what its output streamer sent)."""
 
     PART = "outcome"
 
@@ -222,6 +231,7 @@ class Outcome(_Json):
     unfinished: tuple[str, ...] | None = _kind("strs")
     request: str | None = _kind("str")  # a crash's request, when the exception names one (engines/crash.py)
     engine_output_tokens: Mapping[str, Any] | None = _kind("map")
+    engine_output_ids: Mapping[str, list[int]] | None = _kind("ids")
 
     @property
     def crashed(self) -> bool:

@@ -962,6 +962,23 @@ CATALOGUE: tuple[Invariant, ...] = (
         runners=SGLANG,
     ),
     Invariant(
+        "G9-client-tokens",
+        "error",
+        48,
+        "each token id a client receives is the token the worker sampled at that output's position",
+        "INV-G9",
+        rules_sglang.check_client_received_committed,
+        sides=("expected", "actual"),
+        scope="run",
+        message=lambda e: (
+            f"the client's output token {e.output_index} is {e.actual}, but the worker sampled "
+            + (f"{e.expected} there" if e.expected is not None else "nothing there")
+            + f" ({e.client_tokens} tokens received): the client got a token out of its place (sent twice, "
+            "skipped, spliced from another generation, or committed at the wrong index)"
+        ),
+        runners=SGLANG,
+    ),
+    Invariant(
         "E2-run-incomplete",
         "error",
         2,

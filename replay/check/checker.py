@@ -40,8 +40,9 @@ from specreplay.replay.check import coverage
 from specreplay.replay.check.catalogue import CATALOGUE, EXTRA_CODES, INVARIANTS, RANK, SEVERITY, Invariant, all_codes
 from specreplay.replay.check.findings import Finding
 from specreplay.replay.check.frames import LOOKBACK, NEEDED, Frame
-from specreplay.replay.check.framework import Checker
+from specreplay.replay.check.framework import COMMITTED_COLUMNS, Checker
 from specreplay.replay.check.limits import max_tokens_by_life
+from specreplay.traces import schema
 from specreplay.traces.families import family_name
 from specreplay.traces.trace import Trace
 
@@ -64,6 +65,7 @@ __all__ = [
     "check_batches",
     "check_report",
     "check_trace",
+    "columns_needed",
     "unchecked_codes",
 ]
 
@@ -78,9 +80,18 @@ class CheckReport:
     unchecked: list[str]
 
 
+def columns_needed(header) -> tuple[str, ...]:
+    """The columns the checker reads from a trace with this header: `NEEDED`, and the applied
+    tokens where the outcome holds the ids each client received (G9 compares the two)."""
+    outcome = getattr(header, "outcome", None)
+    if getattr(outcome, "engine_output_ids", None) is None:
+        return NEEDED
+    return schema.in_schema_order({*NEEDED, *COMMITTED_COLUMNS})
+
+
 def check_trace(trace: Trace, batch_rows: int = 1 << 20) -> list[Finding]:
     """Every invariant over an in-memory trace; findings sorted by step, request, code."""
-    return check_batches(trace, trace.table.select(list(NEEDED)).to_batches(max_chunksize=batch_rows))
+    return check_batches(trace, trace.table.select(list(columns_needed(trace))).to_batches(max_chunksize=batch_rows))
 
 
 def check_batches(header, batches: Iterable[pa.Table | pa.RecordBatch]) -> list[Finding]:

@@ -46,6 +46,18 @@ from specreplay.replay.check.limits import Limits
 from specreplay.traces.families import BASELINE_FAMILY, DEFAULT_FAMILY
 from specreplay.traces.header import UNOBSERVED_RUNNER, Config, Outcome, coerce
 
+#: What `Checker._note_committed` reads from each batch besides the checker's own columns
+#: (frames.NEEDED): the worker's sampled tokens and their positions, read only where the outcome
+#: holds the ids each client received.
+COMMITTED_COLUMNS = (
+    "request_id",
+    "sched_num_prompt_tokens",
+    "worker_first_position",
+    "worker_num_scheduled_tokens",
+    "worker_num_draft_slots",
+    "worker_sampled_ids",
+)
+
 
 class Checker:
     """Streams batches of one trace through the rules of `invariants` (default: the whole
@@ -73,6 +85,10 @@ class Checker:
         # or out-of-vocabulary draft id fed to the model): E1 names the first where the crash
         # itself names none (a forward that raised; the worker wrote the step's inputs first).
         self.crash_inputs: list[str] = []
+        # When the outcome says which token ids each client received (SGLang's scheduler): per
+        # request, output index -> the token the worker last sampled at that position, from the
+        # rows as fed (`_note_committed`); G9 compares the two after the run. None: nothing to compare.
+        self.sampled: dict[str, dict[int, int]] | None = {} if self.outcome.engine_output_ids is not None else None
         # The worker runner the trace recorded (engines/registry.py: v1, v2 = Model Runner V2,
         # sglang = SGLang's scheduler; an old trace names none: v1). Codes about another runner's
         # state, or another engine's scheduler, do not run on it (coverage.py says which it lists).
@@ -119,6 +135,8 @@ class Checker:
         self.truth_seen |= coverage.columns_with_values(batch)
         if self.crash_step is not None:
             self._note_crash_inputs(batch)
+        if self.sampled is not None:
+            self._note_committed(batch)
         cols = load_columns(batch, self._code)
         # The batch's last step may continue in the next batch: hold it back until it is whole.
         whole_until = int(np.searchsorted(cols["step"], cols["step"][-1], side="left"))
@@ -207,6 +225,25 @@ class Checker:
         for row in batch.filter(at).select(["request_id", "worker_draft_ids"]).to_pylist():
             if any(t < 0 or (vocab and t >= vocab) for t in row["worker_draft_ids"] or ()):
                 self.crash_inputs.append(row["request_id"])
+
+    def _note_committed(self, batch: pa.Table | pa.RecordBatch) -> None:
+        """Each row's sampled tokens at their positions, by output index (position minus the
+        prompt): an SGLang row writes positions P .. P + n - 1, the last d of them drafts, and its
+        sampled ids are the tokens at P + n - d, P + n - d + 1, ... (families/sglang/outcomes.py).
+        A later row's token at a position replaces an earlier one's (a re-prefill after a retraction)."""
+        sampled = batch.column("worker_sampled_ids")
+        rows = batch.filter(pc.fill_null(pc.greater(pc.list_value_length(sampled), 0), False))
+        if not rows.num_rows:
+            return
+        by_request = self.sampled
+        assert by_request is not None
+        for rid, prompt, first, n, d, tokens in zip(*(rows.column(name).to_pylist() for name in COMMITTED_COLUMNS)):
+            if first is None or n is None or prompt is None:
+                continue  # where its tokens sit is not recorded
+            start = first + n - (d or 0) - prompt
+            outputs = by_request.setdefault(rid, {})
+            for j, token in enumerate(tokens):
+                outputs[start + j] = token
 
     def _count_cuts(self, frame: Frame) -> None:
         """Each own row's `cuts`: how many cuts (a preemption, a cache reset, a turn's end) its

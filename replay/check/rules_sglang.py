@@ -18,6 +18,8 @@ own code, is docs/reference.md section 10. Codes:
     G7  SGLang's own invariant checker failed (the crash rule's, rules_run.py; which check it
         was is read here: `own_check`)
     G8  the client received at most max_tokens tokens (after the run, from the outcome)
+    G9  each token id the client received is the one the worker sampled at that output's position
+        (after the run, from the outcome's ids and the rows' sampled ids)
 
 One SGLang loop iteration is one step, in this order for both loops: the scheduling (a row's
 `sched_*` values are the snapshot after it), the forward (`worker_*`, `truth_*`), then the
@@ -362,6 +364,38 @@ def check_delivered_within_max_tokens(_frame: Frame | None, chk: Checker) -> Ite
             "output_tokens",
             int(limits[0]),
             int(count),
+        )
+
+
+# ====================================================================== G9
+def check_client_received_committed(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
+    """G9, once per request, after the run: each token id its client received (the outcome's
+    `engine_output_ids`, what SGLang's output streamer sent) is, at its output index i, the token
+    the worker sampled at position prompt + i (its last sample there: `Checker.sampled`). The
+    streamer sends `output_ids_through_stop[send_token_offset:]` and moves the offset; an offset
+    that is not moved with the output (reset while the output is kept, or kept while the output
+    is discarded and generated anew: #39645's retracted `input_embeds` request) hands the client
+    tokens twice, skips some, or splices two generations. A client that received fewer tokens
+    than were sampled (an abort, a finish) is no finding here; more than max_tokens is G8's."""
+    received = chk.outcome.engine_output_ids
+    sampled = chk.sampled
+    if not received or sampled is None:
+        return
+    for rid, ids in sorted(received.items()):
+        outputs = sampled.get(str(rid), {})
+        at = next((i for i, t in enumerate(ids) if outputs.get(i) != t), None)
+        if at is None:
+            continue
+        step = chk.last_step_of(str(rid))
+        yield chk.run_finding(
+            "G9-client-tokens",
+            step if step is not None else int(chk.outcome.step or 0),
+            str(rid),
+            "output_token_ids",
+            outputs.get(at),
+            int(ids[at]),
+            output_index=at,
+            client_tokens=len(ids),
         )
 
 

@@ -141,6 +141,13 @@ class RunnerFamily:
         """Tell the vLLM-shaped scheduler (the reference or the real one) which runner it feeds."""
         if self.scheduler_v2_mode:
             scheduler.use_v2_model_runner = True
+        elif hasattr(scheduler, "use_v2_model_runner"):
+            # Said, not left to vLLM: its config reads VLLM_USE_V2_MODEL_RUNNER, which a live
+            # engine run earlier in this process may have frozen (vLLM caches its environment
+            # once an engine core is up: envs.enable_envs_cache), and a V1 runner fed the
+            # Model Runner V2 protocol (resumed requests sent as new) diverges from its first
+            # resumption.
+            scheduler.use_v2_model_runner = False
 
     def build(self, impl: Implementation, config: EngineConfig, oracle: Oracle, device: str) -> Any:
         """The runner of `impl` in this family: its variant's class, or the family's reference."""

@@ -24,7 +24,8 @@ real scheduler does. The driver holds to SGLang's loops by feeding them from the
   `step_limit` (the receiver raises; the scheduler is closed).
 
 What the scheduler sends its client (zmq sockets nobody reads here) is kept instead: the token
-counts the client received go into the outcome (`engine_output_tokens`). An exception SGLang's
+ids each client received, and their counts, go into the outcome (`engine_output_ids`,
+`engine_output_tokens`). An exception SGLang's
 code or the reference worker raises ends the run as an engine crash at that step (SGLang's own
 invariant checks assert: families/sglang/setup.py CHECKS); one of specreplay's own propagates.
 """
@@ -174,17 +175,17 @@ class KvView:
         return self.worker.kv_writers[handle]
 
 
-def capture_outputs(scheduler: Any) -> dict[str, int]:
+def capture_outputs(scheduler: Any) -> dict[str, list[int]]:
     """What the client would receive, kept instead of sent to the sockets nobody reads: per
-    request, the output tokens its BatchTokenIDOutputs carried (each carries the ones not sent
-    before: output_streamer.py's send_token_offset). The SenderWrapper instances are shared with
-    the output streamer."""
-    received: dict[str, int] = {}
+    request, the output token ids its BatchTokenIDOutputs carried, in order (each carries the
+    ones not sent before: output_streamer.py's send_token_offset). The SenderWrapper instances
+    are shared with the output streamer."""
+    received: dict[str, list[int]] = {}
     channels = scheduler.ipc_channels
 
     def send_output(output: Any, recv_obj: Any = None) -> None:
         for rid, ids in zip(getattr(output, "rids", None) or [], getattr(output, "output_ids", None) or []):
-            received[rid] = received.get(rid, 0) + (len(ids) if ids is not None else 0)
+            received.setdefault(rid, []).extend(int(t) for t in ids or ())
 
     for sender in (channels.send_to_tokenizer, channels.send_to_detokenizer):
         sender.send_output = send_output
@@ -281,7 +282,11 @@ def run_sglang(
                 if crash is None:
                     raise
                 outcome = run_outcome(receiver.iteration, crash=crash)
-            outcome = dataclasses.replace(outcome, engine_output_tokens=dict(received))
+            outcome = dataclasses.replace(
+                outcome,
+                engine_output_tokens={rid: len(ids) for rid, ids in received.items()},
+                engine_output_ids=dict(received),
+            )
         finally:
             # Whatever ended the run (its end, a crash, specreplay's own failure, Ctrl-C): what
             # was recorded is in the journal before anything propagates.

@@ -304,6 +304,49 @@ def check_delivered_within_max_tokens(rows: TraceRows) -> Iterator[Finding]:
         )
 
 
+def check_client_received_committed(rows: TraceRows) -> Iterator[Finding]:
+    """G9: per request, each token id its client received (the outcome) at output index i is the
+    token the worker last sampled at position prompt + i (a row's sampled ids sit at P + n - d,
+    P + n - d + 1, ...); the first that is not, at the step of its last row."""
+    from specreplay.replay.check.catalogue import BY_CODE
+
+    received = rows.trace.outcome.engine_output_ids
+    if not received:
+        return
+    table = rows.trace.table.to_pylist()
+    for rid in sorted(received):
+        outputs: dict[int, int] = {}
+        for row in table:
+            where = (row["worker_first_position"], row["worker_num_scheduled_tokens"], row["sched_num_prompt_tokens"])
+            if row["request_id"] == rid and row["worker_sampled_ids"] and None not in where:
+                start = (
+                    row["worker_first_position"]
+                    + row["worker_num_scheduled_tokens"]
+                    - (row["worker_num_draft_slots"] or 0)
+                    - row["sched_num_prompt_tokens"]
+                )
+                for j, token in enumerate(row["worker_sampled_ids"]):
+                    outputs[start + j] = token
+        ids = received[rid]
+        for i, token in enumerate(ids):
+            if outputs.get(i) == token:
+                continue
+            lives = [life for (name, life) in rows.by_request if name == rid]
+            last = rows.by_request[(rid, max(lives))][-1] if lives else None
+            step = rows.col["step"][last] if last is not None else rows.trace.outcome.step or 0
+            yield BY_CODE["G9-client-tokens"].finding(
+                step,
+                rid,
+                max(lives) if lives else None,
+                "output_token_ids",
+                outputs.get(i),
+                token,
+                output_index=i,
+                client_tokens=len(ids),
+            )
+            break
+
+
 CHECKS = {
     "G1-committed-past-allocated": check_committed_within_allocated,
     "G2-committed-past-written": check_committed_within_written,
@@ -312,4 +355,5 @@ CHECKS = {
     "G5-overcommit-at-finish": check_overcommit_at_finish,
     "G6-future-map-order": check_future_map_order,
     "G8-delivered-past-max-tokens": check_delivered_within_max_tokens,
+    "G9-client-tokens": check_client_received_committed,
 }

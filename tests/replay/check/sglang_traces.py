@@ -41,10 +41,16 @@ TRACES: dict[str, tuple[str, str, frozenset[str]]] = {
         VARIANTS + "RetractionDropsLastOutput",
         frozenset({"G4-retracted-next-life"}),
     ),
+    "marks-output-sent": (
+        RETRACT.format(4, "k0 async"),
+        VARIANTS + "RetractionMarksOutputSent",
+        frozenset({"G9-client-tokens"}),
+    ),
     "seq-lens-not-resolved": (
         MIXED.format("k3 async"),
         VARIANTS + "SeqLensNotResolved",
-        frozenset({"G6-future-map-order"}),
+        # The rounds run at stale positions: the client's tokens are not the ones sampled at theirs (G9).
+        frozenset({"G6-future-map-order", "G9-client-tokens"}),
     ),
     "bonus-claimed": (
         MIXED.format("k3 sync"),

@@ -66,6 +66,16 @@ class RetractionDropsLastOutput(Scheduler):
         super()._add_request_to_queue(req, is_retracted)
 
 
+class RetractionMarksOutputSent(Scheduler):
+    """A retraction that moves the stream's offset to the end of the output, as if it had been
+    sent: its client never receives the tokens generated before the retraction."""
+
+    def _add_request_to_queue(self, req: Any, is_retracted: bool = False) -> None:
+        if is_retracted:
+            req.send_token_offset = len(req.output_ids)
+        super()._add_request_to_queue(req, is_retracted)
+
+
 class SeqLensNotResolved(Scheduler):
     """The FutureMap hands a verify batch nothing: it runs with the seq_lens the scheduler built
     it with, which under overlap lag the round in flight."""

@@ -29,9 +29,17 @@ COLUMNS = ("step", "request_id", "sched_preempted", "sched_preempt_blocks_alone"
 
 def four_requests(num_blocks: int = 10) -> Workload:
     """Request 0 (prompt 31) needs its third block at its second decode; 1-3 (prompt 17) hold 2
-    blocks each. 9 usable blocks: the step that needs one more preempts from the tail."""
+    blocks each. 9 usable blocks: the step that needs one more preempts from the tail. No prefix
+    cache: a parked block keeps its hash, and what a resumed request's hit on one leads to (the
+    deferred free returns a block it holds) is not what this test is about."""
     requests = (RequestSpec("0", 1, 31, 30),) + tuple(RequestSpec(str(i), 1, 17, 30) for i in range(1, 4))
-    config = EngineConfig(num_spec_tokens=0, block_size=16, num_blocks=num_blocks, max_num_batched_tokens=128)
+    config = EngineConfig(
+        num_spec_tokens=0,
+        block_size=16,
+        num_blocks=num_blocks,
+        max_num_batched_tokens=128,
+        enable_prefix_caching=False,
+    )
     return Workload(requests=requests, config=config, acceptance="none", max_steps=400)
 
 

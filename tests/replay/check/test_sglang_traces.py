@@ -16,7 +16,7 @@ import random
 import pytest
 
 from specreplay.replay.check.catalogue import ALL, BY_CODE, CATALOGUE, SGLANG
-from specreplay.replay.check.checker import NEEDED, check_report, check_trace, unchecked_codes
+from specreplay.replay.check.checker import check_report, check_trace, columns_needed, unchecked_codes
 from specreplay.replay.check.coverage import TRUTH_INPUTS
 from specreplay.traces.io import read_trace
 from specreplay.traces.validate import RowValidator
@@ -58,6 +58,7 @@ def test_the_g_codes_are_sglang_s_and_the_shared_codes_every_engine_s():
         "G6-future-map-order",
         "G7-sglang-own-check",
         "G8-delivered-past-max-tokens",
+        "G9-client-tokens",
     ]
     assert [r.code for r in CATALOGUE if r.runners == ALL] == [
         "X1-batch-membership",
@@ -160,12 +161,25 @@ def test_g8_an_abort_in_the_round_that_crossed_max_tokens_delivers_the_whole_rou
     assert trace("abort-past-max").outcome.engine_output_tokens == {"b": 13}
 
 
+def test_g9_a_retraction_that_marks_the_output_sent_keeps_it_from_the_client():
+    # Request 2 is retracted with tokens out; the offset moved to the output's end, so its client
+    # gets only what came after: its first token is not the one the worker sampled first (13).
+    (f,) = findings("marks-output-sent", "G9-client-tokens")
+    received = trace("marks-output-sent").outcome.engine_output_ids
+    assert (f.request_id, f.expected, f.actual) == ("2", 13, received["2"][0])
+    assert f.facts() == {"output_index": 0, "client_tokens": len(received["2"])}
+    # Every other request's client got, in order, what the worker sampled; upstream's clients all do.
+    assert all(len(ids) == 20 for rid, ids in received.items() if rid != "2")
+    for name in ("upstream-retract-nospec", "upstream-retract-spec", "upstream-overlap-spec"):
+        assert trace(name).outcome.engine_output_ids and not findings(name, "G9-client-tokens")
+
+
 # ====================================================================== coverage
 def test_an_sglang_trace_lists_no_vllm_code_and_a_vllm_trace_no_sglang_code(reentry_traces):
     vllm_only = {row.code for row in CATALOGUE if "sglang" not in row.runners}
     for name in TRACES:
         t = trace(name)
-        report = check_report(t, t.batches(NEEDED))
+        report = check_report(t, t.batches(columns_needed(t)))
         assert report.unchecked == [] and unchecked_codes(t) == []
         assert not {f.code for f in report.findings} & vllm_only
     # Without ground truth: exactly the truth codes of SGLang and of both engines, not vLLM's.
@@ -180,7 +194,7 @@ def test_an_sglang_trace_lists_no_vllm_code_and_a_vllm_trace_no_sglang_code(reen
         "G2-committed-past-written",
         "G5-overcommit-at-finish",
     ]
-    assert unchecked_codes(bare) == expected == check_report(bare, bare.batches(NEEDED)).unchecked
+    assert unchecked_codes(bare) == expected == check_report(bare, bare.batches(columns_needed(bare))).unchecked
     for t in reentry_traces.values():  # vLLM traces: the G codes neither run nor are listed
         assert not set(unchecked_codes(without_ground_truth(t))) & set(G_CODES)
         assert not {f.code for f in check_trace(t)} & set(G_CODES)

@@ -239,3 +239,34 @@ def test_missing_or_wrong_vllm_is_one_line(monkeypatch):
     supported = "vllm 0.99.0 is installed; --engine vllm-scheduler supports exactly the modelled versions 0.32.0, 0.33"
     with pytest.raises(InputError, match=supported):
         vllm_setup.load_vllm()
+
+
+def test_the_real_scheduler_serves_the_runner_it_feeds_whatever_vllm_decided(monkeypatch):
+    # vLLM's scheduler takes `use_v2_model_runner` from its config, which reads
+    # VLLM_USE_V2_MODEL_RUNNER: a live Model Runner V2 engine run earlier in the process leaves it
+    # cached at 1 (envs.enable_envs_cache at engine start), Triton patched in. Whatever vLLM
+    # decided, the V1 reference runner's real scheduler serves V1: the same trace as in a clean
+    # process, through preemptions and resumptions (fed the V2 protocol, the V1 runner diverges
+    # at the first resumption).
+    from specreplay.replay.families.vllm.setup import load_vllm
+    from tests.replay.check.test_preemption_returns import four_requests
+
+    load_vllm()  # vLLM imported as the engine imports it (its platform set up first)
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    if not hasattr(Scheduler, "_update_after_schedule") or VERSION == "0.34.0":
+        pytest.skip("vLLM 0.34.0's scheduler has no V1 mode: it serves Model Runner V2 only")
+    upstream = resolve("upstream", allow_import=False)
+    workload = four_requests().at_version(VERSION)
+    clean = run_workload(workload, upstream, engine="vllm-scheduler")
+    assert any(clean.table["sched_preempted"].to_pylist())
+    built = Scheduler.__init__
+
+    def decided_v2(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        self.use_v2_model_runner = True
+
+    monkeypatch.setattr(Scheduler, "__init__", decided_v2)
+    frozen = run_workload(workload, upstream, engine="vllm-scheduler")
+    assert frozen.table.equals(clean.table)
+    assert check_trace(frozen) == []
