@@ -967,7 +967,7 @@ CATALOGUE: tuple[Invariant, ...] = (
         48,
         "each token id a client receives is the token the worker sampled at that output's position",
         "INV-G9",
-        rules_sglang.check_client_received_committed,
+        rules_sglang.check_client_received_sampled,
         sides=("expected", "actual"),
         scope="run",
         message=lambda e: (

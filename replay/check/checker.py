@@ -40,7 +40,7 @@ from specreplay.replay.check import coverage
 from specreplay.replay.check.catalogue import CATALOGUE, EXTRA_CODES, INVARIANTS, RANK, SEVERITY, Invariant, all_codes
 from specreplay.replay.check.findings import Finding
 from specreplay.replay.check.frames import LOOKBACK, NEEDED, Frame
-from specreplay.replay.check.framework import COMMITTED_COLUMNS, Checker
+from specreplay.replay.check.framework import SAMPLED_COLUMNS, Checker
 from specreplay.replay.check.limits import max_tokens_by_life
 from specreplay.traces import schema
 from specreplay.traces.families import family_name
@@ -81,12 +81,13 @@ class CheckReport:
 
 
 def columns_needed(header) -> tuple[str, ...]:
-    """The columns the checker reads from a trace with this header: `NEEDED`, and the applied
-    tokens where the outcome holds the ids each client received (G9 compares the two)."""
+    """The columns the checker reads from a trace with this header: `NEEDED`, and the worker's
+    sampled tokens with their positions where the outcome holds the ids each client received
+    (G9 compares the two)."""
     outcome = getattr(header, "outcome", None)
     if getattr(outcome, "engine_output_ids", None) is None:
         return NEEDED
-    return schema.in_schema_order({*NEEDED, *COMMITTED_COLUMNS})
+    return schema.in_schema_order({*NEEDED, *SAMPLED_COLUMNS})
 
 
 def check_trace(trace: Trace, batch_rows: int = 1 << 20) -> list[Finding]:

@@ -46,10 +46,10 @@ from specreplay.replay.check.limits import Limits
 from specreplay.traces.families import BASELINE_FAMILY, DEFAULT_FAMILY
 from specreplay.traces.header import UNOBSERVED_RUNNER, Config, Outcome, coerce
 
-#: What `Checker._note_committed` reads from each batch besides the checker's own columns
+#: What `Checker._note_sampled` reads from each batch besides the checker's own columns
 #: (frames.NEEDED): the worker's sampled tokens and their positions, read only where the outcome
 #: holds the ids each client received.
-COMMITTED_COLUMNS = (
+SAMPLED_COLUMNS = (
     "request_id",
     "sched_num_prompt_tokens",
     "worker_first_position",
@@ -87,7 +87,7 @@ class Checker:
         self.crash_inputs: list[str] = []
         # When the outcome says which token ids each client received (SGLang's scheduler): per
         # request, output index -> the token the worker last sampled at that position, from the
-        # rows as fed (`_note_committed`); G9 compares the two after the run. None: nothing to compare.
+        # rows as fed (`_note_sampled`); G9 compares the two after the run. None: nothing to compare.
         self.sampled: dict[str, dict[int, int]] | None = {} if self.outcome.engine_output_ids is not None else None
         # The worker runner the trace recorded (engines/registry.py: v1, v2 = Model Runner V2,
         # sglang = SGLang's scheduler; an old trace names none: v1). Codes about another runner's
@@ -136,7 +136,7 @@ class Checker:
         if self.crash_step is not None:
             self._note_crash_inputs(batch)
         if self.sampled is not None:
-            self._note_committed(batch)
+            self._note_sampled(batch)
         cols = load_columns(batch, self._code)
         # The batch's last step may continue in the next batch: hold it back until it is whole.
         whole_until = int(np.searchsorted(cols["step"], cols["step"][-1], side="left"))
@@ -226,7 +226,7 @@ class Checker:
             if any(t < 0 or (vocab and t >= vocab) for t in row["worker_draft_ids"] or ()):
                 self.crash_inputs.append(row["request_id"])
 
-    def _note_committed(self, batch: pa.Table | pa.RecordBatch) -> None:
+    def _note_sampled(self, batch: pa.Table | pa.RecordBatch) -> None:
         """Each row's sampled tokens at their positions, by output index (position minus the
         prompt): an SGLang row writes positions P .. P + n - 1, the last d of them drafts, and its
         sampled ids are the tokens at P + n - d, P + n - d + 1, ... (families/sglang/outcomes.py).
@@ -237,7 +237,7 @@ class Checker:
             return
         by_request = self.sampled
         assert by_request is not None
-        for rid, prompt, first, n, d, tokens in zip(*(rows.column(name).to_pylist() for name in COMMITTED_COLUMNS)):
+        for rid, prompt, first, n, d, tokens in zip(*(rows.column(name).to_pylist() for name in SAMPLED_COLUMNS)):
             if first is None or n is None or prompt is None:
                 continue  # where its tokens sit is not recorded
             start = first + n - (d or 0) - prompt
@@ -368,11 +368,12 @@ class Checker:
         lives = [life for (name, life) in self.ids if name == request_id]
         return max(lives) if lives else None
 
-    def last_step_of(self, request_id: str) -> int | None:
-        """The step of the last row of `request_id`'s latest life (None: no row has that id)."""
+    def last_step_of(self, request_id: str) -> int:
+        """The step of the last row of `request_id`'s latest life; where no row has that id, the
+        run's last step (the outcome's, 0 if none): where a finding about the run is dated."""
         life = self.latest_life(request_id)
         code = self.ids.get((request_id, life)) if life is not None else None
-        return None if code is None else int(self.last_step[code])
+        return int(self.outcome.step or 0) if code is None else int(self.last_step[code])
 
     def unfinished(self) -> list[str]:
         """The ids of the requests whose last row is not finished, sorted (one per unfinished life)."""

@@ -147,11 +147,12 @@ def check_preemption_returns(frame: Frame, chk: Checker) -> Iterable[Finding]:
     own = np.flatnonzero(frame.own)
     alone = c["sched_preempt_blocks_alone"][own]
     returned = c["sched_preempt_blocks_returned"][own]
-    kept = np.flatnonzero(c["sched_preempted"][own] & (returned < alone))
+    preempted = c["sched_preempted"][own]
+    kept = np.flatnonzero(preempted & (returned < alone))
     if not len(kept):
         return
     steps = c["step"][own]
-    preempted_steps, preempted_counts = np.unique(steps[c["sched_preempted"][own]], return_counts=True)
+    preempted_steps, preempted_counts = np.unique(steps[preempted], return_counts=True)
     per_step = dict(zip(preempted_steps.tolist(), preempted_counts.tolist()))
     for k in kept:
         yield chk.finding(

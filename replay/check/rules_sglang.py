@@ -356,10 +356,9 @@ def check_delivered_within_max_tokens(_frame: Frame | None, chk: Checker) -> Ite
         limits = chk.limits.get((str(rid), 0), ())
         if not limits or int(count) <= limits[0]:
             continue
-        step = chk.last_step_of(str(rid))
         yield chk.run_finding(
             "G8-delivered-past-max-tokens",
-            step if step is not None else int(chk.outcome.step or 0),
+            chk.last_step_of(str(rid)),
             str(rid),
             "output_tokens",
             int(limits[0]),
@@ -368,7 +367,7 @@ def check_delivered_within_max_tokens(_frame: Frame | None, chk: Checker) -> Ite
 
 
 # ====================================================================== G9
-def check_client_received_committed(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
+def check_client_received_sampled(_frame: Frame | None, chk: Checker) -> Iterable[Finding]:
     """G9, once per request, after the run: each token id its client received (the outcome's
     `engine_output_ids`, what SGLang's output streamer sent) is, at its output index i, the token
     the worker sampled at position prompt + i (its last sample there: `Checker.sampled`). The
@@ -386,10 +385,9 @@ def check_client_received_committed(_frame: Frame | None, chk: Checker) -> Itera
         at = next((i for i, t in enumerate(ids) if outputs.get(i) != t), None)
         if at is None:
             continue
-        step = chk.last_step_of(str(rid))
         yield chk.run_finding(
             "G9-client-tokens",
-            step if step is not None else int(chk.outcome.step or 0),
+            chk.last_step_of(str(rid)),
             str(rid),
             "output_token_ids",
             outputs.get(at),

@@ -504,14 +504,7 @@ class SglangEngine(SelfDrivenEngine):
 
         r = request
         return run_sglang(
-            r.workload,
-            r.impl,
-            r.device,
-            r.oracle,
-            r.progress,
-            worker_class=r.impl.sglang_worker_class(),
-            journal=r.journal,
-            flush_every=r.flush_every,
+            r.workload, r.impl, r.device, r.oracle, r.progress, journal=r.journal, flush_every=r.flush_every
         )
 
 

@@ -231,13 +231,14 @@ def run_sglang(
     device: str = "cpu",
     oracle: Oracle | None = None,
     progress: ProgressFn | None = None,
-    worker_class: type[SglangReferenceWorker] = SglangReferenceWorker,
+    worker_class: type[SglangReferenceWorker] | None = None,
     journal: str | os.PathLike[str] | None = None,
     flush_every: int = FLUSH_EVERY,
 ) -> Trace:
     """Run `workload` on SGLang's scheduler with the reference SGLang worker (`worker_class`: it
-    or a subclass) on `device`, taking its outcomes from `oracle` (default: the workload's), and
-    return the trace. Refused in one line before anything is built: what SGLang cannot take.
+    or a subclass; None: the implementation's, `Implementation.sglang_worker_class`) on `device`,
+    taking its outcomes from `oracle` (default: the workload's), and return the trace. Refused in
+    one line before anything is built: what SGLang cannot take.
     `journal`: where the settled rows go every `flush_every` iterations, and everything recorded
     on any exception, as the loop engines keep theirs (engines/run.py)."""
     from specreplay.replay.engines.run import fewer_full_collections, trace_header
@@ -247,6 +248,7 @@ def run_sglang(
     oracle = oracle if oracle is not None else Oracle(workload)
     config = workload.config
     k = config.num_spec_tokens
+    worker_class = worker_class or impl.sglang_worker_class()
     worker = worker_class(oracle, config.num_blocks * config.block_size, k, device)
     recorder = Recorder()
     # SGLang picks the port of its gloo process group from Python's global `random`

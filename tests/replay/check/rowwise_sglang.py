@@ -283,6 +283,14 @@ def check_future_map_order(rows: TraceRows) -> Iterator[Finding]:
                 cut_at = c["step"][i]
 
 
+def _last_row(rows: TraceRows, rid: str) -> tuple[int, int | None]:
+    """(the step of `rid`'s last row, its latest life); with no row, the run's last step and None."""
+    lives = [life for (name, life) in rows.by_request if name == rid]
+    if not lives:
+        return rows.trace.outcome.step or 0, None
+    return rows.col["step"][rows.by_request[(rid, max(lives))][-1]], max(lives)
+
+
 #: The G codes' row-by-row statements, by the code that heads each rule (rowwise_checker.CHECKS).
 def check_delivered_within_max_tokens(rows: TraceRows) -> Iterator[Finding]:
     """G8: per request the client received (the outcome), no more than its first max_tokens; at
@@ -296,15 +304,11 @@ def check_delivered_within_max_tokens(rows: TraceRows) -> Iterator[Finding]:
         turns = limits.get((str(rid), 0), ())
         if not turns or received[rid] <= turns[0]:
             continue
-        lives = [life for (name, life) in rows.by_request if name == rid]
-        last = rows.by_request[(rid, max(lives))][-1] if lives else None
-        step = rows.col["step"][last] if last is not None else rows.trace.outcome.step or 0
-        yield BY_CODE["G8-delivered-past-max-tokens"].finding(
-            step, rid, max(lives) if lives else None, "output_tokens", turns[0], received[rid]
-        )
+        step, life = _last_row(rows, rid)
+        yield BY_CODE["G8-delivered-past-max-tokens"].finding(step, rid, life, "output_tokens", turns[0], received[rid])
 
 
-def check_client_received_committed(rows: TraceRows) -> Iterator[Finding]:
+def check_client_received_sampled(rows: TraceRows) -> Iterator[Finding]:
     """G9: per request, each token id its client received (the outcome) at output index i is the
     token the worker last sampled at position prompt + i (a row's sampled ids sit at P + n - d,
     P + n - d + 1, ...); the first that is not, at the step of its last row."""
@@ -331,13 +335,11 @@ def check_client_received_committed(rows: TraceRows) -> Iterator[Finding]:
         for i, token in enumerate(ids):
             if outputs.get(i) == token:
                 continue
-            lives = [life for (name, life) in rows.by_request if name == rid]
-            last = rows.by_request[(rid, max(lives))][-1] if lives else None
-            step = rows.col["step"][last] if last is not None else rows.trace.outcome.step or 0
+            step, life = _last_row(rows, rid)
             yield BY_CODE["G9-client-tokens"].finding(
                 step,
                 rid,
-                max(lives) if lives else None,
+                life,
                 "output_token_ids",
                 outputs.get(i),
                 token,
@@ -355,5 +357,5 @@ CHECKS = {
     "G5-overcommit-at-finish": check_overcommit_at_finish,
     "G6-future-map-order": check_future_map_order,
     "G8-delivered-past-max-tokens": check_delivered_within_max_tokens,
-    "G9-client-tokens": check_client_received_committed,
+    "G9-client-tokens": check_client_received_sampled,
 }

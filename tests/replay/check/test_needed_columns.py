@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from specreplay.replay.check import frames
 from specreplay.replay.check.checker import check_trace
-from specreplay.replay.check.framework import COMMITTED_COLUMNS
+from specreplay.replay.check.framework import SAMPLED_COLUMNS
 from specreplay.replay.engines.run import run_workload
 from specreplay.replay.impls.registry import resolve
 from specreplay.replay.workloads.scenarios import build_scenario
@@ -52,7 +52,7 @@ def test_needed_is_in_schema_order_and_every_rule_column_is_in_it():
     named = set().union(*(columns_named(p) for p in CHECKER))
     # Beyond NEEDED: what G9 reads where the outcome holds the ids each client received
     # (checker.columns_needed adds them for such a trace only).
-    assert named - set(frames.NEEDED) == set(COMMITTED_COLUMNS) - set(frames.NEEDED) == {"worker_sampled_ids"}
+    assert named - set(frames.NEEDED) == set(SAMPLED_COLUMNS) - set(frames.NEEDED) == {"worker_sampled_ids"}
 
 
 def test_the_loader_needs_every_column_of_needed_and_nothing_else(trace):
