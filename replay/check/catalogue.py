@@ -956,8 +956,9 @@ CATALOGUE: tuple[Invariant, ...] = (
         sides=("expected", "actual"),
         scope="run",
         message=lambda e: (
-            f"the client received {e.actual} tokens for max_tokens {e.expected}: the finish left SGLang's "
-            "finished_len unset, so the output streamer sent every token output_ids had"
+            f"the client received {e.actual} tokens for max_tokens {e.expected}: SGLang's output streamer sent "
+            "more than the finish let through (a finish that left finished_len unset sends every token "
+            "output_ids has; a send cursor left behind sends some twice)"
         ),
         runners=SGLANG,
     ),

@@ -41,7 +41,7 @@ from specreplay.replay.check.catalogue import CATALOGUE, EXTRA_CODES, INVARIANTS
 from specreplay.replay.check.findings import Finding
 from specreplay.replay.check.frames import LOOKBACK, NEEDED, Frame
 from specreplay.replay.check.framework import SAMPLED_COLUMNS, Checker
-from specreplay.replay.check.limits import max_tokens_by_life
+from specreplay.replay.check.limits import embedded_prompts, max_tokens_by_life
 from specreplay.traces import schema
 from specreplay.traces.families import family_name
 from specreplay.traces.trace import Trace
@@ -109,6 +109,7 @@ def check_report(header, batches: Iterable[pa.Table | pa.RecordBatch]) -> CheckR
         drafter=header.impl.drafter,
         limits=max_tokens_by_life(header.workload),
         runner_family=header.impl.runner_family,
+        embedded=embedded_prompts(header.workload),
     )
     for batch in batches:
         checker.feed(batch)

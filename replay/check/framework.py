@@ -72,11 +72,15 @@ class Checker:
         drafter: str | None = None,
         limits: Limits | None = None,
         runner_family: str | None = None,
+        embedded: frozenset[str] = frozenset(),
     ) -> None:
         self.config = coerce(Config, config)  # a mapping: a test's hand-written header
         # Each request life's max_tokens per turn (limits.py); {}: not known, the rules that need
         # them do not run and `unchecked()` says so.
         self.limits: Limits = dict(limits or {})
+        # The requests whose prompt was sent as embeddings (limits.embedded_prompts): an SGLang
+        # retraction generates their outputs anew (G4).
+        self.embedded = embedded
         self.outcome = coerce(Outcome, outcome)
         self.drafter = drafter  # the run's drafter when the trace names it (X11: does its runner trim?)
         self.is_async = self.config.async_scheduling is not False  # not recorded: async, the default
@@ -115,6 +119,7 @@ class Checker:
         self.turns = np.zeros(0, dtype=np.int64)  # streaming turns started so far (0: the first)
         self.last_prompt = np.full(0, -1, dtype=np.int64)  # prompt length at its last row (-1: none yet)
         self.turn_limits: list[tuple[int, ...]] = []  # code -> max_tokens per turn (empty: not known)
+        self.is_embedded: list[bool] = []  # code -> was its prompt sent as embeddings
         # The same as flat arrays, extended as requests appear (`_limit_table`): a frame looks its
         # rows up in them without walking every request seen so far.
         self._limit_counts = np.zeros(0, dtype=np.int64)
@@ -183,6 +188,7 @@ class Checker:
             code = self.ids[key] = len(self.names)
             self.names.append(key[0])
             self.turn_limits.append(self.limits.get(key, ()))
+            self.is_embedded.append(key[0] in self.embedded)
         return code
 
     def _check_frame(self, parts: list[Columns]) -> None:

@@ -1,4 +1,5 @@
-"""Limits: each request life's max_tokens, turn by turn, read from the workload a trace stores.
+"""Limits: each request life's max_tokens, turn by turn, read from the workload a trace stores
+(and which requests sent their prompt as embeddings: what an SGLang retraction keeps of them).
 
 Where it sits: inside check, beside coverage. The rows do not carry max_tokens (no column holds
 it), but every trace stores its workload in its metadata: the one specreplay ran, or, for a live
@@ -63,3 +64,14 @@ def _limits(workload: WorkloadHeader) -> Limits:
         elif event["kind"] == "stream_append":
             turns[(rid, life[rid])].append(limit)
     return {key: tuple(values) for key, values in turns.items()}
+
+
+def embedded_prompts(workload: WorkloadHeader | Mapping[str, Any] | None) -> frozenset[str]:
+    """The requests whose client sent the prompt as embeddings (`input_embeds`): SGLang discards
+    such a request's outputs when it retracts it and generates them anew (reset_for_retract), where
+    every other retraction keeps them. Empty when the workload names none or cannot be read."""
+    try:
+        header = coerce(WorkloadHeader, workload) if workload is not None else WorkloadHeader()
+        return frozenset(str(spec["id"]) for spec in header.requests or () if spec.get("input_embeds"))
+    except (TypeError, ValueError, KeyError, AttributeError, TraceError):
+        return frozenset()

@@ -206,8 +206,9 @@ def check_stale_results(frame: Frame, chk: Checker) -> Iterable[Finding]:
 # ====================================================================== G4
 def check_retracted_next_life(frame: Frame, chk: Checker) -> Iterable[Finding]:
     """G4, first per request: a retraction keeps the request's outputs (as many as the results
-    processed before it appended); until its next life samples, nothing changes them; that life's
-    first forward is an extend, and the extend that samples ends at prompt + those outputs, with
+    processed before it appended; none of an input_embeds request's); until its next life
+    samples, nothing changes them; that life's first forward is an extend, and the extend that
+    samples ends at prompt + those outputs, with
     kv_committed_len there."""
     c = frame.c
     step = c["step"]
@@ -221,6 +222,10 @@ def check_retracted_next_life(frame: Frame, chk: Checker) -> Iterable[Finding]:
         appended += np.where(by, frame.at("apply_num_tokens", lag), 0)
     contiguous = frame.near[0] & (frame.at("step", 1) == step - 1)
     kept = np.where(contiguous, frame.at("sched_num_output_tokens", 1) + appended, outputs)
+    # A request whose prompt came as embeddings keeps none: SGLang cannot re-prefill embeddings
+    # followed by output ids, so reset_for_retract discards them and the next life generates anew.
+    if chk.embedded:
+        kept = np.where(np.array(chk.is_embedded, dtype=bool)[c["request"]] & c["sched_preempted"], 0, kept)
     retracted = c["sched_preempted"]
     scheduled = c["sched_num_scheduled_tokens"] > 0
     samples = scheduled & ~c["sched_is_prefill_chunk"]
@@ -286,13 +291,15 @@ def check_overcommit_at_finish(frame: Frame, chk: Checker) -> Iterable[Finding]:
     (checkpointed) keeps no more positions than were valid before the forward the same iteration
     had already launched for the request (under overlap, one step after the finishing result's):
     that forward ran for a request that had finished, and what it wrote is the radix cache's
-    only by the overlap's timing."""
+    only by the overlap's timing. Where the KV truth is broken (truth_kv_ok false) K1 reports it,
+    not this."""
     c = frame.c
     proc = processed(frame)
     result = np.where((proc >= 0) & (proc != np.arange(frame.size)), proc, -1)
     r = np.maximum(result, 0)
     released = (result >= 0) & ~c["apply_owned_kv_len_is_null"][r] & (c["apply_release_checkpointed"][r] == 1)
     wasted = frame.own & released & (c["sched_num_scheduled_tokens"] > 0) & ~c["truth_num_computed_tokens_is_null"]
+    wasted &= ~c["truth_kv_not_ok"]  # a KV that holds wrong content is K1's, whatever the release keeps
     violated = wasted & (c["apply_owned_kv_len"][r] > c["truth_num_computed_tokens"])
     for i in chk.first_per_request("G5-overcommit-at-finish", frame, violated):
         j = int(result[i])

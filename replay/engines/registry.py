@@ -239,6 +239,19 @@ class Engine:
     # across vLLM's settings and events) this engine takes; None: every draw as it is.
     shape: str | None = None
 
+    def refuse_requests(self, workload: Any) -> None:
+        """One InputError line for a request this engine cannot be sent: a prompt sent as
+        embeddings (`input_embeds`) goes to SGLang's scheduler only (vLLM's prompt embeds are not
+        driven: a vLLM engine here is sent token ids)."""
+        if self.line is EngineLine.SGLANG:
+            return
+        embedded = next((spec.request_id for spec in workload.requests if spec.input_embeds), None)
+        if embedded is not None:
+            raise InputError(
+                f"request {embedded!r} sends its prompt as embeddings (input_embeds): only --engine sglang-scheduler "
+                f"takes those; --engine {self.name} is sent token ids"
+            )
+
     def shaped(self, workload: Any) -> Any:
         """A drawn workload as this engine takes it (`shape`)."""
         return workload if self.shape is None else _load(self.shape)(workload)

@@ -24,6 +24,8 @@ On SGLang's scheduler (`--engine sglang-scheduler`, families/sglang/variants.py)
                         request still commits its accept length (EAGLE v2, overlap)
   sglang-finish-trim    the over-commit at finish fixed: the position a decode in flight booked
                         is given back at the release (no speculation, overlap)
+  sglang-stream-hold    a retracted input_embeds request's stream holds until its new generation
+                        passes what was sent (no token sent twice; #39645's class)
 """
 
 from __future__ import annotations
@@ -343,6 +345,12 @@ def _builtin() -> dict[str, Implementation]:
             "SGLang with the over-commit at finish fixed: the position a decode in flight booked is given "
             "back at the release, as without overlap (no speculation, overlap)",
             sglang_scheduler=sglang_variants.TrimInFlightAtFinish(),
+        ),
+        Implementation(
+            "sglang-stream-hold",
+            "SGLang whose output stream never goes back: a retracted input_embeds request, generating anew, "
+            "sends nothing until its new output passes what its client was sent (#39645's class)",
+            sglang_scheduler=sglang_variants.StreamHoldsBehindSent(),
         ),
     ]
     return {impl.name: impl for impl in items}

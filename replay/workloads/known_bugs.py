@@ -347,4 +347,13 @@ KNOWN_BUGS = (
         "G8-delivered-past-max-tokens",
         engine="sglang-scheduler",
     ),
+    KnownBug(
+        "sglang-embeds-retract",
+        "SGLang #39645's class: a retracted input_embeds request generates its outputs anew and its streaming "
+        "client gets the new generation's first tokens a second time",
+        "scheduler",
+        _notation("0-3:p4,t20,embeds | blocks 4 block 16 k3 async noapc name sglang-embeds-retract"),
+        "G9-client-tokens",
+        engine="sglang-scheduler",
+    ),
 )

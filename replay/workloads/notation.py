@@ -13,6 +13,7 @@ Requests, one token each, `ID:FIELD,FIELD,...[@ARRIVAL]`:
     p20          prompt_len 20 (default 8)        t4          max_tokens 4 (default 16)
     @3           arrives at step 3 (default 1)    stop2       stop_at 2
     abort5       abort_step 5                     stream      a streaming-input session
+    embeds       input_embeds: the prompt sent as embeddings (SGLang)
     all | none | alternate | random:0.3           this request's acceptance
     accept=2.0.3     its verification rounds accept 2, 0, 3 drafts (then the workload's rule)
     prompt=7.1.4     its own text's token ids (instead of pN)
@@ -147,12 +148,14 @@ def _requests(token: str, where: str) -> list[dict[str, Any]]:
                 value = _numbers(value, f"{token!r}: {pair[1]}=", where)
         elif field == "stream":
             key, value = "streaming", True
+        elif field == "embeds":
+            key, value = "input_embeds", True
         elif _is_acceptance(field):
             key, value = "acceptance", field
         else:
             raise InputError(
-                f"{where}: {token!r}: unknown field {field!r}; use pN, tN, @N, stopN, abortN, stream, an acceptance, "
-                "accept=N.N, prompt=ID.ID, prefix=NAME or follows=ID"
+                f"{where}: {token!r}: unknown field {field!r}; use pN, tN, @N, stopN, abortN, stream, embeds, "
+                "an acceptance, accept=N.N, prompt=ID.ID, prefix=NAME or follows=ID"
             )
         if key in item or (key == "prompt_len" and "prompt" in item) or (key == "prompt" and "prompt_len" in item):
             raise InputError(f"{where}: {token!r} gives {field!r} twice (or a prompt and pN)")
@@ -298,6 +301,8 @@ def _fields(spec: RequestSpec) -> str:
         parts.append(f"abort{spec.abort_step}")
     if spec.streaming:
         parts.append("stream")
+    if spec.input_embeds:
+        parts.append("embeds")
     if isinstance(spec.acceptance, tuple):
         parts.append("accept=" + ".".join(map(str, spec.acceptance)))
     elif spec.acceptance is not None:

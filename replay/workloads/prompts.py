@@ -93,7 +93,9 @@ class Prompts:
         return chain[::-1]
 
     def _own(self, spec: RequestSpec) -> list[int]:
-        """Its own text: the ids given, or prompt_len seeded tokens (the seed and its id pick them)."""
+        """Its own text: the ids given, or prompt_len seeded tokens (the seed and its id pick them).
+        A request sent as embeddings (`input_embeds`) has them too: each embedding row stands for
+        its token (the SGLang driver encodes it in the row; the engine sees placeholder ids)."""
         if spec.prompt is not None:
             return list(spec.prompt)
         return tokens.prompt_tokens(self._seed, spec.request_id, spec.prompt_len, self._vocab)

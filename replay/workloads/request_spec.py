@@ -51,6 +51,7 @@ class RequestSpec:
     prefix: str | None = None  # a Prefix of the workload, before its own text
     follows: str | None = None  # a request: its prompt and expected outputs, before its own text
     after_finish: int | None = None  # with follows: added this many steps after that request finished
+    input_embeds: bool = False  # its client sends the prompt as embeddings (SGLang's input_embeds), not ids
 
     def __post_init__(self) -> None:
         if self.prompt is not None:  # one length, whoever built it
@@ -103,6 +104,7 @@ def read_request(raw: Any, where: str, config: EngineConfig) -> RequestSpec:
         "prefix",
         "follows",
         "after_finish",
+        "input_embeds",
     }
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -146,9 +148,20 @@ def read_request(raw: Any, where: str, config: EngineConfig) -> RequestSpec:
         prefix=_name(raw.get("prefix"), f"{where}: prefix"),
         follows=follows,
         after_finish=after_finish,
+        input_embeds=raw.get("input_embeds", False),
     )
     if not isinstance(spec.streaming, bool):
         raise InputError(f"{where}: streaming must be true or false")
+    if not isinstance(spec.input_embeds, bool):
+        raise InputError(f"{where}: input_embeds must be true or false")
+    if spec.input_embeds:
+        # SGLang runs such a request on placeholder ids (1 per embedding row: Prompts._own), so
+        # there are no ids of its own to give, to share with a prefix or to carry into a turn.
+        given = next((key for key in ("prompt", "prefix", "follows", "streaming") if raw.get(key)), None)
+        if given is not None:
+            raise InputError(
+                f"{where}: an input_embeds request sends embeddings, not ids: it takes prompt_len, not {given}"
+            )
     if spec.streaming and spec.stop_at is not None:
         raise InputError(f"{where}: a streaming request takes no stop_at (its turns end at max_tokens)")
     if spec.streaming and isinstance(spec.acceptance, tuple):

@@ -27,6 +27,9 @@ File format (TOML or JSON, same keys)::
                              # verification round accepts a_i drafts (0..k), then the workload's rule
     streaming = true         # optional: a streaming-input session (vLLM's resumable request), fed
                              # by stream_append events; its stream ends after its last one
+    input_embeds = true      # optional: its client sends the prompt as embeddings, not ids
+                             # (SGLang's input_embeds: it runs them on placeholder ids 1;
+                             # --engine sglang-scheduler only); no prompt, prefix or follows
     prefix = "system"        # optional: its prompt is that prefix, then its own text
     follows = "q0"           # optional: the next turn of a conversation: its prompt is q0's prompt,
                              # q0's expected outputs (max_tokens, or up to its stop), its own text
@@ -202,6 +205,8 @@ class Workload:
                     item[key] = list(value) if isinstance(value, tuple) else value
             if spec.streaming:
                 item["streaming"] = True
+            if spec.input_embeds:
+                item["input_embeds"] = True
             for key in ("prefix", "follows", "after_finish"):
                 if getattr(spec, key) is not None:
                     item[key] = getattr(spec, key)

@@ -112,11 +112,16 @@ class ScriptedReceiver:
 
     def tokenized(self, spec: Any) -> Any:
         """A workload request as SGLang's TokenizerManager hands it on: greedy, its prompt ids,
-        its stop token (ignore_eos off: the tiny model has no EOS id, families/sglang/setup.py)."""
+        its stop token (ignore_eos off: the tiny model has no EOS id, families/sglang/setup.py),
+        streamed (a client that reads each token as it comes: the output streamer sends every
+        iteration's new ids). An `input_embeds` request sends one embedding row per prompt
+        position, standing for its token (`setup.embedding_rows`), and no ids: SGLang makes up
+        placeholder ids itself, and the reference worker reads the rows."""
         from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
         from sglang.srt.sampling.sampling_params import SamplingParams
 
         prompt, max_tokens, stop = self.inputs.submit(spec)
+        embeds = sglang_setup.embedding_rows(prompt) if spec.input_embeds else None
         params = SamplingParams(
             max_new_tokens=max_tokens,
             stop_token_ids=None if stop is None else {stop},
@@ -127,8 +132,8 @@ class ScriptedReceiver:
         return TokenizedGenerateReqInput(
             rid=spec.request_id,
             input_text=None,
-            input_ids=array("q", prompt),
-            input_embeds=None,
+            input_ids=None if embeds is not None else array("q", prompt),
+            input_embeds=embeds,
             mm_inputs=None,
             token_type_ids=None,
             sampling_params=params,
@@ -136,7 +141,7 @@ class ScriptedReceiver:
             logprob_start_len=-1,
             top_logprobs_num=0,
             token_ids_logprob=None,
-            stream=False,
+            stream=True,
         )
 
 

@@ -27,7 +27,8 @@ The engine config maps onto ServerArgs (`server_args`): async scheduling is the 
 k = num_spec_tokens is EAGLE v2 with topk 1, k steps and k + 1 draft tokens (k = 0: no
 speculative decoding), the token budget is the chunked-prefill size and the prefill token
 limit, max_num_seqs the running-request limit, num_blocks * block_size the KV slots (page size
-1), max_model_len the context length. What SGLang cannot take is refused before anything is
+1), max_model_len the context length, enable_prefix_caching the radix cache (off:
+`disable_radix_cache`, SGLang's ChunkCache). What SGLang cannot take is refused before anything is
 built (`refuse_workload`).
 """
 
@@ -98,6 +99,13 @@ def refuse_workload(workload: Workload) -> None:
         raise InputError(
             f"--engine sglang-scheduler does not drive streaming-input sessions (request {streaming[0]!r}); "
             "SGLang's streaming sessions are not modelled yet"
+        )
+    embedded = next((spec.request_id for spec in workload.requests if spec.input_embeds), None)
+    if embedded is not None and config.enable_prefix_caching:
+        raise InputError(
+            f"--engine sglang-scheduler: request {embedded!r} sends input_embeds, which SGLang takes only with its "
+            "radix cache disabled (its TokenizerManager refuses them otherwise: their placeholder ids would share "
+            "KV across different embeddings); set enable_prefix_caching = false (notation: noapc)"
         )
     for event in workload.events:
         if event.kind != "abort":
@@ -227,6 +235,25 @@ PATCHES = (
 
 
 # ====================================================================== the engine config
+#: The tiny model's width: an input_embeds request's rows have this many values.
+HIDDEN_SIZE = 64
+
+
+def embedding_rows(tokens: list[int]) -> list[list[float]]:
+    """A prompt sent as embeddings (`input_embeds`): one row per position that stands for its
+    token, as a real embedding stands for its content. The token is the row's first value (exact
+    in float32 for any vocabulary here); the reference worker reads it back (`embedded_tokens`),
+    so what it writes to the KV is the prompt's content, not SGLang's placeholder ids, and KV
+    served for other embeddings shows as wrong content."""
+    pad = [0.0] * (HIDDEN_SIZE - 1)
+    return [[float(t), *pad] for t in tokens]
+
+
+def embedded_tokens(rows: Any) -> list[int]:
+    """The tokens `embedding_rows` put in `rows` (a tensor of embedding rows)."""
+    return [int(v) for v in rows[:, 0].tolist()]
+
+
 def model_config(config: EngineConfig) -> dict[str, Any]:
     """A Llama config.json small enough that nothing is sized by it (the pools come from the
     engine config), with the workload's vocabulary and no EOS token: the workload's stop tokens
@@ -234,7 +261,7 @@ def model_config(config: EngineConfig) -> dict[str, Any]:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": 64,
+        "hidden_size": HIDDEN_SIZE,
         "intermediate_size": 128,
         "num_attention_heads": 4,
         "num_key_value_heads": 1,
@@ -279,6 +306,8 @@ def server_args(config: EngineConfig, model_dir: Path, seed: int) -> Any:
         context_length=config.max_model_len,
         disable_cuda_graph=True,
         random_seed=seed,
+        # vLLM's prefix caching is SGLang's radix cache (off: ChunkCache, nothing shared).
+        disable_radix_cache=not config.enable_prefix_caching,
         # The scheduler's watchdog thread (utils/watchdog.py WatchdogRaw, one per Scheduler, no
         # stop) SIGQUITs this process's parent once a batch stays set for its timeout; with this
         # one it sleeps for good (it takes no None). It outlives the run, holding the Scheduler.

@@ -15,6 +15,15 @@ it, because SGLang can be imported only in its own environment, after the engine
   finishes; the direction of #24745): the position a decode launched before the finishing result
   was applied booked is given back at the release, so the radix cache keeps what it keeps
   without overlap. The checker's G5 finds the upstream behaviour, and nothing on this one.
+- `StreamHoldsBehindSent` fixes what a streaming client of a retracted `input_embeds` request
+  receives (#39645's class): SGLang discards such a request's outputs and generates them anew, and
+  0.5.23's output streamer then moves the request's send cursor back to the new, shorter output, so
+  the client gets the new generation's first tokens after the old ones (32 or 33 tokens for 20).
+  Here the stream holds until the new generation passes what was sent, and goes on from there: the
+  client gets each position once (the same tokens under greedy sampling; under random sampling
+  the two generations' halves, #39645's splice, which no cursor can undo once they were sent).
+  The open PRs #39738 / #39949 reset the cursor to 0 instead, which a client that already
+  received tokens gets twice as well. The checker's G9 (and G8) find 0.5.23; nothing here.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from specreplay.replay.families.sglang.forms import ProcessorSubclass
+from specreplay.replay.families.sglang.forms import ProcessorSubclass, SchedulerSubclass
 
 
 def _processor_base() -> type:
@@ -116,4 +125,56 @@ class TrimInFlightAtFinish:
         )
 
 
-__all__ = ["StaleVerifyCommits", "TrimInFlightAtFinish", "stale_verify_commits", "trim_in_flight_at_finish"]
+def _scheduler_base() -> type:
+    from sglang.srt.managers.scheduler import Scheduler
+
+    return Scheduler
+
+
+@functools.cache
+def stream_holds_behind_sent() -> type:
+    """The stream that never goes back (module docstring), defined once per process."""
+
+    class StreamHoldsBehindSent(_scheduler_base()):  # type: ignore[misc]
+        """The hook: `get_output_streamer_class`, SGLang's own seam for the streamer: a subclass
+        whose `stream_output` leaves out every unfinished request whose output is shorter than
+        what its client was sent (an input_embeds request retracted and generating anew). 0.5.23
+        streams it anyway: the send takes `output_ids[send_token_offset:]`, nothing, and sets
+        `send_token_offset` to the shorter length, so the new generation's tokens up to the old
+        length go out a second time."""
+
+        def get_output_streamer_class(self) -> type:
+            base = super().get_output_streamer_class()
+
+            class HeldStreamer(base):  # type: ignore[misc, valid-type]
+                __slots__ = ()
+
+                def stream_output(self, reqs: Any, *a: Any, **kw: Any) -> Any:
+                    ahead = [r for r in reqs if r.finished() or len(r.output_ids) >= r.send_token_offset]
+                    return super().stream_output(ahead if len(ahead) < len(reqs) else reqs, *a, **kw)
+
+            return HeldStreamer
+
+    StreamHoldsBehindSent.__module__, StreamHoldsBehindSent.__qualname__ = __name__, "StreamHoldsBehindSent"
+    return StreamHoldsBehindSent
+
+
+class StreamHoldsBehindSent:
+    """The SGLang form of `stream_holds_behind_sent` (what the registry holds)."""
+
+    def __call__(self, base: type) -> type:
+        return SchedulerSubclass(stream_holds_behind_sent())(base)
+
+    @staticmethod
+    def why_not(config: Any) -> str | None:
+        return None  # any workload: it changes nothing where no output falls behind what was sent
+
+
+__all__ = [
+    "StreamHoldsBehindSent",
+    "StaleVerifyCommits",
+    "TrimInFlightAtFinish",
+    "stale_verify_commits",
+    "stream_holds_behind_sent",
+    "trim_in_flight_at_finish",
+]

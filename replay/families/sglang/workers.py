@@ -207,16 +207,29 @@ class ReferenceTpWorker(BaseTpWorker):
         fb = ForwardBatch.init_new(batch, self._model_runner, return_hidden_states_before_norm=False)
         positions, slots, ids = fb.positions.tolist(), fb.out_cache_loc.tolist(), fb.input_ids.tolist()
         rows = []
-        at = 0
+        at = embedded_at = 0
         extend = batch.forward_mode.is_extend()
         counts = fb.extend_seq_lens_cpu if extend else [1] * len(batch.reqs)
         for req, n in zip(batch.reqs, counts):
+            fed = ids[at : at + n]
+            if extend and req.input_embeds is not None:
+                # A model fed embeddings reads one row per input position in place of the ids
+                # (SGLang's placeholders): the batch holds the rows of its embedding requests, in
+                # batch order.
+                held = fb.input_embeds[embedded_at : embedded_at + n] if fb.input_embeds is not None else ()
+                if len(held) != n:
+                    raise RuntimeError(
+                        f"request {req.rid}: the extend feeds {n} positions but the batch holds {len(held)} of its "
+                        "embedding rows"
+                    )
+                fed = sglang_setup.embedded_tokens(held)
+                embedded_at += n
             rows.append(
                 Row(
                     req.rid,
                     len(req.origin_input_ids),
                     positions[at],
-                    tuple(ids[at : at + n]),
+                    tuple(fed),
                     tuple(slots[at : at + n]),
                     fill_len=len(req.origin_input_ids) + len(req.output_ids),
                 )

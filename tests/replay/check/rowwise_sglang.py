@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from specreplay.replay.check.findings import Finding
+from specreplay.replay.check.limits import embedded_prompts
 
 if TYPE_CHECKING:
     from tests.replay.check.rowwise_checker import TraceRows
@@ -162,7 +163,8 @@ def check_retracted_next_life(rows: TraceRows) -> Iterator[Finding]:
     """G4: a retraction keeps the outputs, nothing changes them until the next life samples, whose
     first forward is an extend ending at prompt + those outputs, with committed there."""
     c = rows.col
-    for idx in rows.by_request.values():
+    embedded = embedded_prompts(rows.trace.workload)  # an input_embeds request keeps no output
+    for (rid, _life), idx in rows.by_request.items():
         kept_at, cut_at, sampled_at, scheduled_at = 0, -1, -1, -1  # from the request's earlier rows
         for k, i in enumerate(idx):
             step = c["step"][i]
@@ -178,6 +180,8 @@ def check_retracted_next_life(rows: TraceRows) -> Iterator[Finding]:
                     if c["apply_step"][j] == step - 1 and c["apply_outcome"][j] == "applied"
                 )
                 kept = c["sched_num_output_tokens"][prev] + appended
+            if rid in embedded and c["sched_preempted"][i]:
+                kept = 0
             scheduled = c["sched_num_scheduled_tokens"][i] > 0
             samples = scheduled and not c["sched_is_prefill_chunk"][i]
             waiting = cut_at >= 0 and cut_at > sampled_at
@@ -236,6 +240,8 @@ def check_overcommit_at_finish(rows: TraceRows) -> Iterator[Finding]:
             ):
                 continue
             truth = c["truth_num_computed_tokens"][i]
+            if c["truth_kv_ok"][i] is False:  # wrong KV content: K1's
+                continue
             if c["sched_num_scheduled_tokens"][i] > 0 and truth is not None and c["apply_owned_kv_len"][j] > truth:
                 yield _f(
                     rows,

@@ -7,13 +7,16 @@ subclass of SGLang's Scheduler or of its batch result processor overriding one m
 
     RetractionKeepsCommitted    G1: a retracted request keeps its kv_committed_len (it holds no KV)
     BonusClaimedAtApply         G2: a verify commits the bonus token too, whose KV no forward wrote yet
-    RetractionDropsLastOutput   G4: a retraction drops the request's last output token
+    RetractionDropsLastOutput   G4: a retraction drops the request's last output token (its
+                                streaming client then gets it twice: G9, G8)
     SeqLensNotResolved          G6: a verify batch runs with the scheduler's own seq_lens, not the
                                 FutureMap's (overlap: one round behind)
     CommitPastAllocated         G7 (and G1): a running request commits one slot past what it holds;
                                 SGLang's own kv-page check asserts
     LeakAtFinish                G7: each finish takes a KV slot from the allocator and never gives
                                 it back; SGLang's busy-time pool accounting asserts
+    RetractionMarksOutputSent   G9: a retracted request's stream marks its re-prefill's token as
+                                sent without sending it
     OverridesTheWorkers         refused in one line: it overrides a constructor the driver owns
 
 G3 and G5 are broken by the built-in variants (`sglang-stale-commit`) and by upstream itself
@@ -67,12 +70,29 @@ class RetractionDropsLastOutput(Scheduler):
 
 
 class RetractionMarksOutputSent(Scheduler):
-    """A retraction that moves the stream's offset to the end of the output, as if it had been
-    sent: its client never receives the tokens generated before the retraction."""
+    """A retracted request's stream marks the first tokens its next life generates as sent
+    without sending them: its (streaming) client never receives the token the re-prefill
+    samples. Through `get_output_streamer_class` (SGLang's seam for the streamer)."""
+
+    def get_output_streamer_class(self) -> type:
+        base = super().get_output_streamer_class()
+        pending = self.marks_pending = set()
+
+        class MarksSent(base):  # type: ignore[misc, valid-type]
+            __slots__ = ()
+
+            def stream_output(self, reqs: Any, *a: Any, **kw: Any) -> Any:
+                for r in reqs:
+                    if r.rid in pending and not r.is_retracted and len(r.output_ids) > r.send_token_offset:
+                        r.send_token_offset = len(r.output_ids)
+                        pending.discard(r.rid)
+                return super().stream_output(reqs, *a, **kw)
+
+        return MarksSent
 
     def _add_request_to_queue(self, req: Any, is_retracted: bool = False) -> None:
         if is_retracted:
-            req.send_token_offset = len(req.output_ids)
+            self.marks_pending.add(req.rid)
         super()._add_request_to_queue(req, is_retracted)
 
 

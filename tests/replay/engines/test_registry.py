@@ -185,3 +185,16 @@ def test_a_runner_class_finds_its_family_by_name_without_importing_vllm():
     bare = RunnerFamily("v9", "a runner not modelled", reference=None, real="x:Y", observe="x:observe", env="9")
     with pytest.raises(InputError, match="--runner v9 .* has no reference model yet"):
         bare.reference_class()
+
+
+@pytest.mark.parametrize("name", ["reference", "vllm-scheduler", "vllm"])
+def test_a_prompt_sent_as_embeddings_goes_to_sglang_only(name):
+    """vLLM's engines here are sent token ids: an input_embeds request is one line before anything
+    is built (no vLLM needed to say so); SGLang's scheduler takes it (tests/replay/engines/
+    test_sglang_scheduler.py runs one)."""
+    from specreplay.replay.workloads.notation import workload_from_notation
+
+    workload = workload_from_notation("a:p4,t4 e:p6,t4,embeds")
+    with pytest.raises(InputError, match=f"request 'e' sends its prompt as embeddings .*--engine {name} is sent"):
+        run_workload(workload, builtin("upstream"), engine=name)
+    engine("sglang-scheduler").refuse_requests(workload)  # no refusal

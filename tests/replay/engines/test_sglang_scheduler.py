@@ -263,6 +263,39 @@ def test_a_tight_kv_pool_retracts_a_request_and_re_prefills_it(mode, k):
 
 
 @sglang
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_retracted_input_embeds_request_generates_anew_and_its_client_gets_tokens_twice(mode):
+    """Four requests whose prompts are sent as embeddings (SGLang runs them on placeholder ids; its
+    radix cache off, as SGLang takes them) in 64 KV slots: request 2 is retracted with 13 outputs
+    sent; SGLang discards them (an input_embeds request cannot re-prefill embeddings plus ids) and
+    generates them anew, which G4 holds to (no finding: nothing kept, the next life re-prefills
+    the prompt alone). 0.5.23's streamer
+    then moves the send cursor back to the new, shorter output, so the client gets the new
+    generation's first tokens a second time: G9 at output 13, G8 for the count. With the stream
+    held until the new generation passes what was sent (sglang-stream-hold) the client gets the
+    20 tokens the worker sampled, once each, and the checker finds nothing."""
+    from specreplay.replay.check.checker import check_trace
+    from specreplay.replay.families.sglang.loop import run_sglang
+
+    text = note("0-3:p4,t20,embeds | blocks 4 block 16 noapc", mode, 3)
+    trace = record(text)
+    cut = next(r for r in rows(trace) if r["sched_preempted"])
+    assert (cut["request_id"], cut["sched_num_output_tokens"]) == ("2", 0)  # discarded at the retraction
+    resumed = next(r for r in rows(trace, "2") if r["sched_kind"] == "resumed")
+    assert resumed["sched_num_scheduled_tokens"] == resumed["sched_num_prompt_tokens"] == 4
+    held = run_sglang(workload_from_notation(text), resolve("sglang-stream-hold", allow_import=False))
+    sampled = held.outcome.engine_output_ids["2"]  # the 20 tokens, once each (greedy: both generations)
+    assert held.outcome.engine_output_tokens == {str(i): 20 for i in range(4)}
+    again = 0 if mode == "async" else 1  # under overlap a result in flight moves the cursor to 0, else to 1
+    assert trace.outcome.engine_output_ids["2"] == sampled[:13] + sampled[again:]
+    assert {(f.code, f.request_id) for f in check_trace(trace)} == {
+        ("G8-delivered-past-max-tokens", "2"),
+        ("G9-client-tokens", "2"),
+    }
+    assert check_trace(held) == []
+
+
+@sglang
 @pytest.mark.parametrize("mode, k", MODES, ids=MODE_IDS)
 def test_a_prefix_from_the_radix_cache_is_valid_kv_the_request_did_not_write(mode, k):
     """r0 and r317 have the same 6-token prompt (workloads/tokens.py); r317 arrives once r0 has
@@ -423,6 +456,7 @@ def test_record_a_workload_file_without_spec(tmp_path):
         ("a:p4,t8 | k3 lookahead 3 async", "num_lookahead_tokens 3 is vLLM's"),
         ("1:p4,t8 10:p4,t8 | async | abort(1)@3", "aborting '1' would abort '10' too"),
         ("a:p4,t507 | len 512 async", "does not fit SGLang's request limit"),
+        ("e:p4,t8,embeds | async", "request 'e' sends input_embeds, which SGLang takes only with its radix cache"),
     ],
 )
 def test_what_sglang_cannot_take_is_one_line_exit_2_and_nothing_recorded(tmp_path, text, says):

@@ -26,7 +26,7 @@ from specreplay.traces.io import read_trace
 
 sglang = pytest.mark.sglang
 VARIANTS = "tests.replay.check.sglang_variants:"
-BUILT_IN = ("sglang-stale-commit", "sglang-finish-trim")
+BUILT_IN = ("sglang-stale-commit", "sglang-finish-trim", "sglang-stream-hold")
 
 
 def workload_file(tmp_path, text: str):

@@ -43,12 +43,14 @@ def test_what_sglang_0_5_23_has_and_what_it_fixed(cells):
         "sglang-stale-verify": "fixed",  # #23456, in 0.5.23
         "sglang-stale-retract": "fixed",
         "sglang-abort-past-max": "reproduces",  # update_finish_state's to_finish branch
+        "sglang-embeds-retract": "reproduces",  # #39645's class: the send cursor moves back
     }
     assert got["sglang-stale-verify"].evidence == (
         "no G3-stale-result-applied; outcome completed; before the fix (sglang-stale-commit): "
         "G3-stale-result-applied at step 3, request a"
     )
     assert got["sglang-abort-past-max"].evidence == "G8-delivered-past-max-tokens at step 4, request b"
+    assert got["sglang-embeds-retract"].evidence == "G9-client-tokens at step 15, request 2"
 
 
 def test_the_vllm_failures_on_sglang(cells):

@@ -31,10 +31,11 @@ def workloads(draw, ids: st.SearchStrategy[str] | None = None, vocabs=(512,), en
     requests: list[RequestSpec] = []
     for rid in rids:
         followable = [r.request_id for r in requests if r.abort_step is None and not r.streaming]
-        shape = draw(st.sampled_from(["plain", "prefix", "follows"]))
+        shape = draw(st.sampled_from(["plain", "prefix", "follows", "embeds"]))
         follows = draw(st.sampled_from(followable)) if shape == "follows" and followable else None
         after = draw(st.none() | st.integers(1, 4)) if follows else None
-        streaming = after is None and draw(st.booleans())
+        embeds = shape == "embeds"  # a prompt sent as embeddings: no ids, prefix, turn or stream of its own
+        streaming = after is None and not embeds and draw(st.booleans())
         acceptance = draw(
             st.none()
             | st.sampled_from(["all", "none", "alternate", "random:0.25"])
@@ -50,10 +51,11 @@ def workloads(draw, ids: st.SearchStrategy[str] | None = None, vocabs=(512,), en
                 stop_at=draw(st.none() | st.integers(1, 12)) if not streaming else None,
                 acceptance=acceptance,
                 streaming=streaming,
-                prompt=draw(st.none() | token_ids),
+                prompt=None if embeds else draw(st.none() | token_ids),
                 prefix=draw(st.sampled_from(names)) if shape == "prefix" and names else None,
                 follows=follows,
                 after_finish=after,
+                input_embeds=embeds,
             )
         )
     flags = {}

@@ -90,3 +90,13 @@ def test_a_conversation_of_many_turns_resolves_in_a_walk():
     assert workload.prompt_len_of("t2999") == 2 + 2 * 2999
     prompt = Oracle(workload).prompt("t2999")
     assert len(prompt) == 6000 and prompt[:3] == Oracle(workload).prompt("t1")[:3]
+
+
+def test_a_prompt_sent_as_embeddings_has_its_own_seeded_tokens_as_any_prompt():
+    """An input_embeds request's embedding rows stand for tokens (the SGLang driver encodes one
+    per row): its prompt, and so the KV the truth expects and the model's rule, are its seeded
+    tokens, as if sent as ids; only what the engine is sent differs."""
+    plain, embedded = (workload_from_notation(f"e:p5,t4{flag}") for flag in ("", ",embeds"))
+    assert Oracle(embedded).prompt("e") == Oracle(plain).prompt("e") == seeded(plain, "e", 5)
+    assert Oracle(embedded).expected("e") == Oracle(plain).expected("e")
+    assert embedded.to_dict()["requests"][0]["input_embeds"] is True

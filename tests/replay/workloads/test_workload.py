@@ -169,6 +169,15 @@ def with_request(**fields) -> dict:
             r"its whole prompt \(508 tokens\) \+ max_tokens = 524 exceeds max_model_len 512",
         ),
         ({**with_request(prefix="sys", prompt_len=10), "prefixes": {"sys": 500}}, "its whole prompt \\(510 tokens\\)"),
+        ({"requests": [{"id": "a", "input_embeds": "yes"}]}, "input_embeds must be true or false"),
+        (
+            {"requests": [{"id": "a", "input_embeds": True, "prompt": [3, 4]}]},
+            "an input_embeds request sends embeddings, not ids: it takes prompt_len, not prompt",
+        ),
+        (
+            {"requests": [{"id": "a", "input_embeds": True, "streaming": True}]},
+            "it takes prompt_len, not streaming",
+        ),
     ],
 )
 def test_bad_input_is_one_input_error_line(data, message):
