@@ -139,6 +139,7 @@ class Config(_Json):
     vllm_version: str | None = _kind("str")
     enable_prefix_caching: bool | None = _kind("bool")  # absent: off (written before it was modelled)
     eagle_block_drop: bool | None = _kind("bool")
+    adaptive_speculation: bool | None = _kind("bool")  # SGLang's; absent: off
 
 
 @dataclass(frozen=True)

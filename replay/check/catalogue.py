@@ -655,7 +655,8 @@ CATALOGUE: tuple[Invariant, ...] = (
         message=lambda e: (
             f"{e.actual} valid KV positions of the request hold tokens written by "
             + (f"request {e.other_request!r}" if e.other_request else "another request")
-            + ": one of its blocks was handed over while it still held it"
+            + ": KV it still held was written by another (a block handed over, or a write past the writer's own "
+            "slots)"
         ),
     ),
     Invariant(

@@ -239,10 +239,10 @@ class Engine:
     # across vLLM's settings and events) this engine takes; None: every draw as it is.
     shape: str | None = None
 
-    def refuse_requests(self, workload: Any) -> None:
-        """One InputError line for a request this engine cannot be sent: a prompt sent as
-        embeddings (`input_embeds`) goes to SGLang's scheduler only (vLLM's prompt embeds are not
-        driven: a vLLM engine here is sent token ids)."""
+    def refuse_inputs(self, workload: Any) -> None:
+        """One InputError line for what of a workload only SGLang's scheduler takes: a prompt
+        sent as embeddings (`input_embeds`: vLLM's engines here are sent token ids) and adaptive
+        speculation (SGLang's `--speculative-adaptive`; vLLM's drafters draft a fixed k here)."""
         if self.line is EngineLine.SGLANG:
             return
         embedded = next((spec.request_id for spec in workload.requests if spec.input_embeds), None)
@@ -250,6 +250,11 @@ class Engine:
             raise InputError(
                 f"request {embedded!r} sends its prompt as embeddings (input_embeds): only --engine sglang-scheduler "
                 f"takes those; --engine {self.name} is sent token ids"
+            )
+        if workload.config.adaptive_speculation:
+            raise InputError(
+                "adaptive_speculation is SGLang's adaptive speculative decoding: only --engine sglang-scheduler "
+                f"runs it; --engine {self.name} drafts num_spec_tokens every step"
             )
 
     def shaped(self, workload: Any) -> Any:

@@ -71,7 +71,7 @@ def run_workload(
     is built; one without the real forms the engine runs, one InputError line."""
     entry = engine_entry(engine)
     entry.refuse(impl, workload.config, f"workload {workload.name!r}")  # once per run, before anything is built
-    entry.refuse_requests(workload)
+    entry.refuse_inputs(workload)
     entry.runner_for(runner)  # a family whose workers serve this engine's scheduler
     runner = entry.runner_on(runner, workload.config)  # ... and one its vLLM release has
     if oracle is not None and oracle.recorded:  # a recording's outcomes drive only its own engine line's engines

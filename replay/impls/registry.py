@@ -26,6 +26,8 @@ On SGLang's scheduler (`--engine sglang-scheduler`, families/sglang/variants.py)
                         is given back at the release (no speculation, overlap)
   sglang-stream-hold    a retracted input_embeds request's stream holds until its new generation
                         passes what was sent (no token sent twice; #39645's class)
+  sglang-adaptive-reserve-current  before #36897: a decode batch's KV is reserved for the draft
+                        width in force at scheduling (adaptive speculation)
 """
 
 from __future__ import annotations
@@ -351,6 +353,12 @@ def _builtin() -> dict[str, Implementation]:
             "SGLang whose output stream never goes back: a retracted input_embeds request, generating anew, "
             "sends nothing until its new output passes what its client was sent (#39645's class)",
             sglang_scheduler=sglang_variants.StreamHoldsBehindSent(),
+        ),
+        Implementation(
+            "sglang-adaptive-reserve-current",
+            "SGLang before #36897: a decode batch's KV is reserved for the draft width in force when it is "
+            "scheduled, though adaptive speculation may pick a wider one when its forward starts",
+            sglang_scheduler=sglang_variants.ReservesCurrentSteps(),
         ),
     ]
     return {impl.name: impl for impl in items}

@@ -41,6 +41,11 @@ class EngineConfig:
     # vLLM's use_eagle_block_drop (an EAGLE-style drafter: eagle, eagle3, mtp, dflash): a
     # prefix-cache hit gives back its last block, recomputed for the drafter's hidden states.
     eagle_block_drop: bool = False
+    # SGLang's adaptive speculative decoding (--speculative-adaptive): the EAGLE worker changes its
+    # draft steps per batch size as it runs, by SGLang's own policy, starting from
+    # num_spec_tokens. SGLang's scheduler only (vLLM has no counterpart here); written into a
+    # workload or a trace only when on, so every other one reads and writes as before.
+    adaptive_speculation: bool = False
 
     @property
     def depth(self) -> int:
@@ -48,7 +53,10 @@ class EngineConfig:
         return 2 if self.async_scheduling else 1
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not self.adaptive_speculation:
+            del data["adaptive_speculation"]  # SGLang's alone: absent where off (the class comment)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config") -> EngineConfig:
@@ -101,6 +109,8 @@ class EngineConfig:
             )
         if self.eagle_block_drop and not self.num_spec_tokens:
             raise InputError(f"{where}: eagle_block_drop needs a drafter (num_spec_tokens > 0), as in vLLM")
+        if self.adaptive_speculation and not self.num_spec_tokens:
+            raise InputError(f"{where}: adaptive_speculation needs a drafter (num_spec_tokens > 0) to adapt")
         if self.num_spec_tokens > 16:
             raise InputError(f"{where}: num_spec_tokens {self.num_spec_tokens} is above 16")
         if self.vocab_size > 1 << 20 or self.max_model_len > 1 << 20 or self.block_size > 1 << 12:

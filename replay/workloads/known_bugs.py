@@ -356,4 +356,17 @@ KNOWN_BUGS = (
         "G9-client-tokens",
         engine="sglang-scheduler",
     ),
+    KnownBug(
+        "sglang-adaptive-upswitch",
+        "SGLang #36897: adaptive speculation picks a wider draft width when a batch's forward starts, after the "
+        "scheduler reserved the batch's KV for the narrower one; the verify writes into other requests' KV",
+        "scheduler",
+        _notation(
+            "a:p4,t80,all 1-6:p4,t6,all@20 h:p4,t20,all@20 | k1 async seqs 8 budget 64 adaptive "
+            "name sglang-adaptive-upswitch"
+        ),
+        "K2-kv-foreign-tokens",
+        engine="sglang-scheduler",
+        pre_fix="sglang-adaptive-reserve-current",
+    ),
 )

@@ -28,6 +28,7 @@ Settings, a key and its value (joined, `k3`, or apart, `budget 40`):
     threshold  long_prefill_token_threshold   lookahead  num_lookahead_tokens
     vocab   vocab_size               vllm  vllm_version   async | sync
     apc | noapc  enable_prefix_caching           blockdrop | noblockdrop  eagle_block_drop
+    adaptive     adaptive_speculation (SGLang's adaptive speculative decoding)
     seed N, steps N (max_steps), name NAME, and an acceptance word for the whole workload;
     prefix NAME=p300 (a shared prefix of 300 seeded tokens) or prefix NAME=7.1.4 (its ids),
     once per prefix.
@@ -70,6 +71,7 @@ FLAG_WORDS = {
     "noapc": ("enable_prefix_caching", False),
     "blockdrop": ("eagle_block_drop", True),
     "noblockdrop": ("eagle_block_drop", False),
+    "adaptive": ("adaptive_speculation", True),
 }
 #: Setting key -> Workload field.
 WORKLOAD_KEYS = {"seed": "seed", "steps": "max_steps", "name": "name"}

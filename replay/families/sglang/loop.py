@@ -273,7 +273,8 @@ def run_sglang(
         try:
             order = {spec.request_id: i for i, spec in enumerate(workload.requests)}
             truth = SglangTruth(oracle, KvView(scheduler, worker))
-            observer = SglangObserver(scheduler, recorder, oracle, truth, k=k, order=order)
+            steps_for = getattr(scheduler.draft_worker, "steps_for_batch", None)  # adaptive speculation's
+            observer = SglangObserver(scheduler, recorder, oracle, truth, k=k, order=order, steps_for=steps_for)
             attach(observer, lambda: worker.last_forward)
             refuse_capped(scheduler, workload)
             received = capture_outputs(scheduler)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,13 +80,25 @@ class SglangObserver:
     workload's request ids; `k`: the EAGLE draft steps (0: no spec)."""
 
     def __init__(
-        self, scheduler: Any, recorder: Recorder, oracle: Any, truth: SglangTruth, *, k: int, order: dict[str, int]
+        self,
+        scheduler: Any,
+        recorder: Recorder,
+        oracle: Any,
+        truth: SglangTruth,
+        *,
+        k: int,
+        order: dict[str, int],
+        steps_for: Callable[[int], int] | None = None,
     ) -> None:
+        """`k`: the EAGLE steps the run was configured with (0: no speculation); `steps_for(bs)`:
+        the steps the worker runs a decode batch of `bs` requests with (adaptive speculation
+        changes them as it runs; None: always k)."""
         self.s = scheduler
         self.rec = recorder
         self.oracle = oracle
         self.truth = truth
         self.k = k
+        self.steps_for = steps_for or (lambda batch_size: k)
         self.order = dict(order)
         self.iteration = 0
         self.tracked: dict[str, Tracked] = {}  # every request seen, by id
@@ -172,11 +185,13 @@ class SglangObserver:
         scheduled: list[int] = []
         seq_lens: list[int] = []
         mode = None
+        steps = 0  # the draft slots of each row of a verify batch
         if batch is not None:
             mode = self.mode_of(batch)
             in_batch = {id(r): i for i, r in enumerate(batch.reqs)}
             scheduled = self.tokens_per_row(batch, mode)
             seq_lens = batch.seq_lens.tolist()
+            steps = scheduled[0] - 1 if mode == VERIFY and scheduled else 0
         running = {id(r) for r in plan.running_batch.reqs} if plan.running_batch is not None else set()
         if s.chunked_req is not None:
             running.add(id(s.chunked_req))
@@ -222,7 +237,7 @@ class SglangObserver:
                     kind,
                     skip,
                     n,
-                    self.k if n and mode == VERIFY else 0,
+                    steps if n and mode == VERIFY else 0,
                     self.committed_before.get(rid, 0),  # sched_num_computed_tokens: committed before
                     None,  # sched_num_cached_tokens: vLLM's prefix cache (SGLang's radix cache is its own)
                     None,  # sched_cache_hit_blocks
@@ -268,7 +283,7 @@ class SglangObserver:
     def tokens_per_row(self, batch: Any, mode: str) -> list[int]:
         if mode == "extend" or mode == "mixed":
             return list(batch.extend_lens)
-        width = self.k + 1 if mode == VERIFY else 1
+        width = self.steps_for(len(batch.reqs)) + 1 if mode == VERIFY else 1
         return [width] * len(batch.reqs)
 
     def in_flight(self) -> dict[str, int]:
@@ -289,7 +304,7 @@ class SglangObserver:
         mode = self.mode_of(batch)
         scheduled = self.tokens_per_row(batch, mode)
         rids = tuple(r.rid for r in batch.reqs)
-        self.launched.append(Launch(step, rids, tuple(scheduled), self.k if mode == VERIFY else 0))
+        self.launched.append(Launch(step, rids, tuple(scheduled), scheduled[0] - 1 if mode == VERIFY else 0))
         seq_lens, pool_rows = self._worker_in
         published = result.new_seq_lens.tolist() if getattr(result, "new_seq_lens", None) is not None else None
         edited = [a != b for a, b in zip(batch.seq_lens.tolist(), seq_lens)]

@@ -28,7 +28,8 @@ k = num_spec_tokens is EAGLE v2 with topk 1, k steps and k + 1 draft tokens (k =
 speculative decoding), the token budget is the chunked-prefill size and the prefill token
 limit, max_num_seqs the running-request limit, num_blocks * block_size the KV slots (page size
 1), max_model_len the context length, enable_prefix_caching the radix cache (off:
-`disable_radix_cache`, SGLang's ChunkCache). What SGLang cannot take is refused before anything is
+`disable_radix_cache`, SGLang's ChunkCache), adaptive_speculation `--speculative-adaptive` (with
+`adaptive_config`'s candidate steps). What SGLang cannot take is refused before anything is
 built (`refuse_workload`).
 """
 
@@ -99,6 +100,11 @@ def refuse_workload(workload: Workload) -> None:
         raise InputError(
             f"--engine sglang-scheduler does not drive streaming-input sessions (request {streaming[0]!r}); "
             "SGLang's streaming sessions are not modelled yet"
+        )
+    if config.adaptive_speculation and config.num_spec_tokens not in ADAPTIVE_START:
+        raise InputError(
+            f"--engine sglang-scheduler: adaptive speculation starts from one of its candidate steps "
+            f"{', '.join(map(str, ADAPTIVE_START))}; num_spec_tokens is {config.num_spec_tokens}"
         )
     embedded = next((spec.request_id for spec in workload.requests if spec.input_embeds), None)
     if embedded is not None and config.enable_prefix_caching:
@@ -277,6 +283,25 @@ def model_config(config: EngineConfig) -> dict[str, Any]:
     }
 
 
+#: SGLang's adaptive step policy (speculative/adaptive_spec_params.py), its default config with
+#: step 0 left out of each batch size's candidates: a round of 0 draft steps is EAGLE v2's draft
+#: extend without a draft, which the reference worker does not run. The thresholds are SGLang's.
+ADAPTIVE_CANDIDATES = {"1": [1, 3, 5, 7], "8": [1, 3], "32": [1], "64": [1]}
+#: The steps an adaptive run may start from (SGLang refuses others: they are no candidate).
+ADAPTIVE_START = (1, 3, 5, 7)
+
+
+def adaptive_config(model_dir: Path) -> Path:
+    """The adaptive config SGLang reads (`--speculative-adaptive-config`), beside the model:
+    SGLang's DEFAULT_ADAPTIVE_CONFIG with its candidate steps replaced by ADAPTIVE_CANDIDATES."""
+    from sglang.srt.speculative.adaptive_spec_params import DEFAULT_ADAPTIVE_CONFIG
+
+    data = {bs: {**entry, "candidate_steps": ADAPTIVE_CANDIDATES[bs]} for bs, entry in DEFAULT_ADAPTIVE_CONFIG.items()}
+    path = model_dir / "adaptive.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
 def write_model(config: EngineConfig, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(model_config(config)))
@@ -322,6 +347,8 @@ def server_args(config: EngineConfig, model_dir: Path, seed: int) -> Any:
             speculative_eagle_topk=1,
             speculative_num_draft_tokens=k + 1,
         )
+        if config.adaptive_speculation:
+            kw.update(speculative_adaptive=True, speculative_adaptive_config=str(adaptive_config(model_dir)))
     try:
         return ServerArgs(**kw)
     except (ValueError, TypeError, AssertionError) as exc:

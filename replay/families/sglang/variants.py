@@ -24,6 +24,12 @@ it, because SGLang can be imported only in its own environment, after the engine
   the two generations' halves, #39645's splice, which no cursor can undo once they were sent).
   The open PRs #39738 / #39949 reset the cursor to 0 instead, which a client that already
   received tokens gets twice as well. The checker's G9 (and G8) find 0.5.23; nothing here.
+- `ReservesCurrentSteps` re-introduces the code before #36897 (SGLang before 2026-08-28, the
+  adaptive speculation it fixed): a decode batch's KV is reserved for the draft width in force
+  when the batch is scheduled, where 0.5.23 reserves for the widest its adaptive policy may
+  switch to. The policy picks the steps again when the batch's forward starts (by batch size): a
+  switch to more steps there verifies past what was reserved, into other requests' KV. The
+  checker's K2 (and K1) find it; nothing on 0.5.23.
 """
 
 from __future__ import annotations
@@ -159,6 +165,47 @@ def stream_holds_behind_sent() -> type:
     return StreamHoldsBehindSent
 
 
+@functools.cache
+def reserves_current_steps() -> type:
+    """The code before #36897 (module docstring), defined once per process."""
+
+    class ReservesCurrentSteps(_scheduler_base()):  # type: ignore[misc]
+        """The hook: `update_running_batch`, which prepares the decode batch and reserves its KV
+        (eagle_prepare_for_decode, allocation_sizing.get_alloc_len_per_decode). Around it the
+        published launch-time capacity (the spec bag's max_speculative_num_draft_tokens, which
+        #36897 added) is taken away, so the reservation reads the active width alone, as before."""
+
+        def update_running_batch(self, batch: Any) -> Any:
+            from sglang.srt.runtime_context import get_context
+
+            spec = get_context().config_bag("spec")
+            captured = spec.max_speculative_num_draft_tokens
+            spec._set("max_speculative_num_draft_tokens", None)
+            try:
+                return super().update_running_batch(batch)
+            finally:
+                spec._set("max_speculative_num_draft_tokens", captured)
+
+    ReservesCurrentSteps.__module__, ReservesCurrentSteps.__qualname__ = __name__, "ReservesCurrentSteps"
+    return ReservesCurrentSteps
+
+
+class ReservesCurrentSteps:
+    """The SGLang form of `reserves_current_steps` (what the registry holds)."""
+
+    def __call__(self, base: type) -> type:
+        return SchedulerSubclass(reserves_current_steps())(base)
+
+    @staticmethod
+    def why_not(config: Any) -> str | None:
+        if config.adaptive_speculation:
+            return None
+        return (
+            "ReservesCurrentSteps changes how a decode batch's KV is reserved while adaptive speculation switches "
+            "draft widths; pass a workload with adaptive_speculation = true"
+        )
+
+
 class StreamHoldsBehindSent:
     """The SGLang form of `stream_holds_behind_sent` (what the registry holds)."""
 
@@ -171,9 +218,11 @@ class StreamHoldsBehindSent:
 
 
 __all__ = [
+    "ReservesCurrentSteps",
     "StreamHoldsBehindSent",
     "StaleVerifyCommits",
     "TrimInFlightAtFinish",
+    "reserves_current_steps",
     "stale_verify_commits",
     "stream_holds_behind_sent",
     "trim_in_flight_at_finish",

@@ -22,7 +22,10 @@ reference SGLang worker (families/sglang/worker.py), which knows nothing of SGLa
   resolved from the FutureMap), its k + 1 slots read from the request's `req_to_token` row at
   L.. as `eagle_prepare_for_verify` assigns them, its bonus token and first draft taken from the
   relayed EagleDraftInput (`bonus_tokens`, `topk_index`), and `new_seq_lens = L + accept_lens`
-  published before it returns.
+  published before it returns. With adaptive speculation (`--speculative-adaptive`) k is SGLang's
+  own policy's (AdaptiveSpeculativeParams), picked when a decode forward starts and after each
+  processed verify, and published into the spec config the scheduler reserves KV by, as
+  EAGLEWorkerV2's `apply_runtime_state` does.
 - `DrivenScheduler` is SGLang's Scheduler with exactly two constructors overridden
   (`init_tp_model_worker`, `maybe_init_draft_worker`) to build these; `init_model_worker`, the
   pool wiring, prewarm and everything else in `Scheduler.__init__` run unchanged. A variant of
@@ -55,6 +58,8 @@ from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager i
     NgramEmbeddingManager,
 )
 from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig  # noqa: E402
+from sglang.srt.runtime_context import get_context, get_spec  # noqa: E402
+from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams  # noqa: E402
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker  # noqa: E402
 from sglang.srt.speculative.eagle_info import EagleDraftInput  # noqa: E402
 
@@ -250,6 +255,43 @@ class ReferenceEagleWorker(BaseSpecWorker):
         self.device = "cpu"
         self.req_to_token_pool: Any = None
         self.token_to_kv_pool_allocator: Any = None
+        # Adaptive speculative decoding (--speculative-adaptive): SGLang's own step policy
+        # (AdaptiveSpeculativeParams, uncopied) picks the steps per batch size from the accept
+        # lengths, as EAGLEWorkerV2's AdaptiveController feeds it.
+        spec = get_spec()
+        self.adaptive = (
+            AdaptiveSpeculativeParams(num_steps, cfg_path=spec.speculative_adaptive_config)
+            if spec.speculative_adaptive
+            else None
+        )
+
+    # The adaptive protocol (eagle_worker_v2.py on_verify_complete_cpu, activate_step_by_batch).
+    def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int], batch_size: int = 0) -> None:
+        if self.adaptive is not None:
+            steps = self.adaptive.on_verify_complete(num_correct_drafts_per_req, batch_size)
+            if steps is not None:
+                self.switch_steps(steps)
+
+    def activate_step_by_batch(self, batch_size: int) -> None:
+        if self.adaptive is not None:
+            steps = self.adaptive.get_steps_for_batch(batch_size)
+            if steps != self.num_steps:
+                self.switch_steps(steps)
+
+    def steps_for_batch(self, batch_size: int) -> int:
+        """The steps a decode round of `batch_size` requests runs with (what activate_step_by_batch
+        picks; nothing changes it between a batch's scheduling and its forward)."""
+        return self.adaptive.get_steps_for_batch(batch_size) if self.adaptive is not None else self.num_steps
+
+    def switch_steps(self, steps: int) -> None:
+        """What `apply_runtime_state` changes that the scheduler and the reference worker see: the
+        worker's steps, and the published speculative_num_steps / num_draft_tokens the scheduler's
+        decode allocation reads (allocation_sizing.get_alloc_len_per_decode)."""
+        self.num_steps, self.num_draft_tokens = steps, steps + 1
+        self._target_worker.reference.k = steps
+        get_context().override(
+            "adaptive_spec.restore", speculative_num_steps=steps, speculative_num_draft_tokens=steps + 1
+        )
 
     # What init_model_worker asks of a draft worker (its pools are the target's).
     def alloc_memory_pool(
@@ -285,6 +327,7 @@ class ReferenceEagleWorker(BaseSpecWorker):
             )
             result.new_seq_lens = batch.seq_lens  # spec v2: the length before this round's tokens
         else:
+            self.activate_step_by_batch(batch.seq_lens.shape[0])  # as EAGLEWorkerV2 before a decode round
             results = self.verify(batch)
             k1 = self.num_draft_tokens
             accept_lens = torch.tensor([len(r.emitted) for r in results], dtype=torch.int32)

@@ -197,4 +197,14 @@ def test_a_prompt_sent_as_embeddings_goes_to_sglang_only(name):
     workload = workload_from_notation("a:p4,t4 e:p6,t4,embeds")
     with pytest.raises(InputError, match=f"request 'e' sends its prompt as embeddings .*--engine {name} is sent"):
         run_workload(workload, builtin("upstream"), engine=name)
-    engine("sglang-scheduler").refuse_requests(workload)  # no refusal
+    engine("sglang-scheduler").refuse_inputs(workload)  # no refusal
+
+
+@pytest.mark.parametrize("name", ["reference", "vllm-scheduler", "vllm"])
+def test_adaptive_speculation_goes_to_sglang_only(name):
+    from specreplay.replay.workloads.notation import workload_from_notation
+
+    workload = workload_from_notation("a:p4,t4 | k3 adaptive")
+    with pytest.raises(InputError, match=f"^adaptive_speculation is SGLang's .*--engine {name} drafts"):
+        run_workload(workload, builtin("upstream"), engine=name)
+    engine("sglang-scheduler").refuse_inputs(workload)

@@ -295,6 +295,41 @@ def test_a_retracted_input_embeds_request_generates_anew_and_its_client_gets_tok
     assert check_trace(held) == []
 
 
+#: A long request alone, whose accepted drafts lead SGLang's adaptive policy to widen its steps,
+#: then seven more: the batch size moves it to another slot of the policy and back.
+UPSWITCH = "a:p4,t80,all 1-6:p4,t6,all@20 h:p4,t20,all@20 | k1 async seqs 8 budget 64 adaptive"
+
+
+@sglang
+def test_adaptive_speculation_widens_the_steps_and_0_5_23_reserves_for_the_widest():
+    """SGLang's own adaptive policy (AdaptiveSpeculativeParams) drives the reference EAGLE worker:
+    a's steps go 1 -> 3 -> 5 as its drafts are all accepted, the rows' draft slots and verify
+    widths follow, and every decode batch reserves KV for the widest width the policy may pick
+    (2 x 8 past the committed length: #36897). The code before #36897 reserves for the width in
+    force at scheduling: when the batch's forward starts at another batch size the policy picks a
+    wider one, whose verify writes into other requests' KV (K2, K1)."""
+    from specreplay.replay.check.checker import check_trace
+
+    trace = record(UPSWITCH)
+    a = [r for r in rows(trace, "a") if r["sched_num_draft_slots"]]
+    assert [r["sched_num_draft_slots"] for r in a][:1] == [1] and {1, 3, 5} <= {r["sched_num_draft_slots"] for r in a}
+    assert all(r["worker_num_scheduled_tokens"] == r["sched_num_draft_slots"] + 1 for r in a)
+    assert all(r["sched_kv_allocated_len"] >= r["sched_kv_committed_len"] + 16 for r in a[1:])
+    assert trace.outcome.engine_output_tokens == {"a": 80, **{str(i): 6 for i in range(1, 7)}, "h": 20}
+    assert check_trace(trace) == []
+
+    before = run_workload(
+        workload_from_notation(UPSWITCH),
+        resolve("sglang-adaptive-reserve-current", allow_import=False),
+        engine="sglang-scheduler",
+    )
+    found = {(f.code, f.request_id, f.step) for f in check_trace(before)}
+    assert ("K2-kv-foreign-tokens", "a", 24) in found and {code for code, *_ in found} == {
+        "K1-kv-content",
+        "K2-kv-foreign-tokens",
+    }
+
+
 @sglang
 @pytest.mark.parametrize("mode, k", MODES, ids=MODE_IDS)
 def test_a_prefix_from_the_radix_cache_is_valid_kv_the_request_did_not_write(mode, k):
@@ -457,6 +492,7 @@ def test_record_a_workload_file_without_spec(tmp_path):
         ("1:p4,t8 10:p4,t8 | async | abort(1)@3", "aborting '1' would abort '10' too"),
         ("a:p4,t507 | len 512 async", "does not fit SGLang's request limit"),
         ("e:p4,t8,embeds | async", "request 'e' sends input_embeds, which SGLang takes only with its radix cache"),
+        ("a:p4,t8 | k2 async adaptive", "adaptive speculation starts from one of its candidate steps 1, 3, 5, 7"),
     ],
 )
 def test_what_sglang_cannot_take_is_one_line_exit_2_and_nothing_recorded(tmp_path, text, says):

@@ -26,7 +26,7 @@ from specreplay.traces.io import read_trace
 
 sglang = pytest.mark.sglang
 VARIANTS = "tests.replay.check.sglang_variants:"
-BUILT_IN = ("sglang-stale-commit", "sglang-finish-trim", "sglang-stream-hold")
+BUILT_IN = ("sglang-stale-commit", "sglang-finish-trim", "sglang-stream-hold", "sglang-adaptive-reserve-current")
 
 
 def workload_file(tmp_path, text: str):
@@ -52,6 +52,8 @@ def test_the_built_in_sglang_variants_have_an_sglang_form_only():
         ("a:p4,t6 | k0 async", "sglang-finish-trim", True),
         ("a:p4,t6 | k3 async", "sglang-finish-trim", False),
         ("a:p4,t6 | k0 sync", "sglang-finish-trim", False),
+        ("a:p4,t6 | k3 async adaptive", "sglang-adaptive-reserve-current", True),
+        ("a:p4,t6 | k3 async", "sglang-adaptive-reserve-current", False),
     ],
 )
 def test_each_built_in_says_where_it_changes_nothing(text, name, applies):
@@ -117,6 +119,8 @@ def test_the_engine_expects_the_classes_the_header_names(name):
     """The gate holds a run's header to `expected`: the variant on the driver's scheduler (a
     processor variant too), the reference SGLang worker, the executor."""
     text = "a:p4,t6 b:p3,t5,stop2 | k0 async" if name == "sglang-finish-trim" else "a:p4,t6 b:p3,t5,stop2 | k3 async"
+    if name == "sglang-adaptive-reserve-current":
+        text += " adaptive"
     workload = workload_from_notation(text)
     impl = resolve(name, allow_import=True)
     trace = run_workload(workload, impl, engine="sglang-scheduler")

@@ -44,6 +44,7 @@ def test_what_sglang_0_5_23_has_and_what_it_fixed(cells):
         "sglang-stale-retract": "fixed",
         "sglang-abort-past-max": "reproduces",  # update_finish_state's to_finish branch
         "sglang-embeds-retract": "reproduces",  # #39645's class: the send cursor moves back
+        "sglang-adaptive-upswitch": "fixed",  # #36897: the reservation covers the widest width
     }
     assert got["sglang-stale-verify"].evidence == (
         "no G3-stale-result-applied; outcome completed; before the fix (sglang-stale-commit): "
@@ -51,6 +52,10 @@ def test_what_sglang_0_5_23_has_and_what_it_fixed(cells):
     )
     assert got["sglang-abort-past-max"].evidence == "G8-delivered-past-max-tokens at step 4, request b"
     assert got["sglang-embeds-retract"].evidence == "G9-client-tokens at step 15, request 2"
+    assert got["sglang-adaptive-upswitch"].evidence == (
+        "no K2-kv-foreign-tokens; outcome completed; before the fix (sglang-adaptive-reserve-current): "
+        "K2-kv-foreign-tokens at step 24, request a"
+    )
 
 
 def test_the_vllm_failures_on_sglang(cells):
