@@ -267,8 +267,8 @@ CASES = [
         actual=3,
         life=0,
         detail={"other_request": None},
-        message="3 valid KV positions of the request hold tokens written by another request: one of its blocks "
-        "was handed over while it still held it",
+        message="3 valid KV positions of the request hold tokens written by another request: KV it still held "
+        "was written by another (a block handed over, or a write past the writer's own slots)",
     ),
     Case(
         "K3-kv-unowned-block",

@@ -162,12 +162,13 @@ def test_g8_an_abort_in_the_round_that_crossed_max_tokens_delivers_the_whole_rou
 
 
 def test_g9_a_retraction_that_marks_the_output_sent_keeps_it_from_the_client():
-    # Request 2 is retracted with tokens out; the offset moved to the output's end, so its client
-    # gets only what came after: its first token is not the one the worker sampled first (13).
+    # Request 2 is retracted with 17 tokens streamed; its re-prefill samples the 18th, which the
+    # stream marks sent without sending: its client has 19 tokens, the 18th missing, so its token
+    # 17 is the worker's 19th (198), where the worker sampled 462.
     (f,) = findings("marks-output-sent", "G9-client-tokens")
     received = trace("marks-output-sent").outcome.engine_output_ids
-    assert (f.request_id, f.expected, f.actual) == ("2", 13, received["2"][0])
-    assert f.facts() == {"output_index": 0, "client_tokens": len(received["2"])}
+    assert (f.request_id, f.expected, f.actual) == ("2", 462, received["2"][17]) and len(received["2"]) == 19
+    assert f.facts() == {"output_index": 17, "client_tokens": 19}
     # Every other request's client got, in order, what the worker sampled; upstream's clients all do.
     assert all(len(ids) == 20 for rid, ids in received.items() if rid != "2")
     for name in ("upstream-retract-nospec", "upstream-retract-spec", "upstream-overlap-spec"):
