@@ -208,8 +208,7 @@ def check_retracted_next_life(frame: Frame, chk: Checker) -> Iterable[Finding]:
     """G4, first per request: a retraction keeps the request's outputs (as many as the results
     processed before it appended; none of an input_embeds request's); until its next life
     samples, nothing changes them; that life's first forward is an extend, and the extend that
-    samples ends at prompt + those outputs, with
-    kv_committed_len there."""
+    samples ends at prompt + those outputs, with kv_committed_len there."""
     c = frame.c
     step = c["step"]
     outputs = c["sched_num_output_tokens"].astype(np.int64)

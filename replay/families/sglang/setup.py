@@ -287,8 +287,9 @@ def model_config(config: EngineConfig) -> dict[str, Any]:
 #: step 0 left out of each batch size's candidates: a round of 0 draft steps is EAGLE v2's draft
 #: extend without a draft, which the reference worker does not run. The thresholds are SGLang's.
 ADAPTIVE_CANDIDATES = {"1": [1, 3, 5, 7], "8": [1, 3], "32": [1], "64": [1]}
-#: The steps an adaptive run may start from (SGLang refuses others: they are no candidate).
-ADAPTIVE_START = (1, 3, 5, 7)
+#: The steps an adaptive run may start from: a candidate of some batch size (SGLang refuses others,
+#: resolve_candidate_steps_from_config).
+ADAPTIVE_START = tuple(sorted({steps for candidates in ADAPTIVE_CANDIDATES.values() for steps in candidates}))
 
 
 def adaptive_config(model_dir: Path) -> Path:

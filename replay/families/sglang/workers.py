@@ -273,10 +273,9 @@ class ReferenceEagleWorker(BaseSpecWorker):
                 self.switch_steps(steps)
 
     def activate_step_by_batch(self, batch_size: int) -> None:
-        if self.adaptive is not None:
-            steps = self.adaptive.get_steps_for_batch(batch_size)
-            if steps != self.num_steps:
-                self.switch_steps(steps)
+        steps = self.steps_for_batch(batch_size)
+        if steps != self.num_steps:
+            self.switch_steps(steps)
 
     def steps_for_batch(self, batch_size: int) -> int:
         """The steps a decode round of `batch_size` requests runs with (what activate_step_by_batch
