@@ -47,7 +47,8 @@ test)
         tests/cli/test_cli_sglang.py \
         tests/replay/check/test_sglang_codes.py tests/replay/impls/test_sglang_impls.py \
         tests/replay/engines/test_sglang_scheduler.py tests/replay/models/test_sglang_worker.py \
-        tests/replay/workflows/test_bug_matrix_sglang.py tests/replay/engines/test_sglang_worker_variant.py
+        tests/replay/workflows/test_bug_matrix_sglang.py tests/replay/engines/test_sglang_worker_variant.py \
+        tests/replay/engines/test_sglang_sessions.py
     ;;
 *)
     echo "usage: scripts/sglang.sh install|test [DIR]" >&2

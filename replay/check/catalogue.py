@@ -981,6 +981,22 @@ CATALOGUE: tuple[Invariant, ...] = (
         runners=SGLANG,
     ),
     Invariant(
+        "G10-turn-past-computed",
+        "error",
+        49,
+        "a streaming session's next turn starts its prefill no later than the KV its forwards computed",
+        "INV-G10",
+        rules_sglang.check_turn_starts_within_computed,
+        sides=("expected", "actual"),
+        message=lambda e: (
+            f"the turn that began at step {e.turn_step} starts its prefill at position {e.actual}, but the "
+            f"request's forwards computed KV up to position {e.expected} (step {e.frontier_step}'s forward): the "
+            "session handed the turn positions no forward wrote as computed (the KV there is another token's, "
+            "or nothing's)"
+        ),
+        runners=SGLANG,
+    ),
+    Invariant(
         "E2-run-incomplete",
         "error",
         2,

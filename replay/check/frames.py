@@ -80,6 +80,7 @@ INT_COLUMNS = (
     ("worker_num_draft_slots", -1, False),
     ("worker_num_computed_tokens", 0, True),
     ("worker_first_position", 0, True),
+    ("worker_num_accepted", 0, True),
     ("worker_cached_drafts", 0, True),
     ("truth_unfilled_draft_slots", 0, False),
     ("worker_num_output_tokens", 0, True),

@@ -90,9 +90,12 @@ class Checker:
         # itself names none (a forward that raised; the worker wrote the step's inputs first).
         self.crash_inputs: list[str] = []
         # When the outcome says which token ids each client received (SGLang's scheduler): per
-        # request, output index -> the token the worker last sampled at that position, from the
-        # rows as fed (`_note_sampled`); G9 compares the two after the run. None: nothing to compare.
-        self.sampled: dict[str, dict[int, int]] | None = {} if self.outcome.engine_output_ids is not None else None
+        # request and turn (its prompt length: a streaming session's turns grow it), output index
+        # -> the token the worker last sampled at that position, from the rows as fed
+        # (`_note_sampled`); G9 compares the two after the run. None: nothing to compare.
+        self.sampled: dict[str, dict[int, dict[int, int]]] | None = (
+            {} if self.outcome.engine_output_ids is not None else None
+        )
         # The worker runner the trace recorded (engines/registry.py: v1, v2 = Model Runner V2,
         # sglang = SGLang's scheduler; an old trace names none: v1). Codes about another runner's
         # state, or another engine's scheduler, do not run on it (coverage.py says which it lists).
@@ -236,7 +239,8 @@ class Checker:
         """Each row's sampled tokens at their positions, by output index (position minus the
         prompt): an SGLang row writes positions P .. P + n - 1, the last d of them drafts, and its
         sampled ids are the tokens at P + n - d, P + n - d + 1, ... (families/sglang/outcomes.py).
-        A later row's token at a position replaces an earlier one's (a re-prefill after a retraction)."""
+        A later row's token at a position replaces an earlier one's (a re-prefill after a retraction).
+        Kept per turn: by the row's prompt length."""
         sampled = batch.column("worker_sampled_ids")
         rows = batch.filter(pc.fill_null(pc.greater(pc.list_value_length(sampled), 0), False))
         if not rows.num_rows:
@@ -247,7 +251,7 @@ class Checker:
             if first is None or n is None or prompt is None:
                 continue  # where its tokens sit is not recorded
             start = first + n - (d or 0) - prompt
-            outputs = by_request.setdefault(rid, {})
+            outputs = by_request.setdefault(rid, {}).setdefault(prompt, {})
             for j, token in enumerate(tokens):
                 outputs[start + j] = token
 

@@ -20,6 +20,8 @@ own code, is docs/reference.md section 10. Codes:
     G8  the client received at most max_tokens tokens (after the run, from the outcome)
     G9  each token id the client received is the one the worker sampled at that output's position
         (after the run, from the outcome's ids and the rows' sampled ids)
+    G10 a streaming session's next turn starts its prefill no later than the KV its forwards
+        computed: the session hands on no position that no forward wrote
 
 One SGLang loop iteration is one step, in this order for both loops: the scheduling (a row's
 `sched_*` values are the snapshot after it), the forward (`worker_*`, `truth_*`), then the
@@ -48,6 +50,7 @@ from specreplay.replay.check.frames import (
     PREEMPTED,
     SKIPPED_FINISHED,
     SKIPPED_RETRACTED,
+    STREAM_TURN,
     VERIFY,
     Frame,
 )
@@ -169,6 +172,10 @@ def check_stale_results(frame: Frame, chk: Checker) -> Iterable[Finding]:
     # A: an earlier row's processing finished the request before this row's result came back.
     late = frame.own & ~c["apply_step_is_null"] & ~c["apply_kv_committed_len_is_null"] & (finished_at >= 0)
     late &= c["apply_step"] >= finished_at
+    # A streaming session's next turn (a new Req under the id) starts after its turn before finished.
+    turn = c["sched_event"] == STREAM_TURN
+    turn_start = np.where(turn, step, chk.last_before("G3 turn", frame, turn, step))
+    late &= finished_at >= turn_start
     late &= changed(rows, SKIPPED_FINISHED, finished_committed, finished_allocated)
     # B: the scheduling of the iteration that processes the step before's result retracted or
     # released the request.
@@ -360,14 +367,15 @@ def check_delivered_within_max_tokens(_frame: Frame | None, chk: Checker) -> Ite
     received = chk.outcome.engine_output_tokens or {}
     for rid, count in sorted(received.items()):
         limits = chk.limits.get((str(rid), 0), ())
-        if not limits or int(count) <= limits[0]:
+        # A streaming session's turns share the id: its client may receive every turn's max_tokens.
+        if not limits or int(count) <= sum(limits):
             continue
         yield chk.run_finding(
             "G8-delivered-past-max-tokens",
             chk.last_step_of(str(rid)),
             str(rid),
             "output_tokens",
-            int(limits[0]),
+            int(sum(limits)),
             int(count),
         )
 
@@ -381,14 +389,16 @@ def check_client_received_sampled(_frame: Frame | None, chk: Checker) -> Iterabl
     that is not moved with the output (reset while the output is kept, or kept while the output
     is discarded and generated anew: #39645's retracted `input_embeds` request) hands the client
     tokens twice, skips some, or splices two generations. A client that received fewer tokens
-    than were sampled (an abort, a finish) is no finding here; more than max_tokens is G8's."""
+    than were sampled (an abort, a finish) is no finding here; more than max_tokens is G8's.
+    A streaming session's client receives its turns one after another under one id: each turn
+    but the last its max_tokens outputs, then the last turn's (`expected_by_client`)."""
     received = chk.outcome.engine_output_ids
     sampled = chk.sampled
     if not received or sampled is None:
         return
     for rid, ids in sorted(received.items()):
-        outputs = sampled.get(str(rid), {})
-        at = next((i for i, t in enumerate(ids) if outputs.get(i) != t), None)
+        expected = expected_by_client(sampled.get(str(rid), {}), chk.limits.get((str(rid), 0), ()))
+        at = next((i for i, t in enumerate(ids) if i >= len(expected) or expected[i] != t), None)
         if at is None:
             continue
         yield chk.run_finding(
@@ -396,10 +406,63 @@ def check_client_received_sampled(_frame: Frame | None, chk: Checker) -> Iterabl
             chk.last_step_of(str(rid)),
             str(rid),
             "output_token_ids",
-            outputs.get(at),
+            expected[at] if at < len(expected) else None,
             int(ids[at]),
             output_index=at,
             client_tokens=len(ids),
+        )
+
+
+def expected_by_client(turns: dict[int, dict[int, int]], limits: tuple[int, ...]) -> list[int | None]:
+    """What a client should have received, in order: per turn (by prompt length, the order they
+    ran in), the token the worker sampled at each output index (None where none was), a turn
+    before the last cut at its max_tokens (it finished there: its session went on). Example:
+    turns {6: {0: 5, 1: 7}, 9: {0: 2}} with limits (2, 4): [5, 7, 2]."""
+    out: list[int | None] = []
+    prompts = sorted(turns)
+    for n, prompt in enumerate(prompts):
+        outputs = turns[prompt]
+        last = n == len(prompts) - 1
+        if last or n >= len(limits):
+            out += [outputs.get(i) for i in range(max(outputs, default=-1) + 1)]
+        else:
+            out += [outputs.get(i) for i in range(limits[n])]
+    return out
+
+
+# ====================================================================== G10
+def check_turn_starts_within_computed(frame: Frame, chk: Checker) -> Iterable[Finding]:
+    """G10, first per request: the first forward of a streaming session's next turn (after a
+    `stream_turn` row: a new Req on the session's KV record) starts at a position no later than
+    the frontier of the request's latest earlier forward (its first position plus the positions it
+    kept: every token of an extend or a decode; a verify's bonus and accepted drafts). Past it,
+    the turn takes positions as computed that no forward wrote: the session handed on more
+    committed KV than there is (a turn that ended on a verify's correction token, whose KV only
+    a next round would write). Read from the worker's inputs alone, so it holds on a recording
+    without a KV truth; where there is one, K1 reports the content."""
+    c = frame.c
+    step = c["step"]
+    forward = frame.own & ~c["worker_first_position_is_null"] & ~c["worker_num_scheduled_tokens_is_null"]
+    first = c["worker_first_position"].astype(np.int64)
+    kept = np.where(
+        c["worker_num_accepted_is_null"], c["worker_num_scheduled_tokens"], c["worker_num_accepted"] + 1
+    ).astype(np.int64)
+    frontier = chk.last_before("G10 frontier", frame, forward, first + kept)
+    frontier_step = chk.last_before("G10 frontier step", frame, forward, step)
+    turn = c["sched_event"] == STREAM_TURN
+    turn_at = np.where(turn, step, chk.last_before("G10 turn", frame, turn, step))
+    opens = forward & (turn_at >= 0) & (frontier_step < turn_at)  # the turn's first forward
+    violated = opens & (frontier >= 0) & (first > frontier)
+    for i in chk.first_per_request("G10-turn-past-computed", frame, violated):
+        yield chk.finding(
+            frame,
+            "G10-turn-past-computed",
+            i,
+            "worker_first_position",
+            int(frontier[i]),
+            int(first[i]),
+            frontier_step=int(frontier_step[i]),
+            turn_step=int(turn_at[i]),
         )
 
 

@@ -28,6 +28,8 @@ On SGLang's scheduler (`--engine sglang-scheduler`, families/sglang/variants.py)
                         passes what was sent (no token sent twice; #39645's class)
   sglang-adaptive-reserve-current  before #36897: a decode batch's KV is reserved for the draft
                         width in force at scheduling (adaptive speculation)
+  sglang-session-commits-computed  a streaming turn hands its session the KV its forwards
+                        computed, not the finished length (the over-claim of 0.5.23)
 """
 
 from __future__ import annotations
@@ -359,6 +361,12 @@ def _builtin() -> dict[str, Implementation]:
             "SGLang before #36897: a decode batch's KV is reserved for the draft width in force when it is "
             "scheduled, though adaptive speculation may pick a wider one when its forward starts",
             sglang_scheduler=sglang_variants.ReservesCurrentSteps(),
+        ),
+        Implementation(
+            "sglang-session-commits-computed",
+            "SGLang's streaming session keeps what a finished turn's forwards computed, where 0.5.23 keeps its "
+            "finished length, a position past the KV when the turn ended on a verify's correction token",
+            sglang_scheduler=sglang_variants.SessionCommitsComputed(),
         ),
     ]
     return {impl.name: impl for impl in items}

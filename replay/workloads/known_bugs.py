@@ -369,4 +369,22 @@ KNOWN_BUGS = (
         engine="sglang-scheduler",
         pre_fix="sglang-adaptive-reserve-current",
     ),
+    KnownBug(
+        "sglang-session-overclaim",
+        "SGLang's streaming session hands the next turn the finished length as computed KV, one position past "
+        "what was written when the turn ended on a verify's correction token (the finishing round is skipped)",
+        "scheduler",
+        _notation("s:p4,t8,stream,none | k1 async apc name sglang-session-overclaim | append(s)@20:p4"),
+        "G10-turn-past-computed",
+        engine="sglang-scheduler",
+    ),
+    KnownBug(
+        "sglang-session-rows-held",
+        "SGLang #37583's class: idle streaming sessions hold every request row, and admission counts only free "
+        "rows, so their own next turns (which borrow the rows they hold) are never scheduled",
+        "scheduler",
+        _notation("s:p4,t4,stream | seqs 1 async apc steps 40 name sglang-session-rows-held | append(s)@8:p3"),
+        "E2-run-incomplete",
+        engine="sglang-scheduler",
+    ),
 )

@@ -59,6 +59,10 @@ class Oracle:
     line = EngineLine.VLLM
     #: What the reference runner drafts with: the seeded fixed-k drafter, or a recording's drafter.
     drafter = "fixed"
+    #: A streaming session's next turn keeps every output of the turn before it, its last sampled
+    #: token included (SGLang's `Session.create_req`); False: all but that token, never computed
+    #: (vLLM's streaming contract). The engine whose turns the oracle runs sets it (families/sglang/loop.py).
+    turn_keeps_last_sampled = False
     #: Steps where the recorded engine stepped with nothing unfinished (only a recording has them).
     announce_steps: frozenset[int] = frozenset()
     #: What the replay knows of its recording (the defaults: a synthetic run, as the shipped goldens
@@ -144,9 +148,10 @@ class Oracle:
         turn before's prompt and outputs but its last sampled token, never computed (vLLM's
         streaming contract, and 0.33.0's behaviour). vLLM 0.32.0 keeps that token too when a
         verified draft computed it (a turn cut inside accepted drafts): the turn then runs from
-        the wrong position, and T1 says so (the `sync-streaming-turn-runs-on` known bug)."""
+        the wrong position, and T1 says so (the `sync-streaming-turn-runs-on` known bug). SGLang's
+        turn keeps it by contract (`turn_keeps_last_sampled`)."""
         before_len, before_max = self._turns[rid][turn - 1]
-        return before_len + before_max - 1
+        return before_len + before_max - (0 if self.turn_keeps_last_sampled else 1)
 
     def chunk(self, rid: str, turn: int) -> list[int]:
         """The input tokens a streaming session's turn `turn` (>= 1) appends."""

@@ -25,8 +25,9 @@ File format (TOML or JSON, same keys)::
                              # "stop" at the first output equal to it, as vLLM's stop_token_ids)
     acceptance = "none"      # optional: per-request override; or a list, [2, 0, 3]: its i-th
                              # verification round accepts a_i drafts (0..k), then the workload's rule
-    streaming = true         # optional: a streaming-input session (vLLM's resumable request), fed
-                             # by stream_append events; its stream ends after its last one
+    streaming = true         # optional: a streaming-input session (vLLM's resumable request; an
+                             # SGLang streaming session), fed by stream_append events; its stream
+                             # ends after its last one
     input_embeds = true      # optional: its client sends the prompt as embeddings, not ids
                              # (SGLang's input_embeds: it runs them on placeholder ids 1;
                              # --engine sglang-scheduler only); no prompt, prefix or follows

@@ -38,17 +38,18 @@ import os
 import random
 import tempfile
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from specreplay.replay.engines.crash import crash_outcome
-from specreplay.replay.engines.events import Abort
+from specreplay.replay.engines.events import Abort, StreamAppend
 from specreplay.replay.engines.inputs import InputDriver
 from specreplay.replay.engines.outcome import run_outcome
 from specreplay.replay.engines.run_request import ProgressFn
 from specreplay.replay.families.sglang import setup as sglang_setup
 from specreplay.replay.families.sglang.observer import SglangObserver, attach
+from specreplay.replay.families.sglang.sessions import SessionClient
 from specreplay.replay.families.sglang.truth import SglangTruth
 from specreplay.replay.families.sglang.worker import SglangReferenceWorker
 from specreplay.replay.impls.registry import Implementation
@@ -81,6 +82,7 @@ class ScriptedReceiver:
         self.observer = observer
         self.progress = progress
         self.recorder = recorder  # its settled rows go to the run's journal as the iterations pass
+        self.sessions = SessionClient(self.inputs, self.generate)
         self.max_steps = workload.max_steps
         self.iteration = 0
 
@@ -100,12 +102,24 @@ class ScriptedReceiver:
             self.recorder.maybe_flush(step)
         if self.progress is not None:
             self.progress(step, self.max_steps)
-        inputs = self.inputs
-        due: list[Any] = [self.tokenized(spec) for spec in inputs.pop_arrivals(step)]
-        due += [AbortReq(rid=event.request) for event in inputs.pop_events(step) if isinstance(event, Abort)]
-        due += [AbortReq(rid=rid) for rid in inputs.pop_aborts(step - 1)]
+        inputs, sessions = self.inputs, self.sessions
+        due: list[Any] = []
+        for spec in inputs.pop_arrivals(step):
+            request = self.tokenized(spec)
+            due += sessions.first_turn(spec, request) if spec.streaming else [request]
+        aborts = []
+        for event in inputs.pop_events(step):
+            if isinstance(event, Abort):
+                aborts.append(event.request)
+            elif isinstance(event, StreamAppend):
+                sessions.chunk_arrived(event.request)
+        aborts += inputs.pop_aborts(step - 1)
+        due += sessions.due()  # the turns held for their session's last turn to end; the closes
+        for rid in aborts:
+            due.append(AbortReq(rid=rid))
+            sessions.aborted(rid)
         due += list(local_reqs or [])
-        pending = inputs.arrivals or inputs.events or inputs.aborts
+        pending = inputs.arrivals or inputs.events or inputs.aborts or sessions.active
         if not due and not pending and self.scheduler.is_fully_idle():
             due.append(ShutdownReq())
         return due
@@ -117,11 +131,18 @@ class ScriptedReceiver:
         iteration's new ids). An `input_embeds` request sends one embedding row per prompt
         position, standing for its token (`setup.embedding_rows`), and no ids: SGLang makes up
         placeholder ids itself, and the reference worker reads the rows."""
+        prompt, max_tokens, stop = self.inputs.submit(spec)
+        embeds = sglang_setup.embedding_rows(prompt) if spec.input_embeds else None
+        return self.generate(spec.request_id, prompt, max_tokens, stop, embeds)
+
+    def generate(
+        self, rid: str, prompt: list[int], max_tokens: int, stop: int | None = None, embeds: Any = None
+    ) -> Any:
+        """The TokenizedGenerateReqInput of `tokenized`: a request, or a streaming session's turn
+        (families/sglang/sessions.py names its session)."""
         from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
         from sglang.srt.sampling.sampling_params import SamplingParams
 
-        prompt, max_tokens, stop = self.inputs.submit(spec)
-        embeds = sglang_setup.embedding_rows(prompt) if spec.input_embeds else None
         params = SamplingParams(
             max_new_tokens=max_tokens,
             stop_token_ids=None if stop is None else {stop},
@@ -130,7 +151,7 @@ class ScriptedReceiver:
         )
         params.normalize(None)  # what TokenizerManager does (unnormalized, the stop checks read len(None))
         return TokenizedGenerateReqInput(
-            rid=spec.request_id,
+            rid=rid,
             input_text=None,
             input_ids=None if embeds is not None else array("q", prompt),
             input_embeds=embeds,
@@ -180,35 +201,45 @@ class KvView:
         return self.worker.kv_writers[handle]
 
 
-def capture_outputs(scheduler: Any) -> dict[str, list[int]]:
+def capture_outputs(scheduler: Any, on_finish: Callable[[str, Any], None] | None = None) -> dict[str, list[int]]:
     """What the client would receive, kept instead of sent to the sockets nobody reads: per
     request, the output token ids its BatchTokenIDOutputs carried, in order (each carries the
-    ones not sent before: output_streamer.py's send_token_offset). The SenderWrapper instances
-    are shared with the output streamer."""
+    ones not sent before: output_streamer.py's send_token_offset); `on_finish(rid, reason)` hears
+    each finish reason the client is sent. The SenderWrapper instances are shared with the output
+    streamer. A streaming session's turns share their request's id: its list holds every turn's."""
     received: dict[str, list[int]] = {}
     channels = scheduler.ipc_channels
 
     def send_output(output: Any, recv_obj: Any = None) -> None:
-        for rid, ids in zip(getattr(output, "rids", None) or [], getattr(output, "output_ids", None) or []):
+        if type(output).__name__ == "AbortReq":  # a request the scheduler ended outside the stream
+            if on_finish is not None and output.rid is not None:
+                on_finish(output.rid, output.finished_reason or {"type": "abort"})
+            return
+        rids = getattr(output, "rids", None) or []
+        for rid, ids in zip(rids, getattr(output, "output_ids", None) or []):
             received.setdefault(rid, []).extend(int(t) for t in ids or ())
+        if on_finish is not None:
+            for rid, reason in zip(rids, getattr(output, "finished_reasons", None) or []):
+                if reason is not None:
+                    on_finish(rid, reason)
 
     for sender in (channels.send_to_tokenizer, channels.send_to_detokenizer):
         sender.send_output = send_output
     return received
 
 
-def refuse_capped(scheduler: Any, workload: Workload) -> None:
+def refuse_capped(scheduler: Any) -> None:
     """SGLang caps a request's max_new_tokens to what its KV pool and context can hold
     (init_req_max_new_tokens); a capped request would not run as the workload asks: one line."""
-    asked = {spec.request_id: spec.max_tokens for spec in workload.requests}
     cap = scheduler.init_req_max_new_tokens
 
     def init_req_max_new_tokens(req: Any) -> None:
+        asked = req.sampling_params.max_new_tokens  # the request's (a streaming turn's own)
         cap(req)
         got = req.sampling_params.max_new_tokens
-        if req.rid in asked and got != asked[req.rid]:  # bad input, not an observer's failure: no guard
+        if got != asked:  # bad input, not an observer's failure: no guard
             raise InputError(
-                f"--engine sglang-scheduler: SGLang caps request {req.rid!r}'s max_tokens {asked[req.rid]} to {got} "
+                f"--engine sglang-scheduler: SGLang caps request {req.rid!r}'s max_tokens {asked} to {got} "
                 "(its context, its KV pool or SGLANG_MAX_NEW_TOKENS_LIMIT holds no more)"
             )
 
@@ -251,6 +282,7 @@ def run_sglang(
     sglang_setup.refuse_workload(workload)
     sglang_setup.require_sglang()
     oracle = oracle if oracle is not None else Oracle(workload)
+    oracle.turn_keeps_last_sampled = True  # SGLang's streaming turns (families/sglang/sessions.py)
     config = workload.config
     k = config.num_spec_tokens
     worker_class = worker_class or impl.sglang_worker_class()
@@ -264,7 +296,8 @@ def run_sglang(
     random.seed()
     writer: JournalWriter | None = None
     with tempfile.TemporaryDirectory(prefix="specreplay-sglang-") as folder, sglang_checks(), fewer_full_collections():
-        scheduler = sglang_setup.build_scheduler(config, worker, Path(folder), workload.seed, impl)
+        sessions = any(spec.streaming for spec in workload.requests)
+        scheduler = sglang_setup.build_scheduler(config, worker, Path(folder), workload.seed, impl, sessions)
         scheduler_class = type(scheduler)
         header = trace_header(workload, _described(impl, scheduler_class, worker_class, config), device, run_outcome(0))
         if journal is not None:
@@ -276,9 +309,9 @@ def run_sglang(
             steps_for = getattr(scheduler.draft_worker, "steps_for_batch", None)  # adaptive speculation's
             observer = SglangObserver(scheduler, recorder, oracle, truth, k=k, order=order, steps_for=steps_for)
             attach(observer, lambda: worker.last_forward)
-            refuse_capped(scheduler, workload)
-            received = capture_outputs(scheduler)
+            refuse_capped(scheduler)
             receiver = ScriptedReceiver(scheduler, workload, oracle, observer, progress, recorder)
+            received = capture_outputs(scheduler, receiver.sessions.answered)
             scheduler.request_receiver = receiver
             try:
                 scheduler.run_event_loop()  # returns once the ShutdownReq's gracefully_exit is seen

@@ -66,6 +66,7 @@ class Launch:
 
     step: int
     rids: tuple[str, ...]
+    reqs: tuple[int, ...]  # the rows' Req objects, by id() (a streaming session's turns share an id)
     scheduled: tuple[int, ...]  # tokens per row, as the rows' sched_num_scheduled_tokens
     draft_slots: int  # k on a verify batch, else 0
 
@@ -110,7 +111,9 @@ class SglangObserver:
         self.prev_scheduled: set[str] = set()
         self.launched: deque[Launch] = deque()
         self.releases: dict[str, dict[str, Any]] = {}  # rid -> what its finish release recorded
-        self._releasing: dict[int, tuple[int, int, int]] = {}
+        # Req (by id()) -> its kv lengths and streaming session id (None: none) as a release began
+        self._releasing: dict[int, tuple[int, int, int, str | None]] = {}
+        self.kept: set[int] = set()  # Reqs (by id) retracted whose KV record their streaming session kept
         self._pre_apply: list[tuple[int, int, bool, bool]] = []
         self._worker_in: tuple[list[int], list[int]] = ([], [])
         self._carried: list[list[int]] = []
@@ -141,17 +144,32 @@ class SglangObserver:
             t = self.tracked[rid]
             t.retracted = True
             self.retracted_now.add(rid)
-            self.truth.retracted(rid)
+            if id(req) in self.kept:  # a streaming session kept its KV record: it resumes from it
+                self.kept.discard(id(req))
+                self.truth.reread(rid)
+            else:
+                self.truth.retracted(rid)
         elif rid not in self.tracked:
             t = self.tracked[rid] = Tracked(req, self.order.setdefault(rid, len(self.order)))
             self.active.append(t)
             self.active.sort(key=lambda t: t.order)  # arrivals are few: a sort each
+        elif self.tracked[rid].req is not req:
+            # A streaming session's next turn: a new Req under the id, on the session's KV record
+            # (families/sglang/sessions.py). Its rows go on the id's; the first says the turn began.
+            t = self.tracked[rid]
+            t.req, t.last_step, t.scheduled_before, t.retracted = req, None, False, False
+            self.events[rid] = "stream_turn"
+            self.truth.reread(rid)
+            if t not in self.active:
+                self.active.append(t)
+                self.active.sort(key=lambda t: t.order)
 
-    def before_inputs(self) -> tuple[set[int], set[str]]:
-        """Before the iteration's inputs are processed: who waits, who is known."""
-        return {id(r) for r in self.s.waiting_queue}, set(self.tracked)
+    def before_inputs(self) -> tuple[set[int], set[int]]:
+        """Before the iteration's inputs are processed: who waits, who is known (Reqs, by id():
+        a streaming session's next turn is a new Req under a known id)."""
+        return {id(r) for r in self.s.waiting_queue}, {id(t.req) for t in self.tracked.values()}
 
-    def after_inputs(self, recv_reqs: list[Any], before: tuple[set[int], set[str]]) -> None:
+    def after_inputs(self, recv_reqs: list[Any], before: tuple[set[int], set[int]]) -> None:
         """The requests each AbortReq reached (SGLang matches ids by prefix: `refuse_workload`
         keeps the workload's aborted ids prefixes of no other). One that was waiting, or arrived
         in the same inputs, and is no longer in the waiting queue was taken out of it and
@@ -167,7 +185,7 @@ class SglangObserver:
                 if not rid.startswith(recv_req.rid) or t.last_step is not None:
                     continue
                 self.events[rid] = "abort"
-                was_waiting = id(t.req) in waiting_before or rid not in known_before
+                was_waiting = id(t.req) in waiting_before or id(t.req) not in known_before
                 if was_waiting and id(t.req) not in waiting_now:
                     t.last_step = self.iteration
 
@@ -250,7 +268,7 @@ class SglangObserver:
                     bool(n) and mode == "extend" and r.extend_end < prompt + output,
                     t.last_step is not None,  # sched_finished_announced: an abort answered at once
                     rid in self.retracted_now,
-                    in_flight.get(rid, 0),
+                    in_flight.get(id(r), 0),
                     0,  # sched_num_stale_output_tokens
                     None,  # sched_preempt_blocks_alone: vLLM's block pool
                     None,  # sched_preempt_blocks_returned
@@ -286,12 +304,12 @@ class SglangObserver:
         width = self.steps_for(len(batch.reqs)) + 1 if mode == VERIFY else 1
         return [width] * len(batch.reqs)
 
-    def in_flight(self) -> dict[str, int]:
-        """Tokens of launched batches whose results are not processed yet, per request."""
-        out: dict[str, int] = {}
+    def in_flight(self) -> dict[int, int]:
+        """Tokens of launched batches whose results are not processed yet, per Req (by id())."""
+        out: dict[int, int] = {}
         for launch in self.launched:
-            for rid, n in zip(launch.rids, launch.scheduled):
-                out[rid] = out.get(rid, 0) + n
+            for req, n in zip(launch.reqs, launch.scheduled):
+                out[req] = out.get(req, 0) + n
         return out
 
     # ------------------------------------------------------------------ the worker's view
@@ -304,7 +322,8 @@ class SglangObserver:
         mode = self.mode_of(batch)
         scheduled = self.tokens_per_row(batch, mode)
         rids = tuple(r.rid for r in batch.reqs)
-        self.launched.append(Launch(step, rids, tuple(scheduled), scheduled[0] - 1 if mode == VERIFY else 0))
+        reqs = tuple(id(r) for r in batch.reqs)
+        self.launched.append(Launch(step, rids, reqs, tuple(scheduled), scheduled[0] - 1 if mode == VERIFY else 0))
         seq_lens, pool_rows = self._worker_in
         published = result.new_seq_lens.tolist() if getattr(result, "new_seq_lens", None) is not None else None
         edited = [a != b for a, b in zip(batch.seq_lens.tolist(), seq_lens)]
@@ -397,7 +416,9 @@ class SglangObserver:
             applied["apply_num_rejected"].append(launch.draft_slots + 1 - len(carried) if launch.draft_slots else 0)
             applied["apply_num_tokens"].append(len(appended))
             applied["apply_sampled_token_ids"].append(carried)
-            applied["apply_token_mismatches"].append(self.oracle.mismatches(r.rid, n_out, appended))
+            applied["apply_token_mismatches"].append(
+                self.oracle.mismatches(r.rid, n_out, appended, len(r.origin_input_ids))
+            )
             applied["apply_num_computed_tokens"].append(kv.kv_committed_len)
             applied["apply_num_output_placeholders"].append(0)
             applied["apply_finish_reason"].append("" if was_finished else finish_reason(r))
@@ -417,18 +438,29 @@ class SglangObserver:
     # ------------------------------------------------------------------ releases
     def before_release(self, req: Any) -> None:
         kv = req.kv
-        self._releasing[id(req)] = (kv.kv_committed_len, kv.kv_allocated_len, req.owned_kv_len())
+        session = req.session.session_id if req.session is not None else None  # a keep may detach it
+        self._releasing[id(req)] = (kv.kv_committed_len, kv.kv_allocated_len, req.owned_kv_len(), session)
+
+    def after_claim(self, kept: bool, req: Any) -> None:
+        """`claim_kv_row` answered: True when a streaming session kept the request's KV record
+        (families/sglang/sessions.py), so nothing is released: a turn that finished is over (its
+        session holds the KV for the next turn), a retracted one resumes from it."""
+        if not kept:
+            return
+        *_, session = self._releasing.pop(id(req))
+        slot = self.s.tree_cache.session.slots.get(session)
+        if slot is not None:
+            self.truth.kept(req.rid, slot.kv.kv_committed_len)
+        if not ends(req):
+            self.kept.add(id(req))
+            return
+        self._finished(req)
 
     def after_release(self, req: Any, checkpointed: bool) -> None:
-        committed, allocated, owned = self._releasing.pop(id(req))
-        if not req.finished():
+        committed, allocated, owned, _ = self._releasing.pop(id(req))
+        if not ends(req):
             return  # a retraction's release (on_enqueue sees it): not a finish
-        t = self.tracked.get(req.rid)
-        if t is not None:
-            t.last_step = self.iteration
-            at = self.rec.rows_of_step.get(self.iteration, {}).get(req.rid)
-            if at is not None:
-                self.rec.fill(at, {"sched_finished_announced": True})
+        self._finished(req)
         self.truth.released(req.rid)
         self.releases[req.rid] = {
             "apply_released_committed_len": committed,
@@ -436,6 +468,27 @@ class SglangObserver:
             "apply_owned_kv_len": owned,
             "apply_release_checkpointed": checkpointed,
         }
+
+    def _finished(self, req: Any) -> None:
+        """The request's life (a streaming session's turn) ends in this iteration. One the
+        scheduler aborts at a retraction (`ends`) was retracted first: its row says so (the
+        result in flight is then skipped as a retracted request's)."""
+        t = self.tracked.get(req.rid)
+        if not req.finished():
+            self.retracted_now.add(req.rid)
+        if t is not None and t.req is req:
+            t.last_step = self.iteration
+            at = self.rec.rows_of_step.get(self.iteration, {}).get(req.rid)
+            if at is not None:
+                self.rec.fill(at, {"sched_finished_announced": True})
+
+
+def ends(req: Any) -> bool:
+    """Does this release end the request's life? A finished request's does; so does one the
+    scheduler aborts as it releases it (`to_finish` already set: retract_decode aborts the last
+    request of a decode batch that does not fit even alone, and answers its client with an
+    AbortReq; it never returns to a queue). Any other is a retraction's."""
+    return req.finished() or req.to_finish is not None
 
 
 def _columns(names: str) -> dict[str, list]:
@@ -464,7 +517,7 @@ def attach(observer: SglangObserver, worker_rows: Any) -> None:
     """Wrap the scheduler's methods (module docstring). `worker_rows()`: what the reference
     worker did in its last forward, row by row (families/sglang/worker.py `last_forward`)."""
     s = observer.s
-    inputs: list[tuple[set[int], set[str]]] = []
+    inputs: list[tuple[set[int], set[int]]] = []
     wrap(s, "_add_request_to_queue", after=lambda _, req, is_retracted=False: observer.on_enqueue(req, is_retracted))
     wrap(
         s,
@@ -491,7 +544,12 @@ def attach(observer: SglangObserver, worker_rows: Any) -> None:
         before=lambda batch, result: observer.before_apply(batch, result),
         after=lambda _, batch, result: observer.after_apply(batch),
     )
-    wrap(s.tree_cache, "claim_kv_row", before=lambda req: observer.before_release(req))
+    wrap(
+        s.tree_cache,
+        "claim_kv_row",
+        before=lambda req: observer.before_release(req),
+        after=lambda kept, req: observer.after_claim(kept, req),
+    )
     wrap(s.tree_cache, "on_release", after=lambda _, req, checkpointed: observer.after_release(req, checkpointed))
 
 

@@ -75,6 +75,7 @@ class SglangRecordedOracle(RecordedOracle):
     """The oracle of a replay of an SGLang recording: recorded tokens and drafts (module docstring)."""
 
     line = EngineLine.SGLANG
+    turn_keeps_last_sampled = True  # SGLang's streaming session (families/sglang/sessions.py)
 
     def __init__(
         self,
@@ -84,6 +85,7 @@ class SglangRecordedOracle(RecordedOracle):
         context: ReplayContext | None = None,
     ) -> None:
         self._seeded = Oracle(workload)  # the drafter's rule for a proposal never recorded
+        self._seeded.turn_keeps_last_sampled = True
         self.received = dict(received or {})  # request -> output tokens its client received (the outcome's)
         self.stopped: set[str] = set()  # requests the recording finished on their stop token
         drafter = DRAFTER if workload.config.num_spec_tokens else "none"

@@ -95,11 +95,11 @@ def refuse_workload(workload: Workload) -> None:
             f"--engine sglang-scheduler does not yet send a turn when the one before it finishes (request "
             f"{relative[0]!r} arrives after_finish); give it an arrival_step"
         )
-    streaming = [spec.request_id for spec in workload.requests if spec.streaming]
-    if streaming:
+    streaming = next((spec.request_id for spec in workload.requests if spec.streaming), None)
+    if streaming is not None and not config.enable_prefix_caching:
         raise InputError(
-            f"--engine sglang-scheduler does not drive streaming-input sessions (request {streaming[0]!r}); "
-            "SGLang's streaming sessions are not modelled yet"
+            f"--engine sglang-scheduler: request {streaming!r} is a streaming session, which SGLang runs on its "
+            "radix cache only (UnifiedRadixCache); set enable_prefix_caching = true"
         )
     if config.adaptive_speculation and config.num_spec_tokens not in ADAPTIVE_START:
         raise InputError(
@@ -114,9 +114,10 @@ def refuse_workload(workload: Workload) -> None:
             "KV across different embeddings); set enable_prefix_caching = false (notation: noapc)"
         )
     for event in workload.events:
-        if event.kind != "abort":
+        if event.kind not in ("abort", "stream_append"):
             raise InputError(
-                f"--engine sglang-scheduler takes arrivals and aborts only; the workload's {event.kind} at "
+                f"--engine sglang-scheduler takes arrivals, aborts and streaming sessions' chunks only; the "
+                f"workload's {event.kind} at "
                 f"step {event.step} has no SGLang counterpart here (run it on --engine reference or vllm-scheduler)"
             )
     if config.num_lookahead_tokens:
@@ -135,13 +136,29 @@ def refuse_workload(workload: Workload) -> None:
     # run as the workload asks.
     room = min(config.max_model_len, config.num_blocks * config.block_size) - 1
     for spec in workload.requests:
-        prompt_len = workload.prompt_len_of(spec.request_id)  # the whole prompt: a prefix or turns included
-        if prompt_len + spec.max_tokens + 1 > room or prompt_len >= room - 5:
+        prompt_len, max_tokens = last_turn(workload, spec)
+        if prompt_len + max_tokens + 1 > room or prompt_len >= room - 5:
+            what = "its last turn" if spec.streaming else f"request {spec.request_id!r}"
             raise InputError(
-                f"--engine sglang-scheduler: request {spec.request_id!r} (prompt_len {prompt_len}, max_tokens "
-                f"{spec.max_tokens}) does not fit SGLang's request limit: prompt_len + max_tokens must be at most "
+                f"--engine sglang-scheduler: {what} (prompt_len {prompt_len}, max_tokens {max_tokens}) does not "
+                f"fit SGLang's request limit: prompt_len + max_tokens must be at most "
                 f"min(max_model_len, num_blocks * block_size) - 2 = {room - 1}, prompt_len below {room - 5}"
+                + (
+                    f" (request {spec.request_id!r}: a turn's prompt holds every turn before it)"
+                    if spec.streaming
+                    else ""
+                )
             )
+
+
+def last_turn(workload: Workload, spec: Any) -> tuple[int, int]:
+    """The whole prompt and max_tokens of a request's last turn on SGLang: a streaming session's
+    turn prompt holds every turn before it, prompts and all outputs (families/sglang/sessions.py);
+    any other request has one turn, its prompt with a prefix or a conversation included."""
+    if not spec.streaming:
+        return workload.prompt_len_of(spec.request_id), spec.max_tokens
+    turns = workload.turns(spec)
+    return sum(tokens + max_tokens for tokens, max_tokens in turns[:-1]) + turns[-1][0], turns[-1][1]
 
 
 # ====================================================================== the patches
@@ -313,9 +330,10 @@ def write_model(config: EngineConfig, folder: Path) -> Path:
 WATCHDOG_SLEEP_S = 1e9
 
 
-def server_args(config: EngineConfig, model_dir: Path, seed: int) -> Any:
-    """SGLang's ServerArgs for `config` (the mapping in the module docstring). SGLang's own
-    validation of them is one InputError line."""
+def server_args(config: EngineConfig, model_dir: Path, seed: int, sessions: bool = False) -> Any:
+    """SGLang's ServerArgs for `config` (the mapping in the module docstring); `sessions`: a
+    server launched for streaming sessions (`--enable-streaming-session`). SGLang's own validation
+    of them is one InputError line."""
     from sglang.srt.server_args import ServerArgs
 
     kw: dict[str, Any] = dict(
@@ -338,6 +356,7 @@ def server_args(config: EngineConfig, model_dir: Path, seed: int) -> Any:
         # stop) SIGQUITs this process's parent once a batch stays set for its timeout; with this
         # one it sleeps for good (it takes no None). It outlives the run, holding the Scheduler.
         watchdog_timeout=WATCHDOG_SLEEP_S,
+        enable_streaming_session=sessions,
     )
     if config.num_spec_tokens:
         k = config.num_spec_tokens
@@ -371,7 +390,9 @@ CHECKS = {
 }
 
 
-def build_scheduler(config: EngineConfig, worker: Any, folder: Path, seed: int, impl: Any = None) -> Any:
+def build_scheduler(
+    config: EngineConfig, worker: Any, folder: Path, seed: int, impl: Any = None, sessions: bool = False
+) -> Any:
     """SGLang's Scheduler with the reference workers (families/sglang/workers.py DrivenScheduler),
     or `impl`'s variant of it (its SGLang form: `scheduler_class`), built as `run_scheduler_process`
     (scheduler.py:6310) builds it, minus the process: ServerArgs from a tiny model config in
@@ -384,7 +405,7 @@ def build_scheduler(config: EngineConfig, worker: Any, folder: Path, seed: int, 
     from specreplay.replay.families.sglang.workers import scheduler_class
 
     cls = scheduler_class(impl)  # before anything is published: a variant refused here leaves no state
-    args = server_args(config, write_model(config, folder / "model"), seed)
+    args = server_args(config, write_model(config, folder / "model"), seed, sessions)
     port_args = PortArgs.init_new(args)
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
     scheduler = cls(args, port_args, config=config, worker=worker)

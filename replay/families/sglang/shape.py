@@ -8,12 +8,14 @@ arrivals and aborts only and refuses the rest in one line (families/sglang/setup
 (engines/registry.py `Engine.shape`) names `taken_by_sglang`, which keeps what SGLang takes and
 drops what it has no counterpart for, from the same draw (a seed still names one workload):
 
-- control events: the aborts stay; pauses, cache resets, resubmissions and streaming appends go,
-  and a streaming session becomes a plain request;
+- control events: the aborts and a streaming session's chunks stay; pauses, cache resets and
+  resubmissions go; without the radix cache (SGLang's streaming sessions run on it) a streaming
+  session becomes a plain request and its chunks go;
 - a conversation's turn that arrives `after_finish` gets a fixed arrival instead (that many
   steps after the turn before it arrives): its prompt, and what it shares, stay;
 - `num_lookahead_tokens` and `long_prefill_token_threshold` (vLLM's) become 0;
 - the context and the KV pool grow to what SGLang's per-request limit asks of the longest request
+  (a streaming session's last turn, whose prompt holds every turn before it)
   (it caps max_new_tokens to `min(context, KV slots) - 1 - prompt - 1` and refuses a prompt within
   5 of that: sglang_setup.py), so no request is capped; the pool still holds one request's worth
   and a few slots, so several requests together still run out and SGLang retracts.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from specreplay.replay.families.sglang.setup import last_turn
 from specreplay.replay.workloads.workload import RequestSpec, Workload
 
 #: Room SGLang asks beyond a request: one token past prompt + max_tokens, and its request limit
@@ -36,13 +39,18 @@ SGLANG_PROMPT_MARGIN = 7
 
 def taken_by_sglang(workload: Workload) -> Workload:
     """`workload` less what SGLang's scheduler has no counterpart for (module docstring)."""
-    events = tuple(e for e in workload.events if e.kind == "abort")
-    requests = tuple(dataclasses.replace(r, streaming=False) if r.streaming else r for r in workload.requests)
+    sessions = workload.config.enable_prefix_caching
+    kept = ("abort", "stream_append") if sessions else ("abort",)
+    events = tuple(e for e in workload.events if e.kind in kept)
+    requests = tuple(
+        r if sessions or not r.streaming else dataclasses.replace(r, streaming=False) for r in workload.requests
+    )
     requests = _fixed_arrivals(requests)
-    whole = {r.request_id: workload.prompt_len_of(r.request_id) for r in requests}
+    shaped = dataclasses.replace(workload, requests=requests, events=events)
+    last = {r.request_id: last_turn(shaped, r) for r in requests}
     need = max(
-        max(whole[r.request_id] + r.max_tokens + SGLANG_SPARE for r in requests),
-        max(whole[r.request_id] + SGLANG_PROMPT_MARGIN for r in requests),
+        max(prompt + max_tokens + SGLANG_SPARE for prompt, max_tokens in last.values()),
+        max(prompt + SGLANG_PROMPT_MARGIN for prompt, _ in last.values()),
     )
     config = workload.config
     blocks = max(config.num_blocks, -(-need // config.block_size))

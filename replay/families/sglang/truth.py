@@ -27,7 +27,9 @@ and counts as valid when it holds the request's tokens, whoever wrote them (anot
 computed them: shared, not foreign); so does every position the radix cache owns for the request
 (`cache_protected_len`), whose slot a checkpoint may swap for the tree's copy of the same token.
 A retraction frees the request's KV: nothing stays valid, and its re-prefill starts again at 0.
-A finished request leaves the truth when its KV is released.
+A finished request leaves the truth when its KV is released. A streaming session's turn that
+finishes keeps its KV in the session (families/sglang/sessions.py): the next turn, under the same
+id, starts from it, every valid position read back against the new turn's tokens.
 """
 
 from __future__ import annotations
@@ -72,6 +74,22 @@ class SglangTruth:
     def released(self, rid: str) -> None:
         self.known.pop(rid, None)
 
+    def kept(self, rid: str, length: int) -> None:
+        """A streaming session kept the request's KV record (its turn ended, or it was retracted)
+        holding `length` positions (its kv_committed_len: what the next turn, or the request's
+        resumption, starts from): nothing past them stays valid (SGLang freed their slots)."""
+        found = self.known.get(rid)
+        if found is not None and found.valid > length:
+            found.valid, found.slots = length, found.slots[:length]
+
+    def reread(self, rid: str) -> None:
+        """The request goes on from the KV record its streaming session kept: its valid positions
+        are read back in full at its next forward, against its tokens then (a new turn's: the turn
+        before's beyond what the new turn keeps are not the new turn's)."""
+        found = self.known.get(rid)
+        if found is not None:
+            found.slots = []
+
     def forward(self, rows: list[tuple[Any, Any]], live: list[Any]) -> dict[str, dict[str, Any]]:
         """After a forward: `rows` are (Req, RowResult) of the batch, `live` every request with a
         row this iteration. Returns the truth columns per request id it knows."""
@@ -112,10 +130,10 @@ class SglangTruth:
         rid, start = req.rid, result.first_position
         if start > known.valid and known.valid == 0 and req.kv.cache_protected_len >= start:
             self._take_prefix(req, known, start)
-        expected_at = self.oracle.token_at
+        expected_at, prompt_len = self.oracle.token_at, len(req.origin_input_ids)
         kept = min(result.kept, len(result.written))
         good = 0
-        while good < kept and result.written[good] == expected_at(rid, start + good):
+        while good < kept and result.written[good] == expected_at(rid, start + good, prompt_len):
             good += 1
         if start > known.valid:
             known.ok = False  # positions valid..start-1 were never written
@@ -130,8 +148,8 @@ class SglangTruth:
         """The radix cache's prefix: its leading positions that hold the request's tokens."""
         slots = self.kv.row_slots(req.kv.req_pool_idx, length)
         tokens, _ = self.kv.read_kv(slots)
-        good = 0
-        while good < length and tokens[good] == self.oracle.token_at(req.rid, good):
+        good, prompt_len = 0, len(req.origin_input_ids)
+        while good < length and tokens[good] == self.oracle.token_at(req.rid, good, prompt_len):
             good += 1
         if good < length:
             known.ok = False
@@ -169,12 +187,12 @@ class SglangTruth:
                 continue
             at = sorted(suspect)
             tokens, writers = self.kv.read_kv([slots[p] for p in at])
-            handle = self.kv.handle(req.rid)
+            handle, prompt_len = self.kv.handle(req.rid), len(req.origin_input_ids)
             bad = None
             strangers = [w for p, w in zip(at, writers) if w != handle and w >= 0 and p >= known.shared]
             for p, token, writer in zip(at, tokens, writers):
                 mine = writer == handle or p < known.shared
-                if not mine or token != self.oracle.token_at(req.rid, p):
+                if not mine or token != self.oracle.token_at(req.rid, p, prompt_len):
                     bad = p
                     break
             if strangers:

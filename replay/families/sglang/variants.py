@@ -30,6 +30,16 @@ it, because SGLang can be imported only in its own environment, after the engine
   switch to. The policy picks the steps again when the batch's forward starts (by batch size): a
   switch to more steps there verifies past what was reserved, into other requests' KV. The
   checker's K2 (and K1) find it; nothing on 0.5.23.
+- `SessionCommitsComputed` fixes the streaming session's over-claim (0.5.23): a finished turn
+  hands its session `min(prompt + finished outputs, kv_allocated_len)` as committed, on the
+  assumption that a verify in flight writes the last output's KV (#22897 / #22651's overlap
+  round). 0.5.23's overlap loop skips that round (`enable_skip_finishing_decode`: the request
+  finishes by length in the result in flight), and the sync loop never runs it, so a turn that
+  ended on a verify's correction token hands on a position whose KV holds a rejected draft
+  (speculation over-allocates, so the clamp does not catch it), and the next turn prefills after
+  it. Here the session keeps what the turn's forwards computed (the request's own committed count,
+  which counts only KV that was written), at most the finished length. The checker's G10 (and K1)
+  find 0.5.23; nothing here.
 """
 
 from __future__ import annotations
@@ -190,6 +200,38 @@ def reserves_current_steps() -> type:
     return ReservesCurrentSteps
 
 
+@functools.cache
+def session_commits_computed() -> type:
+    """The fix of the streaming session's over-claim (module docstring), defined once per process."""
+
+    class SessionCommitsComputed(_scheduler_base()):  # type: ignore[misc]
+        """The hook: `init_running_status`, the first of the constructor's steps after the tree
+        cache is built (scheduler.py:653). It wraps the cache's streaming-session entry that
+        keeps a finished turn's KV record (`StreamingSession.try_cache_finished_req`, on the
+        instance): after 0.5.23's own keep, the record's committed length is cut to what the
+        request had committed when it finished (the KV its forwards wrote)."""
+
+        def init_running_status(self) -> None:
+            super().init_running_status()
+            session = getattr(self.tree_cache, "session", None)
+            if session is None:
+                return  # no radix cache, no streaming session
+            keep = session.try_cache_finished_req
+
+            def try_cache_finished_req(req: Any) -> bool:
+                written = req.kv.kv_committed_len
+                kept = keep(req)
+                slot = session.slots.get(req.session.session_id) if kept and req.session is not None else None
+                if slot is not None:
+                    slot.kv.kv_committed_len = min(slot.kv.kv_committed_len, written)
+                return kept
+
+            session.try_cache_finished_req = try_cache_finished_req
+
+    SessionCommitsComputed.__module__, SessionCommitsComputed.__qualname__ = __name__, "SessionCommitsComputed"
+    return SessionCommitsComputed
+
+
 class ReservesCurrentSteps:
     """The SGLang form of `reserves_current_steps` (what the registry holds)."""
 
@@ -217,12 +259,30 @@ class StreamHoldsBehindSent:
         return None  # any workload: it changes nothing where no output falls behind what was sent
 
 
+class SessionCommitsComputed:
+    """The SGLang form of `session_commits_computed` (what the registry holds)."""
+
+    def __call__(self, base: type) -> type:
+        return SchedulerSubclass(session_commits_computed())(base)
+
+    @staticmethod
+    def why_not(config: Any) -> str | None:
+        if config.enable_prefix_caching:
+            return None
+        return (
+            "SessionCommitsComputed changes what a streaming session keeps, and streaming sessions run on the "
+            "radix cache; pass a workload with enable_prefix_caching = true"
+        )
+
+
 __all__ = [
     "ReservesCurrentSteps",
+    "SessionCommitsComputed",
     "StreamHoldsBehindSent",
     "StaleVerifyCommits",
     "TrimInFlightAtFinish",
     "reserves_current_steps",
+    "session_commits_computed",
     "stale_verify_commits",
     "stream_holds_behind_sent",
     "trim_in_flight_at_finish",

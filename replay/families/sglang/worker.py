@@ -105,7 +105,7 @@ class SglangReferenceWorker:
         out = []
         for row in rows:
             end = row.first_position + len(row.input_ids)
-            token = self.oracle.token_at(row.rid, end)
+            token = self.oracle.token_at(row.rid, end, row.prompt_len)
             samples = end >= row.fill_len
             result = RowResult(
                 row.rid,
@@ -118,7 +118,7 @@ class SglangReferenceWorker:
                 negative_inputs=sum(1 for t in row.input_ids if t < 0),
             )
             if samples and self.k:
-                result.next_draft = self.propose(row.rid, end + 1)
+                result.next_draft = self.propose(row.rid, end + 1, row.prompt_len)
             out.append(result)
         return self._done(out)
 
@@ -126,7 +126,7 @@ class SglangReferenceWorker:
         out = []
         for row in rows:
             (token_in,) = row.input_ids
-            token = self.oracle.token_at(row.rid, row.first_position + 1)
+            token = self.oracle.token_at(row.rid, row.first_position + 1, row.prompt_len)
             out.append(
                 RowResult(
                     row.rid,
@@ -147,10 +147,10 @@ class SglangReferenceWorker:
         for row in rows:
             start = row.first_position  # L: the bonus token's position
             (bonus,) = row.input_ids
-            drafts = self.oracle.drafts(row.rid, start + 1, k)
+            drafts = self.oracle.drafts(row.rid, start + 1, k, row.prompt_len)
             if row.relayed_draft is not None:
                 drafts[0] = row.relayed_draft  # the draft model's top-1, relayed from the last round
-            truth = [self.oracle.token_at(row.rid, start + j) for j in range(1, k + 2)]
+            truth = [self.oracle.token_at(row.rid, start + j, row.prompt_len) for j in range(1, k + 2)]
             accepted = 0
             while accepted < k and drafts[accepted] == truth[accepted]:
                 accepted += 1
@@ -167,13 +167,14 @@ class SglangReferenceWorker:
                 accepted=accepted,
                 negative_inputs=sum(1 for t in (bonus, *drafts) if t < 0),
             )
-            result.next_draft = self.propose(row.rid, start + accepted + 2)
+            result.next_draft = self.propose(row.rid, start + accepted + 2, row.prompt_len)
             out.append(result)
         return self._done(out)
 
-    def propose(self, rid: str, position: int) -> int:
-        """The draft model's top-1 for `position` (the first of the next round's drafts)."""
-        return self.oracle.drafts(rid, position, self.k)[0]
+    def propose(self, rid: str, position: int, prompt_len: int | None = None) -> int:
+        """The draft model's top-1 for `position` (the first of the next round's drafts) of the
+        turn whose prompt has `prompt_len` tokens (a streaming session's turns share an id)."""
+        return self.oracle.drafts(rid, position, self.k, prompt_len)[0]
 
     def _done(self, results: list[RowResult]) -> list[RowResult]:
         """Land the KV writes of a forward, one scatter for all its rows."""

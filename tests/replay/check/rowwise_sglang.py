@@ -138,6 +138,8 @@ def check_stale_results(rows: TraceRows) -> Iterator[Finding]:
         finished = None  # (apply step, committed, allocated) of the processing that finished it
         for k, i in enumerate(idx):
             step = c["step"][i]
+            if c["sched_event"][i] == "stream_turn":
+                finished = None  # a streaming session's next turn: a new Req, after the turn before finished
             if finished is not None and c["apply_step"][i] is not None and c["apply_kv_committed_len"][i] is not None:
                 before = (finished[1], finished[2])
                 if c["apply_step"][i] >= finished[0] and changed(i, "finished", before):
@@ -299,8 +301,8 @@ def _last_row(rows: TraceRows, rid: str) -> tuple[int, int | None]:
 
 #: The G codes' row-by-row statements, by the code that heads each rule (rowwise_checker.CHECKS).
 def check_delivered_within_max_tokens(rows: TraceRows) -> Iterator[Finding]:
-    """G8: per request the client received (the outcome), no more than its first max_tokens; at
-    the step of its last row."""
+    """G8: per request the client received (the outcome), no more than its max_tokens, every
+    turn's summed for a streaming session; at the step of its last row."""
     from specreplay.replay.check.catalogue import BY_CODE
     from specreplay.replay.check.limits import max_tokens_by_life
 
@@ -308,24 +310,29 @@ def check_delivered_within_max_tokens(rows: TraceRows) -> Iterator[Finding]:
     received = rows.trace.outcome.engine_output_tokens or {}
     for rid in sorted(received):
         turns = limits.get((str(rid), 0), ())
-        if not turns or received[rid] <= turns[0]:
+        if not turns or received[rid] <= sum(turns):
             continue
         step, life = _last_row(rows, rid)
-        yield BY_CODE["G8-delivered-past-max-tokens"].finding(step, rid, life, "output_tokens", turns[0], received[rid])
+        yield BY_CODE["G8-delivered-past-max-tokens"].finding(
+            step, rid, life, "output_tokens", sum(turns), received[rid]
+        )
 
 
 def check_client_received_sampled(rows: TraceRows) -> Iterator[Finding]:
     """G9: per request, each token id its client received (the outcome) at output index i is the
     token the worker last sampled at position prompt + i (a row's sampled ids sit at P + n - d,
-    P + n - d + 1, ...); the first that is not, at the step of its last row."""
+    P + n - d + 1, ...); the first that is not, at the step of its last row. A streaming session's
+    client gets its turns in turn order (their prompts grow), each but the last cut at its max_tokens."""
     from specreplay.replay.check.catalogue import BY_CODE
+    from specreplay.replay.check.limits import max_tokens_by_life
 
     received = rows.trace.outcome.engine_output_ids
     if not received:
         return
+    limits = max_tokens_by_life(rows.trace.workload)
     table = rows.trace.table.to_pylist()
     for rid in sorted(received):
-        outputs: dict[int, int] = {}
+        by_turn: dict[int, dict[int, int]] = {}
         for row in table:
             where = (row["worker_first_position"], row["worker_num_scheduled_tokens"], row["sched_num_prompt_tokens"])
             if row["request_id"] == rid and row["worker_sampled_ids"] and None not in where:
@@ -335,11 +342,21 @@ def check_client_received_sampled(rows: TraceRows) -> Iterator[Finding]:
                     - (row["worker_num_draft_slots"] or 0)
                     - row["sched_num_prompt_tokens"]
                 )
+                outputs = by_turn.setdefault(row["sched_num_prompt_tokens"], {})
                 for j, token in enumerate(row["worker_sampled_ids"]):
                     outputs[start + j] = token
+        turns = limits.get((str(rid), 0), ())
+        expected: list = []
+        for n, prompt in enumerate(sorted(by_turn)):
+            outputs = by_turn[prompt]
+            if n == len(by_turn) - 1 or n >= len(turns):
+                width = max(outputs) + 1 if outputs else 0
+            else:
+                width = turns[n]
+            expected.extend(outputs.get(i) for i in range(width))
         ids = received[rid]
         for i, token in enumerate(ids):
-            if outputs.get(i) == token:
+            if i < len(expected) and expected[i] == token:
                 continue
             step, life = _last_row(rows, rid)
             yield BY_CODE["G9-client-tokens"].finding(
@@ -347,12 +364,45 @@ def check_client_received_sampled(rows: TraceRows) -> Iterator[Finding]:
                 rid,
                 life,
                 "output_token_ids",
-                outputs.get(i),
+                expected[i] if i < len(expected) else None,
                 token,
                 output_index=i,
                 client_tokens=len(ids),
             )
             break
+
+
+def check_turn_starts_within_computed(rows: TraceRows) -> Iterator[Finding]:
+    """G10: a streaming session turn's first forward starts no later than the end of the KV the
+    request's latest earlier forward kept (an extend's or a decode's tokens; a verify's bonus and
+    accepted drafts)."""
+    c = rows.col
+    for idx in rows.by_request.values():
+        frontier = frontier_step = None  # the latest forward's end, and its step
+        turn_step = None  # the step of the latest stream_turn row
+        for i in idx:
+            step = c["step"][i]
+            if c["sched_event"][i] == "stream_turn":
+                turn_step = step
+            first, n = c["worker_first_position"][i], c["worker_num_scheduled_tokens"][i]
+            if first is None or n is None:
+                continue
+            opens = turn_step is not None and frontier_step is not None and frontier_step < turn_step
+            if opens and first > frontier:
+                yield _f(
+                    rows,
+                    "G10-turn-past-computed",
+                    i,
+                    "worker_first_position",
+                    frontier,
+                    first,
+                    frontier_step=frontier_step,
+                    turn_step=turn_step,
+                )
+                break
+            accepted = c["worker_num_accepted"][i]
+            frontier = first + (n if accepted is None else accepted + 1)
+            frontier_step = step
 
 
 CHECKS = {
@@ -364,4 +414,5 @@ CHECKS = {
     "G6-future-map-order": check_future_map_order,
     "G8-delivered-past-max-tokens": check_delivered_within_max_tokens,
     "G9-client-tokens": check_client_received_sampled,
+    "G10-turn-past-computed": check_turn_starts_within_computed,
 }

@@ -65,6 +65,19 @@ TRACES: dict[str, tuple[str, str, frozenset[str]]] = {
         "upstream",
         frozenset({"G8-delivered-past-max-tokens"}),
     ),
+    # A streaming session of three turns beside a plain request (the session's KV kept between turns).
+    "upstream-session": (
+        "s:p6,t6,stream q:p5,t8 | k0 async blocks 16 block 16 apc | append(s)@3:p4 append(s)@20:p3,t4",
+        "upstream",
+        frozenset(),
+    ),
+    # Upstream SGLang 0.5.23: the turn ended on a correction token and the session hands on its
+    # finished length, one position past the KV its forwards wrote (G10; K1 from the KV truth).
+    "session-overclaim": (
+        "s:p4,t8,stream,none | k1 async apc | append(s)@20:p4",
+        "upstream",
+        frozenset({"G10-turn-past-computed"}),
+    ),
     "commit-past-allocated": (
         "a:p4,t6 b:p3,t6 | k0 sync",
         VARIANTS + "CommitPastAllocated",
@@ -74,7 +87,7 @@ TRACES: dict[str, tuple[str, str, frozenset[str]]] = {
 
 
 #: The upstream traces that show a real SGLang 0.5.23 bug (an error, not only the G5 warning).
-UPSTREAM_ERRORS = frozenset({"abort-past-max"})
+UPSTREAM_ERRORS = frozenset({"abort-past-max", "session-overclaim"})
 
 
 def path(name: str) -> Path:

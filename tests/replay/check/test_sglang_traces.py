@@ -59,6 +59,7 @@ def test_the_g_codes_are_sglang_s_and_the_shared_codes_every_engine_s():
         "G7-sglang-own-check",
         "G8-delivered-past-max-tokens",
         "G9-client-tokens",
+        "G10-turn-past-computed",
     ]
     assert [r.code for r in CATALOGUE if r.runners == ALL] == [
         "X1-batch-membership",
@@ -176,6 +177,17 @@ def test_g9_a_retraction_that_marks_the_output_sent_keeps_it_from_the_client():
 
 
 # ====================================================================== coverage
+def test_g10_a_turn_that_starts_past_the_kv_its_session_computed():
+    """Turn 2 of session s prefills from position 12; the forwards of turn 1 wrote KV up to 11 (its
+    last round's correction token has none): G10 from the worker's inputs, with or without the KV
+    truth (which adds K1). The session beside a plain request in upstream-session: nothing."""
+    (f,) = findings("session-overclaim", "G10-turn-past-computed")
+    assert (f.step, f.request_id, f.expected, f.actual) == (20, "s", 11, 12)
+    assert f.facts()["frontier_step"] == 8 and f.facts()["turn_step"] == 20
+    assert {g.code for g in check_trace(without_ground_truth(trace("session-overclaim")))} == {f.code}
+    assert check_trace(trace("upstream-session")) == []
+
+
 def test_an_sglang_trace_lists_no_vllm_code_and_a_vllm_trace_no_sglang_code(reentry_traces):
     vllm_only = {row.code for row in CATALOGUE if "sglang" not in row.runners}
     for name in TRACES:

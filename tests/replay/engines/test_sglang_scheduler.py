@@ -485,9 +485,13 @@ def test_record_a_workload_file_without_spec(tmp_path):
 @pytest.mark.parametrize(
     "text, says",
     [
-        ("a:p4,t8 | async | pause@3 resume@5", "takes arrivals and aborts only; the workload's pause at step 3"),
+        ("a:p4,t8 | async | pause@3 resume@5", "streaming sessions' chunks only; the workload's pause at step 3"),
         ("a:p4,t8 | async | reset@3", "reset_prefix_cache at step 3 has no SGLang counterpart"),
-        ("s:p4,t4,stream | async | append(s)@3:p2", "does not drive streaming-input sessions (request 's')"),
+        ("s:p4,t4,stream | async noapc | append(s)@3:p2", "request 's' is a streaming session, which SGLang runs"),
+        (
+            "s:p4,t250,stream | len 512 async | append(s)@3:p250,t2 append(s)@5:p1,t1",
+            "its last turn (prompt_len 507, max_tokens 1)",
+        ),
         ("a:p4,t8 | k3 lookahead 3 async", "num_lookahead_tokens 3 is vLLM's"),
         ("1:p4,t8 10:p4,t8 | async | abort(1)@3", "aborting '1' would abort '10' too"),
         ("a:p4,t507 | len 512 async", "does not fit SGLang's request limit"),

@@ -45,6 +45,8 @@ def test_what_sglang_0_5_23_has_and_what_it_fixed(cells):
         "sglang-abort-past-max": "reproduces",  # update_finish_state's to_finish branch
         "sglang-embeds-retract": "reproduces",  # #39645's class: the send cursor moves back
         "sglang-adaptive-upswitch": "fixed",  # #36897: the reservation covers the widest width
+        "sglang-session-overclaim": "reproduces",  # the finishing round skipped, the finished length kept
+        "sglang-session-rows-held": "reproduces",  # #37583's class (an open PR)
     }
     assert got["sglang-stale-verify"].evidence == (
         "no G3-stale-result-applied; outcome completed; before the fix (sglang-stale-commit): "
@@ -52,6 +54,8 @@ def test_what_sglang_0_5_23_has_and_what_it_fixed(cells):
     )
     assert got["sglang-abort-past-max"].evidence == "G8-delivered-past-max-tokens at step 4, request b"
     assert got["sglang-embeds-retract"].evidence == "G9-client-tokens at step 15, request 2"
+    assert got["sglang-session-overclaim"].evidence == "G10-turn-past-computed at step 20, request s"
+    assert got["sglang-session-rows-held"].evidence == "E2-run-incomplete at step 40, request s"
     assert got["sglang-adaptive-upswitch"].evidence == (
         "no K2-kv-foreign-tokens; outcome completed; before the fix (sglang-adaptive-reserve-current): "
         "K2-kv-foreign-tokens at step 24, request a"
@@ -60,18 +64,23 @@ def test_what_sglang_0_5_23_has_and_what_it_fixed(cells):
 
 def test_the_vllm_failures_on_sglang(cells):
     """The seed's re-entry runs on SGLang and finds nothing (SGLang keeps no per-request draft
-    slots: the drafts travel with the batch); the workloads with control events SGLang does not
-    take are refused, and the cell says why."""
+    slots: the drafts travel with the batch); vLLM's streaming failures run as SGLang streaming
+    sessions and are absent, but the one with a single request row meets #37583's starvation; the
+    workloads with control events SGLang does not take are refused, and the cell says why."""
     got = sglang_cells(cells)
     assert (got["reentry"].verdict, got["reentry"].evidence) == ("absent", "no finding")
+    assert [
+        got[key].evidence for key in ("streaming-preempt", "sync-streaming-turn", "sync-streaming-turn-runs-on")
+    ] == [
+        "no finding",
+        "no finding",
+        "E2-run-incomplete at step 10000 (not this failure's T1-wrong-token)",
+    ]
     refused = [key for key, c in got.items() if c.verdict == "does not apply"]
     assert set(refused) == {
         "resubmit",
         "resubmit-then-reset",
         "resubmit-onto-waiting",
-        "streaming-preempt",
-        "sync-streaming-turn",
-        "sync-streaming-turn-runs-on",
         "padded-admission-cut",
         "pause-kept-batch",
     }

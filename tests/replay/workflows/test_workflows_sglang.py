@@ -46,8 +46,9 @@ def load_test_module(path: Path):
 
 # ====================================================================== explore
 def test_every_draw_shaped_for_sglang_is_one_it_takes():
-    """The shape keeps what SGLang takes and nothing it refuses, for draws of every profile."""
-    kinds, turns = set(), 0
+    """The shape keeps what SGLang takes and nothing it refuses, for draws of every profile: a
+    streaming session stays one (its chunks with it) where the radix cache is on."""
+    kinds, turns, sessions = set(), 0, 0
     for seed in range(120):
         profiles = (PROFILES[seed % len(PROFILES)], PROFILES[(seed * 7 + 3) % len(PROFILES)])
         drawn = explore_workload(seed, profiles)
@@ -74,12 +75,18 @@ def test_every_draw_shaped_for_sglang_is_one_it_takes():
         ]
         assert not any(r.after_finish for r in shaped.requests)
         turns += any(r.after_finish for r in drawn.requests)
-        assert shaped.events == tuple(e for e in drawn.events if e.kind == "abort")
+        apc = drawn.config.enable_prefix_caching
+        assert shaped.events == tuple(
+            e for e in drawn.events if e.kind == "abort" or (apc and e.kind == "stream_append")
+        )
+        assert [r.streaming for r in shaped.requests] == [r.streaming and apc for r in drawn.requests]
+        sessions += any(r.streaming for r in shaped.requests)
         assert shaped.config.num_spec_tokens == drawn.config.num_spec_tokens
         assert shaped.config.async_scheduling == drawn.config.async_scheduling
         kinds |= {e.kind for e in drawn.events}
     assert {"pause", "abort", "stream_append"} <= kinds  # the draws had what the shape drops
     assert turns  # and turns sent after_finish, which it fixes
+    assert sessions  # and streaming sessions, which it keeps
 
 
 def test_the_vllm_engines_draw_as_before():
