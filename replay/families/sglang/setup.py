@@ -43,6 +43,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from specreplay.replay.families.sglang.shape import last_turn
 from specreplay.replay.workloads.config import EngineConfig
 from specreplay.replay.workloads.workload import Workload
 from specreplay.traces.errors import InputError
@@ -149,16 +150,6 @@ def refuse_workload(workload: Workload) -> None:
                     else ""
                 )
             )
-
-
-def last_turn(workload: Workload, spec: Any) -> tuple[int, int]:
-    """The whole prompt and max_tokens of a request's last turn on SGLang: a streaming session's
-    turn prompt holds every turn before it, prompts and all outputs (families/sglang/sessions.py);
-    any other request has one turn, its prompt with a prefix or a conversation included."""
-    if not spec.streaming:
-        return workload.prompt_len_of(spec.request_id), spec.max_tokens
-    turns = workload.turns(spec)
-    return sum(tokens + max_tokens for tokens, max_tokens in turns[:-1]) + turns[-1][0], turns[-1][1]
 
 
 # ====================================================================== the patches

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from specreplay.replay.families.sglang.setup import last_turn
 from specreplay.replay.workloads.workload import RequestSpec, Workload
 
 #: Room SGLang asks beyond a request: one token past prompt + max_tokens, and its request limit
@@ -64,6 +63,16 @@ def taken_by_sglang(workload: Workload) -> Workload:
     return dataclasses.replace(workload, requests=requests, events=events, config=config)
 
 
+def last_turn(workload: Workload, spec: RequestSpec) -> tuple[int, int]:
+    """The whole prompt and max_tokens of a request's last turn on SGLang: a streaming session's
+    turn prompt holds every turn before it, prompts and all outputs (families/sglang/sessions.py);
+    any other request has one turn, its prompt with a prefix or a conversation included."""
+    if not spec.streaming:
+        return workload.prompt_len_of(spec.request_id), spec.max_tokens
+    turns = workload.turns(spec)
+    return sum(tokens + max_tokens for tokens, max_tokens in turns[:-1]) + turns[-1][0], turns[-1][1]
+
+
 def _fixed_arrivals(requests: tuple[RequestSpec, ...]) -> tuple[RequestSpec, ...]:
     """Each `after_finish` turn arrives that many steps after the turn it follows arrives."""
     arrival: dict[str, int] = {}
@@ -76,4 +85,4 @@ def _fixed_arrivals(requests: tuple[RequestSpec, ...]) -> tuple[RequestSpec, ...
     return tuple(out)
 
 
-__all__ = ["taken_by_sglang"]
+__all__ = ["last_turn", "taken_by_sglang"]
