@@ -140,6 +140,7 @@ class Config(_Json):
     enable_prefix_caching: bool | None = _kind("bool")  # absent: off (written before it was modelled)
     eagle_block_drop: bool | None = _kind("bool")
     adaptive_speculation: bool | None = _kind("bool")  # SGLang's; absent: off
+    kv_connector: str | None = _kind("str")  # the KV connector an attached recording's engine ran; absent: none
 
 
 @dataclass(frozen=True)

@@ -242,7 +242,16 @@ class Engine:
     def refuse_inputs(self, workload: Any) -> None:
         """One InputError line for what of a workload only SGLang's scheduler takes: a prompt
         sent as embeddings (`input_embeds`: vLLM's engines here are sent token ids) and adaptive
-        speculation (SGLang's `--speculative-adaptive`; vLLM's drafters draft a fixed k here)."""
+        speculation (SGLang's `--speculative-adaptive`; vLLM's drafters draft a fixed k here). And,
+        on every engine, a run recorded with a KV connector: none models one yet, and a replay
+        without it would start each request the connector supplied from a prefix-cache miss."""
+        connector = workload.config.kv_connector
+        if connector:
+            raise InputError(
+                f"recorded with the KV connector {connector}: --engine {self.name} does not model KV connectors yet "
+                "(the tokens it supplied would replay as a prefix-cache miss, a divergence of specreplay's, not the "
+                "engine's); `specreplay check` reads the recording as it is"
+            )
         if self.line is EngineLine.SGLANG:
             return
         embedded = next((spec.request_id for spec in workload.requests if spec.input_embeds), None)

@@ -46,6 +46,11 @@ class EngineConfig:
     # num_spec_tokens. SGLang's scheduler only (vLLM has no counterpart here); written into a
     # workload or a trace only when on, so every other one reads and writes as before.
     adaptive_speculation: bool = False
+    # The KV connector (vLLM's kv_transfer_config.kv_connector) a recorded engine ran with: a third
+    # party that supplies some of a new request's tokens as computed KV. Recorded by an attached
+    # recording; no engine here models one yet, so every engine refuses a config that names one
+    # (engines/registry.py). Written only when set, so every other workload and trace reads as before.
+    kv_connector: str = ""
 
     @property
     def depth(self) -> int:
@@ -56,6 +61,8 @@ class EngineConfig:
         data = asdict(self)
         if not self.adaptive_speculation:
             del data["adaptive_speculation"]  # SGLang's alone: absent where off (the class comment)
+        if not self.kv_connector:
+            del data["kv_connector"]  # recorded only where an engine ran with one
         return data
 
     @classmethod

@@ -29,6 +29,7 @@ Settings, a key and its value (joined, `k3`, or apart, `budget 40`):
     vocab   vocab_size               vllm  vllm_version   async | sync
     apc | noapc  enable_prefix_caching           blockdrop | noblockdrop  eagle_block_drop
     adaptive     adaptive_speculation (SGLang's adaptive speculative decoding)
+    connector NAME  kv_connector (the KV connector a recorded engine ran with; no engine runs one)
     seed N, steps N (max_steps), name NAME, and an acceptance word for the whole workload;
     prefix NAME=p300 (a shared prefix of 300 seeded tokens) or prefix NAME=7.1.4 (its ids),
     once per prefix.
@@ -62,6 +63,7 @@ CONFIG_KEYS = {
     "lookahead": "num_lookahead_tokens",
     "vocab": "vocab_size",
     "vllm": "vllm_version",
+    "connector": "kv_connector",
 }
 #: Setting word -> (EngineConfig field, value), for the on/off settings.
 FLAG_WORDS = {
@@ -204,7 +206,7 @@ def _settings(words: list[str], where: str) -> dict[str, Any]:
                 if i == len(words):
                     raise InputError(f"{where}: setting {key!r} needs a value")
                 text, i = words[i], i + 1
-            value = text if name in ("vllm_version", "name") else _int(text, f"setting {key!r}", where)
+            value = text if name in ("vllm_version", "kv_connector", "name") else _int(text, f"setting {key!r}", where)
         if name in target:
             raise InputError(f"{where}: setting {key!r} given twice")
         target[name] = value

@@ -99,6 +99,7 @@ def engine_config_of(vllm_config: Any, scheduler: Any = None) -> tuple[Any, dict
         vllm_version=default_vllm_version(),
         enable_prefix_caching=bool(cache.enable_prefix_caching),
         eagle_block_drop=bool(spec is not None and spec.use_eagle_block_drop()),
+        kv_connector=connector_of(vllm_config),
     )
     about = {
         "drafter": (spec.method if spec is not None else None) or "none",
@@ -106,6 +107,15 @@ def engine_config_of(vllm_config: Any, scheduler: Any = None) -> tuple[Any, dict
         "scheduler_cls": type(scheduler).__name__ if scheduler is not None else "?",
     }
     return config, about
+
+
+def connector_of(vllm_config: Any) -> str:
+    """The KV connector the engine runs with ('' for none): its class name as the user named it
+    (`kv_transfer_config.kv_connector`), with the module it was loaded from where one was given."""
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    name = getattr(transfer, "kv_connector", None) or ""
+    module = getattr(transfer, "kv_connector_module_path", None)
+    return f"{module}:{name}" if name and module else name
 
 
 def part_header(role: str, tokens: str | None = "plain") -> dict[str, Any]:
