@@ -48,7 +48,9 @@ import pyarrow as pa
 #: caching (replay reads their config so: `PREFIX_CACHING_SCHEMA`).
 #: v9: what each preemption returned to the free pool (sched_preempt_blocks_alone,
 #: sched_preempt_blocks_returned). Older files read with them null.
-SCHEMA_VERSION = 9
+#: v10: a KV connector's tokens booked at an admission (sched_kv_external_tokens). Older files
+#: read with it null.
+SCHEMA_VERSION = 10
 OLDEST_READ = 2
 #: The first schema version whose runs may have had prefix caching on.
 PREFIX_CACHING_SCHEMA = 8
@@ -173,6 +175,14 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
         pa.list_(pa.int32()),
         True,
         "scheduler: the block ids of that hit, in order (null: none)",
+    ),
+    (
+        "sched_kv_external_tokens",
+        pa.int32(),
+        True,
+        "scheduler (KV connector): on the row that admits r, the tokens a KV connector supplied as computed, booked "
+        "with the admission (vLLM's num_external_computed_tokens); sched_num_cached_tokens is then the local prefix "
+        "cache's part alone (null: no connector, or none supplied)",
     ),
     (
         "sched_num_output_placeholders",
@@ -668,12 +678,15 @@ ADDED_IN = {
     "truth_cache_hit_writer": 8,
     "sched_preempt_blocks_alone": 9,
     "sched_preempt_blocks_returned": 9,
+    "sched_kv_external_tokens": 10,
     **{name: 5 for name, _type, _nullable, doc in COLUMNS if doc.startswith("worker (MRV2)")},
     **{name: 7 for name, _type, _nullable, doc in COLUMNS if doc.startswith("(SGLang)")},
 }
 
 #: SGLang's own columns, null on a vLLM row (`--engine sglang-scheduler`).
 SGLANG_ONLY = tuple(name for name, _type, _nullable, doc in COLUMNS if doc.startswith("(SGLang)"))
+#: A KV connector's columns, null where none ran (filled on the rows it concerns, after they are appended).
+CONNECTOR_ONLY = tuple(name for name, _type, _nullable, doc in COLUMNS if "(KV connector)" in doc)
 #: The worker columns each runner family's observer fills (the rest of `worker_` stays null on
 #: its rows): V1's persistent-batch view, MRV2's slot view, the reference SGLang worker's batch
 #: view (the vLLM columns whose meaning is the same, and its own). `specreplay schema` shows them.

@@ -142,8 +142,10 @@ class Recorder:
 #: The step's columns (append_step's own arguments) and the per-row scheduler columns, in the order
 #: of the scheduler observer's row tuples: both schema order (traces/schema.py WRITTEN_BY). SGLang's
 #: own step and scheduler columns (schema.SGLANG_ONLY) are not in them: null on a vLLM row, the
-#: SGLang observer fills them once its rows are appended (families/sglang/observer.py).
-STEP_COLUMNS = tuple(n for n in schema.columns_written_by("step") if n not in schema.SGLANG_ONLY)
-SCHEDULE_COLUMNS = tuple(n for n in schema.columns_written_by("scheduler") if n not in schema.SGLANG_ONLY)
+#: SGLang observer fills them once its rows are appended (families/sglang/observer.py); nor are a KV
+#: connector's (schema.CONNECTOR_ONLY), which the scheduler observer fills on the admissions it booked.
+_FILLED_AFTER = (*schema.SGLANG_ONLY, *schema.CONNECTOR_ONLY)
+STEP_COLUMNS = tuple(n for n in schema.columns_written_by("step") if n not in _FILLED_AFTER)
+SCHEDULE_COLUMNS = tuple(n for n in schema.columns_written_by("scheduler") if n not in _FILLED_AFTER)
 #: Columns filled after the rows are appended (apply, worker, truth, SGLang's own): null until then.
 _LATER_COLUMNS = tuple(n for n in schema.COLUMN_NAMES if n not in STEP_COLUMNS and n not in SCHEDULE_COLUMNS)

@@ -137,6 +137,9 @@ class SchedulerObserver:
         # `watch_preemptions` (empty: nothing preempted, or the pool cannot be read).
         self.scheduling = False
         self.preemptions: dict[str, tuple[int, int]] = {}
+        # A KV connector's bookings in the running schedule(), by the scheduler's id: the tokens it
+        # supplied as computed with each admission (`watch_connector`; empty: no connector, or none).
+        self.external: dict[str, int] = {}
 
     # ------------------------------------------------------------------ requests
     def request_added(self, internal_id: str) -> None:
@@ -230,6 +233,9 @@ class SchedulerObserver:
             announced = {x(rid) for rid in so.finished_req_ids}
         skips = self.skip_reasons(so)
         admitted = self.admissions(so)
+        external, self.external = self.external, {}
+        if external and not self._same_ids:
+            external = {self.ext(rid): n for rid, n in external.items()}
         bs = self.block_size
         events, self.request_events = self.request_events, {}
         rows = list(self._before_schedule)
@@ -253,9 +259,10 @@ class SchedulerObserver:
             admission = admitted.get(rid) if n else None
             if admission is not None:
                 # As S_m carries it: the prefix-cache hit the step starts from (the counter was
-                # 0 before schedule(); a streaming session's next turn keeps its own, no hit).
+                # 0 before schedule(); a streaming session's next turn keeps its own, no hit),
+                # less what a KV connector supplied with it.
                 computed, blocks = admission
-                cached = computed - was[0]
+                cached = computed - was[0] - external.get(rid, 0)
                 if cached > 0 and bs and blocks is not None:
                     hit_blocks = list(blocks[: cached // bs])
             if n:
@@ -306,7 +313,10 @@ class SchedulerObserver:
                 )
             )
         evicted = None if self.evictions is None else self.evictions - self._evictions_before
-        self.rec.append_step(step, so.total_num_scheduled_tokens, "; ".join(self.step_events), out, evicted)
+        index = self.rec.append_step(step, so.total_num_scheduled_tokens, "; ".join(self.step_events), out, evicted)
+        booked = [(index[rid], n) for rid, n in external.items() if rid in index and rid in admitted]
+        if booked:
+            self.rec.fill_columns([at for at, _ in booked], {"sched_kv_external_tokens": [n for _, n in booked]})
         self.step_events = []
         self.prev_scheduled = set(scheduled)
 
@@ -514,6 +524,32 @@ def attach(observer: SchedulerObserver, step_of: Callable[[Any], int], apply_ste
     s.add_request, s.schedule, s.update_from_output = add_request, schedule_, update_from_output
     count_evictions(observer)
     watch_preemptions(observer)
+    watch_connector(observer)
+
+
+def watch_connector(observer: SchedulerObserver) -> None:
+    """A KV connector's bookings (vLLM's scheduler-side connector, `scheduler.connector`): wrap
+    its `update_state_after_alloc(request, blocks, num_external_tokens)` on the instance, which
+    the scheduler calls once an admission's blocks are allocated, with the tokens the connector
+    supplied as computed. Nothing where the scheduler has no connector."""
+    connector = getattr(observer.scheduler, "connector", None)
+    booked = getattr(connector, "update_state_after_alloc", None)
+    if booked is None:
+        return
+    call = GUARD.call
+
+    def note(request: Any, blocks: Any, num_external_tokens: int) -> None:
+        if num_external_tokens:
+            observer.external[request.request_id] = int(num_external_tokens)
+
+    @functools.wraps(booked)
+    def update_state_after_alloc(request, blocks, num_external_tokens, *a, **kw):
+        result = booked(request, blocks, num_external_tokens, *a, **kw)
+        if observer.scheduling:
+            call("scheduler observer", note, request, blocks, num_external_tokens)
+        return result
+
+    connector.update_state_after_alloc = update_state_after_alloc
 
 
 def watch_preemptions(observer: SchedulerObserver) -> None:

@@ -57,14 +57,18 @@ def test_every_column_has_one_writer_and_the_writers_partition_the_schema():
 def test_the_recorders_lists_are_the_schemas():
     assert recorder.STEP_COLUMNS == ("step", "step_total_scheduled_tokens", "step_event", "step_cache_evictions")
     assert recorder.SCHEDULE_COLUMNS == OBSERVER_ROW
-    # Filled after the rows are appended: the apply, worker and truth columns, and SGLang's own
-    # step and scheduler columns (the vLLM observer's tuple leaves them out: null on its rows).
+    # Filled after the rows are appended: the apply, worker and truth columns, SGLang's own step
+    # and scheduler columns (the vLLM observer's tuple leaves them out: null on its rows), and a KV
+    # connector's (filled on the admissions it booked).
     sglang_first = tuple(n for n in schema.SGLANG_ONLY if schema.WRITTEN_BY[n] in ("step", "scheduler"))
     assert sglang_first and all(n.startswith(("step_", "sched_")) for n in sglang_first)
+    assert schema.CONNECTOR_ONLY == ("sched_kv_external_tokens",)
     later = (
         schema.columns_written_by("apply") + schema.columns_written_by("worker") + schema.columns_written_by("truth")
     )
-    assert recorder._LATER_COLUMNS == schema.in_schema_order(set(later) | set(sglang_first))
+    assert recorder._LATER_COLUMNS == schema.in_schema_order(
+        set(later) | set(sglang_first) | set(schema.CONNECTOR_ONLY)
+    )
     assert sorted(recorder.STEP_COLUMNS + recorder.SCHEDULE_COLUMNS + recorder._LATER_COLUMNS) == sorted(
         schema.COLUMN_NAMES
     )

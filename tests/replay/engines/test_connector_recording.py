@@ -49,7 +49,9 @@ def test_a_recording_with_a_kv_connector_names_it_and_is_not_replayed(tmp_path):
     trace = read_trace(trace_path)
     assert trace.config.kv_connector == "ExampleConnector"
     (admission,) = [r for r in trace.table.to_pylist() if r["sched_kind"] == "new"]
-    assert admission["sched_num_computed_tokens"] == 32  # the connector's block, booked as computed
+    # The connector's block, booked as computed with the admission; nothing from the local prefix cache.
+    assert admission["sched_num_computed_tokens"] == admission["sched_kv_external_tokens"] == 32
+    assert admission["sched_num_cached_tokens"] == 0
 
     for engine in ("reference", "vllm-scheduler"):
         replayed = CliRunner().invoke(
