@@ -538,7 +538,7 @@ def watch_connector(observer: SchedulerObserver) -> None:
         return
     call = GUARD.call
 
-    def note(request: Any, blocks: Any, num_external_tokens: int) -> None:
+    def note(request: Any, num_external_tokens: int) -> None:
         if num_external_tokens:
             observer.external[request.request_id] = int(num_external_tokens)
 
@@ -546,7 +546,7 @@ def watch_connector(observer: SchedulerObserver) -> None:
     def update_state_after_alloc(request, blocks, num_external_tokens, *a, **kw):
         result = booked(request, blocks, num_external_tokens, *a, **kw)
         if observer.scheduling:
-            call("scheduler observer", note, request, blocks, num_external_tokens)
+            call("scheduler observer", note, request, num_external_tokens)
         return result
 
     connector.update_state_after_alloc = update_state_after_alloc

@@ -113,7 +113,10 @@ class SglangObserver:
         self.releases: dict[str, dict[str, Any]] = {}  # rid -> what its finish release recorded
         # Req (by id()) -> its kv lengths and streaming session id (None: none) as a release began
         self._releasing: dict[int, tuple[int, int, int, str | None]] = {}
-        self.kept: set[int] = set()  # Reqs (by id) retracted whose KV record their streaming session kept
+        # Reqs (by id()) released unfinished in this scheduling, until what follows settles it: re-enqueued,
+        # a retraction; not, by the scheduling's end, a request the scheduler dropped (`settle_releases`).
+        # Each with what its release recorded (None: its streaming session kept its KV record).
+        self.unsettled: dict[int, tuple[Any, dict[str, Any] | None]] = {}
         self._pre_apply: list[tuple[int, int, bool, bool]] = []
         self._worker_in: tuple[list[int], list[int]] = ([], [])
         self._carried: list[list[int]] = []
@@ -144,8 +147,8 @@ class SglangObserver:
             t = self.tracked[rid]
             t.retracted = True
             self.retracted_now.add(rid)
-            if id(req) in self.kept:  # a streaming session kept its KV record: it resumes from it
-                self.kept.discard(id(req))
+            _, release = self.unsettled.pop(id(req), (None, {}))
+            if release is None:  # a streaming session kept its KV record: it resumes from it
                 self.truth.reread(rid)
             else:
                 self.truth.retracted(rid)
@@ -196,7 +199,28 @@ class SglangObserver:
     def before_schedule(self) -> None:
         self.committed_before = {t.req.rid: t.req.kv.kv_committed_len for t in self.active}
 
+    def settle_releases(self, plan: Any) -> None:
+        """After the scheduling: a request released unfinished that no queue or batch holds now
+        was dropped. retract_decode aborts the last request of a decode batch that does not fit
+        even alone (its client gets an AbortReq); it was retracted first, and its life ends here."""
+        if not self.unsettled:
+            return
+        held = {id(r) for r in self.s.waiting_queue}
+        for batch in (plan.running_batch, plan.batch_to_run):
+            held.update(id(r) for r in (batch.reqs if batch is not None else ()))
+        held.add(id(self.s.chunked_req))
+        for key, (req, release) in self.unsettled.items():
+            if key in held:
+                continue  # still the scheduler's: a release that ended nothing
+            self._finished(req)
+            self.retracted_now.add(req.rid)  # the result in flight is skipped as a retracted request's
+            if release is not None:
+                self.truth.released(req.rid)
+                self.releases[req.rid] = release
+        self.unsettled = {}
+
     def after_schedule(self, plan: Any) -> None:
+        self.settle_releases(plan)
         batch = plan.batch_to_run
         s = self.s
         in_batch: dict[int, int] = {}
@@ -451,44 +475,34 @@ class SglangObserver:
         slot = self.s.tree_cache.session.slots.get(session)
         if slot is not None:
             self.truth.kept(req.rid, slot.kv.kv_committed_len)
-        if not ends(req):
-            self.kept.add(id(req))
-            return
-        self._finished(req)
+        if req.finished():
+            self._finished(req)
+        else:
+            self.unsettled[id(req)] = (req, None)
 
     def after_release(self, req: Any, checkpointed: bool) -> None:
         committed, allocated, owned, _ = self._releasing.pop(id(req))
-        if not ends(req):
-            return  # a retraction's release (on_enqueue sees it): not a finish
-        self._finished(req)
-        self.truth.released(req.rid)
-        self.releases[req.rid] = {
+        release = {
             "apply_released_committed_len": committed,
             "apply_released_allocated_len": allocated,
             "apply_owned_kv_len": owned,
             "apply_release_checkpointed": checkpointed,
         }
+        if not req.finished():
+            self.unsettled[id(req)] = (req, release)  # a retraction's, or a drop's (settle_releases)
+            return
+        self._finished(req)
+        self.truth.released(req.rid)
+        self.releases[req.rid] = release
 
     def _finished(self, req: Any) -> None:
-        """The request's life (a streaming session's turn) ends in this iteration. One the
-        scheduler aborts at a retraction (`ends`) was retracted first: its row says so (the
-        result in flight is then skipped as a retracted request's)."""
+        """The request's life (a streaming session's turn) ends in this iteration."""
         t = self.tracked.get(req.rid)
-        if not req.finished():
-            self.retracted_now.add(req.rid)
         if t is not None and t.req is req:
             t.last_step = self.iteration
             at = self.rec.rows_of_step.get(self.iteration, {}).get(req.rid)
             if at is not None:
                 self.rec.fill(at, {"sched_finished_announced": True})
-
-
-def ends(req: Any) -> bool:
-    """Does this release end the request's life? A finished request's does; so does one the
-    scheduler aborts as it releases it (`to_finish` already set: retract_decode aborts the last
-    request of a decode batch that does not fit even alone, and answers its client with an
-    AbortReq; it never returns to a queue). Any other is a retraction's."""
-    return req.finished() or req.to_finish is not None
 
 
 def _columns(names: str) -> dict[str, list]:

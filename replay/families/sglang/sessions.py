@@ -28,8 +28,8 @@ from typing import Any
 
 from specreplay.replay.engines.inputs import InputDriver
 
-#: The turn request builder the receiver lends: (request id, prompt, max_tokens, session) -> the
-#: TokenizedGenerateReqInput.
+#: The turn request builder the receiver lends: (request id, prompt, max_tokens) -> the
+#: TokenizedGenerateReqInput (the client names its session on it).
 TurnBuilder = Callable[[str, list[int], int], Any]
 
 

@@ -263,6 +263,20 @@ def test_a_tight_kv_pool_retracts_a_request_and_re_prefills_it(mode, k):
 
 
 @sglang
+def test_a_request_aborted_while_running_and_retracted_in_the_same_scheduling_is_retracted():
+    """Request 2's abort lands at step 20 (SGLang marks it to finish at its next result), and that
+    step's scheduling retracts it before any result does: it is released unfinished, and put back
+    in the waiting queue. The observer follows what happened after the release, not the mark:
+    a retraction (its rows go on until SGLang ends it), never a life ended at step 20."""
+    trace = record("0-5:p4,t20 | blocks 4 block 16 k0 async | abort(2)@20")
+    assert trace.outcome.status == "completed"
+    mine = rows(trace, "2")
+    cut = next(r for r in mine if r["step"] == 20)
+    assert (cut["sched_event"], cut["sched_status"], cut["sched_preempted"]) == ("abort", "preempted", True)
+    assert mine[-1]["step"] > 30 and any(r["sched_kind"] == "resumed" for r in mine)
+
+
+@sglang
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_a_retracted_input_embeds_request_generates_anew_and_its_client_gets_tokens_twice(mode):
     """Four requests whose prompts are sent as embeddings (SGLang runs them on placeholder ids; its
